@@ -1,0 +1,43 @@
+# phaselens: set-up, tests and the report. Everything installs from this repository's own files.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH_SPEC ?= torch==2.13.0
+PYTEST_ARGS ?=
+export OMP_NUM_THREADS ?= 2
+
+.PHONY: venv test test-all report zoo lint bench docs clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU torch first: a bare `torch` requirement would otherwise pull a multi-GB CUDA build.
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/python -c "import transformers; transformers.DeepseekV4Config; import phaselens"
+	@if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then git config core.hooksPath hooks; fi
+	touch $(STAMP)
+
+test: venv
+	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+
+test-all: venv
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+report: venv
+	$(BIN)/phaselens report --out report
+
+zoo: venv
+	$(BIN)/python scripts/train_zoo.py
+
+lint: venv
+	$(BIN)/ruff check .
+
+bench: venv
+	$(BIN)/python benchmarks/bench_model.py
+
+clean:
+	rm -rf $(VENV) report .pytest_cache

@@ -1,0 +1,92 @@
+"""Error types. Every phaselens error says what was wrong and how to fix it.
+
+All errors derive from :class:`PhaseLensError`, so ``except phaselens.PhaseLensError`` catches
+everything the toolkit raises on purpose. Errors about bad values also derive from
+:class:`ValueError`, so generic code that expects ``ValueError`` keeps working.
+"""
+
+from __future__ import annotations
+
+
+class PhaseLensError(Exception):
+    """Base class of every error phaselens raises deliberately."""
+
+
+class PhaseGeometryError(PhaseLensError, ValueError):
+    """A stride, window, origin or position that does not describe a valid compression layout."""
+
+
+class ConfigError(PhaseLensError, ValueError):
+    """A model or compressor configuration that cannot be built."""
+
+
+class CheckpointError(PhaseLensError):
+    """A checkpoint directory that is missing, incomplete, or does not match its config."""
+
+
+class CacheError(PhaseLensError):
+    """A compressed KV cache used out of order, past its capacity, or with the wrong batch."""
+
+
+class InputError(PhaseLensError, ValueError):
+    """Token ids or tensors with the wrong shape, dtype or range for the model."""
+
+
+class TaskError(PhaseLensError, ValueError):
+    """A task specification that cannot produce the requested items."""
+
+
+class ResidueError(TaskError):
+    """A residue outside ``0..modulus-1`` or a modulus that is not a multiple of the stride."""
+
+
+class ContextLengthError(TaskError):
+    """A task (or a shifted copy of it) longer than the model's context."""
+
+
+class PaddingError(TaskError):
+    """A padding unit that is not exactly one token, or that merges with its neighbours."""
+
+
+class NoDefaultTaskError(PhaseLensError):
+    """A model without a ``default_task`` was evaluated without an explicit task."""
+
+
+class StatsInputError(PhaseLensError, ValueError):
+    """Counts or frames that the statistics battery cannot use (negative, larger than n, ...)."""
+
+
+class HeadSpecError(PhaseLensError, ValueError):
+    """A head specification (``"L2H3"``, ``(2, 3)``, ``"L2"``, ``"L2KV0"``) that is malformed or out of range."""
+
+
+class NotApplicableError(PhaseLensError):
+    """An analysis that does not apply to this model (e.g. gate cycling on uniform pooling)."""
+
+
+class UnsupportedModelError(PhaseLensError):
+    """A model that phaselens cannot analyse faithfully."""
+
+
+class ZooError(PhaseLensError):
+    """An unknown zoo model, or a shipped checkpoint that fails its integrity check."""
+
+
+__all__ = [
+    "CacheError",
+    "CheckpointError",
+    "ConfigError",
+    "ContextLengthError",
+    "HeadSpecError",
+    "InputError",
+    "NoDefaultTaskError",
+    "NotApplicableError",
+    "PaddingError",
+    "PhaseGeometryError",
+    "PhaseLensError",
+    "ResidueError",
+    "StatsInputError",
+    "TaskError",
+    "UnsupportedModelError",
+    "ZooError",
+]

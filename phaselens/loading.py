@@ -1,0 +1,38 @@
+"""``phaselens.load``: one entry point for checkpoints, the zoo, and local transformers models."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from phaselens.errors import CheckpointError
+
+
+def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> Any:
+    """Load a model.
+
+    Args:
+        source: ``"zoo:NAME"`` (a model shipped in the package), ``"hf:PATH"`` (a local transformers
+            checkpoint directory, e.g. DeepSeek-V4 weights; never downloads), or a directory written by
+            ``model.save``.
+        device: where to put the model.
+
+    Example:
+        >>> model = phaselens.load("zoo:w8s4")  # doctest: +SKIP
+    """
+    text = str(source)
+    if text.startswith("zoo:"):
+        from phaselens.zoo import load_zoo_model
+
+        return load_zoo_model(text[4:], device=device)
+    if text.startswith("hf:"):
+        from phaselens.adapters.deepseek_v4 import load_hf
+
+        return load_hf(text[3:], device=device, **kwargs)
+    path = Path(text)
+    if not path.exists():
+        raise CheckpointError(f"no checkpoint at {path}; pass a directory written by model.save(path), or 'zoo:NAME'.")
+    from phaselens.models.io import load_model
+
+    return load_model(path, device=device)

@@ -1,0 +1,16 @@
+"""The hookable compressed-cache transformer, its config, compressor and cache."""
+
+from phaselens.models.cache import CompressedKVCache
+from phaselens.models.compressor import Compressor
+from phaselens.models.config import CompressedConfig, CompressorSpec, RopeSpec, YarnSpec
+from phaselens.models.transformer import CompressedTransformer
+
+__all__ = [
+    "CompressedConfig",
+    "CompressedKVCache",
+    "CompressedTransformer",
+    "Compressor",
+    "CompressorSpec",
+    "RopeSpec",
+    "YarnSpec",
+]

@@ -1,0 +1,259 @@
+"""Frozen configuration of a :class:`~phaselens.models.transformer.CompressedTransformer`.
+
+Everything here round-trips through JSON (``to_dict`` / ``from_dict``); an unknown key is an error,
+so a checkpoint written by a newer phaselens never loads silently wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from phaselens.errors import ConfigError
+from phaselens.geometry import PhaseSpec
+
+GateKind = Literal["scalar", "vector", "uniform"]
+Sharing = Literal["shared", "per_offset"]
+
+
+def _check_keys(cls: type, data: dict[str, Any]) -> None:
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown {cls.__name__} key(s) {unknown}; known keys are {sorted(known)}. "
+            "Was this written by a newer phaselens?"
+        )
+
+
+@dataclass(frozen=True)
+class YarnSpec:
+    """YaRN frequency scaling of a RoPE (no magnitude scaling unless ``attention_factor`` is set)."""
+
+    factor: float
+    original_max_position: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float = 1.0
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary embedding on interleaved channel pairs ``(x[..., 0::2], x[..., 1::2])``.
+
+    Args:
+        dims: how many *trailing* channels of each head rotate (even); ``None`` rotates all of them.
+        theta: the base.
+        yarn: optional YaRN frequency scaling.
+    """
+
+    dims: int | None = None
+    theta: float = 10000.0
+    yarn: YarnSpec | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RopeSpec:
+        _check_keys(cls, data)
+        data = dict(data)
+        if data.get("yarn") is not None:
+            _check_keys(YarnSpec, data["yarn"])
+            data["yarn"] = YarnSpec(**data["yarn"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class CompressorSpec:
+    """How a compressed layer pools ``window`` slots into one entry every ``stride`` slots.
+
+    Args:
+        stride: S.
+        window: W, a multiple of S (default S). ``W = 2S`` with ``overlap_split`` is DeepSeek-V4 CSA.
+        gate: ``"scalar"`` (one logit per slot and KV head), ``"vector"`` (one per channel, as DeepSeek) or
+            ``"uniform"`` (mean pooling, no gate parameters).
+        gate_params: ``"shared"`` (one gate projection for every slot) or ``"per_offset"`` (one per slot).
+        position_bias: add a learned per-offset bias to the gate logits (DeepSeek's ``position_bias``).
+        payload: ``"shared"`` or ``"per_offset"`` payload projection.
+        tied_kv: keys and values are one latent (K = V), as in DeepSeek-V4. The layer's raw tokens then
+            share one projection too, and the RoPE carried by the values is undone at the query position.
+        norm: RMSNorm on the pooled rows.
+        rope: ``"inherit"`` (the model's RoPE), ``"none"``, or an explicit :class:`RopeSpec` for entries.
+            Entries rotate at the first slot of their own stride block.
+        overlap_split: the DeepSeek-V4 CSA layout: projections give ``W/S`` channel groups per token, and slot
+            group g of entry j takes group g of block ``j - (W/S - 1) + g``. Requires ``window > stride``.
+    """
+
+    stride: int
+    window: int | None = None
+    gate: GateKind = "scalar"
+    gate_params: Sharing = "shared"
+    position_bias: bool = True
+    payload: Sharing = "shared"
+    tied_kv: bool = False
+    norm: bool = False
+    rope: Literal["inherit", "none"] | RopeSpec = "inherit"
+    overlap_split: bool = False
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        spec = PhaseSpec(self.stride, self.window)  # validates stride and window
+        object.__setattr__(self, "window", spec.window)
+        if self.gate not in ("scalar", "vector", "uniform"):
+            raise ConfigError(f"gate must be 'scalar', 'vector' or 'uniform', got {self.gate!r}.")
+        for name in ("gate_params", "payload"):
+            if getattr(self, name) not in ("shared", "per_offset"):
+                raise ConfigError(f"{name} must be 'shared' or 'per_offset', got {getattr(self, name)!r}.")
+        if self.overlap_split and self.window == self.stride:
+            raise ConfigError(
+                "overlap_split needs overlapping windows: set window to a multiple of the stride above it, "
+                f"e.g. window={2 * self.stride}."
+            )
+        if self.gate == "uniform" and (self.position_bias or self.gate_params != "shared"):
+            raise ConfigError(
+                "uniform gates have no parameters: use position_bias=False and gate_params='shared' with gate='uniform'."
+            )
+        if not (self.rope in ("inherit", "none") or isinstance(self.rope, RopeSpec)):
+            raise ConfigError(f"rope must be 'inherit', 'none' or a RopeSpec, got {self.rope!r}.")
+
+    @property
+    def phase_spec(self) -> PhaseSpec:
+        return PhaseSpec(self.stride, self.window)
+
+    @property
+    def blocks_per_window(self) -> int:
+        assert self.window is not None
+        return self.window // self.stride
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompressorSpec:
+        _check_keys(cls, data)
+        data = dict(data)
+        if isinstance(data.get("rope"), dict):
+            data["rope"] = RopeSpec.from_dict(data["rope"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class CompressedConfig:
+    """Sizes and layout of a compressed-cache decoder.
+
+    ``compression=None`` gives the full-attention control with identical dimensions.
+
+    Args:
+        n_layers, d_model, n_heads, d_head, d_mlp, d_vocab: sizes.
+        n_ctx: maximum context (cache slots).
+        n_kv_heads: KV heads (GQA/MQA); defaults to ``n_heads``.
+        local_window: raw tokens each query of a compressed layer sees exactly (itself included).
+        sink: a learned per-head sink logit in every attention softmax.
+        compressed_layers: which layers compress (default: all). Others use ``uncompressed_attention``.
+        compression: the compressor of compressed layers, or ``None`` for full attention everywhere.
+        rope: RoPE of queries and raw keys; ``None`` means no positional encoding at all.
+        uncompressed_attention: ``"full"`` causal attention or ``"local"`` (sliding window only) in layers
+            that do not compress.
+        device: where the model lives; runtime only, not saved.
+    """
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_mlp: int
+    d_vocab: int
+    n_ctx: int
+    n_kv_heads: int | None = None
+    local_window: int = 16
+    sink: bool = True
+    compressed_layers: tuple[int, ...] | None = None
+    compression: CompressorSpec | None = None
+    rope: RopeSpec | None = field(default_factory=RopeSpec)
+    uncompressed_attention: Literal["full", "local"] = "full"
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    seed: int = 0
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "local_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}.")
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        assert self.n_kv_heads is not None
+        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}); "
+                "use a divisor of n_heads (1 for MQA)."
+            )
+        if self.compressed_layers is not None:
+            layers = tuple(sorted({int(i) for i in self.compressed_layers}))
+            bad = [i for i in layers if not 0 <= i < self.n_layers]
+            if bad:
+                raise ConfigError(f"compressed_layers {bad} are outside 0..{self.n_layers - 1}.")
+            object.__setattr__(self, "compressed_layers", layers)
+        if self.uncompressed_attention not in ("full", "local"):
+            raise ConfigError(f"uncompressed_attention must be 'full' or 'local', got {self.uncompressed_attention!r}.")
+        for rope in self._ropes():
+            dims = self.d_head if rope.dims is None else rope.dims
+            if dims % 2 or not 0 < dims <= self.d_head:
+                raise ConfigError(f"RoPE dims must be even and in 2..d_head={self.d_head}, got {rope.dims}.")
+
+    def _ropes(self) -> list[RopeSpec]:
+        out = [self.rope] if self.rope is not None else []
+        if self.compression is not None and isinstance(self.compression.rope, RopeSpec):
+            out.append(self.compression.rope)
+        return out
+
+    # ---- TransformerLens-compatible names ---------------------------------------------------------
+    @property
+    def n_key_value_heads(self) -> int:
+        assert self.n_kv_heads is not None
+        return self.n_kv_heads
+
+    @property
+    def is_compressed(self) -> bool:
+        return self.compression is not None
+
+    def layer_is_compressed(self, layer: int) -> bool:
+        if self.compression is None:
+            return False
+        return self.compressed_layers is None or layer in self.compressed_layers
+
+    def phase_specs(self) -> list[PhaseSpec | None]:
+        """The geometry of every layer (``None`` where a layer does not compress)."""
+        return [
+            self.compression.phase_spec if self.layer_is_compressed(i) and self.compression else None
+            for i in range(self.n_layers)
+        ]
+
+    # ---- JSON ----------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("device")
+        if data["compressed_layers"] is not None:
+            data["compressed_layers"] = list(data["compressed_layers"])
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CompressedConfig:
+        _check_keys(cls, data)
+        data = dict(data)
+        if data.get("compression") is not None:
+            data["compression"] = CompressorSpec.from_dict(data["compression"])
+        if data.get("rope") is not None:
+            data["rope"] = RopeSpec.from_dict(data["rope"])
+        if data.get("compressed_layers") is not None:
+            data["compressed_layers"] = tuple(data["compressed_layers"])
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> CompressedConfig:
+        return cls.from_dict(json.loads(text))
+
+    def full_attention_control(self) -> CompressedConfig:
+        """The same model with every layer on full causal attention."""
+        return dataclasses.replace(self, compression=None, compressed_layers=None)

@@ -1,0 +1,238 @@
+"""``CompressedTransformer``: a hookable decoder-only transformer with a chunk-compressed KV cache.
+
+It subclasses TransformerLens's ``HookedRootModule``, so ``run_with_hooks``, ``run_with_cache`` and
+TransformerLens's ``patching`` functions work on it. Hook names follow TransformerLens
+(``blocks.{l}.hook_resid_pre``, ``blocks.{l}.attn.hook_z``, ...) plus the compressed-cache hooks
+documented in ``docs/hooks.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Literal
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from phaselens.errors import InputError
+from phaselens.geometry import PhaseSpec
+from phaselens.models.attention import Attention, NoPast, Past
+from phaselens.models.compressor import default_init_, rms_norm
+from phaselens.models.config import CompressedConfig
+
+if TYPE_CHECKING:
+    from phaselens.models.cache import CompressedKVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: CompressedConfig) -> None:
+        super().__init__()
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
+        self.hook_pre, self.hook_post = HookPoint(), HookPoint()
+
+    def forward(self, x: Tensor) -> Tensor:
+        pre = self.hook_pre(x @ self.W_in + self.b_in)
+        return self.hook_post(F.gelu(pre)) @ self.W_out + self.b_out
+
+
+class Block(nn.Module):
+    """Pre-norm residual block. Residual hooks are ``[batch, pos, d_model]``."""
+
+    def __init__(self, cfg: CompressedConfig, layer: int) -> None:
+        super().__init__()
+        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+        self.hook_resid_pre, self.hook_attn_out = HookPoint(), HookPoint()
+        self.hook_resid_mid, self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint(), HookPoint()
+
+    def forward(self, resid: Tensor, past: Past) -> Tensor:
+        resid = self.hook_resid_pre(resid)
+        resid = self.hook_resid_mid(resid + self.hook_attn_out(self.attn(self.ln1(resid), past)))
+        return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
+
+
+class CompressedTransformer(HookedRootModule):
+    """A decoder-only transformer whose compressed layers attend to a local window plus pooled entries.
+
+    Args:
+        cfg: the :class:`CompressedConfig`. ``cfg.compression=None`` builds the full-attention control.
+
+    Example:
+        >>> import torch, phaselens
+        >>> from phaselens.models import CompressedConfig, CompressorSpec
+        >>> cfg = CompressedConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=50,
+        ...                        n_ctx=128, local_window=8, compression=CompressorSpec(stride=4))
+        >>> model = phaselens.CompressedTransformer(cfg)
+        >>> model(torch.zeros(1, 10, dtype=torch.long)).shape
+        torch.Size([1, 10, 50])
+    """
+
+    default_task: Any = None
+
+    def __init__(self, cfg: CompressedConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.hook_embed = HookPoint()
+        self.blocks = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
+        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        self.default_task = None
+        self.metadata: dict[str, Any] = {}
+        generator = torch.Generator().manual_seed(cfg.seed)
+        default_init_(self, cfg.init_std, generator)
+        self.setup()
+        self.eval()
+
+    # ---- protocol ------------------------------------------------------------------------------------
+    @property
+    def cfg(self) -> CompressedConfig:
+        """The config, with ``device`` reporting where the parameters are now (TransformerLens reads it)."""
+        device = str(self.unembed.weight.device)
+        if self.config.device != device:
+            self.config = dataclasses.replace(self.config, device=device)
+        return self.config
+
+    @property
+    def phase_specs(self) -> list[PhaseSpec | None]:
+        """Per-layer geometry (``None`` for layers that do not compress)."""
+        return self.config.phase_specs()
+
+    @property
+    def analysis_spec(self) -> PhaseSpec:
+        """The geometry used to define phases: the smallest compressed stride (stride 1 for the control)."""
+        specs = [s for s in self.phase_specs if s is not None]
+        return min(specs, key=lambda s: s.stride) if specs else PhaseSpec(1)
+
+    def to_tokens(self, tokens: Any, *args: Any, **kwargs: Any) -> Tensor:
+        """Token ids as a ``[batch, pos]`` long tensor. This model has no tokenizer: text is an error."""
+        if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and isinstance(tokens[0], str)):
+            raise InputError("CompressedTransformer has no tokenizer; pass token ids as a [batch, pos] tensor.")
+        return self._check_tokens(torch.as_tensor(tokens))
+
+    def _check_tokens(self, tokens: Tensor) -> Tensor:
+        if not isinstance(tokens, Tensor):
+            raise InputError(f"tokens must be a torch tensor of ids, got {type(tokens).__name__}.")
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise InputError(
+                f"tokens must be integer ids shaped [batch, pos], got dtype {tokens.dtype} and shape "
+                f"{tuple(tokens.shape)}; use tokens.long()."
+            )
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.d_vocab):
+            raise InputError(
+                f"token ids must lie in 0..{self.config.d_vocab - 1}, got {int(tokens.min())}..{int(tokens.max())}."
+            )
+        return tokens.long().to(self.unembed.weight.device)
+
+    # ---- forward -------------------------------------------------------------------------------------
+    def forward(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        *,
+        cache: CompressedKVCache | None = None,
+        return_type: Literal["logits", "loss", "both", None] = "logits",
+    ) -> Any:
+        """Logits ``[batch, pos, d_vocab]`` for ``tokens``.
+
+        With ``cache``, ``tokens`` continue the cached sequence at slot ``cache.length`` and the cache is
+        advanced; the logits equal those of a parallel forward over the whole sequence.
+        """
+        tokens = self._check_tokens(tokens)
+        B, n = tokens.shape
+        if cache is None:
+            if n > self.config.n_ctx:
+                raise InputError(
+                    f"sequence of {n} tokens exceeds the model's context n_ctx={self.config.n_ctx}; "
+                    "shorten it or build the model with a larger n_ctx."
+                )
+            pasts: list[Past] = [NoPast() for _ in self.blocks]
+        else:
+            pasts = cache.begin(tokens)
+        resid = self.hook_embed(self.embed(tokens))
+        for block, past in zip(self.blocks, pasts):
+            resid = block(resid, past)
+        if cache is not None:
+            cache.end(n)
+        logits = self.unembed(self.ln_final(resid))
+        if return_type == "logits":
+            return logits
+        if return_type is None:
+            return None
+        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        return loss if return_type == "loss" else (logits, loss)
+
+    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> CompressedKVCache:
+        """An empty :class:`~phaselens.models.cache.CompressedKVCache` for ``batch_size`` sequences."""
+        from phaselens.models.cache import CompressedKVCache
+
+        return CompressedKVCache(self, batch_size, max_len or self.config.n_ctx)
+
+    @torch.no_grad()
+    def generate(
+        self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, prefill_chunk: int | None = None
+    ) -> Int[Tensor, "batch pos_plus_new"]:
+        """Greedy decoding through the compressed cache; returns prompt + new tokens."""
+        tokens = self._check_tokens(tokens)
+        cache = self.new_cache(tokens.shape[0], tokens.shape[1] + max_new_tokens)
+        logits = self.prefill(tokens, cache, chunk=prefill_chunk)
+        out = [tokens]
+        for _ in range(max_new_tokens):
+            nxt = logits[:, -1:].argmax(-1)
+            out.append(nxt)
+            logits = self(nxt, cache=cache)
+        return torch.cat(out, dim=1)
+
+    def prefill(
+        self, tokens: Int[Tensor, "batch pos"], cache: CompressedKVCache, *, chunk: int | None = None
+    ) -> Float[Tensor, "batch 1 d_vocab"]:
+        """Feed ``tokens`` through ``cache`` in chunks (bounded memory); return the last position's logits."""
+        tokens = self._check_tokens(tokens)
+        chunk = chunk or tokens.shape[1]
+        logits = None
+        for i in range(0, tokens.shape[1], chunk):
+            logits = self(tokens[:, i : i + chunk], cache=cache)[:, -1:]
+        assert logits is not None
+        return logits
+
+    # ---- persistence ---------------------------------------------------------------------------------
+    def save(self, path: Any, *, metadata: dict[str, Any] | None = None) -> None:
+        """Write ``model.safetensors`` and ``config.json`` into the directory ``path`` (atomically)."""
+        from phaselens.models.io import save_model
+
+        save_model(self, path, metadata=metadata)
+
+    def __repr__(self) -> str:
+        c = self.config
+        kinds = [b.attn.kind for b in self.blocks]
+        comp = c.compression
+        geo = "full attention (control)" if comp is None else (
+            f"S={comp.stride} W={comp.window} gate={comp.gate}{' overlap_split' if comp.overlap_split else ''}"
+            f"{' tied K=V' if comp.tied_kv else ''}"
+        )
+        n_params = sum(p.numel() for p in self.parameters())
+        return (
+            f"CompressedTransformer({c.n_layers} layers {kinds}, d_model={c.d_model}, heads={c.n_heads}"
+            f"/{c.n_key_value_heads} kv, d_head={c.d_head}, local_window={c.local_window}, {geo}, "
+            f"{n_params:,} params)"
+        )
