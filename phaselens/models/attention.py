@@ -12,7 +12,7 @@ the parallel forward, chunked prefill and single-token decoding share every line
 from __future__ import annotations
 
 import math
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import torch
 from jaxtyping import Float
@@ -26,6 +26,7 @@ from phaselens.models.rope import apply_rope, rope_inv_freq
 LayerKind = Literal["compressed", "local", "full"]
 
 
+@runtime_checkable
 class Past(Protocol):
     """What one layer knows about earlier tokens. ``start`` is the slot of the first new token."""
 

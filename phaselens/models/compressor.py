@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from phaselens.models.config import CompressorSpec, RopeSpec
+from phaselens.models.config import CompressorSpec, RopeSpec, YarnSpec
 from phaselens.models.rope import apply_rope, rope_inv_freq
 
 
@@ -288,7 +288,16 @@ class Compressor(nn.Module):
         groups = 2 if overlap else 1
         rot = module.rotary_emb
         inv_freq = getattr(rot, f"{module.rope_layer_type}_inv_freq")
-        theta = float(rot.config.rope_parameters[module.rope_layer_type]["rope_theta"])
+        params = rot.config.rope_parameters[module.rope_layer_type]
+        yarn = None
+        if params.get("rope_type") == "yarn":
+            yarn = YarnSpec(
+                factor=float(params["factor"]),
+                original_max_position=int(params["original_max_position_embeddings"]),
+                beta_fast=float(params.get("beta_fast") or 32.0),
+                beta_slow=float(params.get("beta_slow") or 1.0),
+                attention_factor=float(getattr(rot, f"{module.rope_layer_type}_attention_scaling")),
+            )
         spec = CompressorSpec(
             stride=S,
             window=groups * S,
@@ -298,7 +307,7 @@ class Compressor(nn.Module):
             payload="shared",
             tied_kv=True,
             norm=True,
-            rope=RopeSpec(dims=2 * inv_freq.numel(), theta=theta),
+            rope=RopeSpec(dims=2 * inv_freq.numel(), theta=float(params["rope_theta"]), yarn=yarn),
             overlap_split=overlap,
             norm_eps=float(module.kv_norm.variance_epsilon),
         )

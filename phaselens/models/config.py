@@ -194,6 +194,12 @@ class CompressedConfig:
             object.__setattr__(self, "compressed_layers", layers)
         if self.uncompressed_attention not in ("full", "local"):
             raise ConfigError(f"uncompressed_attention must be 'full' or 'local', got {self.uncompressed_attention!r}.")
+        comp = self.compression
+        if comp is not None and comp.tied_kv and isinstance(comp.rope, RopeSpec) and comp.rope != self.rope:
+            raise ConfigError(
+                "tied K=V entries carry RoPE into the values, which is undone at the query with the model's RoPE; "
+                "use compression rope='inherit' (or 'none') with tied_kv=True."
+            )
         for rope in self._ropes():
             dims = self.d_head if rope.dims is None else rope.dims
             if dims % 2 or not 0 < dims <= self.d_head:

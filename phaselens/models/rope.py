@@ -15,7 +15,7 @@ from torch import Tensor
 from phaselens.models.config import RopeSpec
 
 
-def rope_inv_freq(dims: int, spec: RopeSpec) -> Float[Tensor, "pairs"]:
+def rope_inv_freq(dims: int, spec: RopeSpec) -> Float[Tensor, " pairs"]:
     """Inverse frequencies ``[dims // 2]`` of a RoPE with optional YaRN scaling (fp32)."""
     exponents = torch.arange(0, dims, 2, dtype=torch.float32) / dims
     base = spec.theta**exponents
@@ -39,7 +39,7 @@ def rope_inv_freq(dims: int, spec: RopeSpec) -> Float[Tensor, "pairs"]:
 def apply_rope(
     x: Float[Tensor, "*batch pos head d"],
     positions: Tensor,
-    inv_freq: Float[Tensor, "pairs"],
+    inv_freq: Float[Tensor, " pairs"],
     *,
     attention_scaling: float = 1.0,
     inverse: bool = False,

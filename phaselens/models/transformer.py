@@ -148,12 +148,14 @@ class CompressedTransformer(HookedRootModule):
     # ---- forward -------------------------------------------------------------------------------------
     def forward(
         self,
-        tokens: Int[Tensor, "batch pos"],
+        tokens: Tensor,
         *,
         cache: CompressedKVCache | None = None,
         return_type: Literal["logits", "loss", "both", None] = "logits",
     ) -> Any:
-        """Logits ``[batch, pos, d_vocab]`` for ``tokens``.
+        """Logits ``[batch, pos, d_vocab]`` for token ids ``tokens`` ``[batch, pos]`` (or ``[pos]``).
+
+        Ids are validated here (an ``InputError`` names the problem), so the annotation is a plain Tensor.
 
         With ``cache``, ``tokens`` continue the cached sequence at slot ``cache.length`` and the cache is
         advanced; the logits equal those of a parallel forward over the whole sequence.
