@@ -1,0 +1,79 @@
+"""Statistics for phase sensitivity (science.md §4).
+
+Everything works on per-residue counts (``correct``, ``n`` over residues r = (t − origin) mod M) or on
+per-item rows; residues fold onto phases r mod S. Start with :func:`phase_battery` (counts) or
+:func:`phase_battery_items` (a per-item frame); the building blocks are exported too.
+
+Modules:
+
+* ``intervals``: Wilson intervals; ``folding``: fold mod S, gaps;
+* ``omnibus``: χ², G, Cochran's Q, CMH;
+* ``periodicity``: nested fold test, harmonic fraction, period detection;
+* ``resampling``: permutation nulls, bootstrap CIs; ``continuous``: NLL / logit-difference tests;
+* ``multiple``: Holm, BH; ``grouping``: FP8-probe group means;
+* ``battery`` and ``battery_items``: the entry points; ``items``: per-item frames and paired designs.
+"""
+
+from __future__ import annotations
+
+from phaselens.stats.battery import PhaseBattery, phase_battery
+from phaselens.stats.battery_items import ItemBattery, phase_battery_items
+from phaselens.stats.continuous import ContinuousResult, continuous_phase_tests
+from phaselens.stats.folding import fold_counts, folded_gap, residue_gap
+from phaselens.stats.grouping import GroupMeans, group_means
+from phaselens.stats.intervals import wilson_ci
+from phaselens.stats.multiple import benjamini_hochberg, holm
+from phaselens.stats.omnibus import chi2_statistic, chi2_test, cmh_test, cochran_q, g_statistic, g_test
+from phaselens.stats.periodicity import (
+    HarmonicResult,
+    PeriodResult,
+    detect_period,
+    harmonic_fraction,
+    harmonic_statistic,
+    nested_fold_statistic,
+    nested_fold_test,
+)
+from phaselens.stats.resampling import (
+    gap_bootstrap_ci,
+    gap_permutation_test,
+    item_bootstrap_ci,
+    within_item_permutation_test,
+)
+from phaselens.stats.results import BootstrapResult, PermutationResult, TestResult
+
+__all__ = [
+    "BootstrapResult",
+    "ContinuousResult",
+    "GroupMeans",
+    "HarmonicResult",
+    "ItemBattery",
+    "PeriodResult",
+    "PermutationResult",
+    "PhaseBattery",
+    "TestResult",
+    "benjamini_hochberg",
+    "chi2_statistic",
+    "chi2_test",
+    "cmh_test",
+    "cochran_q",
+    "continuous_phase_tests",
+    "detect_period",
+    "fold_counts",
+    "folded_gap",
+    "g_statistic",
+    "g_test",
+    "gap_bootstrap_ci",
+    "gap_permutation_test",
+    "group_means",
+    "harmonic_fraction",
+    "harmonic_statistic",
+    "holm",
+    "item_bootstrap_ci",
+    "nested_fold_statistic",
+    "nested_fold_test",
+    "phase_battery",
+    "phase_battery_items",
+    "residue_gap",
+    "wilson_ci",
+    "within_item_permutation_test",
+]

@@ -1,0 +1,307 @@
+"""The statistics battery on per-residue counts: everything science.md §4 asks for, in one call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
+
+from phaselens.errors import ResidueError
+from phaselens.stats._checks import (
+    check_alpha,
+    check_counts,
+    check_draws,
+    check_level,
+    check_stride,
+    readonly,
+)
+from phaselens.stats.folding import fold
+from phaselens.stats.intervals import wilson_ci
+from phaselens.stats.omnibus import chi2_test, g_test
+from phaselens.stats.periodicity import (
+    HarmonicResult,
+    PeriodResult,
+    detect_period,
+    harmonic_fraction,
+    nested_fold_test,
+)
+from phaselens.stats.resampling import gap_bootstrap_ci, gap_permutation_test
+from phaselens.stats.results import BootstrapResult, PermutationResult, TestResult, fmt_p
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}"
+
+
+def _row(section: str, quantity: str, **values: object) -> dict[str, object]:
+    """One row of a long results frame; the columns it leaves out become NaN."""
+    return {"section": section, "quantity": quantity, **values}
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class PhaseBattery:
+    """Result of :func:`phase_battery`. Accuracies are fractions in [0, 1]; gaps are fractions too.
+
+    Attributes:
+        stride, modulus: S and M.
+        alpha, level: test level and confidence level used.
+        correct, n: ``(M,)`` counts per residue.
+        accuracy, ci_low, ci_high: ``(M,)`` accuracy per residue and its Wilson interval.
+        phase_correct, phase_n: ``(S,)`` counts folded mod S (summed over the M/S residues of a phase).
+        phase_accuracy, phase_ci_low, phase_ci_high: ``(S,)`` accuracy per phase and its Wilson interval.
+        mean_accuracy: pooled accuracy Σ correct / Σ n.
+        worst_phase, worst_accuracy, best_phase, best_accuracy: extremes of ``phase_accuracy``.
+        boundary_accuracy: accuracy of the boundary phase S − 1.
+        residue_gap: max − min of ``accuracy`` over the M residues (the paper's "gap across residues").
+        phase_gap: max − min of ``phase_accuracy``.
+        chi2, g: omnibus tests on the 2 × M table.
+        nested: nested fold test, mod M against mod S.
+        harmonic: harmonic-energy fraction at period S, with its null and permutation p.
+        gap_test: unpaired permutation test of ``phase_gap``.
+        gap_ci: within-residue bootstrap CI of ``phase_gap`` (``None`` when ``n_bootstrap=0``).
+        period: detected period (``period.period`` is ``None`` when the omnibus G test does not reject).
+    """
+
+    stride: int
+    modulus: int
+    alpha: float
+    level: float
+    correct: np.ndarray
+    n: np.ndarray
+    accuracy: np.ndarray
+    ci_low: np.ndarray
+    ci_high: np.ndarray
+    phase_correct: np.ndarray
+    phase_n: np.ndarray
+    phase_accuracy: np.ndarray
+    phase_ci_low: np.ndarray
+    phase_ci_high: np.ndarray
+    mean_accuracy: float
+    worst_phase: int
+    worst_accuracy: float
+    best_phase: int
+    best_accuracy: float
+    boundary_accuracy: float
+    residue_gap: float
+    phase_gap: float
+    chi2: TestResult
+    g: TestResult
+    nested: TestResult
+    harmonic: HarmonicResult
+    gap_test: PermutationResult
+    gap_ci: BootstrapResult | None
+    period: PeriodResult
+
+    def __post_init__(self) -> None:
+        readonly(*(v for v in vars(self).values() if isinstance(v, np.ndarray)))
+
+    def residue_frame(self) -> pd.DataFrame:
+        """One row per residue: counts, accuracy and Wilson bounds."""
+        return pd.DataFrame(
+            {
+                "residue": np.arange(self.modulus),
+                "phase": np.arange(self.modulus) % self.stride,
+                "correct": self.correct,
+                "n": self.n,
+                "accuracy": self.accuracy,
+                "ci_low": self.ci_low,
+                "ci_high": self.ci_high,
+            }
+        )
+
+    def phase_frame(self) -> pd.DataFrame:
+        """One row per phase (residues folded mod S)."""
+        return pd.DataFrame(
+            {
+                "phase": np.arange(self.stride),
+                "correct": self.phase_correct,
+                "n": self.phase_n,
+                "accuracy": self.phase_accuracy,
+                "ci_low": self.phase_ci_low,
+                "ci_high": self.phase_ci_high,
+                "boundary": np.arange(self.stride) == self.stride - 1,
+            }
+        )
+
+    def tests_frame(self) -> pd.DataFrame:
+        """One row per test: name, statistic, df (NaN for permutation tests), p-value."""
+        rows: list[tuple[str, float, float, float]] = [
+            (t.name, t.statistic, t.df, t.pvalue) for t in (self.chi2, self.g, self.nested)
+        ]
+        rows.append(("harmonic_fraction", self.harmonic.fraction, np.nan, self.harmonic.pvalue))
+        rows.append(
+            ("folded_gap permutation (unpaired)", self.gap_test.statistic, np.nan, self.gap_test.pvalue)
+        )
+        return pd.DataFrame(rows, columns=["test", "statistic", "df", "pvalue"])
+
+    def to_frame(self) -> pd.DataFrame:
+        """Everything in one tidy long frame: ``section``, ``quantity``, ``index``, ``estimate``, ``ci_low``,
+        ``ci_high``, ``statistic``, ``df``, ``pvalue`` (columns that do not apply are NaN)."""
+        rows: list[dict[str, object]] = []
+        for i in range(self.modulus):
+            rows.append(
+                _row(
+                    "residue",
+                    "accuracy",
+                    index=i,
+                    estimate=self.accuracy[i],
+                    ci_low=self.ci_low[i],
+                    ci_high=self.ci_high[i],
+                )
+            )
+        for p in range(self.stride):
+            rows.append(
+                _row(
+                    "phase",
+                    "accuracy",
+                    index=p,
+                    estimate=self.phase_accuracy[p],
+                    ci_low=self.phase_ci_low[p],
+                    ci_high=self.phase_ci_high[p],
+                )
+            )
+        ci = self.gap_ci
+        for name, value, idx in (
+            ("mean_accuracy", self.mean_accuracy, None),
+            ("worst_phase_accuracy", self.worst_accuracy, self.worst_phase),
+            ("best_phase_accuracy", self.best_accuracy, self.best_phase),
+            ("boundary_phase_accuracy", self.boundary_accuracy, self.stride - 1),
+            ("residue_gap", self.residue_gap, None),
+        ):
+            rows.append(_row("summary", name, index=idx, estimate=value))
+        rows.append(
+            _row(
+                "summary",
+                "phase_gap",
+                estimate=self.phase_gap,
+                ci_low=ci.ci_low if ci else np.nan,
+                ci_high=ci.ci_high if ci else np.nan,
+                statistic=self.gap_test.statistic,
+                pvalue=self.gap_test.pvalue,
+            )
+        )
+        for t in self.tests_frame().itertuples():
+            rows.append(_row("test", t.test, statistic=t.statistic, df=t.df, pvalue=t.pvalue))
+        rows.append(_row("period", "detected_period", estimate=self.period.period))
+        cols = ["section", "quantity", "index", "estimate", "ci_low", "ci_high", "statistic", "df", "pvalue"]
+        return pd.DataFrame(rows).reindex(columns=cols).astype({"index": "Int64", "df": "Int64"})
+
+    def summary(self) -> str:
+        """A few readable lines; accuracies and gaps in percent."""
+        pc = int(round(100 * self.level))
+        phases = ", ".join(
+            f"{p}: {_pct(a)} [{_pct(lo)}, {_pct(hi)}]"
+            for p, (a, lo, hi) in enumerate(zip(self.phase_accuracy, self.phase_ci_low, self.phase_ci_high))
+        )
+        ci = f", {pc}% CI [{_pct(self.gap_ci.ci_low)}, {_pct(self.gap_ci.ci_high)}]" if self.gap_ci else ""
+        h = self.harmonic
+        lines = [
+            f"Phase battery: stride {self.stride}, modulus {self.modulus}, {int(self.n.sum())} trials",
+            "  residue accuracy %: " + " ".join(_pct(a) for a in self.accuracy),
+            f"  phase accuracy % [{pc}% Wilson]: {phases}",
+            f"  mean {_pct(self.mean_accuracy)}%, "
+            f"worst phase {self.worst_phase} ({_pct(self.worst_accuracy)}%), "
+            f"best phase {self.best_phase} ({_pct(self.best_accuracy)}%), "
+            f"boundary phase {self.stride - 1} ({_pct(self.boundary_accuracy)}%)",
+            f"  gap across residues {_pct(self.residue_gap)} pp; folded gap {_pct(self.phase_gap)} pp "
+            f"(permutation p={fmt_p(self.gap_test.pvalue)}, "
+            f"null mean {_pct(self.gap_test.null_mean)} pp{ci})",
+            f"  omnibus: chi2={self.chi2.statistic:.2f} (df {self.chi2.df}) p={fmt_p(self.chi2.pvalue)}; "
+            f"G={self.g.statistic:.2f} p={fmt_p(self.g.pvalue)}",
+            f"  nested mod {self.modulus} vs mod {self.stride}: G={self.nested.statistic:.3f} "
+            f"(df {self.nested.df}) p={fmt_p(self.nested.pvalue)}",
+            f"  harmonic fraction {h.fraction:.4f} (null {h.null_fraction:.4f}) p={fmt_p(h.pvalue)}",
+            f"  detected period: {self.period.period} (alpha {self.alpha})",
+        ]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+def phase_battery(
+    correct: ArrayLike | int | float,
+    n: ArrayLike | int | float,
+    stride: int,
+    modulus: int | None = None,
+    *,
+    alpha: float = 0.05,
+    level: float = 0.95,
+    n_permutations: int = 9999,
+    n_bootstrap: int = 2000,
+    seed: int = 0,
+) -> PhaseBattery:
+    """Run the whole battery on per-residue counts.
+
+    Every random component uses ``np.random.default_rng(seed)`` afresh, so each p-value or interval equals the
+    one its standalone function returns with the same seed.
+
+    Args:
+        correct: ``(M,)`` correct answers per residue (residue r = (t − origin) mod M).
+        n: an int, or ``(M,)`` trials per residue.
+        stride: S; M must be a multiple of S.
+        modulus: M; defaults to ``len(correct)`` and, when given, must equal it.
+        alpha: level for rejections and period detection.
+        level: confidence level of the Wilson and bootstrap intervals.
+        n_permutations: permutations for the gap and harmonic p-values.
+        n_bootstrap: bootstrap replicates for the gap CI; 0 skips it.
+        seed: seed of every random draw.
+
+    Example:
+        >>> b = phase_battery([112, 178, 169, 76, 115, 179, 165, 84], 256, stride=4, n_permutations=999)
+        >>> round(100 * b.residue_gap, 2), b.period.period, b.worst_phase
+        (40.23, 4, 3)
+    """
+    c, t = check_counts(correct, n)
+    if c.ndim != 1:
+        raise ResidueError(f"correct must be 1-D, one count per residue, got shape {c.shape}.")
+    m = c.size if modulus is None else modulus
+    stride, m = check_stride(stride, m)
+    if m != c.size:
+        raise ResidueError(
+            f"modulus {m} but correct has {c.size} residues; pass one count per residue 0..{m - 1} "
+            "(use fold_counts to fold a longer table first)."
+        )
+    alpha, level = check_alpha(alpha), check_level(level)
+    b = check_draws(n_permutations, "n_permutations")
+    boot = None if n_bootstrap == 0 else check_draws(n_bootstrap, "n_bootstrap")
+    lo, hi = wilson_ci(c, t, level)
+    pc, pn = fold(c, stride), fold(t, stride)
+    pa = pc / pn
+    plo, phi = wilson_ci(pc, pn, level)
+    gap_test = gap_permutation_test(c, t, stride, n_permutations=b, seed=seed)
+    return PhaseBattery(
+        stride=stride,
+        modulus=m,
+        alpha=alpha,
+        level=level,
+        correct=c,
+        n=t,
+        accuracy=c / t,
+        ci_low=lo,
+        ci_high=hi,
+        phase_correct=pc,
+        phase_n=pn,
+        phase_accuracy=pa,
+        phase_ci_low=plo,
+        phase_ci_high=phi,
+        mean_accuracy=float(c.sum() / t.sum()),
+        worst_phase=int(np.argmin(pa)),
+        worst_accuracy=float(pa.min()),
+        best_phase=int(np.argmax(pa)),
+        best_accuracy=float(pa.max()),
+        boundary_accuracy=float(pa[-1]),
+        residue_gap=float(np.ptp(c / t)),
+        phase_gap=gap_test.statistic,
+        chi2=chi2_test(c, t),
+        g=g_test(c, t),
+        nested=nested_fold_test(c, t, stride),
+        harmonic=harmonic_fraction(c, t, stride, n_permutations=b, seed=seed),
+        gap_test=gap_test,
+        gap_ci=None
+        if boot is None
+        else gap_bootstrap_ci(c, t, stride, level=level, n_bootstrap=boot, seed=seed),
+        period=detect_period(c, t, alpha=alpha),
+    )

@@ -1,0 +1,200 @@
+"""The statistics battery on per-item rows: the count battery plus the tests that need item identity."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from phaselens.stats._checks import check_draws
+from phaselens.stats.battery import PhaseBattery, _pct, _row, phase_battery
+from phaselens.stats.continuous import ContinuousResult, continuous_phase_tests
+from phaselens.stats.items import DEFAULT_METRICS, item_table
+from phaselens.stats.omnibus import cochran_q
+from phaselens.stats.resampling import item_bootstrap_ci, within_item_permutation_test
+from phaselens.stats.results import BootstrapResult, PermutationResult, TestResult, fmt_p
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class ItemBattery:
+    """Result of :func:`phase_battery_items`.
+
+    Attributes:
+        counts: the count battery on the per-residue totals (its ``gap_ci`` is ``None``: see ``gap_ci`` here).
+        n_items: distinct item ids.
+        design: ``"paired"`` (every item once at every residue) or ``"unpaired"``.
+        pairing_note: why the design is not paired (``None`` when it is).
+        cochran: Cochran's Q over the M residues (paired designs only).
+        cochran_skipped: why Cochran's Q was not run.
+        within_item: within-item permutation test of the folded gap (paired designs only).
+        within_item_skipped: why it was not run.
+        gap_ci: item bootstrap CI of the folded gap (item-cluster when items cross residues, else
+            within-residue); ``None`` when ``n_bootstrap=0``.
+        continuous: one :class:`ContinuousResult` per continuous metric present in the frame.
+    """
+
+    counts: PhaseBattery
+    n_items: int
+    design: str
+    pairing_note: str | None
+    cochran: TestResult | None
+    cochran_skipped: str | None
+    within_item: PermutationResult | None
+    within_item_skipped: str | None
+    gap_ci: BootstrapResult | None
+    continuous: tuple[ContinuousResult, ...]
+
+    def metric(self, name: str) -> ContinuousResult:
+        """The continuous result for metric ``name``."""
+        for r in self.continuous:
+            if r.metric == name:
+                return r
+        raise KeyError(f"no continuous metric {name!r}; present: {[r.metric for r in self.continuous]}")
+
+    def to_frame(self) -> pd.DataFrame:
+        """The count battery's long frame plus rows for the item-level tests (same columns, plus ``note``)."""
+        frame = self.counts.to_frame()
+        extra: list[dict[str, object]] = []
+        q = self.cochran
+        extra.append(
+            _row("test", "cochran_q", note=self.cochran_skipped)
+            if q is None
+            else _row("test", "cochran_q", statistic=q.statistic, df=q.df, pvalue=q.pvalue)
+        )
+        w = self.within_item
+        name = "folded_gap permutation (within-item)"
+        extra.append(
+            _row("test", name, note=self.within_item_skipped)
+            if w is None
+            else _row("test", name, statistic=w.statistic, pvalue=w.pvalue)
+        )
+        if (ci := self.gap_ci) is not None:
+            extra.append(
+                _row(
+                    "summary",
+                    f"phase_gap {ci.scheme} bootstrap",
+                    estimate=ci.estimate,
+                    ci_low=ci.ci_low,
+                    ci_high=ci.ci_high,
+                )
+            )
+        for r in self.continuous:
+            section = f"metric:{r.metric}"
+            extra.extend(
+                _row(section, "phase_mean", index=p, estimate=m) for p, m in enumerate(r.phase_means)
+            )
+            extra.extend(
+                _row(section, t.test, statistic=t.statistic, df=t.df, pvalue=t.pvalue, note=t.note)
+                for t in r.to_frame().itertuples()
+            )
+        return pd.concat([frame.assign(note=None), pd.DataFrame(extra)], ignore_index=True).reindex(
+            columns=[*frame.columns, "note"]
+        )
+
+    def summary(self) -> str:
+        lines = [self.counts.summary(), f"  items: {self.n_items}, design {self.design}"]
+        if self.pairing_note:
+            lines[-1] += f" ({self.pairing_note})"
+        if self.cochran is not None:
+            lines.append(
+                f"  Cochran's Q={self.cochran.statistic:.2f} (df {self.cochran.df}) "
+                f"p={fmt_p(self.cochran.pvalue)}"
+            )
+        else:
+            lines.append(f"  Cochran's Q skipped: {self.cochran_skipped}")
+        if self.within_item is not None:
+            w = self.within_item
+            lines.append(
+                f"  within-item permutation of the folded gap: p={fmt_p(w.pvalue)} "
+                f"(null mean {_pct(w.null_mean)} pp)"
+            )
+        else:
+            lines.append(f"  within-item permutation skipped: {self.within_item_skipped}")
+        if self.gap_ci is not None:
+            ci = self.gap_ci
+            lines.append(
+                f"  folded gap {_pct(ci.estimate)} pp, {ci.scheme} bootstrap {ci.level:.0%} CI "
+                f"[{_pct(ci.ci_low)}, {_pct(ci.ci_high)}]"
+            )
+        lines.extend(f"  {r!r}" for r in self.continuous)
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+
+def phase_battery_items(
+    frame: pd.DataFrame,
+    stride: int,
+    modulus: int | None = None,
+    *,
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    alpha: float = 0.05,
+    level: float = 0.95,
+    n_permutations: int = 9999,
+    n_bootstrap: int = 2000,
+    seed: int = 0,
+) -> ItemBattery:
+    """Run the battery on per-item rows.
+
+    Args:
+        frame: one row per (item, residue) outcome with columns ``item_id``, ``residue`` (0..M−1) and
+            ``correct`` (0/1 or bool); optional continuous columns named in ``metrics``.
+        stride: S.
+        modulus: M; default ``max(residue) + 1`` rounded up to a multiple of S. Every residue needs rows.
+        metrics: continuous columns to test when present (default ``nll`` and ``logit_diff``).
+        alpha, level, n_permutations, n_bootstrap, seed: as in :func:`phase_battery`.
+
+    The count battery runs on the per-residue totals. Cochran's Q and the within-item permutation need a
+    paired design (every item exactly once at every residue); otherwise they are skipped and the result says
+    why.
+    """
+    tab = item_table(frame, stride, modulus, metrics)
+    b = check_draws(n_permutations, "n_permutations")
+    c, n = tab.counts()
+    counts = phase_battery(
+        c, n, tab.stride, tab.modulus, alpha=alpha, level=level, n_permutations=b, n_bootstrap=0, seed=seed
+    )
+    cochran = within = None
+    if tab.paired:
+        m = tab.matrix(tab.correct)
+        cochran = cochran_q(m)
+        within = within_item_permutation_test(m, tab.stride, n_permutations=b, seed=seed)
+    ci = None
+    if n_bootstrap:
+        ci = item_bootstrap_ci(
+            tab.item,
+            tab.residue,
+            tab.correct,
+            tab.stride,
+            tab.modulus,
+            level=level,
+            n_bootstrap=n_bootstrap,
+            seed=seed,
+        )
+    continuous = tuple(
+        continuous_phase_tests(
+            v,
+            tab.residue,
+            tab.stride,
+            tab.modulus,
+            item_ids=tab.item,
+            metric=name,
+            n_permutations=b,
+            seed=seed,
+        )
+        for name, v in tab.metrics.items()
+    )
+    return ItemBattery(
+        counts=counts,
+        n_items=tab.n_items,
+        design="paired" if tab.paired else "unpaired",
+        pairing_note=tab.pairing_note,
+        cochran=cochran,
+        cochran_skipped=tab.pairing_note,
+        within_item=within,
+        within_item_skipped=tab.pairing_note,
+        gap_ci=ci,
+        continuous=continuous,
+    )

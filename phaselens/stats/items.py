@@ -1,0 +1,133 @@
+"""Per-item data: validating the frame and recognising a paired design.
+
+A design is *paired* when every item appears at every residue exactly once; then the outcomes form a
+complete ``(items, M)`` matrix, and tests that compare an item with itself (Cochran's Q, Friedman, within-item
+permutation) apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from numpy.typing import ArrayLike
+
+from phaselens.errors import StatsInputError
+from phaselens.stats._checks import check_values, readonly, resolve_residues
+
+REQUIRED_COLUMNS = ("item_id", "residue", "correct")
+DEFAULT_METRICS = ("nll", "logit_diff")
+
+
+def item_codes(item_ids: ArrayLike | int | float, length: int) -> np.ndarray:
+    """Dense integer codes ``(N,)`` for arbitrary item labels."""
+    ids = np.asarray(item_ids).ravel()
+    if ids.size != length:
+        raise StatsInputError(f"item_ids has {ids.size} rows but residues has {length}; pass one id per row.")
+    return np.unique(ids, return_inverse=True)[1].ravel()
+
+
+def pairing(item: np.ndarray, residues: np.ndarray, modulus: int) -> str | None:
+    """``None`` when every item appears exactly once at every residue; otherwise the reason it does not."""
+    n_items = int(item.max()) + 1
+    cells = np.zeros((n_items, modulus), dtype=np.int64)
+    np.add.at(cells, (item, residues), 1)
+    if np.any(cells > 1):
+        i, r = np.argwhere(cells > 1)[0]
+        return (
+            f"not paired: an item appears {cells[i, r]} times at residue {r}; "
+            "each item needs one row per residue"
+        )
+    if np.any(cells == 0):
+        missing = int((cells == 0).any(axis=1).sum())
+        return f"not paired: {missing} of {n_items} items lack some of the {modulus} residues"
+    return None
+
+
+def paired_matrix(item: np.ndarray, residues: np.ndarray, values: np.ndarray, modulus: int) -> np.ndarray:
+    """``(items, M)`` matrix of a paired design (call only when :func:`pairing` returned ``None``)."""
+    out = np.empty((int(item.max()) + 1, modulus))
+    out[item, residues] = values
+    return out
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class ItemTable:
+    """Validated per-item rows.
+
+    Attributes:
+        item: ``(N,)`` dense item codes.
+        residue: ``(N,)`` residues in 0..M−1.
+        correct: ``(N,)`` 0/1 floats.
+        metrics: continuous metrics present, name → ``(N,)`` floats.
+        stride, modulus: S and M.
+        pairing_note: ``None`` for a paired design, else why it is not paired.
+    """
+
+    item: np.ndarray
+    residue: np.ndarray
+    correct: np.ndarray
+    metrics: dict[str, np.ndarray]
+    stride: int
+    modulus: int
+    pairing_note: str | None
+
+    def __post_init__(self) -> None:
+        readonly(self.item, self.residue, self.correct, *self.metrics.values())
+
+    @property
+    def paired(self) -> bool:
+        return self.pairing_note is None
+
+    @property
+    def n_items(self) -> int:
+        return int(self.item.max()) + 1
+
+    def counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per-residue ``(correct, n)``, each ``(M,)`` int64; residues without rows raise."""
+        n = np.bincount(self.residue, minlength=self.modulus)
+        if np.any(n == 0):
+            missing = np.flatnonzero(n == 0).tolist()
+            raise StatsInputError(
+                f"residues {missing} have no rows; every residue 0..{self.modulus - 1} needs items "
+                "(or pass a smaller modulus)."
+            )
+        c = np.bincount(self.residue, weights=self.correct, minlength=self.modulus)
+        return np.rint(c).astype(np.int64), n.astype(np.int64)
+
+    def matrix(self, values: np.ndarray) -> np.ndarray:
+        """``(items, M)`` matrix of ``values`` for a paired design."""
+        if not self.paired:
+            raise StatsInputError(f"design is {self.pairing_note}")
+        return paired_matrix(self.item, self.residue, values, self.modulus)
+
+
+def item_table(
+    frame: pd.DataFrame, stride: int, modulus: int | None = None, metrics: Sequence[str] = DEFAULT_METRICS
+) -> ItemTable:
+    """Validate a per-item frame with columns ``item_id``, ``residue``, ``correct`` (+ optional metrics).
+
+    ``modulus`` defaults to ``max(residue) + 1`` rounded up to a multiple of ``stride``.
+    """
+    if not isinstance(frame, pd.DataFrame):
+        raise StatsInputError(f"expected a pandas DataFrame, got {type(frame).__name__}.")
+    missing = [c for c in REQUIRED_COLUMNS if c not in frame.columns]
+    if missing:
+        raise StatsInputError(
+            f"frame lacks columns {missing}; it needs {list(REQUIRED_COLUMNS)} (rename yours to match)."
+        )
+    if len(frame) == 0:
+        raise StatsInputError("frame is empty; pass one row per (item, residue) outcome.")
+    residue, stride, modulus = resolve_residues(frame["residue"].to_numpy(), stride, modulus)
+    correct = check_values(frame["correct"].to_numpy(), "column 'correct'", residue.size)
+    if not np.all((correct == 0) | (correct == 1)):
+        raise StatsInputError(
+            "column 'correct' must be 0/1 or bool; threshold scores into right/wrong first."
+        )
+    found = {
+        m: check_values(frame[m].to_numpy(), f"column {m!r}", residue.size) for m in metrics if m in frame
+    }
+    item = item_codes(frame["item_id"].to_numpy(), residue.size)
+    return ItemTable(item, residue, correct, found, stride, modulus, pairing(item, residue, modulus))

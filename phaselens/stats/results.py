@@ -1,0 +1,141 @@
+"""Small frozen result types shared by the statistics modules.
+
+Each has ``.to_frame()`` (a one-row tidy :class:`pandas.DataFrame`) and a one-line ``repr``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pandas as pd
+
+
+def fmt_p(p: float) -> str:
+    """A p-value as people read it: 3 decimals, or scientific notation when tiny."""
+    if p is None or (isinstance(p, float) and math.isnan(p)):
+        return "nan"
+    return f"{p:.3f}" if p >= 1e-3 else f"{p:.2e}"
+
+
+@dataclass(frozen=True, repr=False)
+class TestResult:
+    """A classical test: statistic referred to a χ² distribution with ``df`` degrees of freedom.
+
+    Attributes:
+        name: what was tested (``"chi2"``, ``"g"``, ``"cochran_q"``, ``"cmh"``, ``"nested_fold_8_vs_4"``...).
+        statistic: the test statistic.
+        df: degrees of freedom (0 means nothing to test; then ``pvalue`` is 1).
+        pvalue: upper-tail p-value.
+    """
+
+    __test__: ClassVar[bool] = False  # not a pytest test class, despite the name
+
+    name: str
+    statistic: float
+    df: int
+    pvalue: float
+
+    def rejects(self, alpha: float = 0.05) -> bool:
+        """True when ``pvalue < alpha``."""
+        return bool(self.pvalue < alpha)
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            [{"test": self.name, "statistic": self.statistic, "df": self.df, "pvalue": self.pvalue}]
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"TestResult({self.name}: statistic={self.statistic:.4g}, df={self.df}, p={fmt_p(self.pvalue)})"
+        )
+
+
+@dataclass(frozen=True, repr=False)
+class PermutationResult:
+    """A Monte Carlo permutation test of a statistic where large values are evidence against the null.
+
+    Attributes:
+        name: the statistic (e.g. ``"folded_gap"``).
+        statistic: its observed value.
+        pvalue: ``(1 + #{null >= observed}) / (n_permutations + 1)``, never 0.
+        n_permutations: number of random permutations drawn.
+        null_mean: mean of the statistic over the permutations: the size it has with no phase effect
+            (the max−min gap is biased upward, so this is not 0).
+        scheme: how outcomes were permuted (``"unpaired"``: pooled across residues with per-residue n fixed;
+            ``"within-item"``: each item's outcomes across residues).
+    """
+
+    name: str
+    statistic: float
+    pvalue: float
+    n_permutations: int
+    null_mean: float
+    scheme: str
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            [
+                {
+                    "test": f"{self.name} permutation ({self.scheme})",
+                    "statistic": self.statistic,
+                    "null_mean": self.null_mean,
+                    "pvalue": self.pvalue,
+                    "n_permutations": self.n_permutations,
+                }
+            ]
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"PermutationResult({self.name}, {self.scheme}: statistic={self.statistic:.4g}, "
+            f"null mean={self.null_mean:.4g}, p={fmt_p(self.pvalue)}, B={self.n_permutations})"
+        )
+
+
+@dataclass(frozen=True, repr=False)
+class BootstrapResult:
+    """A percentile bootstrap confidence interval.
+
+    Attributes:
+        name: the statistic (e.g. ``"folded_gap"``).
+        estimate: its value on the data.
+        ci_low, ci_high: percentile bounds at ``level``.
+        level: confidence level.
+        n_bootstrap: replicates drawn.
+        n_dropped: replicates dropped because some phase had no data in them.
+        scheme: ``"item-cluster"`` (resample item ids) or ``"within-residue"`` (resample items inside each
+            residue, for designs where every item sits at one residue).
+    """
+
+    name: str
+    estimate: float
+    ci_low: float
+    ci_high: float
+    level: float
+    n_bootstrap: int
+    n_dropped: int
+    scheme: str
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            [
+                {
+                    "statistic": self.name,
+                    "estimate": self.estimate,
+                    "ci_low": self.ci_low,
+                    "ci_high": self.ci_high,
+                    "level": self.level,
+                    "n_bootstrap": self.n_bootstrap,
+                    "n_dropped": self.n_dropped,
+                    "scheme": self.scheme,
+                }
+            ]
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"BootstrapResult({self.name}, {self.scheme}: {self.estimate:.4g} "
+            f"[{self.ci_low:.4g}, {self.ci_high:.4g}] at {self.level:.0%}, B={self.n_bootstrap})"
+        )
