@@ -1,0 +1,338 @@
+"""``KVRecall``: token-level key -> value recall with the target's phase under control.
+
+One item (ids, left to right)::
+
+    BOS | region: R records "key value" + filler | tail filler | n_demos x (QUERY key value) | QUERY target_key
+
+The model must predict the target key's value at the last position. The region is laid out by
+:mod:`phaselens.tasks.layout` so that the target key sits at a designed slot (:mod:`phaselens.tasks.design`):
+the query position is fixed and E[t_K], Var[t_K] are equal across residues, for both padding schemes.
+
+Vocabulary (``vocab_size = 3 + n_keys + n_values + n_filler``, 128 with the defaults)::
+
+    0 PAD | 1 BOS | 2 QUERY | keys 3.. | values .. | filler ..
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from phaselens.errors import ResidueError, TaskError
+from phaselens.geometry import PhaseSpec
+from phaselens.tasks import layout
+from phaselens.tasks.base import TaskBatch, as_long
+from phaselens.tasks.design import PositionDesign
+from phaselens.tasks.registry import SerializableTask, register_task
+from phaselens.tasks.residues import (
+    check_count,
+    check_modulus,
+    check_positive,
+    check_residues,
+    expand_items,
+    geometry_frame,
+)
+from phaselens.tasks.training import TrainingBatch, numpy_rng
+
+PAD_ID, BOS_ID, QUERY_ID = 0, 1, 2
+
+
+@register_task
+@dataclass(frozen=True)
+class KVRecall(SerializableTask):
+    """Single-token key -> value recall among R records, with demonstrations.
+
+    Args:
+        n_records: R records (distinct keys, distinct values) per item.
+        n_demos: demonstrations ``QUERY key value`` before the final query; their keys are other records'
+            (never the target's, never the distractor record's).
+        block_filler: filler tokens interleaved with the records (density knob). In the prefix scheme they
+            stay inside the rigid records block.
+        min_distance: every target value sits at least this many slots before the query position, so a query
+            that attends the last ``w <= min_distance`` raw tokens can reach the target only through
+            compressed entries.
+        target_records: ``(lo, hi)`` inclusive range of record indices the target may take (None = all).
+            With ``hi`` small the target is early and many records follow it; with ``lo`` large it is recent.
+        modulus: M, the residue period; a multiple of every stride you evaluate (24 covers S = 2, 3, 4, 6,
+            8, 12).
+        n_cycles: K, the spread of the target position in whole cycles of M (see ``PositionDesign``).
+        padding: ``"prefix"`` (records shift together) or ``"in_sequence"`` (record gaps vary).
+        paired: place every base item at every requested residue (shared ``item_id``).
+        n_keys, n_values, n_filler: sizes of the three vocabulary blocks.
+    """
+
+    kind: ClassVar[str] = "kv_recall"
+
+    n_records: int = 16
+    n_demos: int = 4
+    block_filler: int = 16
+    min_distance: int = 16
+    target_records: tuple[int, int] | None = None
+    modulus: int = 24
+    n_cycles: int = 1
+    padding: str = "prefix"
+    paired: bool = False
+    n_keys: int = 48
+    n_values: int = 48
+    n_filler: int = 29
+
+    def __post_init__(self) -> None:
+        check_positive("n_records", self.n_records, 2)
+        for name in ("n_demos", "block_filler", "min_distance"):
+            check_positive(name, getattr(self, name), 0)
+        for name in ("n_keys", "n_values", "n_filler", "n_cycles"):
+            check_positive(name, getattr(self, name), 1)
+        if not isinstance(self.modulus, int) or self.modulus < 1:
+            raise ResidueError(f"modulus must be a positive integer, got {self.modulus!r}.")
+        if self.padding not in layout.SCHEMES:
+            raise TaskError(f"padding must be one of {layout.SCHEMES}, got {self.padding!r}.")
+        if self.n_records > min(self.n_keys, self.n_values):
+            raise TaskError(
+                f"n_records={self.n_records} needs as many distinct keys and values; "
+                f"n_keys={self.n_keys}, n_values={self.n_values}."
+            )
+        if self.n_demos > self.n_records - 2:
+            raise TaskError(
+                f"n_demos={self.n_demos} exceeds n_records - 2 = {self.n_records - 2} (demos skip the target "
+                "and the distractor record)."
+            )
+        if self.target_records is not None:
+            object.__setattr__(self, "target_records", tuple(int(x) for x in self.target_records))
+        self.plan()  # validates target_records
+
+    # ---- vocabulary --------------------------------------------------------------------------------
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def bos_id(self) -> int:
+        return BOS_ID
+
+    @property
+    def query_id(self) -> int:
+        return QUERY_ID
+
+    @property
+    def key_ids(self) -> range:
+        return range(3, 3 + self.n_keys)
+
+    @property
+    def value_ids(self) -> range:
+        return range(self.key_ids.stop, self.key_ids.stop + self.n_values)
+
+    @property
+    def filler_ids(self) -> range:
+        return range(self.value_ids.stop, self.value_ids.stop + self.n_filler)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.filler_ids.stop
+
+    # ---- geometry ----------------------------------------------------------------------------------
+    def plan(self, spec: PhaseSpec | None = None) -> layout.RegionPlan:
+        """The records region (starts right after BOS) for ``spec``'s origin."""
+        return layout.make_plan(
+            start=1,
+            n_records=self.n_records,
+            record_len=2,
+            key_offset=0,
+            block_filler=self.block_filler,
+            target_records=self.target_records,
+            modulus=self.modulus,
+            n_cycles=self.n_cycles,
+            origin=spec.origin if spec is not None else 0,
+        )
+
+    def _tail(self, plan: layout.RegionPlan) -> int:
+        """Filler between the region and the demos that keeps every target value ``min_distance`` away."""
+        query_without_tail = plan.end + 3 * self.n_demos + 1
+        return max(0, self.min_distance - (query_without_tail - (plan.design.highest + 1)))
+
+    def seq_len(self, spec: PhaseSpec | None = None) -> int:
+        """T, the length of every item (the query sits at T - 1). Independent of the stride."""
+        plan = self.plan(spec)
+        return plan.end + self._tail(plan) + 3 * self.n_demos + 2
+
+    def design(self, spec: PhaseSpec | None = None) -> PositionDesign:
+        """The target-key design (slots of t_K per residue)."""
+        return self.plan(spec).design
+
+    def design_pmf(self, residue: int, spec: PhaseSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Exact pmf of t_K at ``residue``: ``(support [n] int64, probabilities [n] float64)``."""
+        return self.design(spec).pmf(residue)
+
+    # ---- assembly ----------------------------------------------------------------------------------
+    def _assemble(
+        self,
+        plan: layout.RegionPlan,
+        rng: np.random.Generator,
+        base: np.ndarray,
+        residues: np.ndarray,
+        n_base: int,
+    ) -> dict[str, np.ndarray]:
+        """Token arrays for rows ``base [N]`` (base item per row) placed at ``residues [N]``."""
+        r, d = self.n_records, self.n_demos
+        tail = self._tail(plan)
+        # Base content: everything that a paired design keeps fixed across residues.
+        keys = np.argsort(rng.random((n_base, self.n_keys)), axis=1)[:, :r] + self.key_ids.start
+        values = np.argsort(rng.random((n_base, self.n_values)), axis=1)[:, :r] + self.value_ids.start
+        target = rng.integers(plan.target_lo, plan.target_hi + 1, n_base)
+        neighbour = np.where(target < r - 1, target + 1, target - 1)
+        pick = rng.random((n_base, r))
+        pick[np.arange(n_base), target] = 2.0
+        pick[np.arange(n_base), neighbour] = 2.0
+        demos = np.argsort(pick, axis=1)[:, :d]
+        stream = rng.integers(self.filler_ids.start, self.filler_ids.stop, (n_base, plan.n_filler + tail))
+        blocks = layout.random_blocks(rng, n_base, plan) if self.padding == "prefix" else None
+        z, v = plan.design.draw(rng, n_base)
+
+        # Rows: place each base item's target at its residue.
+        t_key = plan.design.place(residues, z[base], v[base])
+        tgt = target[base]
+        if blocks is not None:
+            is_record, in_block = layout.arrange_prefix(plan, blocks[base], tgt, t_key)
+        else:
+            is_record, in_block = layout.arrange_in_sequence(plan, rng, tgt, t_key)
+        starts, fill_slots = layout.unit_slots(plan, is_record)
+        fill_idx = layout.filler_order(plan, is_record, in_block)
+
+        n = base.size
+        t = plan.end + tail + 3 * d + 2
+        rows = np.arange(n)[:, None]
+        tokens = np.empty((n, t), dtype=np.int64)
+        tokens[:, 0] = BOS_ID
+        tokens[rows, fill_slots] = stream[base[:, None], fill_idx]
+        tokens[:, plan.end : plan.end + tail] = stream[base, plan.n_filler :]
+        tokens[rows, starts] = keys[base]
+        tokens[rows, starts + 1] = values[base]
+        demo_at = plan.end + tail + 3 * np.arange(d)
+        tokens[:, demo_at] = QUERY_ID
+        tokens[:, demo_at + 1] = np.take_along_axis(keys, demos, 1)[base]
+        tokens[:, demo_at + 2] = np.take_along_axis(values, demos, 1)[base]
+        tokens[:, t - 2] = QUERY_ID
+        tokens[:, t - 1] = keys[base, tgt]
+        if not np.array_equal(starts[np.arange(n), tgt], t_key):
+            raise TaskError("internal: the target record is not at its designed slot; please report this.")
+        return {
+            "tokens": tokens,
+            "t_key": t_key,
+            "target": tgt,
+            "key": keys[base, tgt],
+            "answer": values[base, tgt],
+            "wrong": values[base, neighbour[base]],
+            "demo_pos": np.broadcast_to(demo_at + 1, (n, d)),
+        }
+
+    def build(
+        self, spec: PhaseSpec, *, n_per_residue: int, residues: Sequence[int] | None = None, seed: int = 0
+    ) -> TaskBatch:
+        """Items for ``spec`` at each requested residue (default all of 0..M-1).
+
+        Returns a :class:`TaskBatch` with ``N = n_per_residue * len(residues)`` rows, all of length
+        :meth:`seq_len`. Paired: ``n_per_residue`` base items, each at every residue (rows item-major).
+        """
+        modulus = check_modulus(spec, self.modulus)
+        res = check_residues(residues, modulus)
+        n = check_count(n_per_residue)
+        plan = self.plan(spec)
+        base, row_res, n_base = expand_items(n, res, self.paired)
+        a = self._assemble(plan, np.random.default_rng(seed), base, row_res, n_base)
+        t = a["tokens"].shape[1]
+        corrupted = a["tokens"].copy()
+        corrupted[np.arange(base.size), a["t_key"] + 1] = a["wrong"]
+        frame = geometry_frame(
+            spec,
+            modulus,
+            item_id=base,
+            t_key=a["t_key"],
+            t_value=a["t_key"] + 1,
+            query_pos=np.full(base.size, t - 1),
+        )
+        frame["target_index"] = a["target"]
+        frame["distance"] = t - 1 - a["t_key"]
+        frame["key"] = a["key"]
+        frame["answer"] = a["answer"]
+        frame["wrong"] = a["wrong"]
+        return TaskBatch(
+            tokens=as_long(a["tokens"]),
+            lengths=torch.full((base.size,), t, dtype=torch.long),
+            query_pos=torch.full((base.size,), t - 1, dtype=torch.long),
+            answer=as_long(a["answer"]),
+            wrong=as_long(a["wrong"]),
+            corrupted=as_long(corrupted),
+            frame=frame,
+            spec=spec,
+            modulus=modulus,
+            pad_id=PAD_ID,
+            task=f"kv_recall/{self.padding}{'/paired' if self.paired else ''}",
+        )
+
+    # ---- training ----------------------------------------------------------------------------------
+    def sample_training_batch(
+        self,
+        batch_size: int,
+        generator: torch.Generator | np.random.Generator | int | None = None,
+        spec: PhaseSpec | None = None,
+        *,
+        train_on_demos: bool = True,
+    ) -> TrainingBatch:
+        """A training batch from the same family as :meth:`build`, at uniformly random residues.
+
+        The loss mask covers (a) the last position, whose target is the answer (the target's value), and
+        (b) if ``train_on_demos``, each demonstration's key position, whose target is that demo's value.
+        Records, filler and query markers are never trained on: their next tokens are random by design.
+
+        Args:
+            batch_size: B.
+            generator: a ``torch.Generator`` (advanced by one draw), a NumPy Generator, an int seed, or
+                None for fresh entropy.
+            spec: only its origin matters (residues count from it); its stride must divide M.
+
+        Returns:
+            :class:`TrainingBatch` with ``tokens [B, T]``, ``targets [B, T]`` (-100 off the mask) and
+            ``loss_mask [B, T]``.
+        """
+        check_positive("batch_size", batch_size, 1)
+        if spec is not None:
+            check_modulus(spec, self.modulus)
+        rng = numpy_rng(generator)
+        plan = self.plan(spec)
+        residues = rng.integers(0, self.modulus, batch_size)
+        a = self._assemble(plan, rng, np.arange(batch_size), residues, batch_size)
+        tokens = a["tokens"]
+        b, t = tokens.shape
+        mask = np.zeros((b, t), dtype=bool)
+        targets = np.full((b, t), -100, dtype=np.int64)
+        if train_on_demos and self.n_demos:
+            dp = a["demo_pos"]
+            mask[np.arange(b)[:, None], dp] = True
+            targets[np.arange(b)[:, None], dp] = np.take_along_axis(tokens, dp + 1, 1)
+        mask[:, t - 1] = True
+        targets[:, t - 1] = a["answer"]
+        return TrainingBatch(
+            tokens=as_long(tokens),
+            targets=as_long(targets),
+            loss_mask=torch.as_tensor(mask),
+            residue=as_long(residues),
+            t_key=as_long(a["t_key"]),
+        )
+
+    # ---- display -----------------------------------------------------------------------------------
+    def render(self, ids: Sequence[int] | torch.Tensor) -> str:
+        """Readable symbols for one sequence: ``B`` BOS, ``Q`` query, ``k<i>``, ``v<i>``, ``.`` filler, ``_`` pad."""
+        out = []
+        for x in ids.tolist() if isinstance(ids, torch.Tensor) else list(ids):
+            if x in self.key_ids:
+                out.append(f"k{x - self.key_ids.start}")
+            elif x in self.value_ids:
+                out.append(f"v{x - self.value_ids.start}")
+            elif x in self.filler_ids:
+                out.append(".")
+            else:
+                out.append({PAD_ID: "_", BOS_ID: "B", QUERY_ID: "Q"}.get(x, f"?{x}"))
+        return " ".join(out)
