@@ -1,0 +1,33 @@
+"""transformers' DeepSeek-V4 behind phaselens' :class:`~phaselens.protocol.PhaseModel` protocol.
+
+* :func:`from_hf` wraps a loaded ``DeepseekV4ForCausalLM`` (eager attention);
+* :func:`load_hf` loads a local checkpoint directory (``phaselens.load("hf:PATH")``);
+* :class:`DeepSeekV4Adapter` is the result: geometry from the config, our hook names and shapes, chunked
+  prefill, torch or nnsight interventions.
+
+See ``docs/deepseek_v4.md``.
+"""
+
+from __future__ import annotations
+
+from phaselens.adapters.deepseek_v4.adapter import DeepSeekV4Adapter
+from phaselens.adapters.deepseek_v4.config import DeepSeekV4Cfg
+from phaselens.adapters.deepseek_v4.construct import from_hf
+from phaselens.adapters.deepseek_v4.geometry import LayerGeometry, layer_geometry
+from phaselens.adapters.deepseek_v4.hookpoints import Hook, HookPoint
+from phaselens.adapters.deepseek_v4.loading import load_hf
+from phaselens.adapters.deepseek_v4.notices import DeepSeekV4Warning, IndexTopKWarning, LayerTypesWarning
+
+__all__ = [
+    "DeepSeekV4Adapter",
+    "DeepSeekV4Cfg",
+    "DeepSeekV4Warning",
+    "Hook",
+    "HookPoint",
+    "IndexTopKWarning",
+    "LayerGeometry",
+    "LayerTypesWarning",
+    "from_hf",
+    "layer_geometry",
+    "load_hf",
+]

@@ -1,0 +1,89 @@
+"""``load_hf``: a local DeepSeek-V4 checkpoint directory -> adapter (``phaselens.load("hf:PATH")``).
+
+Never downloads: ``local_files_only=True`` everywhere, and a path that is not a directory is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from phaselens.adapters.deepseek_v4.adapter import DeepSeekV4Adapter
+from phaselens.adapters.deepseek_v4.construct import from_hf
+from phaselens.adapters.deepseek_v4.notices import LayerTypesWarning
+from phaselens.errors import CheckpointError, UnsupportedModelError
+
+# from_hf's options; everything else goes to from_pretrained.
+_ADAPTER_KW = ("analysis_stride", "index_topk", "backend", "chunk")
+
+
+def load_hf(
+    path: str | os.PathLike,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+    device_map: Any = None,
+    layer_types: list[str] | None = None,
+    **kwargs: Any,
+) -> DeepSeekV4Adapter:
+    """Load a local transformers DeepSeek-V4 checkpoint with eager attention and wrap it.
+
+    Args:
+        path: a checkpoint directory (``config.json`` + weights).
+        device: where to put the model when ``device_map`` is ``None``.
+        dtype: e.g. ``torch.bfloat16`` for real weights (default: the checkpoint's).
+        device_map: passed to ``from_pretrained`` (``"auto"`` spreads a large model over the GPUs and CPU);
+            ``device`` is then ignored.
+        layer_types: the per-layer attention schedule. Pass it for released checkpoints whose config has
+            neither ``layer_types`` nor ``compress_ratios``: transformers' default matches no released model.
+        **kwargs: ``analysis_stride``, ``index_topk``, ``backend``, ``chunk`` go to :func:`from_hf`; the rest
+            to            ``DeepseekV4ForCausalLM.from_pretrained`` (config overrides included).
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir() or not (root / "config.json").is_file():
+        raise CheckpointError(
+            f"no transformers checkpoint at {root} (a directory with config.json and weights is needed); "
+            "phaselens never downloads: fetch the weights first, then phaselens.load('hf:/that/directory')."
+        )
+    if kwargs.get("attn_implementation", "eager") != "eager":
+        raise UnsupportedModelError(
+            f"attn_implementation={kwargs['attn_implementation']!r}: the adapter reads eager attention "
+            "probabilities and transformers 5.24 runs DeepSeek-V4 only eagerly; drop the argument."
+        )
+    kwargs.pop("attn_implementation", None)
+    adapter_kw = {k: kwargs.pop(k) for k in _ADAPTER_KW if k in kwargs}
+    raw = json.loads((root / "config.json").read_text())
+    if raw.get("model_type") != "deepseek_v4":
+        raise UnsupportedModelError(
+            f"{root} holds a {raw.get('model_type')!r} checkpoint; load_hf supports DeepSeek-V4 "
+            "('deepseek_v4')."
+        )
+    if layer_types is not None:
+        kwargs["layer_types"] = list(layer_types)
+    elif "layer_types" not in raw and "compress_ratios" not in raw:
+        warnings.warn(
+            LayerTypesWarning(
+                f"{root}/config.json has neither layer_types nor compress_ratios, so transformers' default "
+                "schedule is used, which matches no released DeepSeek-V4 checkpoint; pass layer_types=[...] "
+                "explicitly."
+            ),
+            stacklevel=2,
+        )
+    from transformers import DeepseekV4ForCausalLM
+
+    model = DeepseekV4ForCausalLM.from_pretrained(
+        str(root),
+        local_files_only=True,
+        attn_implementation="eager",
+        dtype=dtype,
+        device_map=device_map,
+        **kwargs,
+    )
+    if device_map is None:
+        model = model.to(device)
+    return from_hf(model, **adapter_kw)
