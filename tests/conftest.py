@@ -41,3 +41,22 @@ def make_model(compression: CompressorSpec | None = None, *, randomize: bool = T
 @pytest.fixture(params=list(LAYOUTS), ids=list(LAYOUTS))
 def layout(request) -> CompressorSpec:
     return LAYOUTS[request.param]
+
+
+def tiny_task(**overrides):
+    """A short KVRecall (T ~ 60, M = 8) for mechanism tests on S = 4 models."""
+    from phaselens.tasks import KVRecall
+
+    kw = dict(n_records=6, block_filler=4, n_demos=2, min_distance=8, modulus=8)
+    kw.update(overrides)
+    return KVRecall(**kw)
+
+
+def task_model(compression=LAYOUTS["w4s4-scalar"], **overrides) -> CompressedTransformer:
+    """A tiny random model sized for :func:`tiny_task`, with that task as its default."""
+    task = tiny_task()
+    kw = dict(d_vocab=task.vocab_size, n_ctx=128, local_window=4)
+    kw.update(overrides)
+    model = make_model(compression, **kw)
+    model.default_task = task
+    return model

@@ -198,7 +198,9 @@ class Attention(nn.Module):
         pad = L - 1 - (keys.shape[1] - n)
         k_win = torch.nn.functional.pad(keys, (0, 0, 0, 0, pad, 0)).unfold(1, L, 1)  # [B, n, Hkv, d, L]
         v_win = torch.nn.functional.pad(values, (0, 0, 0, 0, pad, 0)).unfold(1, L, 1)
-        local = torch.einsum("bnkgd,bnkdl->bkgnl", qg, k_win).reshape(B, H, n, L) * self.scale
+        # Broadcast-multiply-sum rather than einsum: einsum would run B*n*Hkv tiny matmuls.
+        local = (qg.unsqueeze(-1) * k_win.unsqueeze(3)).sum(-2)  # [B, n, Hkv, G, L]
+        local = local.permute(0, 2, 3, 1, 4).reshape(B, H, n, L) * self.scale
         key_pos = pos[:, None] - L + 1 + torch.arange(L, device=x.device)  # [n, L]
         local = local.masked_fill((key_pos < 0)[None, None], float("-inf"))
         parts = [local]
@@ -212,7 +214,8 @@ class Attention(nn.Module):
             parts.append(ent)
         probs = self._softmax(parts, B, n)
         p_local = self.hook_pattern_local(probs[0])
-        z = torch.einsum("bkgnl,bnkdl->bnkgd", p_local.view(B, Hkv, G, n, L), v_win)
+        p_l = p_local.view(B, Hkv, G, n, L).permute(0, 3, 1, 2, 4)  # [B, n, Hkv, G, L]
+        z = (p_l.unsqueeze(-2) * v_win.unsqueeze(3)).sum(-1)  # [B, n, Hkv, G, d]
         if entry_v is not None:
             p_entry = self.hook_pattern_entry(probs[1])
             z = z + torch.einsum("bkgne,bekd->bnkgd", p_entry.view(B, Hkv, G, n, -1), entry_v)

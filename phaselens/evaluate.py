@@ -1,0 +1,203 @@
+"""Phase-aware evaluation: ``phaselens.evaluate(model, task) -> PhaseEval``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from phaselens.errors import TaskError
+from phaselens.geometry import PhaseSpec
+from phaselens.protocol import check_fits, resolve_task
+from phaselens.scoring import answer_metrics, plain_forward, query_logits
+from phaselens.stats import ItemBattery, phase_battery_items, wilson_ci
+
+ITEM_COLUMNS = ["item_id", "residue", "phase", "t_K", "correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank"]
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class PhaseEval:
+    """Per-item and per-residue results of a phase-aware evaluation.
+
+    Attributes:
+        items: one row per item (``item_id``, ``residue``, ``phase``, ``t_K``, ``correct``, ``p_correct``,
+            ``p_wrong``, ``logit_diff``, ``nll``, ``rank`` and the task's placement columns).
+        tests: the statistics battery run on these items (:class:`~phaselens.stats.ItemBattery`); its
+            ``counts`` holds the per-residue counts, Wilson CIs, omnibus, nested and harmonic tests.
+        stride, modulus: S and M.
+        metadata: what was run (model, task spec, n_per_residue, seed).
+    """
+
+    items: pd.DataFrame
+    tests: ItemBattery
+    stride: int
+    modulus: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    # ---- headline numbers (fractions) -------------------------------------------------------------------
+    @property
+    def mean(self) -> float:
+        return self.tests.counts.mean_accuracy
+
+    @property
+    def worst(self) -> float:
+        """Accuracy of the worst phase (residues folded mod S)."""
+        return self.tests.counts.worst_accuracy
+
+    @property
+    def worst_phase(self) -> int:
+        return self.tests.counts.worst_phase
+
+    @property
+    def best(self) -> float:
+        return self.tests.counts.best_accuracy
+
+    @property
+    def gap(self) -> float:
+        """Folded max - min accuracy over phases."""
+        return self.tests.counts.phase_gap
+
+    @property
+    def gap_ci(self) -> tuple[float, float]:
+        ci = self.tests.gap_ci
+        return (ci.ci_low, ci.ci_high) if ci is not None else (float("nan"), float("nan"))
+
+    @property
+    def boundary(self) -> float:
+        """Accuracy of the boundary phase S - 1."""
+        return self.tests.counts.boundary_accuracy
+
+    @property
+    def period(self) -> int | None:
+        return self.tests.counts.period.period
+
+    def per_residue(self) -> pd.DataFrame:
+        """One row per residue: ``n``, ``correct``, ``acc``, Wilson 95% ``ci_low`` / ``ci_high``, mean NLL."""
+        g = self.items.groupby("residue")
+        out = pd.DataFrame({"n": g.size(), "correct": g["correct"].sum().astype(int), "nll": g["nll"].mean()})
+        out = out.reindex(range(self.modulus)).reset_index().rename(columns={"index": "residue"})
+        out["phase"] = out["residue"] % self.stride
+        out["acc"] = out["correct"] / out["n"]
+        lo, hi = wilson_ci(out["correct"].to_numpy(), out["n"].to_numpy())
+        out["ci_low"], out["ci_high"] = lo, hi
+        return out[["residue", "phase", "n", "correct", "acc", "ci_low", "ci_high", "nll"]]
+
+    def per_phase(self) -> pd.DataFrame:
+        """Residues folded mod S: one row per phase with Wilson CIs, and a ``boundary`` flag."""
+        return self.tests.counts.phase_frame().rename(columns={"accuracy": "acc"})
+
+    def to_frame(self) -> pd.DataFrame:
+        """The per-item frame (tidy: one row per scored item)."""
+        return self.items.copy()
+
+    def summary(self) -> str:
+        lo, hi = self.gap_ci
+        c = self.tests.counts
+        md = self.metadata
+        return "\n".join([
+            f"PhaseEval: {md.get('model', 'model')} on {md.get('task', 'task')}: {len(self.items)} items, "
+            f"stride {self.stride}, residues mod {self.modulus}",
+            f"  mean {100 * self.mean:.1f}%  worst phase {self.worst_phase}: {100 * self.worst:.1f}%  "
+            f"boundary phase {self.stride - 1}: {100 * self.boundary:.1f}%  best {100 * self.best:.1f}%",
+            f"  folded gap {100 * self.gap:.1f} pp [95% CI {100 * lo:.1f}, {100 * hi:.1f}], "
+            f"permutation p={c.gap_test.pvalue:.3g}; omnibus G p={c.g.pvalue:.3g}; "
+            f"nested mod {self.modulus} vs {self.stride} p={c.nested.pvalue:.3g}; period {self.period}",
+            "  accuracy by phase %: " + " ".join(f"{100 * a:.1f}" for a in c.phase_accuracy),
+        ])
+
+    def __repr__(self) -> str:
+        return self.summary()
+
+    def plot(self, control: PhaseEval | None = None, **kwargs: Any):
+        """Accuracy against residue with Wilson bars, folded per cycle (see :func:`phaselens.plots.accuracy_by_residue`)."""
+        from phaselens import plots
+
+        return plots.accuracy_by_residue(self, control=control, **kwargs)
+
+
+def evaluate(
+    model: Any,
+    task: Any = None,
+    *,
+    n_per_residue: int = 256,
+    residues: Sequence[int] | None = None,
+    batch_size: int = 64,
+    seed: int = 0,
+    progress: bool = True,
+    n_permutations: int = 2000,
+    n_bootstrap: int = 1000,
+    stride: int | None = None,
+) -> PhaseEval:
+    """Evaluate ``model`` with the needle placed at every residue, and run the statistics battery.
+
+    Args:
+        model: anything satisfying :class:`~phaselens.protocol.PhaseModel`.
+        task: a phase-controlled task; ``None`` uses ``model.default_task``.
+        n_per_residue: items per residue (>= 1).
+        residues: residues to cover (default all of ``0..M-1``).
+        batch_size: items per forward.
+        seed: item sampling seed (also seeds the battery's resampling).
+        progress: show a progress bar.
+        stride: fold residues by this stride instead of ``model.analysis_spec.stride`` (e.g. to compare a
+            full-attention control, whose own stride is 1, with a compressed model).
+
+    Example:
+        >>> ev = phaselens.evaluate(phaselens.load("zoo:w8s4"), n_per_residue=64)  # doctest: +SKIP
+        >>> ev.worst, ev.boundary, ev.gap_ci  # doctest: +SKIP
+    """
+    task = resolve_task(model, task)
+    if n_per_residue < 1:
+        raise TaskError(f"n_per_residue must be >= 1, got {n_per_residue}.")
+    check_fits(model, task)
+    spec = analysis_spec(model, stride)
+    batch = task.build(spec, n_per_residue=n_per_residue, residues=residues, seed=seed)
+    items = score_items(model, batch, batch_size=batch_size, progress=progress)
+    return eval_from_items(items, spec.stride, batch.modulus, metadata=_metadata(model, task, n_per_residue, seed),
+                           n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed)
+
+
+def analysis_spec(model: Any, stride: int | None = None) -> PhaseSpec:
+    """The model's analysis geometry, or the same origin with another ``stride``."""
+    spec = model.analysis_spec
+    return spec if stride is None else PhaseSpec(stride, origin=spec.origin)
+
+
+def score_items(model: Any, batch: Any, *, batch_size: int = 64, progress: bool = False, forward: Any = None) -> pd.DataFrame:
+    """Per-item frame: the task's placement columns plus answer metrics from one pass over ``batch``."""
+    logits = query_logits(forward or plain_forward(model), batch.tokens, batch.query_pos, batch_size=batch_size,
+                          progress=progress, desc="evaluate")
+    metrics = answer_metrics(logits, batch.answer, batch.wrong)
+    frame = batch.frame.reset_index(drop=True).copy()
+    for name, values in metrics.items():
+        frame[name] = values
+    frame["correct"] = frame["correct"].astype(bool)
+    lead = [c for c in ITEM_COLUMNS if c in frame.columns]
+    return frame[lead + [c for c in frame.columns if c not in lead]]
+
+
+def eval_from_items(
+    items: pd.DataFrame, stride: int, modulus: int, *, metadata: dict[str, Any] | None = None,
+    n_permutations: int = 2000, n_bootstrap: int = 1000, seed: int = 0,
+) -> PhaseEval:
+    """A :class:`PhaseEval` (battery included) from a per-item frame."""
+    tests = phase_battery_items(items, stride, modulus, n_permutations=n_permutations,
+                                n_bootstrap=n_bootstrap, seed=seed)
+    return PhaseEval(items, tests, stride, modulus, dict(metadata or {}))
+
+
+def _metadata(model: Any, task: Any, n_per_residue: int, seed: int) -> dict[str, Any]:
+    name = getattr(model, "name", None) or (getattr(model, "metadata", {}) or {}).get("name") or type(model).__name__
+    spec = task.to_dict() if hasattr(task, "to_dict") else repr(task)
+    return {"model": name, "task": type(task).__name__, "task_spec": spec, "n_per_residue": n_per_residue,
+            "seed": seed, **(getattr(model, "analysis_metadata", None) or {})}
+
+
+def as_counts(items: pd.DataFrame, modulus: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-residue ``(correct, n)`` arrays ``[M]`` from an item frame."""
+    g = items.groupby("residue")["correct"]
+    c = g.sum().reindex(range(modulus), fill_value=0).to_numpy().astype(int)
+    n = g.size().reindex(range(modulus), fill_value=0).to_numpy().astype(int)
+    return c, n

@@ -1,0 +1,75 @@
+"""Score a model on task items: logits at each item's query position, and answer metrics.
+
+Shared by evaluation, ablation, patching and phase repair, so every analysis scores answers the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+Forward = Callable[[Tensor, Tensor], Tensor]
+
+
+@torch.no_grad()
+def query_logits(
+    forward: Forward,
+    tokens: Tensor,
+    query_pos: Tensor,
+    *,
+    batch_size: int = 64,
+    progress: bool = False,
+    desc: str = "forward",
+) -> Tensor:
+    """Logits ``[N, vocab]`` at ``query_pos`` ``[N]`` of ``tokens`` ``[N, T]``, one forward per batch.
+
+    ``forward(tokens [b, T], query_pos [b]) -> logits [b, T, vocab]``: a model call, possibly under
+    hooks that need each row's query position (knockouts, patches).
+    """
+    out = []
+    starts = range(0, tokens.shape[0], batch_size)
+    for i in _bar(starts, progress, desc):
+        qp = query_pos[i : i + batch_size]
+        logits = forward(tokens[i : i + batch_size], qp)
+        qp = qp.to(logits.device)
+        out.append(logits[torch.arange(len(qp), device=logits.device), qp].float().cpu())
+    return torch.cat(out) if out else torch.zeros(0, 0)
+
+
+def plain_forward(model: Any) -> Forward:
+    """A ``Forward`` that just calls the model."""
+    return lambda tokens, query_pos: model(tokens)
+
+
+def answer_metrics(logits: Tensor, answer: Tensor, wrong: Tensor) -> dict[str, np.ndarray]:
+    """Per-item metrics from query logits ``[N, vocab]``.
+
+    Returns arrays ``[N]``: ``correct`` (the answer is the strict top-1), ``p_correct``, ``p_wrong``,
+    ``logit_diff`` (answer minus wrong logit), ``nll`` (of the answer), ``rank`` (tokens scored above it).
+    """
+    logits = logits.float()
+    idx = torch.arange(logits.shape[0])
+    answer, wrong = answer.cpu().long(), wrong.cpu().long()
+    logp = logits.log_softmax(-1)
+    a_logit = logits[idx, answer]
+    rank = (logits > a_logit[:, None]).sum(-1)
+    return {
+        "correct": (rank == 0).numpy(),
+        "p_correct": logp[idx, answer].exp().numpy(),
+        "p_wrong": logp[idx, wrong].exp().numpy(),
+        "logit_diff": (a_logit - logits[idx, wrong]).numpy(),
+        "nll": (-logp[idx, answer]).numpy(),
+        "rank": rank.numpy(),
+    }
+
+
+def _bar(it: Any, enabled: bool, desc: str) -> Any:
+    if not enabled:
+        return it
+    from tqdm.auto import tqdm
+
+    return tqdm(it, desc=desc, unit="batch", leave=False, dynamic_ncols=True)
