@@ -1,0 +1,317 @@
+"""Recorders: attention into compressed entries (read side) and compressor gate weights (write side).
+
+``phaselens.record(model, batch_or_task)`` runs the items once with hooks that keep only what is needed
+(the query row of each pattern, and gate weights reduced on the fly) and returns a :class:`Recording`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from scipy import stats as sps
+from torch import Tensor
+
+from phaselens.geometry import PhaseSpec
+from phaselens.labelled import Labelled
+from phaselens.protocol import check_fits, resolve_task
+
+READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "local", "sink")
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class Recording:
+    """What a model reads from compressed entries and how its compressors write them.
+
+    Attributes:
+        read: attention mass at the query position, per quantity (``key_entries``: entries that contain the
+            target key; ``value_entries``: those that contain its value; ``other_entries``; ``local``: raw
+            tokens in the local window; ``sink``), each ``Labelled[layer, head, residue]`` with 95% CIs.
+            Layers without compression hold NaN for the entry quantities and their full-attention mass in
+            ``local``.
+        gate_key, gate_value: gate weight on the target key's / value's offsets inside the entries that
+            contain it (mean over those entries and channels), ``Labelled[layer, kv_head, residue]``.
+        gate_profile: mean gate weight E[alpha] per window offset, ``Labelled[layer, path, kv_head, offset]``
+            (path ``k``/``v``, or ``kv`` when K = V).
+        concentration: ``Labelled[layer, path, kv_head, measure]`` with ``measure`` in
+            (``static``: exp(H(E[alpha])), ``per_window``: E[exp(H(alpha))]), each between 1 and W.
+        stride, modulus, n_items, metadata.
+    """
+
+    read: dict[str, Labelled]
+    gate_key: Labelled | None
+    gate_value: Labelled | None
+    gate_profile: Labelled | None
+    concentration: Labelled | None
+    stride: int
+    modulus: int
+    n_items: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def to_frame(self) -> pd.DataFrame:
+        """Every quantity as tidy rows (``quantity``, its dims, ``value``, ``ci_low``, ``ci_high``)."""
+        parts = [lab.to_frame() for lab in self.read.values()]
+        for lab in (self.gate_key, self.gate_value, self.gate_profile, self.concentration):
+            if lab is not None:
+                parts.append(lab.to_frame())
+        return pd.concat(parts, ignore_index=True)
+
+    def __repr__(self) -> str:
+        lay = self.read["local"].coords["layer"]
+        return (
+            f"Recording({self.n_items} items, layers {list(lay)}, stride {self.stride}, residues mod {self.modulus}; "
+            f"read: {', '.join(self.read)}; write: "
+            f"{'gate weights, profiles, concentration' if self.gate_profile is not None else 'none (no compressed layers)'})"
+        )
+
+    def plot(self, kind: str = "read", **kwargs: Any):
+        from phaselens import plots
+
+        if kind == "read":
+            return plots.read_side_attention(self, **kwargs)
+        return plots.gate_profiles(self, **kwargs)
+
+
+class _Accumulator:
+    """Per-item values for one batch at a time; gate sums reduced on the fly."""
+
+    def __init__(self) -> None:
+        self.read: dict[tuple[str, int], list[Tensor]] = {}
+        self.gate_item: dict[tuple[str, int], list[Tensor]] = {}
+        self.profile_sum: dict[tuple[int, str], Tensor] = {}
+        self.entropy_sum: dict[tuple[int, str], Tensor] = {}
+        self.count: dict[tuple[int, str], int] = {}
+
+    def add(self, store: dict, key: tuple, value: Tensor) -> None:
+        store.setdefault(key, []).append(value.detach().float().cpu())
+
+
+def _gate_path_hooks(model: Any, layer: int) -> list[tuple[str, str]]:
+    """The gate hooks a compressed layer exposes: ``hook_gate`` (K = V) or ``hook_gate_k`` / ``hook_gate_v``."""
+    names = model.hook_dict
+    pre = f"blocks.{layer}.attn."
+    if pre + "hook_gate" in names:
+        return [("kv", "hook_gate")]
+    return [(p, f"hook_gate_{p}") for p in ("k", "v") if pre + f"hook_gate_{p}" in names]
+
+
+def _target_gate(alpha: Tensor, entries: Tensor, offsets: Tensor, first_entry: int) -> Tensor:
+    """Mean gate weight at the target's (entry, offset) pairs: ``[b, Hkv]``.
+
+    ``alpha`` ``[b, E, W, Hkv(, d)]`` (entries counted from ``first_entry``); ``entries`` / ``offsets`` ``[b, k]``.
+    """
+    if alpha.dim() == 5:
+        alpha = alpha.mean(-1)
+    b, E = alpha.shape[:2]
+    rel = entries - first_entry
+    ok = (rel >= 0) & (rel < E)
+    rows = torch.arange(b)[:, None].expand_as(rel)
+    picked = alpha[rows, rel.clamp(0, max(E - 1, 0)), offsets]  # [b, k, Hkv]
+    picked = torch.where(ok[..., None], picked, torch.nan)
+    return picked.nanmean(1)
+
+
+@torch.no_grad()
+def record(
+    model: Any,
+    batch: Any = None,
+    *,
+    task: Any = None,
+    n_per_residue: int = 64,
+    residues: Any = None,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress: bool = True,
+) -> Recording:
+    """Record read-side attention and write-side gates at each item's query position.
+
+    Args:
+        model: a phaselens model.
+        batch: a TaskBatch; if ``None``, one is built from ``task`` (or ``model.default_task``).
+        n_per_residue, residues, seed: how to build the batch when none is given.
+
+    Example:
+        >>> rec = phaselens.record(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
+        >>> rec.read["key_entries"].sel(layer=1).values  # [head, residue]  # doctest: +SKIP
+    """
+    if batch is None:
+        task = resolve_task(model, task)
+        check_fits(model, task)
+        batch = task.build(model.analysis_spec, n_per_residue=n_per_residue, residues=residues, seed=seed)
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    specs: list[PhaseSpec | None] = list(model.phase_specs)
+    frame = batch.frame.reset_index(drop=True)
+    acc = _Accumulator()
+    n = len(frame)
+    starts = range(0, n, batch_size)
+    if progress:
+        from tqdm.auto import tqdm
+
+        starts = tqdm(starts, desc="record", unit="batch", leave=False)
+    for i in starts:
+        sl = slice(i, i + batch_size)
+        fr = frame.iloc[sl]
+        qp = torch.as_tensor(fr["query_pos"].to_numpy().copy())
+        rows = torch.arange(len(qp))
+        t_k = torch.as_tensor(fr["t_K"].to_numpy().copy())
+        t_v = torch.as_tensor(fr["t_V"].to_numpy().copy())
+        hooks = []
+        for layer in range(L):
+            spec = specs[layer]
+            full = f"blocks.{layer}.attn.hook_pattern" in model.hook_dict
+            hooks += _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full)
+            if spec is not None:
+                for path, hname in _gate_path_hooks(model, layer):
+                    hooks.append((f"blocks.{layer}.attn.{hname}", _gate_hook(acc, layer, path, spec, t_k, t_v)))
+        model.run_with_hooks(batch.tokens[sl], fwd_hooks=hooks)
+    return _assemble(acc, frame, specs, L, H, cfg, batch)
+
+
+def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> list:
+    """Hooks that keep the query row of each pattern. Query rows are relative to the call's first position
+    (``hook.query_start``, nonzero only under chunked prefill)."""
+    pre = f"blocks.{layer}.attn."
+
+    def qrow(pattern: Tensor, hook: Any) -> Tensor:
+        return pattern[rows, :, qp - getattr(hook, "query_start", 0)]
+
+    if spec is None and full_pattern:
+        def full(pattern: Tensor, hook: Any) -> None:
+            row = qrow(pattern, hook)  # [b, H, keys]
+            acc.add(acc.read, ("local", layer), row.sum(-1))
+            acc.add(acc.read, ("sink", layer), 1 - row.sum(-1))
+            acc.add(acc.read, ("key_token", layer), row[rows, :, t_k])
+            acc.add(acc.read, ("value_token", layer), row[rows, :, t_v])
+        return [(pre + "hook_pattern", full)]
+    def local(pattern: Tensor, hook: Any) -> None:
+        acc.add(acc.read, ("local", layer), qrow(pattern, hook).sum(-1))
+
+    def sink(pattern: Tensor, hook: Any) -> None:
+        acc.add(acc.read, ("sink", layer), qrow(pattern, hook))
+
+    out = [(pre + "hook_pattern_local", local), (pre + "hook_pattern_sink", sink)]
+    if spec is None:  # sliding-only layer: no entries
+        return out
+    key_ents = torch.as_tensor(np.stack(spec.entries_containing(t_k.numpy())))
+    val_ents = torch.as_tensor(np.stack(spec.entries_containing(t_v.numpy())))
+
+    def entries(pattern: Tensor, hook: Any) -> None:
+        row = qrow(pattern, hook)  # [b, H, E]
+        E = row.shape[-1]
+        onehot_k = torch.zeros(len(rows), E, dtype=torch.bool)
+        onehot_v = torch.zeros(len(rows), E, dtype=torch.bool)
+        r = rows[:, None]
+        onehot_k[r.expand_as(key_ents), key_ents.clamp(max=E - 1)] = key_ents < E
+        onehot_v[r.expand_as(val_ents), val_ents.clamp(max=E - 1)] = val_ents < E
+        total = row.sum(-1)
+        k_mass = (row * onehot_k[:, None]).sum(-1)
+        v_mass = (row * onehot_v[:, None]).sum(-1)
+        union = (row * (onehot_k | onehot_v)[:, None]).sum(-1)
+        acc.add(acc.read, ("key_entries", layer), k_mass)
+        acc.add(acc.read, ("value_entries", layer), v_mass)
+        acc.add(acc.read, ("other_entries", layer), total - union)
+
+    return out + [(pre + "hook_pattern_entry", entries)]
+
+
+def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
+    key_ents = torch.as_tensor(np.stack(spec.entries_containing(t_k.numpy())))
+    key_offs = torch.as_tensor(np.stack(spec.offsets(t_k.numpy())))
+    val_ents = torch.as_tensor(np.stack(spec.entries_containing(t_v.numpy())))
+    val_offs = torch.as_tensor(np.stack(spec.offsets(t_v.numpy())))
+
+    def fn(alpha: Tensor, hook: Any) -> None:
+        a = alpha.detach().float()
+        if a.shape[1] == 0:
+            return
+        first = int(getattr(hook, "first_entry", 0))  # nonzero when a cache already held earlier entries
+        acc.add(acc.gate_item, ("key", layer, path), _target_gate(a, key_ents, key_offs, first))
+        acc.add(acc.gate_item, ("value", layer, path), _target_gate(a, val_ents, val_offs, first))
+        # skip entries that include slots before the origin: their weights are renormalised over fewer slots
+        full = a[:, max(0, spec.blocks_per_window - 1 - first) :]
+        if full.shape[1] == 0:
+            return
+        flat = full.movedim(2, -1)  # [b, E, Hkv, (d,) W]
+        ent = -(flat.clamp_min(1e-12).log() * flat).sum(-1)  # [b, E, Hkv(, d)]
+        key = (layer, path)
+        prof = flat.sum((0, 1))
+        per = ent.exp().sum((0, 1))
+        acc.profile_sum[key] = acc.profile_sum.get(key, 0) + prof
+        acc.entropy_sum[key] = acc.entropy_sum.get(key, 0) + per
+        acc.count[key] = acc.count.get(key, 0) + flat.shape[0] * flat.shape[1]
+
+    return fn
+
+
+def _mean_ci(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Mean and t-based 95% CI over items per group: values ``[N, ...]`` -> ``[..., groups]``."""
+    shape = values.shape[1:]
+    mean = np.full(shape + (n_groups,), np.nan)
+    lo, hi = mean.copy(), mean.copy()
+    for g in range(n_groups):
+        v = values[groups == g]
+        if len(v) == 0:
+            continue
+        m = np.nanmean(v, 0)
+        mean[..., g] = m
+        if len(v) > 1:
+            half = sps.t.ppf(0.975, len(v) - 1) * np.nanstd(v, 0, ddof=1) / np.sqrt(len(v))
+            lo[..., g], hi[..., g] = m - half, m + half
+    return mean, lo, hi
+
+
+def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg: Any, batch: Any) -> Recording:
+    residue = frame["residue"].to_numpy()
+    M = int(batch.modulus)
+    stride = int(batch.spec.stride)
+    n = len(frame)
+    coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
+    read: dict[str, Labelled] = {}
+    names = READ_QUANTITIES + tuple(q for q in ("key_token", "value_token") if any(k[0] == q for k in acc.read))
+    for q in names:
+        per_layer = []
+        for layer in range(L):
+            vals = acc.read.get((q, layer))
+            per_layer.append(torch.cat(vals).numpy() if vals else np.full((n, H), np.nan))
+        arr = np.stack(per_layer, 1)  # [N, L, H]
+        m, lo, hi = _mean_ci(arr, residue, M)
+        read[q] = Labelled(m, ("layer", "head", "residue"), coords, lo, hi, name=f"mass_{q}")
+    comp_layers = [i for i, s in enumerate(specs) if s is not None]
+    if not comp_layers or not acc.profile_sum:
+        return Recording(read, None, None, None, None, stride, M, n)
+    paths = sorted({p for (_, p) in acc.profile_sum})
+    Hkv = int(cfg.n_key_value_heads)
+    gk, gv = [], []
+    for layer in comp_layers:
+        for side, out in (("key", gk), ("value", gv)):
+            per_path = [torch.cat(acc.gate_item[(side, layer, p)]).numpy() for p in paths if (side, layer, p) in acc.gate_item]
+            out.append(np.nanmean(np.stack(per_path), 0))  # mean over the k/v paths: [N, Hkv]
+    gcoords = {"layer": np.array(comp_layers), "kv_head": np.arange(Hkv), "residue": np.arange(M)}
+    mk, lk, hk = _mean_ci(np.stack(gk, 1), residue, M)
+    gate_key = Labelled(mk, ("layer", "kv_head", "residue"), gcoords, lk, hk, name="gate_key")
+    mv, lv, hv = _mean_ci(np.stack(gv, 1), residue, M)
+    gate_value = Labelled(mv, ("layer", "kv_head", "residue"), gcoords, lv, hv, name="gate_value")
+    W = max(s.window for s in specs if s is not None)
+    prof = np.full((len(comp_layers), len(paths), Hkv, W), np.nan)
+    conc = np.full((len(comp_layers), len(paths), Hkv, 2), np.nan)
+    for li, layer in enumerate(comp_layers):
+        for pi, path in enumerate(paths):
+            key = (layer, path)
+            if key not in acc.profile_sum:
+                continue
+            p = (acc.profile_sum[key] / acc.count[key]).numpy()  # [Hkv, (d,) W]
+            per = (acc.entropy_sum[key] / acc.count[key]).numpy()  # [Hkv(, d)]
+            static = np.exp(-(np.clip(p, 1e-12, None) * np.log(np.clip(p, 1e-12, None))).sum(-1))
+            if p.ndim == 3:  # vector gates: average the per-channel profile and measures over channels
+                static, per, p = static.mean(-1), per.mean(-1), p.mean(1)
+            prof[li, pi, :, : p.shape[-1]] = p
+            conc[li, pi, :, 0], conc[li, pi, :, 1] = static, per
+    pcoords = {"layer": np.array(comp_layers), "path": np.array(paths), "kv_head": np.arange(Hkv), "offset": np.arange(W)}
+    gate_profile = Labelled(prof, ("layer", "path", "kv_head", "offset"), pcoords, name="gate_profile")
+    ccoords = {**{k: pcoords[k] for k in ("layer", "path", "kv_head")}, "measure": np.array(["static", "per_window"])}
+    concentration = Labelled(conc, ("layer", "path", "kv_head", "measure"), ccoords, name="gate_concentration")
+    return Recording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n)

@@ -1,0 +1,86 @@
+"""specialization_map: engine equals full forwards, checkpoint and resume, the index's definition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import phaselens
+from phaselens.engine import SuffixEngine
+from tests.conftest import LAYOUTS, task_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return task_model(LAYOUTS["w8s4-deepseek"], init_std=0.5)
+
+
+@pytest.fixture(scope="module")
+def exact(model):
+    return phaselens.specialization_map(model, n_per_residue=6, progress=False, engine="full", n_bootstrap=50)
+
+
+def test_suffix_engine_map_equals_full_forward_map(model, exact):
+    fast = phaselens.specialization_map(model, n_per_residue=6, progress=False, engine="suffix", n_bootstrap=50)
+    assert fast.metadata["engine"] == "suffix" and exact.metadata["engine"] == "full forwards"
+    assert np.array_equal(fast.ko_correct, exact.ko_correct)
+    assert np.nanmax(np.abs(fast.effects.delta_logit_diff - exact.effects.delta_logit_diff)) <= 1e-5
+    assert list(fast.cells["label"])[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L0KV0"]
+    assert fast.values("head").shape == (2, 4, 8) and fast.values("layer").shape == (2, 8)
+
+
+def test_map_resumes_after_interruption_with_identical_results(model, tmp_path, monkeypatch):
+    ckpt = tmp_path / "map.npz"
+    calls = {"n": 0}
+    real = SuffixEngine.run
+
+    def flaky(self, cells, **kw):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(self, cells, **kw)
+
+    monkeypatch.setattr(SuffixEngine, "run", flaky)
+    kw = dict(n_per_residue=6, progress=False, engine="suffix", n_bootstrap=50, rows_per_pass=96, checkpoint=ckpt)
+    with pytest.raises(KeyboardInterrupt):
+        phaselens.specialization_map(model, **kw)
+    assert ckpt.exists() and ckpt.with_suffix(".json").exists()
+    monkeypatch.setattr(SuffixEngine, "run", real)
+    resumed = phaselens.specialization_map(model, **kw)
+    fresh = phaselens.specialization_map(model, **{**kw, "checkpoint": None})
+    assert np.array_equal(resumed.ko_correct, fresh.ko_correct)
+    assert np.allclose(resumed.effects.delta_logit_diff, fresh.effects.delta_logit_diff, equal_nan=True)
+
+
+def test_checkpoint_of_another_map_is_refused(model, tmp_path):
+    ckpt = tmp_path / "m.npz"
+    phaselens.specialization_map(model, n_per_residue=2, progress=False, n_bootstrap=0, checkpoint=ckpt)
+    with pytest.raises(phaselens.CheckpointError, match="different map"):
+        phaselens.specialization_map(model, n_per_residue=3, progress=False, n_bootstrap=0, checkpoint=ckpt)
+
+
+def test_specialization_index_definition(exact):
+    si = exact.specialization_index(alpha=1.0)  # alpha 1: every harmful head is "significant" here
+    ph = exact.by_phase()
+    for row in si.itertuples():
+        dmg = np.clip(-ph[ph["label"] == row.label]["rel_change"].to_numpy(), 0, None)
+        if not row.significant or dmg.sum() == 0:
+            assert np.isnan(row.specialization)
+            continue
+        q = dmg / dmg.sum()
+        ent = -(q[q > 0] * np.log(q[q > 0])).sum()
+        assert row.specialization == pytest.approx(1 - ent / np.log(4))
+    strict = exact.specialization_index(alpha=1e-12)
+    assert strict["specialization"].isna().all()  # nothing passes: no index for non-significant heads
+
+
+def test_top_heads_and_frames(exact):
+    top = exact.top_heads(phase=0, k=3, by="delta_logit_diff")
+    assert len(top) == 3 and (top["phase"] == 0).all()
+    assert list(top["delta_logit_diff"]) == sorted(top["delta_logit_diff"])
+    ph = exact.by_phase()
+    assert top["delta_logit_diff"].iloc[0] == ph[ph["phase"] == 0]["delta_logit_diff"].min()
+    frame = exact.to_frame()
+    assert len(frame) == len(exact.cells) * 8
+    assert exact.bh_mask().shape == (len(exact.cells), 8)
+    assert "PhaseMap" in repr(exact)
