@@ -60,17 +60,84 @@ def main(
     _state["debug"] = debug
 
 
+zoo_app = typer.Typer(help="The embedded zoo of tiny compressed models.", no_args_is_help=True)
+app.add_typer(zoo_app, name="zoo")
+
+
 @app.command()
 @friendly_errors
-def report(out: Annotated[str, typer.Option("--out", help="Directory to write the report into.")] = "report") -> None:
-    """Write the figure report (placeholder until the report lands).
+def train(
+    recipe: Annotated[str, typer.Option("--recipe", help="A zoo recipe name (see `phaselens zoo list`).")],
+    out: Annotated[str, typer.Option("--out", help="Directory that receives the model directory.")] = "zoo-out",
+    runs: Annotated[str, typer.Option("--runs", help="Where resumable checkpoints live.")] = "runs/zoo",
+    threads: Annotated[int, typer.Option("--threads", help="Torch threads (resume needs the same count).")] = 1,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Train one zoo model from its recipe, resuming if interrupted; writes OUT/RECIPE.
 
-    Example: phaselens report --out report
+    Example: phaselens train --recipe w8s4 --out my-zoo
     """
-    typer.echo(
-        "phaselens report is not implemented yet. When it lands it will evaluate the embedded default zoo "
-        f"model against its full-attention control and write index.html, results.json and CSVs to {out}/."
-    )
+    import torch
+
+    from phaselens.errors import ZooError
+    from phaselens.zoo.build import build_zoo_model
+    from phaselens.zoo.recipes import RECIPES
+
+    if recipe not in RECIPES:
+        raise ZooError(f"no recipe {recipe!r}; recipes: {', '.join(RECIPES)}.")
+    torch.set_num_threads(threads)
+    card = build_zoo_model(recipe, out, run_dir=runs, progress=progress)
+    b = card["battery"]
+    typer.echo(f"{recipe}: mean {100 * b['mean']:.1f}%, worst {100 * b['worst']:.1f}%, gap {100 * b['gap']:.1f} pp, "
+               f"period {b['period']}")
+
+
+@zoo_app.command("list")
+@friendly_errors
+def zoo_list() -> None:
+    """Each shipped model with its card's headline.
+
+    Example: phaselens zoo list
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from phaselens.zoo import entry, list_models
+
+    table = Table("model", "what it is", "mean %", "worst %", "boundary %", "gap pp [95% CI]", "period",
+                  "p (G)", "p (nested)")
+    for name in list_models():
+        card = entry(name).card
+        b = card["battery"]
+        lo, hi = b["gap_ci"]
+        table.add_row(name, card["description"], f"{100 * b['mean']:.1f}", f"{100 * b['worst']:.1f}",
+                      f"{100 * b['boundary']:.1f}", f"{100 * b['gap']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]",
+                      str(b["period"]), f"{b['p_g']:.2g}", f"{b['p_nested']:.2g}")
+    Console().print(table)
+
+
+@app.command()
+@friendly_errors
+def report(
+    models: Annotated[list[str] | None, typer.Argument(help="Zoo names, checkpoint dirs or hf:PATH (default: w8s4 full).")] = None,
+    out: Annotated[str, typer.Option("--out", help="Directory to write the report into.")] = "report",
+    quick: Annotated[bool, typer.Option("--quick", help="Smaller samples (a fast look, wider CIs).")] = False,
+    static: Annotated[bool, typer.Option("--static/--no-static", help="Write PNGs when a Chromium is present.")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Write the figure report: evaluation, battery, recordings, maps, gate cycling and repair.
+
+    Example: phaselens report w8s4 full --out report
+    """
+    import sys
+
+    from phaselens.reporting import ReportSettings
+    from phaselens.reporting import report as build
+
+    settings = ReportSettings(n_eval=40, n_record=8, n_map=12, n_cycle=24, n_repair=24) if quick else ReportSettings()
+    path = build(models or None, out, settings=settings, progress=progress, static=static,
+                 command=" ".join(["phaselens", *sys.argv[1:]]))
+    typer.echo(f"report written to {path}/index.html")
 
 
 if __name__ == "__main__":

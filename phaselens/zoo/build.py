@@ -1,0 +1,93 @@
+"""Train one zoo model from its recipe and write its directory: weights, config, card and eval batch."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+import phaselens
+from phaselens.evaluate import evaluate
+from phaselens.models.io import atomic_write_dir, save_model
+from phaselens.train import train
+from phaselens.zoo import sha256_file
+from phaselens.zoo.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, RECIPES, ZOO_TASK
+
+EVAL_BATCH_PER_RESIDUE = 4
+EVAL_BATCH_SEED = 424242
+
+
+def battery_summary(ev: Any) -> dict[str, Any]:
+    c = ev.tests.counts
+    lo, hi = ev.gap_ci
+    return {
+        "stride": ev.stride, "modulus": ev.modulus, "n_items": len(ev.items),
+        "mean": c.mean_accuracy, "worst_phase": c.worst_phase, "worst": c.worst_accuracy,
+        "best": c.best_accuracy, "boundary": c.boundary_accuracy, "gap": c.phase_gap, "gap_ci": [lo, hi],
+        "residue_gap": c.residue_gap, "period": c.period.period,
+        "p_chi2": c.chi2.pvalue, "p_g": c.g.pvalue, "p_nested": c.nested.pvalue,
+        "harmonic_fraction": c.harmonic.fraction, "p_harmonic": c.harmonic.pvalue, "p_gap": c.gap_test.pvalue,
+        "nll_kruskal_p": next((r.omnibus.pvalue for r in ev.tests.continuous if r.metric == "nll"), None),
+        "phase_accuracy": list(map(float, c.phase_accuracy)),
+    }
+
+
+def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Train (or resume) ``name`` and write ``out/name``; returns the card."""
+    recipe = RECIPES[name]
+    task = ZOO_TASK
+    t0 = time.time()
+    res = train(recipe.config, lambda b, s: task.sample_training_batch(b, s), recipe.settings,
+                Path(run_dir) / name, progress=progress)
+    train_s = time.time() - t0
+    model = res.model
+    model.default_task = task
+    stride = model.analysis_spec.stride if recipe.config.compression is not None else COMPARE_STRIDE
+    t1 = time.time()
+    ev = evaluate(model, task, n_per_residue=EVAL_PER_RESIDUE, seed=1, progress=progress, stride=stride,
+                  n_permutations=2000, n_bootstrap=1000, batch_size=256)
+    eval_s = time.time() - t1
+    per_res = ev.per_residue()
+    eval_batch = task.build(phaselens.PhaseSpec(stride), n_per_residue=EVAL_BATCH_PER_RESIDUE, seed=EVAL_BATCH_SEED)
+    with torch.no_grad():
+        logits = model(eval_batch.tokens)[torch.arange(len(eval_batch)), eval_batch.query_pos]
+    fixed_correct = (logits.argmax(-1) == eval_batch.answer).numpy()
+    card = {
+        "name": name,
+        "description": recipe.description,
+        "phaselens_version": phaselens.__version__,
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "training": {**dataclasses.asdict(recipe.settings), "seconds": round(train_s, 1),
+                     "loss_curve_every_10": [float(np.mean(res.losses[i : i + 10])) for i in range(0, len(res.losses), 10)],
+                     "final_loss": float(np.mean(res.losses[-50:]))},
+        "task": task.to_dict(),
+        "evaluation": {"n_per_residue": EVAL_PER_RESIDUE, "seed": 1, "seconds": round(eval_s, 1),
+                       "correct": per_res["correct"].astype(int).tolist(), "n": per_res["n"].astype(int).tolist(),
+                       "nll": per_res["nll"].round(6).tolist()},
+        "battery": battery_summary(ev),
+        "eval_batch": {"file": "eval_batch.safetensors", "per_residue": EVAL_BATCH_PER_RESIDUE, "seed": EVAL_BATCH_SEED,
+                       "accuracy": float(fixed_correct.mean()), "correct": fixed_correct.astype(int).tolist()},
+    }
+
+    def write(tmp: Path) -> None:
+        save_model(model, tmp / "model", metadata=None)
+        for f in (tmp / "model").iterdir():
+            f.rename(tmp / f.name)
+        (tmp / "model").rmdir()
+        save_file({"tokens": eval_batch.tokens.contiguous(), "answer": eval_batch.answer.contiguous(),
+                   "wrong": eval_batch.wrong.contiguous(), "query_pos": eval_batch.query_pos.contiguous(),
+                   "residue": torch.as_tensor(eval_batch.frame["residue"].to_numpy()).contiguous()},
+                  str(tmp / "eval_batch.safetensors"))
+        card["weights_sha256"] = sha256_file(tmp / "model.safetensors")
+        (tmp / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True))
+
+    atomic_write_dir(Path(out) / name, write)
+    return card

@@ -1,0 +1,56 @@
+"""Recipes of the zoo models: config, task and training settings. ``make zoo`` retrains them all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from phaselens.models.config import CompressedConfig, CompressorSpec, RopeSpec
+from phaselens.tasks import KVRecall
+from phaselens.train import TrainSettings
+
+# One task for training and evaluation across the whole zoo (M = 24 covers S = 4, 6, 8). The target key
+# lies beyond the 8-token local window, so it is reachable only through compressed entries.
+ZOO_TASK = KVRecall(n_records=12, block_filler=8, padding="in_sequence", modulus=24)
+ZOO_SETTINGS = TrainSettings(steps=1500, batch_size=64, lr=3e-3, warmup=100, weight_decay=0.01,
+                             checkpoint_every=100, eval_every=500, threads=1)
+EVAL_PER_RESIDUE = 1000  # items per residue in the card (24,000 in all)
+COMPARE_STRIDE = 4  # the full-attention control is folded by this stride
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    description: str
+    config: CompressedConfig
+    settings: TrainSettings
+
+
+DEFAULT_ROPE = RopeSpec()
+
+
+def _base(compression: CompressorSpec | None, *, seed: int = 0, rope: RopeSpec | None = DEFAULT_ROPE) -> CompressedConfig:
+    return CompressedConfig(
+        n_layers=2, d_model=64, n_heads=4, n_kv_heads=4, d_head=16, d_mlp=256, d_vocab=ZOO_TASK.vocab_size,
+        n_ctx=256, local_window=8, sink=True, compression=compression, rope=rope, seed=seed,
+    )
+
+
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in [
+        Recipe("full", "full-attention control, same dims", _base(None), ZOO_SETTINGS),
+        Recipe("w4s4", "W=S=4, learned scalar gates with per-offset bias, separate K/V, RoPE",
+               _base(CompressorSpec(4)), ZOO_SETTINGS),
+        Recipe("w8s4", "DeepSeek-V4-style: W=8, S=4 overlap_split, per-channel gates + position bias, tied K=V, "
+               "RMSNorm and RoPE on entries",
+               _base(CompressorSpec(4, 8, gate="vector", overlap_split=True, tied_kv=True, norm=True)), ZOO_SETTINGS),
+        Recipe("w6s6", "W=S=6, learned scalar gates with per-offset bias", _base(CompressorSpec(6)), ZOO_SETTINGS),
+        Recipe("w8s8", "W=S=8, learned scalar gates with per-offset bias", _base(CompressorSpec(8)), ZOO_SETTINGS),
+        Recipe("w4s4-mean", "W=S=4 uniform averaging (mean pooling)",
+               _base(CompressorSpec(4, gate="uniform", position_bias=False)), ZOO_SETTINGS),
+        Recipe("w4s4-norope", "W=S=4 with no positional encoding at all",
+               _base(CompressorSpec(4, rope="none"), rope=None), ZOO_SETTINGS),
+        Recipe("w4s4-seed1", "w4s4 with another seed (weights and data)", _base(CompressorSpec(4), seed=1),
+               replace(ZOO_SETTINGS, seed=1)),
+    ]
+}

@@ -1,0 +1,52 @@
+"""Retrain the whole zoo from scratch (``make zoo``): two models at a time, one thread each.
+
+    .venv/bin/python scripts/train_zoo.py [NAMES...] [--jobs 2] [--out phaselens/zoo] [--runs runs/zoo]
+
+Each model trains in its own process (``phaselens train --recipe NAME``); runs resume from their last
+checkpoint if interrupted. Afterwards run ``scripts/gen_zoo_docs.py`` to regenerate docs/zoo.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from phaselens.zoo.recipes import RECIPES  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", default=list(RECIPES))
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "phaselens" / "zoo"))
+    parser.add_argument("--runs", default=str(ROOT / "runs" / "zoo"))
+    args = parser.parse_args()
+    queue = list(args.names)
+    running: list[tuple[str, subprocess.Popen, float]] = []
+    logs = Path(args.runs)
+    logs.mkdir(parents=True, exist_ok=True)
+    while queue or running:
+        while queue and len(running) < args.jobs:
+            name = queue.pop(0)
+            cmd = [sys.executable, "-m", "phaselens.cli", "train", "--recipe", name, "--out", args.out,
+                   "--runs", args.runs, "--no-progress"]
+            log = open(logs / f"{name}.log", "w")
+            running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), time.time()))
+            print(f"started {name}", flush=True)
+        time.sleep(5)
+        for item in list(running):
+            name, proc, t0 = item
+            if proc.poll() is not None:
+                running.remove(item)
+                status = "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {logs / name}.log)"
+                print(f"{name}: {status} after {time.time() - t0:.0f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
