@@ -1,0 +1,33 @@
+"""Plotly figures of phaselens results. Each function takes a result object and returns a Figure.
+
+Plotting never computes: every number drawn comes from the result object it is given.
+"""
+
+from phaselens.plots.mechanism import (
+    gate_concentration,
+    gate_cycling_scatter,
+    gate_profiles,
+    head_phase_heatmap,
+    layer_knockout_map,
+    patch_heatmap,
+    read_side_attention,
+)
+from phaselens.plots.phase import accuracy_by_residue, periodicity_panel, phase_rose, repair_panel
+from phaselens.plots.theme import TEMPLATE, head_label, phase_label
+
+__all__ = [
+    "TEMPLATE",
+    "accuracy_by_residue",
+    "gate_concentration",
+    "gate_cycling_scatter",
+    "gate_profiles",
+    "head_label",
+    "head_phase_heatmap",
+    "layer_knockout_map",
+    "patch_heatmap",
+    "periodicity_panel",
+    "phase_label",
+    "phase_rose",
+    "read_side_attention",
+    "repair_panel",
+]

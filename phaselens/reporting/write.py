@@ -1,0 +1,83 @@
+"""Writing the report: files into a temporary directory, renamed into place at the end (atomic)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from phaselens.models.io import atomic_write_dir
+from phaselens.reporting.compute import ModelResults
+from phaselens.reporting.render import Section, headline_rows
+
+
+def tables(results: list[ModelResults]) -> dict[str, pd.DataFrame]:
+    """Every number the figures show, as tidy tables keyed by file stem."""
+    out: dict[str, pd.DataFrame] = {"headline": pd.DataFrame(headline_rows(results))}
+    for r in results:
+        out[f"{r.name}_per_residue"] = r.eval.per_residue()
+        out[f"{r.name}_per_phase"] = r.eval.per_phase()
+        out[f"{r.name}_battery"] = r.eval.tests.to_frame()
+        out[f"{r.name}_map"] = r.map.to_frame()
+        out[f"{r.name}_specialization"] = r.map.specialization_index()
+        if r.recording is not None:
+            out[f"{r.name}_recording"] = r.recording.to_frame()
+        if r.cycling is not None:
+            out[f"{r.name}_cycling"] = r.cycling.to_frame()
+        if r.repair is not None:
+            out[f"{r.name}_repair"] = r.repair.to_frame()
+    return out
+
+
+def _jsonable(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, np.generic):
+        x = x.item()
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def export_static(secs: list[Section], folder: Path) -> str:
+    """PNG of each figure through kaleido when a Chrome/Chromium is present; returns a note for the page."""
+    chrome = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chrome is None:
+        return "skipped: no Chrome or Chromium on this machine (install Debian's chromium to get PNGs)."
+    try:
+        import kaleido
+
+        folder.mkdir(exist_ok=True)
+        kaleido.start_sync_server(silence_warnings=True)
+        try:
+            for s in secs:
+                s.figure.write_image(folder / f"{s.key}.png", width=1000, height=max(450, s.figure.layout.height or 450))
+        finally:
+            kaleido.stop_sync_server(silence_warnings=True)
+        return f"PNG of every figure in {folder.name}/ (kaleido, {Path(chrome).name})."
+    except Exception as err:  # a broken browser must not lose the report
+        return f"skipped: kaleido could not render ({type(err).__name__}: {err})."
+
+
+def write_report(out: Path, page_html: str, results: list[ModelResults], secs: list[Section], meta: dict[str, Any],
+                 *, static: bool, static_note_fn: Any) -> Path:
+    tabs = tables(results)
+
+    def write(tmp: Path) -> None:
+        note = static_note_fn(secs, tmp / "figures") if static else "skipped (static=False)."
+        (tmp / "index.html").write_text(page_html.replace("__STATIC_NOTE__", note))
+        for key, frame in tabs.items():
+            frame.to_csv(tmp / f"{key}.csv", index=False)
+        payload = {"meta": meta, "static_images": note,
+                   "tables": {k: json.loads(v.to_json(orient="records")) for k, v in tabs.items()}}
+        (tmp / "results.json").write_text(json.dumps(_jsonable(payload), indent=1))
+
+    atomic_write_dir(out, write)
+    return out

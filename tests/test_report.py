@@ -1,0 +1,83 @@
+"""The generated report: files, numbers, atomic writes, and rendering in a real browser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from phaselens.reporting import ReportSettings, report
+from tests.conftest import LAYOUTS, task_model
+
+TINY = ReportSettings(n_eval=4, n_record=2, n_map=2, n_cycle=2, n_repair=2)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    a = task_model(LAYOUTS["w8s4-deepseek"])
+    a.name = "tiny-w8s4"
+    b = task_model(None)
+    b.name = "tiny-full"
+    out = tmp_path_factory.mktemp("rep") / "report"
+    report([a, b], out, settings=TINY, progress=False, static=False)
+    return out
+
+
+def test_report_files_and_numbers(built):
+    names = {p.name for p in built.iterdir()}
+    assert {"index.html", "results.json", "headline.csv", "tiny-w8s4_per_residue.csv", "tiny-w8s4_map.csv",
+            "tiny-w8s4_recording.csv", "tiny-w8s4_cycling.csv", "tiny-w8s4_repair.csv", "tiny-full_map.csv"} <= names
+    res = json.loads((built / "results.json").read_text())
+    head = res["tables"]["headline"]
+    assert [r["model"] for r in head] == ["tiny-w8s4", "tiny-full"]
+    assert head[1]["stride"] == 4  # the control is folded by the compressed model's stride
+    per = res["tables"]["tiny-w8s4_per_residue"]
+    assert len(per) == 8 and sum(r["n"] for r in per) == 8 * TINY.n_eval
+    page = (built / "index.html").read_text()
+    assert "plotly" in page and page.count('<section id="') >= 9
+    assert "How this was made" in page and "phaselens.report(" in page
+    assert "skipped (static=False)" in page
+    assert "<script src=" not in page and len(page) > 3_000_000  # self-contained: plotly.js is embedded
+
+
+def test_interrupted_report_leaves_no_partial_directory(tmp_path, monkeypatch):
+    import phaselens.reporting.write as w
+
+    def boom(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(w, "tables", boom)
+    m = task_model(LAYOUTS["w4s4-scalar"])
+    with pytest.raises(KeyboardInterrupt):
+        report([m], tmp_path / "r", settings=TINY, progress=False, static=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_every_figure_renders_in_headless_chromium(built):
+    from playwright.sync_api import sync_playwright
+
+    page_html = (built / "index.html").read_text()
+    n_figures = page_html.count('class="plotly-graph-div"')
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"),
+                                    args=["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                                          "--no-first-run", "--disable-component-update", "--disable-sync"])
+        try:
+            page = browser.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto((built / "index.html").as_uri())
+            page.wait_for_function(
+                f"Array.from(document.querySelectorAll('.js-plotly-plot')).filter(d => d.querySelector('.main-svg')).length >= {n_figures}",
+                timeout=30_000,
+            )
+            rendered = page.evaluate(
+                "Array.from(document.querySelectorAll('.js-plotly-plot')).filter(d => d.querySelector('.main-svg')).length"
+            )
+        finally:
+            browser.close()
+    assert n_figures >= 9 and rendered == n_figures
+    assert errors == []
