@@ -123,6 +123,7 @@ def train(
     val_fn: Callable[[CompressedTransformer], float] | None = None,
     progress: bool = True,
     stop_after: int | None = None,
+    init_fn: Callable[[CompressedTransformer], None] | None = None,
 ) -> TrainResult:
     """Train from scratch, or resume the run in ``run_dir``.
 
@@ -134,13 +135,16 @@ def train(
         run_dir: where checkpoints live; an existing run with the same settings resumes.
         val_fn: optional validation accuracy, run every ``settings.eval_every`` steps (for the progress bar).
         stop_after: stop (with a checkpoint) after this many steps; used to simulate interruptions.
+        init_fn: called on the freshly built model before training (e.g. to plant and freeze parameters).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     if settings.threads:
         torch.set_num_threads(settings.threads)
     model = CompressedTransformer(cfg).train()
-    opt = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    if init_fn is not None:
+        init_fn(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr, weight_decay=settings.weight_decay)
     fingerprint = {"config": cfg.to_dict(), "settings": dataclasses.asdict(settings) | {"threads": None}}
     meta = _restore(run_dir, model, opt, fingerprint)
     start = meta["step"] if meta else 0

@@ -326,14 +326,20 @@ class Compressor(nn.Module):
 
 
 def default_init_(module: nn.Module, std: float, generator: torch.Generator) -> None:
-    """Normal(0, std) weights, zero biases, unit norm weights; deterministic for a generator."""
+    """Deterministic init for a generator: normal weights (std, capped at 1/sqrt(fan_in)), zero biases and
+    position biases, unit gains for every RMSNorm (including the compressor's entry norms)."""
+    unit = set()
+    for mod in module.modules():
+        if type(mod).__name__ == "RMSNorm":
+            unit.add(id(mod.weight))
+        if isinstance(mod, Compressor) and mod.norm_weight is not None:
+            unit.update(id(p) for p in mod.norm_weight.values())
     for name, p in module.named_parameters():
         with torch.no_grad():
-            if name.endswith("position_bias"):
-                p.zero_()
-            elif "norm" in name:
+            if id(p) in unit:
                 p.fill_(1.0)
+            elif name.endswith("position_bias") or name.split(".")[-1].startswith("b_") or p.dim() < 2:
+                p.zero_()
             else:
-                fan_in = p.shape[-2] if p.dim() >= 2 else 1
-                scale = std if p.dim() < 2 else min(std, 1.0 / math.sqrt(fan_in))
+                scale = min(std, 1.0 / math.sqrt(p.shape[-2]))
                 p.copy_(torch.randn(p.shape, generator=generator) * scale)
