@@ -32,6 +32,7 @@ report: venv
 
 zoo: venv
 	$(BIN)/python scripts/train_zoo.py
+	$(BIN)/python scripts/gen_zoo_docs.py
 
 lint: venv
 	$(BIN)/ruff check .

@@ -60,6 +60,77 @@ def main(
     _state["debug"] = debug
 
 
+def _load(model: str):
+    import phaselens
+
+    return phaselens.load(model if (":" in model or "/" in model) else f"zoo:{model}")
+
+
+@app.command("eval")
+@friendly_errors
+def eval_cmd(
+    model: Annotated[str, typer.Argument(help="Zoo name, checkpoint directory or hf:PATH.")],
+    n_per_residue: Annotated[int, typer.Option("--n-per-residue", help="Items per residue.")] = 256,
+    seed: Annotated[int, typer.Option(help="Item seed.")] = 0,
+    out: Annotated[str | None, typer.Option("--out", help="Write the per-item frame as CSV.")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Phase-aware evaluation with the statistics battery.
+
+    Example: phaselens eval w8s4 --n-per-residue 256 --out w8s4.csv
+    """
+    import phaselens
+
+    ev = phaselens.evaluate(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
+    typer.echo(ev.summary())
+    if out:
+        ev.to_frame().to_csv(out, index=False)
+
+
+@app.command("record")
+@friendly_errors
+def record_cmd(
+    model: Annotated[str, typer.Argument(help="Zoo name, checkpoint directory or hf:PATH.")],
+    n_per_residue: Annotated[int, typer.Option("--n-per-residue")] = 64,
+    out: Annotated[str | None, typer.Option("--out", help="Write the tidy recording as CSV.")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Record attention into compressed entries and the compressors' gate weights, by residue.
+
+    Example: phaselens record w8s4 --out w8s4-recording.csv
+    """
+    import phaselens
+
+    rec = phaselens.record(_load(model), n_per_residue=n_per_residue, progress=progress)
+    typer.echo(repr(rec))
+    if out:
+        rec.to_frame().to_csv(out, index=False)
+
+
+@app.command("map")
+@friendly_errors
+def map_cmd(
+    model: Annotated[str, typer.Argument(help="Zoo name, checkpoint directory or hf:PATH.")],
+    n_per_residue: Annotated[int, typer.Option("--n-per-residue")] = 64,
+    method: Annotated[str, typer.Option(help="mean, zero or resample.")] = "mean",
+    checkpoint: Annotated[str | None, typer.Option(help="Resumable .npz of finished cells.")] = None,
+    out: Annotated[str | None, typer.Option("--out", help="Write the tidy map as CSV.")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+) -> None:
+    """Knock out every head, KV head and layer at the query; effects per residue, specialization index.
+
+    Example: phaselens map w8s4 --checkpoint runs/w8s4-map.npz --out w8s4-map.csv
+    """
+    import phaselens
+
+    pm = phaselens.specialization_map(_load(model), method=method, n_per_residue=n_per_residue,
+                                      checkpoint=checkpoint, progress=progress)
+    typer.echo(repr(pm))
+    typer.echo(pm.specialization_index().to_string(index=False))
+    if out:
+        pm.to_frame().to_csv(out, index=False)
+
+
 zoo_app = typer.Typer(help="The embedded zoo of tiny compressed models.", no_args_is_help=True)
 app.add_typer(zoo_app, name="zoo")
 

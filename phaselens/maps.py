@@ -192,8 +192,10 @@ def _fingerprint(model: Any, batch: Any, method: str, seed: int, cells: pd.DataF
     h = hashlib.sha256()
     h.update(json.dumps(batch.task if hasattr(batch, "task") else "", default=str).encode())
     h.update(batch.tokens.numpy().tobytes())
-    for p in list(model.parameters())[:4]:
-        h.update(p.detach().float().cpu().numpy().tobytes()[:4096])
+    module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)
+    if isinstance(module, torch.nn.Module):  # a sample of the weights: another model must not resume this map
+        for p in list(module.parameters())[:4]:
+            h.update(p.detach().float().cpu().numpy().tobytes()[:4096])
     h.update(f"{method}/{seed}/{list(cells['label'])}".encode())
     return h.hexdigest()
 

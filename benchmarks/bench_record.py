@@ -1,0 +1,44 @@
+"""record() (every head, read and write side) against a plain forward over the same items.
+
+    .venv/bin/python benchmarks/bench_record.py [--model w8s4] [--n-per-residue 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import best_time, emit  # noqa: E402
+
+import phaselens  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="w8s4")
+    ap.add_argument("--n-per-residue", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=64)
+    args = ap.parse_args()
+    model = phaselens.load(f"zoo:{args.model}")
+    batch = model.default_task.build(model.analysis_spec, n_per_residue=args.n_per_residue, seed=0)
+    bs = args.batch_size
+
+    @torch.no_grad()
+    def plain() -> None:
+        for i in range(0, len(batch), bs):
+            model(batch.tokens[i : i + bs])
+
+    def rec() -> None:
+        phaselens.record(model, batch, batch_size=bs, progress=False)
+
+    t_plain, t_rec = best_time(plain, 5), best_time(rec, 5)
+    emit("bench_record", {"model": args.model, "items": len(batch), "plain_forward_s": t_plain, "record_s": t_rec,
+                          "record_over_plain": t_rec / t_plain})
+
+
+if __name__ == "__main__":
+    main()

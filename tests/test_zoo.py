@@ -1,0 +1,80 @@
+"""The shipped zoo: integrity, exact reproduction of the cards on their fixed batches, and the phenomenon."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import phaselens
+from phaselens.zoo import ZOO_DIR, entry, list_models, sha256_file
+from phaselens.zoo.recipes import RECIPES
+
+SHIPPED = list_models()
+
+
+def test_every_recipe_is_shipped():
+    assert sorted(SHIPPED) == sorted(RECIPES)
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_checkpoint_loads_matches_sha256_and_reproduces_its_card(name):
+    e = entry(name)
+    card = e.card
+    assert sha256_file(e.path / "model.safetensors") == card["weights_sha256"]
+    model = phaselens.load(f"zoo:{name}")
+    assert model.config == RECIPES[name].config
+    assert model.default_task is not None and model.default_task.to_dict() == card["task"]
+    batch = load_file(str(e.path / "eval_batch.safetensors"))
+    with torch.no_grad():
+        logits = model(batch["tokens"])[torch.arange(len(batch["answer"])), batch["query_pos"]]
+    correct = (logits.argmax(-1) == batch["answer"]).numpy().astype(int)
+    assert correct.tolist() == card["eval_batch"]["correct"]  # item by item
+    assert float(correct.mean()) == pytest.approx(card["eval_batch"]["accuracy"])
+
+
+def test_tampered_weights_are_refused(tmp_path, monkeypatch):
+    import shutil
+
+    import phaselens.zoo as zoo
+
+    shutil.copytree(ZOO_DIR / "w4s4", tmp_path / "w4s4")
+    card = json.loads((tmp_path / "w4s4" / "card.json").read_text())
+    card["weights_sha256"] = "0" * 64
+    (tmp_path / "w4s4" / "card.json").write_text(json.dumps(card))
+    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path)
+    with pytest.raises(phaselens.ZooError, match="sha256"):
+        phaselens.load("zoo:w4s4")
+    with pytest.raises(phaselens.ZooError, match="no zoo model 'w9s9'"):
+        phaselens.load("zoo:w9s9")
+
+
+def test_cards_state_the_phenomenon():
+    """The cards' own numbers (1,000 items per residue): compressed models periodic at their stride, the
+    control flat with a tight gap bound, every model non-saturated."""
+    for name in SHIPPED:
+        b = entry(name).card["battery"]
+        assert 0.40 <= b["mean"] <= 0.95, name
+        comp = RECIPES[name].config.compression
+        if comp is None:
+            assert b["p_g"] > 0.01 and b["gap_ci"][1] < 0.03
+        else:
+            assert b["p_g"] < 1e-3 and b["period"] == comp.stride, name
+
+
+@pytest.mark.parametrize("name, stride", [("w8s4", 4), ("full", 4)])
+def test_remeasured_subset_agrees_with_the_card(name, stride):
+    """A fast re-measurement in CI (fresh items, 96 per residue) lands where the card says."""
+    model = phaselens.load(f"zoo:{name}")
+    ev = phaselens.evaluate(model, n_per_residue=96, seed=7, progress=False, stride=stride, batch_size=256,
+                            n_permutations=499, n_bootstrap=0)
+    card = entry(name).card["battery"]
+    assert abs(ev.mean - card["mean"]) < 0.03
+    assert np.abs(ev.per_phase()["acc"].to_numpy() - np.array(card["phase_accuracy"])).max() < 0.08
+    if name == "full":
+        assert ev.tests.counts.g.pvalue > 1e-3
+    else:
+        assert ev.tests.counts.g.pvalue < 1e-6 and ev.period == 4
