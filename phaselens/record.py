@@ -19,7 +19,7 @@ from phaselens.geometry import PhaseSpec
 from phaselens.labelled import Labelled
 from phaselens.protocol import check_fits, resolve_task
 
-READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "local", "sink")
+READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "entries", "local", "sink")
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -28,7 +28,8 @@ class Recording:
 
     Attributes:
         read: attention mass at the query position, per quantity (``key_entries``: entries that contain the
-            target key; ``value_entries``: those that contain its value; ``other_entries``; ``local``: raw
+            target key; ``value_entries``: those that contain its value; ``other_entries``; ``entries``: all
+            entries (key and value entries may coincide, so these overlap); ``local``: raw
             tokens in the local window; ``sink``), each ``Labelled[layer, head, residue]`` with 95% CIs.
             Layers without compression hold NaN for the entry quantities and their full-attention mass in
             ``local``.
@@ -214,6 +215,7 @@ def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> lis
         acc.add(acc.read, ("key_entries", layer), k_mass)
         acc.add(acc.read, ("value_entries", layer), v_mass)
         acc.add(acc.read, ("other_entries", layer), total - union)
+        acc.add(acc.read, ("entries", layer), total)
 
     return out + [(pre + "hook_pattern_entry", entries)]
 

@@ -45,6 +45,7 @@ class TrainSettings:
     checkpoint_every: int = 100
     eval_every: int = 250
     threads: int | None = None
+    curriculum: str = ""  # a description of any step-dependent data (part of the run's fingerprint)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
@@ -131,6 +132,7 @@ def train(
         cfg: the model config (``cfg.seed`` sets the initial weights).
         batch_fn: ``(batch_size, seed) -> (tokens [B, T], targets [B, T])``; ``targets[b, t]`` is the token
             to predict from position t, or -100 where no loss is taken. It must be deterministic in ``seed``.
+            A callable with ``uses_step = True`` is called as ``(batch_size, seed, step)`` (curricula).
         settings: optimiser, schedule and checkpointing.
         run_dir: where checkpoints live; an existing run with the same settings resumes.
         val_fn: optional validation accuracy, run every ``settings.eval_every`` steps (for the progress bar).
@@ -155,7 +157,11 @@ def train(
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
     try:
         for step in range(start, end):
-            tokens, targets = batch_fn(settings.batch_size, settings.seed * 1_000_003 + step)
+            seed = settings.seed * 1_000_003 + step
+            if getattr(batch_fn, "uses_step", False):
+                tokens, targets = batch_fn(settings.batch_size, seed, step)
+            else:
+                tokens, targets = batch_fn(settings.batch_size, seed)
             for group in opt.param_groups:
                 group["lr"] = settings.lr_at(step)
             logits = model(tokens)

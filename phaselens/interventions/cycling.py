@@ -23,6 +23,8 @@ from phaselens.evaluate import evaluate
 def _offset_params(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
     """Offset-specific gate parameters as (name, parameter) with the phase axis at dim 1."""
     out = []
+    if not hasattr(model, "named_modules"):  # an adapter: transformers' compressors are not phaselens Poolers
+        return out
     for name, mod in model.named_modules():
         if type(mod).__name__ != "Pooler":
             continue
@@ -47,8 +49,9 @@ def cycle_gates(model: Any, delta: int) -> Any:
     """
     if not _offset_params(model):
         raise NotApplicableError(
-            "this model has no offset-specific gate parameters (uniform pooling, or shared gates without a "
-            "per-offset bias), so rolling them changes nothing; gate cycling does not apply."
+            "this model has no phaselens compressor with offset-specific gate parameters (uniform pooling, shared "
+            "gates without a per-offset bias, or a model reached through an adapter), so there is nothing to roll; "
+            "gate cycling does not apply."
         )
     out = copy.deepcopy(model)
     with torch.no_grad():

@@ -113,10 +113,13 @@ class Knockout:
                 repl = self.replacement(layer, z, heads, B * n).view(B, n, len(heads), -1)
                 z[:, :, index] = repl
                 return z
+            # A wrapper that runs shifted copies (phase repair) tells where each row's original slot 0 went.
+            shift = getattr(hook, "row_shift", None)
+            length = int(getattr(hook, "original_length", n))
             if isinstance(pos, str):
                 if pos not in ("query", "last"):
                     raise InputError(f"positions must be 'query', 'last', 'all', an int or a tensor, got {pos!r}.")
-                pos_t = torch.full((B,), n - 1)
+                pos_t = torch.full((B,), length - 1)
             elif isinstance(pos, int):
                 pos_t = torch.full((B,), pos)
             else:
@@ -126,13 +129,16 @@ class Knockout:
                     raise InputError(
                         f"positions must be 'query', 'last', 'all', an int or a [batch] tensor, got {pos!r}."
                     ) from None
+                if shift is not None and pos_t.dim() == 1 and len(pos_t) and B % len(pos_t) == 0:
+                    pos_t = pos_t.repeat(B // len(pos_t))  # the same items, once per copy
                 if pos_t.shape != (B,):
                     raise InputError(
                         f"knockout positions has shape {tuple(pos_t.shape)} but the batch has {B} rows; "
                         "set ko.positions to a [batch] tensor for each call."
                     )
-            if not isinstance(pos, str):  # absolute slots; under chunked prefill rows start at query_start
-                pos_t = pos_t - int(getattr(hook, "query_start", 0))
+                pos_t = pos_t - int(getattr(hook, "query_start", 0))  # chunked prefill: rows of the last chunk
+            if shift is not None:
+                pos_t = pos_t + shift.to(pos_t.device)
             if int(pos_t.max()) >= n or int(pos_t.min()) < -n:
                 raise InputError(f"knockout position {int(pos_t.max())} is outside this call's {n} positions.")
             rows = torch.arange(B)

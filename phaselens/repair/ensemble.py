@@ -8,7 +8,8 @@ report run on the repaired model unchanged; ``repair_table`` compares shift sets
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import torch
@@ -152,10 +153,40 @@ class PhaseEnsemble:
                 f"context {self.model.cfg.n_ctx}; inputs may be at most {self.max_input_length()} tokens."
             )
         copies = shifted_copies(tokens, self.shifts, self.pad_id, self.insert_at)
-        per_copy = align(self.model(copies), self.shifts, B, T, self.insert_at)
+        with self._announce_shifts(B, T):
+            logits = self.model(copies)
+        per_copy = align(logits, self.shifts, B, T, self.insert_at)
         out, chosen = combine(per_copy, self.rule)
         self.last_choice = chosen
         return out
+
+    # ---- hooks pass through to the wrapped model -------------------------------------------------------
+    @property
+    def hook_dict(self) -> dict[str, Any]:
+        return self.model.hook_dict
+
+    def hooks(self, *args: Any, **kwargs: Any) -> Any:
+        """The wrapped model's hook context; hooks see the ``[copies * batch, ...]`` rows of each call."""
+        return self.model.hooks(*args, **kwargs)
+
+    def run_with_hooks(self, tokens: Tensor, *args: Any, fwd_hooks: Any = (), **kwargs: Any) -> Tensor:
+        with self.model.hooks(fwd_hooks=list(fwd_hooks)):
+            return self(tokens)
+
+    @contextmanager
+    def _announce_shifts(self, B: int, T: int) -> Iterator[None]:
+        """Tell the wrapped model's hook points where each copy's rows were shifted (knockouts read it)."""
+        points = list(getattr(self.model, "hook_dict", {}).values())
+        shift = torch.as_tensor(self.shifts).repeat_interleave(B)
+        for hp in points:
+            hp.row_shift, hp.original_length = shift, T
+        try:
+            yield
+        finally:
+            for hp in points:
+                for attr in ("row_shift", "original_length"):
+                    if hasattr(hp, attr):
+                        delattr(hp, attr)
 
     def __repr__(self) -> str:
         return f"PhaseEnsemble({self.name}, cost {self.cost}x forward)"

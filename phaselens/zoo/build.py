@@ -44,8 +44,7 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
     recipe = RECIPES[name]
     task = ZOO_TASK
     t0 = time.time()
-    res = train(recipe.config, lambda b, s: task.sample_training_batch(b, s), recipe.settings,
-                Path(run_dir) / name, progress=progress)
+    res = train(recipe.config, recipe.batch_fn(), recipe.settings, Path(run_dir) / name, progress=progress)
     train_s = time.time() - t0
     model = res.model
     model.default_task = task
