@@ -51,7 +51,8 @@ class FrozenPast:
             idx = torch.arange(max(0, start - R), start) % max(R, 1)
         self._raw_k = self._rep(layer.raw_k.index_select(1, idx))
         self._raw_v = None if layer.raw_v is None else self._rep(layer.raw_v.index_select(1, idx))
-        self._entries = {p: self._rep(s[:, : layer.n_entries[p]]) for p, s in layer.entry_store.items()}
+        # head-major [copies * B, Hkv, E, d], as the cache stores them
+        self._entries = {p: self._rep(s[:, :, : layer.n_entries[p]]) for p, s in layer.entry_store.items()}
         self._states = {
             p: PoolerState(*(self._rep(t) if t is not None else None for t in _state_tensors(st)))
             for p, st in layer.states.items()
@@ -66,7 +67,7 @@ class FrozenPast:
         return keys, values
 
     def entries(self, path: str, new: Tensor) -> Tensor:
-        return torch.cat([self._entries[path], new], 1)
+        return torch.cat([self._entries[path], new.transpose(1, 2)], 2).transpose(1, 2)
 
     def pooler_state(self, path: str) -> PoolerState | None:
         return self._states[path] if self.start > 0 else None

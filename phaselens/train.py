@@ -147,7 +147,10 @@ def train(
     if init_fn is not None:
         init_fn(model)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=settings.lr, weight_decay=settings.weight_decay)
-    fingerprint = {"config": cfg.to_dict(), "settings": dataclasses.asdict(settings) | {"threads": None}}
+    settings_fp = dataclasses.asdict(settings) | {"threads": None}
+    if not settings.curriculum:  # runs written before curricula existed carry no such key
+        settings_fp.pop("curriculum")
+    fingerprint = {"config": cfg.to_dict(), "settings": settings_fp}
     meta = _restore(run_dir, model, opt, fingerprint)
     start = meta["step"] if meta else 0
     losses: list[float] = meta["losses"] if meta else []

@@ -28,6 +28,9 @@ def test_checkpoint_loads_matches_sha256_and_reproduces_its_card(name):
     model = phaselens.load(f"zoo:{name}")
     assert model.config == RECIPES[name].config
     assert model.default_task is not None and model.default_task.to_dict() == card["task"]
+    from phaselens.zoo.recipes import ZOO_EVAL_TASK, ZOO_TASK
+
+    assert card["task"] == ZOO_EVAL_TASK.to_dict() and card["training_task"] == ZOO_TASK.to_dict()
     batch = load_file(str(e.path / "eval_batch.safetensors"))
     with torch.no_grad():
         logits = model(batch["tokens"])[torch.arange(len(batch["answer"])), batch["query_pos"]]

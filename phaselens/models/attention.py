@@ -208,7 +208,10 @@ class Attention(nn.Module):
         if self.compressor is not None:
             entry_k, entry_v = self._entries(x, past)
             E = entry_k.shape[1]
-            ent = torch.einsum("bnkgd,bekd->bkgne", qg, entry_k).reshape(B, H, n, E) * self.scale
+            # Head-major matmuls: with the cache's head-major storage these read the entries in place.
+            q_heads = qg.permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * n, d)
+            ent = torch.matmul(q_heads, entry_k.transpose(1, 2).transpose(-1, -2))  # [B, Hkv, G*n, E]
+            ent = ent.view(B, H, n, E) * self.scale
             visible = (pos + 1) // self.compressor.stride  # entries 0..visible-1 are complete
             ent = ent.masked_fill(torch.arange(E, device=x.device)[None, :] >= visible[:, None], float("-inf"))
             parts.append(ent)
@@ -218,7 +221,8 @@ class Attention(nn.Module):
         z = (p_l.unsqueeze(-2) * v_win.unsqueeze(3)).sum(-1)  # [B, n, Hkv, G, d]
         if entry_v is not None:
             p_entry = self.hook_pattern_entry(probs[1])
-            z = z + torch.einsum("bkgne,bekd->bnkgd", p_entry.view(B, Hkv, G, n, -1), entry_v)
+            z_ent = torch.matmul(p_entry.reshape(B, Hkv, G * n, -1), entry_v.transpose(1, 2))  # [B, Hkv, G*n, d]
+            z = z + z_ent.view(B, Hkv, G, n, d).permute(0, 3, 1, 2, 4)
         if self.sink is not None:
             self.hook_pattern_sink(probs[-1].squeeze(-1))
         else:

@@ -45,7 +45,8 @@ class LayerCache:
         if attn.compressor is not None:
             max_entries = max_len // attn.compressor.stride
             for path, pooler in attn.compressor.poolers.items():
-                self.entry_store[path] = torch.zeros(batch, max_entries, *shape[1:], dtype=dtype, device=device)
+                # head-major [B, Hkv, E, d]: each KV head's entries are one contiguous block for attention
+                self.entry_store[path] = torch.zeros(batch, shape[1], max_entries, shape[2], dtype=dtype, device=device)
                 self.n_entries[path] = 0
                 self.states[path] = pooler.empty_state(batch, device=device, dtype=dtype)
 
@@ -74,9 +75,9 @@ class LayerCache:
     def entries(self, path: str, new: Tensor) -> Tensor:
         store, have = self.entry_store[path], self.n_entries[path]
         end = have + new.shape[1]
-        store[:, have:end] = new
+        store[:, :, have:end] = new.transpose(1, 2)
         self.n_entries[path] = end
-        return store[:, :end]
+        return store[:, :, :end].transpose(1, 2)  # [B, E, Hkv, d] view of the head-major storage
 
     def pooler_state(self, path: str) -> PoolerState | None:
         return self.states[path] if self.start > 0 else None
@@ -98,7 +99,7 @@ class LayerCache:
         if self.raw_v is not None:
             out["raw_v"] = self.raw_v[:, :rows]
         for path, store in self.entry_store.items():
-            out[f"entries_{path}"] = store[:, : self.n_entries[path]]
+            out[f"entries_{path}"] = store[:, :, : self.n_entries[path]].transpose(1, 2)
             st = self.states[path]
             out[f"open_{path}_payload"] = st.cur_payload
             out[f"prev_{path}_payload"] = st.prev_payload

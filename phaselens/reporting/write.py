@@ -52,9 +52,12 @@ def export_static(secs: list[Section], folder: Path) -> str:
     if chrome is None:
         return "skipped: no Chrome or Chromium on this machine (install Debian's chromium to get PNGs)."
     try:
+        import warnings
+
         import kaleido
 
         folder.mkdir(exist_ok=True)
+        warnings.filterwarnings("ignore", message="The kopts argument is ignored", category=UserWarning)
         kaleido.start_sync_server(silence_warnings=True)
         try:
             for s in secs:

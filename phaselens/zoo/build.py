@@ -18,7 +18,7 @@ from phaselens.evaluate import evaluate
 from phaselens.models.io import atomic_write_dir, save_model
 from phaselens.train import train
 from phaselens.zoo import sha256_file
-from phaselens.zoo.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, RECIPES, ZOO_TASK
+from phaselens.zoo.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, RECIPES, ZOO_EVAL_TASK, ZOO_TASK
 
 EVAL_BATCH_PER_RESIDUE = 4
 EVAL_BATCH_SEED = 424242
@@ -34,7 +34,8 @@ def battery_summary(ev: Any) -> dict[str, Any]:
         "residue_gap": c.residue_gap, "period": c.period.period,
         "p_chi2": c.chi2.pvalue, "p_g": c.g.pvalue, "p_nested": c.nested.pvalue,
         "harmonic_fraction": c.harmonic.fraction, "p_harmonic": c.harmonic.pvalue, "p_gap": c.gap_test.pvalue,
-        "nll_kruskal_p": next((r.omnibus.pvalue for r in ev.tests.continuous if r.metric == "nll"), None),
+        "nll_kruskal_p": next((r.kruskal.pvalue for r in ev.tests.continuous if r.metric == "nll"), None),
+        "nll_by_phase": next((list(map(float, r.phase_means)) for r in ev.tests.continuous if r.metric == "nll"), None),
         "phase_accuracy": list(map(float, c.phase_accuracy)),
     }
 
@@ -42,7 +43,7 @@ def battery_summary(ev: Any) -> dict[str, Any]:
 def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
     """Train (or resume) ``name`` and write ``out/name``; returns the card."""
     recipe = RECIPES[name]
-    task = ZOO_TASK
+    task = ZOO_EVAL_TASK
     t0 = time.time()
     res = train(recipe.config, recipe.batch_fn(), recipe.settings, Path(run_dir) / name, progress=progress)
     train_s = time.time() - t0
@@ -68,6 +69,7 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
                      "loss_curve_every_10": [float(np.mean(res.losses[i : i + 10])) for i in range(0, len(res.losses), 10)],
                      "final_loss": float(np.mean(res.losses[-50:]))},
         "task": task.to_dict(),
+        "training_task": ZOO_TASK.to_dict(),
         "evaluation": {"n_per_residue": EVAL_PER_RESIDUE, "seed": 1, "seconds": round(eval_s, 1),
                        "correct": per_res["correct"].astype(int).tolist(), "n": per_res["n"].astype(int).tolist(),
                        "nll": per_res["nll"].round(6).tolist()},
@@ -83,7 +85,7 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
         (tmp / "model").rmdir()
         save_file({"tokens": eval_batch.tokens.contiguous(), "answer": eval_batch.answer.contiguous(),
                    "wrong": eval_batch.wrong.contiguous(), "query_pos": eval_batch.query_pos.contiguous(),
-                   "residue": torch.as_tensor(eval_batch.frame["residue"].to_numpy()).contiguous()},
+                   "residue": torch.as_tensor(eval_batch.frame["residue"].to_numpy().copy()).contiguous()},
                   str(tmp / "eval_batch.safetensors"))
         card["weights_sha256"] = sha256_file(tmp / "model.safetensors")
         (tmp / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True))

@@ -8,9 +8,14 @@ from phaselens.models.config import CompressedConfig, CompressorSpec, RopeSpec
 from phaselens.tasks import KVRecall
 from phaselens.train import TrainSettings
 
-# One task for training and evaluation across the whole zoo (M = 24 covers S = 4, 6, 8). The target key
-# lies beyond the 8-token local window, so it is reachable only through compressed entries.
+# Training: 12 records spread through filler (in-sequence padding), residues mod 24 (covers S = 4, 6, 8).
+# The target's value lies beyond the 8-token local window, so it is reachable only through entries.
 ZOO_TASK = KVRecall(n_records=12, block_filler=8, padding="in_sequence", modulus=24)
+# Evaluation (one setting for the whole zoo, the models' default task): the same 12 records packed into one
+# block that shifts as a whole (the paper's prefix padding). On the training layout every compressed model
+# was near 98% (saturated); packed records share entries with their neighbours, the regime where phase
+# sensitivity shows (science.md §5: the swings come from other pairs sharing the needle's entry).
+ZOO_EVAL_TASK = KVRecall(n_records=12, block_filler=0, padding="prefix", modulus=24)
 ZOO_SETTINGS = TrainSettings(steps=1500, batch_size=64, lr=3e-3, warmup=100, weight_decay=0.01,
                              checkpoint_every=100, eval_every=500, threads=1)
 EVAL_PER_RESIDUE = 1000  # items per residue in the card (24,000 in all)
@@ -34,11 +39,13 @@ class Curriculum:
         return f"{self.warmup_steps} steps of {self.warmup!r}, then the zoo task"
 
 
-# Full attention must learn an induction circuit (no compressed entry pools a key with its value); from
-# scratch on the zoo task it sat near chance for 1,000 steps. A short warm-up on a small version of the
-# task (4 records, no block filler) lets the circuit form; it is then trained on the zoo task like the rest.
+# Full attention must learn an induction circuit (no compressed entry pools a key with its value). From
+# scratch on the zoo task it sat near chance for 1,000 steps; after 400 warm-up steps on a smaller version
+# of the task it reached only loss 3.2 by step 1,300. So the control warms up for 1,000 steps on 4 records
+# without block filler (shorter sequences, cheaper steps) and then trains 2,500 steps on the zoo task.
 CONTROL_WARMUP = Curriculum(KVRecall(n_records=4, block_filler=0, n_demos=2, min_distance=8, padding="in_sequence",
-                                     modulus=24), 400, ZOO_TASK)
+                                     modulus=24), 1000, ZOO_TASK)
+CONTROL_MAIN_STEPS = 2500
 
 
 @dataclass(frozen=True)
@@ -68,9 +75,10 @@ def _base(compression: CompressorSpec | None, *, seed: int = 0, rope: RopeSpec |
 RECIPES: dict[str, Recipe] = {
     r.name: r
     for r in [
-        Recipe("full", "full-attention control, same dims (400 warm-up steps on a smaller task, then as the rest)",
-               _base(None), replace(ZOO_SETTINGS, steps=ZOO_SETTINGS.steps + CONTROL_WARMUP.warmup_steps,
-                                    curriculum=CONTROL_WARMUP.describe()), CONTROL_WARMUP),
+        Recipe("full", "full-attention control, same dims (1,000 warm-up steps on a smaller task, then 2,500 "
+               "on the zoo task)", _base(None),
+               replace(ZOO_SETTINGS, steps=CONTROL_MAIN_STEPS + CONTROL_WARMUP.warmup_steps,
+                       curriculum=CONTROL_WARMUP.describe()), CONTROL_WARMUP),
         Recipe("w4s4", "W=S=4, learned scalar gates with per-offset bias, separate K/V, RoPE",
                _base(CompressorSpec(4)), ZOO_SETTINGS),
         Recipe("w8s4", "DeepSeek-V4-style: W=8, S=4 overlap_split, per-channel gates + position bias, tied K=V, "
