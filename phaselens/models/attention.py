@@ -19,7 +19,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from phaselens.models.compressor import Compressor, PoolerState
+from phaselens.models.compressor import Compressor, PoolerState, compute_dtype
 from phaselens.models.config import CompressedConfig
 from phaselens.models.rope import apply_rope, rope_inv_freq
 
@@ -175,7 +175,7 @@ class Attention(nn.Module):
     def _softmax(self, parts: list[Tensor], B: int, n: int) -> list[Tensor]:
         sink = self._sink_logits(B, n)
         logits = torch.cat(parts + ([sink] if sink is not None else []), dim=-1)
-        probs = logits.float().softmax(dim=-1).to(logits.dtype)
+        probs = logits.to(compute_dtype(logits.dtype)).softmax(dim=-1).to(logits.dtype)
         sizes = [p.shape[-1] for p in parts] + ([1] if sink is not None else [])
         return list(probs.split(sizes, dim=-1))
 

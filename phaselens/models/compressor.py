@@ -46,11 +46,17 @@ class PoolerState:
     prev_logit: Tensor | None
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """At least fp32 (DeepSeek-V4 normalises and softmaxes low-precision inputs in fp32); fp64 stays fp64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm over the last axis, computed in fp32 (as DeepSeek-V4 does), cast back to ``x.dtype``."""
-    xf = x.float()
+    """RMSNorm over the last axis in at least fp32 (as DeepSeek-V4 does), cast back to ``x.dtype``."""
+    ct = compute_dtype(x.dtype)
+    xf = x.to(ct)
     xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (weight.float() * xf).to(x.dtype)
+    return (weight.to(ct) * xf).to(x.dtype)
 
 
 class GroupedProjection(nn.Module):
@@ -160,7 +166,7 @@ class Pooler(nn.Module):
         valid = (block_of_slot >= 0)[None, :, :, None, None]  # [1, E, k, 1, 1]
         C = windows_g.shape[-1]
         windows_g = windows_g.expand(B, E, k, S, C).masked_fill(~valid, float("-inf"))
-        alpha = windows_g.reshape(B, E, k * S, C).float().softmax(dim=2).to(x.dtype)
+        alpha = windows_g.reshape(B, E, k * S, C).to(compute_dtype(x.dtype)).softmax(dim=2).to(x.dtype)
         alpha = alpha.unflatten(-1, (self.n_kv_heads, -1))
         if self.spec.gate != "vector":
             alpha = alpha.squeeze(-1)

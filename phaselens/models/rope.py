@@ -55,12 +55,13 @@ def apply_rope(
     rope_dims = 2 * inv_freq.shape[0]
     if rope_dims == 0:
         return x
-    angles = positions.to(torch.float32)[..., None] * inv_freq.to(device=x.device, dtype=torch.float32)
+    ct = torch.promote_types(x.dtype, torch.float32)
+    angles = positions.to(ct)[..., None] * inv_freq.to(device=x.device, dtype=ct)
     cos = (angles.cos() * attention_scaling).unsqueeze(-2)  # [..., pos, 1, pairs]
     sin = (angles.sin() * attention_scaling).unsqueeze(-2)
     if inverse:
         sin = -sin
-    rot = x[..., -rope_dims:].float()
+    rot = x[..., -rope_dims:].to(ct)
     even, odd = rot[..., 0::2], rot[..., 1::2]
     rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2).to(x.dtype)
     if rope_dims == x.shape[-1]:
