@@ -96,7 +96,10 @@ def _restore(run_dir: Path, model: CompressedTransformer, opt: torch.optim.AdamW
     if not (run_dir / STATE_JSON).is_file():
         return None
     meta = json.loads((run_dir / STATE_JSON).read_text())
-    if meta.get("fingerprint") != expect:
+    stored = meta.get("fingerprint") or {}
+    if stored.get("settings", {}).get("curriculum", None) == "":  # written before empty curricula were dropped
+        stored["settings"].pop("curriculum")
+    if stored != expect:
         raise CheckpointError(
             f"{run_dir} holds a run with different settings; remove it or use another output directory."
         )

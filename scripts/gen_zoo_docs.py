@@ -17,7 +17,7 @@ from phaselens.stats import holm  # noqa: E402
 from phaselens.zoo import entry, list_models  # noqa: E402
 from phaselens.zoo.recipes import (  # noqa: E402
     COMPARE_STRIDE,
-    CONTROL_WARMUP,
+    CONTROL_STEPS,
     EVAL_PER_RESIDUE,
     RECIPES,
     ZOO_EVAL_TASK,
@@ -79,10 +79,10 @@ notebooks and most tests, and a small-scale replication of the paper's controlle
 - Training: {ZOO_SETTINGS.steps} AdamW steps, batch {ZOO_SETTINGS.batch_size}, lr {ZOO_SETTINGS.lr}
   (warm-up {ZOO_SETTINGS.warmup}, cosine to 10%), weight decay {ZOO_SETTINGS.weight_decay}, one thread,
   deterministic per seed (`w4s4-seed1` changes both the initial weights and the data). The full-attention
-  control has to learn an induction circuit that compressed entries make unnecessary; it sat near chance
-  on the common schedule, so it first trains {CONTROL_WARMUP.warmup_steps} steps on a smaller version of the
-  task (4 records, no filler between them) and then {RECIPES['full'].settings.steps - CONTROL_WARMUP.warmup_steps}
-  steps on the zoo task.
+  control has to learn a two-layer induction circuit that compressed entries make unnecessary (an entry
+  pools a key with its value, so one attention hop retrieves the value); on the common schedule it stayed
+  at the level of copying some value from the context, and neither a warm-up on a smaller task nor one on
+  generic induction data formed the circuit. It trains {CONTROL_STEPS:,} steps on the zoo task instead.
 - Evaluation (the cards, and every model's `default_task`): `{ZOO_EVAL_TASK!r}` ({ZOO_EVAL_TASK.seq_len()}
   tokens): the same 12 records packed into one block that shifts as a whole (the paper's prefix padding).
   On the training layout every compressed model scored about 98% (saturated, so the phase effect hides);

@@ -76,3 +76,18 @@ def test_checkpoints_are_safetensors_and_json(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train_state.json", "train_state.safetensors"]
     meta = json.loads((tmp_path / "train_state.json").read_text())
     assert meta["step"] == 3 and len(meta["losses"]) == 3
+
+
+def test_step_aware_batches_for_curricula(tmp_path):
+    seen = []
+
+    class Staged:
+        uses_step = True
+
+        def __call__(self, b, seed, step):
+            seen.append(step)
+            return batch_fn(b, seed)
+
+    train(CFG, Staged(), TrainSettings(steps=4, batch_size=2, checkpoint_every=4, threads=1, curriculum="staged"),
+          tmp_path, progress=False)
+    assert seen == [0, 1, 2, 3]

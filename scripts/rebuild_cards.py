@@ -1,0 +1,25 @@
+"""Re-run the evaluation and card of trained zoo models (training resumes at its last step, so only the
+evaluation runs), one after another.
+
+    .venv/bin/python scripts/rebuild_cards.py w8s4 w4s4 ...
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from phaselens.zoo.build import build_zoo_model  # noqa: E402
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    for name in sys.argv[1:]:
+        card = build_zoo_model(name, ROOT / "phaselens" / "zoo", run_dir=ROOT / "runs" / "zoo", progress=False)
+        b = card["battery"]
+        print(f"{name}: mean {100 * b['mean']:.1f}%, worst {100 * b['worst']:.1f}%, gap {100 * b['gap']:.1f} pp, "
+              f"period {b['period']}", flush=True)
