@@ -15,10 +15,10 @@ import pandas as pd
 import torch
 from scipy import stats as sps
 
-from phaselens.evaluate import analysis_spec
+from phaselens.errors import PhaseLensError
 from phaselens.interventions.knockout import calibrate, z_name
 from phaselens.labelled import Labelled
-from phaselens.protocol import check_fits, resolve_task
+from phaselens.protocol import build_items
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -38,6 +38,11 @@ class AttributionMap:
 
     def to_frame(self) -> pd.DataFrame:
         return self.estimate.to_frame()
+
+    def plot(self, **kwargs: Any):
+        from phaselens import plots
+
+        return plots.attribution_heatmap(self, **kwargs)
 
     def __repr__(self) -> str:
         rho = "n/a" if self.spearman is None else f"{self.spearman:.3f}"
@@ -63,10 +68,9 @@ def attribution_map(
         exact: an exact PhaseMap built on the same items (same task, ``n_per_residue`` and ``seed``) to
             report the Spearman correlation with.
     """
-    task = resolve_task(model, task)
-    check_fits(model, task)
-    spec = analysis_spec(model, stride)
-    batch = task.build(spec, n_per_residue=n_per_residue, seed=seed)
+    if method not in ("mean", "zero"):
+        raise PhaseLensError(f"attribution_map supports method 'mean' or 'zero', got {method!r}.")
+    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, seed=seed, stride=stride)
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     cal = None if method == "zero" else calibrate(model, calibration, list(range(L)), task=task)
     est = []
@@ -77,22 +81,23 @@ def attribution_map(
         kept: dict[int, torch.Tensor] = {}
 
         def keep(z: torch.Tensor, hook: Any, _kept: dict[int, torch.Tensor] = kept) -> None:
-            z.retain_grad()
             _kept[int(hook.name.split(".")[1])] = z
 
         with torch.enable_grad():
             logits = model.run_with_hooks(tokens, fwd_hooks=[(z_name(layer), keep) for layer in range(L)])
-            q = logits[rows, qp]
-            ld = q[rows, batch.answer[i : i + batch_size]] - q[rows, batch.wrong[i : i + batch_size]]
-            ld.sum().backward()
+            dev = logits.device
+            r, q_at = rows.to(dev), qp.to(dev)
+            q = logits[r, q_at]
+            ld = q[r, batch.answer[i : i + batch_size].to(dev)] - q[r, batch.wrong[i : i + batch_size].to(dev)]
+            # gradients with respect to z only: no parameter .grad is filled
+            grads = torch.autograd.grad(ld.sum(), [kept[layer] for layer in range(L)])
         per_layer = []
         for layer in range(L):
-            z = kept[layer].detach()[rows, qp]  # [b, H, d]
-            g = kept[layer].grad[rows, qp]
-            repl = torch.zeros_like(z) if cal is None else cal.mean(layer).to(z.dtype).expand_as(z)
+            z = kept[layer].detach()[r, q_at]  # [b, H, d]
+            g = grads[layer][r, q_at]
+            repl = torch.zeros_like(z) if cal is None else cal.mean(layer).to(device=z.device, dtype=z.dtype).expand_as(z)
             per_layer.append(((repl - z) * g).sum(-1))  # [b, H]
         est.append(torch.stack(per_layer, 1).float().cpu())
-        model.zero_grad(set_to_none=True)
     values = torch.cat(est).numpy()  # [N, L, H]
     residue = batch.frame["residue"].to_numpy()
     M = batch.modulus

@@ -61,9 +61,7 @@ def main(
 
 
 def _load(model: str):
-    import phaselens
-
-    return phaselens.load(model if (":" in model or "/" in model) else f"zoo:{model}")
+    return phaselens.load(model)
 
 
 @app.command("eval")
@@ -79,8 +77,6 @@ def eval_cmd(
 
     Example: phaselens eval w8s4 --n-per-residue 256 --out w8s4.csv
     """
-    import phaselens
-
     ev = phaselens.evaluate(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
     typer.echo(ev.summary())
     if out:
@@ -99,8 +95,6 @@ def record_cmd(
 
     Example: phaselens record w8s4 --out w8s4-recording.csv
     """
-    import phaselens
-
     rec = phaselens.record(_load(model), n_per_residue=n_per_residue, progress=progress)
     typer.echo(repr(rec))
     if out:
@@ -121,8 +115,6 @@ def map_cmd(
 
     Example: phaselens map w8s4 --checkpoint runs/w8s4-map.npz --out w8s4-map.csv
     """
-    import phaselens
-
     pm = phaselens.specialization_map(_load(model), method=method, n_per_residue=n_per_residue,
                                       checkpoint=checkpoint, progress=progress)
     typer.echo(repr(pm))

@@ -42,13 +42,13 @@ class FrozenPast:
 
     def __init__(self, layer: LayerCache, start: int, copies: int) -> None:
         self.start = start
-        self.kind = layer.kind
         self._copies = copies
         R = layer.ring
+        device = layer.raw_k.device
         if layer.kind == "full":
-            idx = torch.arange(start)
+            idx = torch.arange(start, device=device)
         else:
-            idx = torch.arange(max(0, start - R), start) % max(R, 1)
+            idx = torch.arange(max(0, start - R), start, device=device) % max(R, 1)
         self._raw_k = self._rep(layer.raw_k.index_select(1, idx))
         self._raw_v = None if layer.raw_v is None else self._rep(layer.raw_v.index_select(1, idx))
         # head-major [copies * B, Hkv, E, d], as the cache stores them
@@ -161,15 +161,16 @@ class SuffixEngine:
         C = len(cells)
         H, d = model.cfg.n_heads, model.cfg.d_head
         mask = torch.zeros(C, H, dtype=torch.bool)
-        repl = torch.zeros(C, N, H, d, dtype=self.clean_z[layer].dtype)
+        repl = torch.zeros(C, N, H, d, dtype=self.clean_z[layer].dtype, device=self.clean_z[layer].device)
         for c, cell in enumerate(cells):
             heads = list(cell.heads)
             mask[c, heads] = True
             if cell.replacement is not None:
-                r = cell.replacement.to(repl.dtype)
+                r = cell.replacement.to(device=repl.device, dtype=repl.dtype)
                 repl[c][:, heads] = r if r.dim() == 3 else r.expand(N, -1, -1)
-        mask_rows = mask.repeat_interleave(N, 0)[:, None, :, None]  # [C*N, 1, H, 1]
-        repl_rows = repl.reshape(C * N, 1, H, d)
+        device = self.clean_z[layer].device
+        mask_rows = mask.repeat_interleave(N, 0)[:, None, :, None].to(device)  # [C*N, 1, H, 1]
+        repl_rows = repl.reshape(C * N, 1, H, d).to(device)
 
         def intervene(z: Tensor, hook: Any) -> Tensor:
             return torch.where(mask_rows, repl_rows, z)

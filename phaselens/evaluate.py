@@ -6,12 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
-from phaselens.errors import TaskError
 from phaselens.geometry import PhaseSpec
-from phaselens.protocol import check_fits, resolve_task
+from phaselens.protocol import build_items
 from phaselens.scoring import answer_metrics, plain_forward, query_logits
 from phaselens.stats import ItemBattery, phase_battery_items, wilson_ci
 
@@ -148,12 +146,8 @@ def evaluate(
         >>> ev = phaselens.evaluate(phaselens.load("zoo:w8s4"), n_per_residue=64)  # doctest: +SKIP
         >>> ev.worst, ev.boundary, ev.gap_ci  # doctest: +SKIP
     """
-    task = resolve_task(model, task)
-    if n_per_residue < 1:
-        raise TaskError(f"n_per_residue must be >= 1, got {n_per_residue}.")
-    check_fits(model, task)
-    spec = analysis_spec(model, stride)
-    batch = task.build(spec, n_per_residue=n_per_residue, residues=residues, seed=seed)
+    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
+                                    stride=stride)
     items = score_items(model, batch, batch_size=batch_size, progress=progress)
     return eval_from_items(items, spec.stride, batch.modulus, metadata=_metadata(model, task, n_per_residue, seed),
                            n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed)
@@ -193,11 +187,3 @@ def _metadata(model: Any, task: Any, n_per_residue: int, seed: int) -> dict[str,
     spec = task.to_dict() if hasattr(task, "to_dict") else repr(task)
     return {"model": name, "task": type(task).__name__, "task_spec": spec, "n_per_residue": n_per_residue,
             "seed": seed, **(getattr(model, "analysis_metadata", None) or {})}
-
-
-def as_counts(items: pd.DataFrame, modulus: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-residue ``(correct, n)`` arrays ``[M]`` from an item frame."""
-    g = items.groupby("residue")["correct"]
-    c = g.sum().reindex(range(modulus), fill_value=0).to_numpy().astype(int)
-    n = g.size().reindex(range(modulus), fill_value=0).to_numpy().astype(int)
-    return c, n

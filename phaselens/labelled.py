@@ -52,8 +52,13 @@ class Labelled:
         """Select one label along each named dim (that dim disappears)."""
         out = self
         for dim, label in labels.items():
+            if dim not in out.dims:
+                raise KeyError(f"{self.name} has no dim {dim!r}; dims are {out.dims}.")
             ax = out.axis(dim)
-            idx = int(np.flatnonzero(out.coords[dim] == label)[0])
+            hits = np.flatnonzero(out.coords[dim] == label)
+            if not len(hits):
+                raise KeyError(f"{self.name}: no {dim}={label!r}; {dim} labels are {out.coords[dim].tolist()}.")
+            idx = int(hits[0])
             out = Labelled(
                 np.take(out.values, idx, axis=ax),
                 tuple(d for d in out.dims if d != dim),

@@ -13,15 +13,28 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
     """Load a model.
 
     Args:
-        source: ``"zoo:NAME"`` (a model shipped in the package), ``"hf:PATH"`` (a local transformers
-            checkpoint directory, e.g. DeepSeek-V4 weights; never downloads), or a directory written by
-            ``model.save``.
+        source: ``"zoo:NAME"`` (a model shipped in the package; a bare zoo name works too), ``"hf:PATH"``
+            (a local transformers checkpoint directory, e.g. DeepSeek-V4 weights; never downloads), or a
+            directory written by ``model.save``.
         device: where to put the model.
+        kwargs: only for ``hf:`` (``dtype``, ``device_map``, ``layer_types``, ``index_topk``, ``chunk``, ...).
 
     Example:
         >>> model = phaselens.load("zoo:w8s4")  # doctest: +SKIP
     """
     text = str(source)
+    if not text.startswith(("zoo:", "hf:")) and not Path(text).exists():
+        from phaselens.zoo import list_models
+
+        if text in list_models():
+            text = f"zoo:{text}"
+    if kwargs and not text.startswith("hf:"):
+        from phaselens.errors import InputError
+
+        raise InputError(
+            f"load({text!r}) takes no {sorted(kwargs)}: keyword arguments apply to 'hf:PATH' sources only; "
+            "convert a phaselens model afterwards (e.g. model.double(), model.to('cuda'))."
+        )
     if text.startswith("zoo:"):
         from phaselens.zoo import load_zoo_model
 

@@ -15,11 +15,11 @@ import torch
 
 from phaselens.effects import EPS_CLEAN, Effects, mcnemar_p, relative_effects
 from phaselens.engine import Cell, SuffixEngine, supports_engine
-from phaselens.errors import CheckpointError, PhaseLensError, TaskError
-from phaselens.evaluate import analysis_spec, score_items
+from phaselens.errors import CheckpointError, PhaseLensError
+from phaselens.evaluate import score_items
 from phaselens.interventions.knockout import calibrate, knockout
 from phaselens.labelled import Labelled
-from phaselens.protocol import check_fits, resolve_task
+from phaselens.protocol import build_items
 from phaselens.scoring import answer_metrics
 from phaselens.stats import benjamini_hochberg
 
@@ -99,22 +99,25 @@ class PhaseMap:
                         olo if lo is not None else None, ohi if hi is not None else None, name=quantity)
 
     def by_phase(self, kind: str = "head") -> pd.DataFrame:
-        """Residues folded mod S: pooled clean / KO accuracy, relative change and McNemar p per cell and phase."""
+        """Residues folded mod S: pooled clean / KO accuracy, relative change, logit-difference change and
+        McNemar p per cell and phase (one row each)."""
         sel = self._select(kind)
-        phase = self.residue % self.stride
-        rows = []
-        for i, row in sel.iterrows():
-            for p in range(self.stride):
-                m = phase == p
-                clean = self.clean_correct[m].mean() if m.any() else np.nan
-                ko = self.ko_correct[i, m].mean() if m.any() else np.nan
-                rel = 100 * (ko - clean) / clean if clean >= EPS_CLEAN else np.nan
-                dld = float((self.ko_logit_diff[i, m] - self.clean_logit_diff[m]).mean()) if m.any() else np.nan
-                rows.append(dict(label=row.label, kind=kind, layer=row.layer, index=row["index"], phase=p,
-                                 clean_acc=clean, ko_acc=ko, rel_change=rel, delta_logit_diff=dld,
-                                 pvalue=float(mcnemar_p(self.clean_correct[m], self.ko_correct[i, m])) if m.any() else np.nan,
-                                 boundary=p == self.stride - 1))
-        return pd.DataFrame(rows)
+        idx = sel.index.to_numpy()
+        masks = (self.residue[None, :] % self.stride) == np.arange(self.stride)[:, None]  # [S, N]
+        n = masks.sum(1)  # [S]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            clean = (masks & self.clean_correct[None]).sum(1) / n  # [S]
+            ko = (self.ko_correct[idx][:, None, :] & masks[None]).sum(-1) / n  # [C, S]
+            rel = np.where(clean >= EPS_CLEAN, 100 * (ko - clean) / clean, np.nan)
+            dld = ((self.ko_logit_diff[idx] - self.clean_logit_diff[None]) @ masks.T) / n  # [C, S]
+        pval = mcnemar_p(self.clean_correct[None, None, :] & masks[None], self.ko_correct[idx][:, None, :] & masks[None])
+        C, S = len(idx), self.stride
+        return pd.DataFrame({
+            "label": np.repeat(sel["label"].to_numpy(), S), "kind": kind, "layer": np.repeat(sel["layer"].to_numpy(), S),
+            "index": np.repeat(sel["index"].to_numpy(), S), "phase": np.tile(np.arange(S), C),
+            "clean_acc": np.tile(clean, C), "ko_acc": ko.ravel(), "rel_change": rel.ravel(),
+            "delta_logit_diff": dld.ravel(), "pvalue": pval.ravel(), "boundary": np.tile(np.arange(S) == S - 1, C),
+        })
 
     def bh_mask(self, alpha: float = 0.05, kind: str | None = None) -> np.ndarray:
         """Benjamini-Hochberg significance over the cells x residues p-values: bool ``[cells, residues]``."""
@@ -137,24 +140,27 @@ class PhaseMap:
         (pooled McNemar over all items, Benjamini-Hochberg at ``alpha`` across cells) and harmful get an
         index; the rest get NaN, so a head whose damage is pure noise never looks specialized.
         """
-        ph = self.by_phase(kind)
         sel = self._select(kind)
-        p_total = np.array([float(mcnemar_p(self.clean_correct, self.ko_correct[i])) for i in sel.index])
+        idx = sel.index.to_numpy()
+        S = self.stride
+        rel = self.by_phase(kind)["rel_change"].to_numpy().reshape(len(idx), S)
+        dmg = np.clip(-np.nan_to_num(rel, nan=0.0), 0, None)  # [C, S]
+        total = dmg.sum(1)
+        p_total = mcnemar_p(self.clean_correct[None], self.ko_correct[idx])
         adj = benjamini_hochberg(p_total)
-        rows = []
-        for (i, row), pt, pa in zip(sel.iterrows(), p_total, adj):
-            dmg = np.clip(-ph[ph["label"] == row.label]["rel_change"].to_numpy(), 0, None)
-            harmful = self.ko_correct[i].mean() < self.clean_correct.mean()
-            sig = bool(pa <= alpha and harmful)
-            idx = np.nan
-            if sig and np.nansum(dmg) > 0 and self.stride > 1:
-                q = np.nan_to_num(dmg) / np.nansum(dmg)
-                ent = -(q[q > 0] * np.log(q[q > 0])).sum()
-                idx = 1 - ent / np.log(self.stride)
-            rows.append(dict(label=row.label, layer=row.layer, index=row["index"], specialization=idx,
-                             total_damage=float(np.nansum(dmg)), worst_phase=int(np.nanargmax(dmg)) if np.nansum(dmg) > 0 else -1,
-                             p_total=pt, p_adjusted=pa, significant=sig))
-        return pd.DataFrame(rows)
+        harmful = self.ko_correct[idx].mean(1) < self.clean_correct.mean()
+        sig = (adj <= alpha) & harmful
+        with np.errstate(invalid="ignore", divide="ignore"):
+            q = dmg / total[:, None]
+            ent = -np.where(q > 0, q * np.log(np.where(q > 0, q, 1)), 0).sum(1)
+            index = 1 - ent / np.log(S) if S > 1 else np.full(len(idx), np.nan)
+        index = np.where(sig & (total > 0), index, np.nan)
+        return pd.DataFrame({
+            "label": sel["label"].to_numpy(), "layer": sel["layer"].to_numpy(), "index": sel["index"].to_numpy(),
+            "specialization": index, "total_damage": total,
+            "worst_phase": np.where(total > 0, dmg.argmax(1), -1), "p_total": p_total, "p_adjusted": adj,
+            "significant": sig,
+        })
 
     def top_heads(self, phase: int, k: int = 5, kind: str = "head", by: str = "rel_change") -> pd.DataFrame:
         """The ``k`` cells whose knockout hurts ``phase`` most: most negative ``by`` (``rel_change`` or
@@ -163,16 +169,15 @@ class PhaseMap:
         return ph[ph["phase"] == phase].sort_values(by, na_position="last").head(k).reset_index(drop=True)
 
     def to_frame(self) -> pd.DataFrame:
+        """Tidy rows per (cell, residue) with every effect quantity."""
         e = self.effects
-        rows = []
-        for i, row in self.cells.iterrows():
-            for r in range(self.modulus):
-                rows.append(dict(label=row.label, kind=row.kind, layer=row.layer, index=row["index"], residue=r,
-                                 phase=r % self.stride, clean_acc=e.clean_acc[r], ko_acc=e.ko_acc[i, r],
-                                 rel_change=e.rel_change[i, r], ci_low=e.ci_low[i, r], ci_high=e.ci_high[i, r],
-                                 pvalue=e.pvalue[i, r], delta_logit_diff=e.delta_logit_diff[i, r],
-                                 undefined=e.undefined[i, r]))
-        return pd.DataFrame(rows)
+        C, M = e.ko_acc.shape
+        res = np.tile(np.arange(M), C)
+        out = {col: np.repeat(self.cells[col].to_numpy(), M) for col in ("label", "kind", "layer", "index")}
+        out.update(residue=res, phase=res % self.stride, clean_acc=np.tile(e.clean_acc, C))
+        for name in ("ko_acc", "rel_change", "ci_low", "ci_high", "pvalue", "delta_logit_diff", "undefined"):
+            out[name] = getattr(e, name).ravel()
+        return pd.DataFrame(out)
 
     def __repr__(self) -> str:
         kinds = self.cells["kind"].value_counts().to_dict()
@@ -268,12 +273,10 @@ def specialization_map(
         >>> pm = phaselens.specialization_map(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
         >>> pm.specialization_index().head()  # doctest: +SKIP
     """
-    task = resolve_task(model, task)
-    check_fits(model, task)
-    if n_per_residue < 1:
-        raise TaskError(f"n_per_residue must be >= 1, got {n_per_residue}.")
-    spec = analysis_spec(model, stride)
-    batch = task.build(spec, n_per_residue=n_per_residue, residues=residues, seed=seed)
+    if method not in ("mean", "zero", "resample"):
+        raise PhaseLensError(f"method must be 'mean', 'zero' or 'resample', got {method!r}.")
+    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
+                                    stride=stride)
     cells = map_cells(model.cfg, kinds)
     layers = sorted(set(cells["layer"]))
     cal = None if method == "zero" else calibrate(model, calibration, layers, task=task)

@@ -61,3 +61,40 @@ def check_fits(model: Any, task: Any) -> None:
             f"the task needs {need} tokens but the model's context is {n_ctx}; shorten the task "
             f"(fewer records or less filler) to at most {n_ctx} tokens."
         )
+
+
+def build_items(
+    model: Any,
+    task: Any,
+    *,
+    n_per_residue: int,
+    residues: Any = None,
+    phase: Any = None,
+    seed: int = 0,
+    stride: int | None = None,
+) -> tuple[Any, Any, Any]:
+    """The shared preamble of every analysis: ``(task, spec, batch)``.
+
+    Resolves the task (``model.default_task`` when ``None``), checks it fits the context and that
+    ``n_per_residue >= 1``, picks the analysis geometry (``stride`` overrides it, keeping the origin), and
+    builds the items for ``residues`` (or for the residues of ``phase``, an int or a list of phases).
+    """
+    from phaselens.errors import ResidueError, TaskError
+    from phaselens.tasks.residues import check_modulus
+
+    task = resolve_task(model, task)
+    check_fits(model, task)
+    if not isinstance(n_per_residue, int) or n_per_residue < 1:
+        raise TaskError(f"n_per_residue must be an integer >= 1, got {n_per_residue!r}.")
+    spec = model.analysis_spec if stride is None else PhaseSpec(stride, origin=model.analysis_spec.origin)
+    if phase is not None:
+        if residues is not None:
+            raise TaskError("pass residues or phase, not both.")
+        modulus = check_modulus(spec, getattr(task, "modulus", None))
+        phases = [phase] if isinstance(phase, int) else [int(p) for p in phase]
+        bad = [p for p in phases if not 0 <= p < spec.stride]
+        if bad:
+            raise ResidueError(f"phase {bad} is outside 0..{spec.stride - 1} (phases are residues mod {spec.stride}).")
+        residues = [r for r in range(modulus) if r % spec.stride in set(phases)]
+    batch = task.build(spec, n_per_residue=n_per_residue, residues=residues, seed=seed)
+    return task, spec, batch

@@ -16,8 +16,9 @@ from scipy import stats as sps
 from torch import Tensor
 
 from phaselens.geometry import PhaseSpec
+from phaselens.interventions.knockout import query_rows
 from phaselens.labelled import Labelled
-from phaselens.protocol import check_fits, resolve_task
+from phaselens.protocol import build_items
 
 READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "entries", "local", "sink")
 
@@ -61,7 +62,7 @@ class Recording:
         return pd.concat(parts, ignore_index=True)
 
     def __repr__(self) -> str:
-        lay = self.read["local"].coords["layer"]
+        lay = self.read["local"].coords["layer"].tolist()
         return (
             f"Recording({self.n_items} items, layers {list(lay)}, stride {self.stride}, residues mod {self.modulus}; "
             f"read: {', '.join(self.read)}; write: "
@@ -139,9 +140,7 @@ def record(
         >>> rec.read["key_entries"].sel(layer=1).values  # [head, residue]  # doctest: +SKIP
     """
     if batch is None:
-        task = resolve_task(model, task)
-        check_fits(model, task)
-        batch = task.build(model.analysis_spec, n_per_residue=n_per_residue, residues=residues, seed=seed)
+        _, _, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed)
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
     specs: list[PhaseSpec | None] = list(model.phase_specs)
@@ -178,7 +177,8 @@ def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> lis
     pre = f"blocks.{layer}.attn."
 
     def qrow(pattern: Tensor, hook: Any) -> Tensor:
-        return pattern[rows, :, qp - getattr(hook, "query_start", 0)]
+        at = query_rows(hook, qp, pattern.shape[2]).to(pattern.device)
+        return pattern[rows.to(pattern.device), :, at].float().cpu()
 
     if spec is None and full_pattern:
         def full(pattern: Tensor, hook: Any) -> None:
@@ -203,11 +203,9 @@ def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> lis
     def entries(pattern: Tensor, hook: Any) -> None:
         row = qrow(pattern, hook)  # [b, H, E]
         E = row.shape[-1]
-        onehot_k = torch.zeros(len(rows), E, dtype=torch.bool)
-        onehot_v = torch.zeros(len(rows), E, dtype=torch.bool)
-        r = rows[:, None]
-        onehot_k[r.expand_as(key_ents), key_ents.clamp(max=E - 1)] = key_ents < E
-        onehot_v[r.expand_as(val_ents), val_ents.clamp(max=E - 1)] = val_ents < E
+        # One column past the end absorbs entries that do not exist yet (a window still open at the query).
+        onehot_k = torch.zeros(len(rows), E + 1, dtype=torch.bool).scatter_(1, key_ents.clamp(max=E), True)[:, :E]
+        onehot_v = torch.zeros(len(rows), E + 1, dtype=torch.bool).scatter_(1, val_ents.clamp(max=E), True)[:, :E]
         total = row.sum(-1)
         k_mass = (row * onehot_k[:, None]).sum(-1)
         v_mass = (row * onehot_v[:, None]).sum(-1)
@@ -227,7 +225,7 @@ def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
     val_offs = torch.as_tensor(np.stack(spec.offsets(t_v.numpy())))
 
     def fn(alpha: Tensor, hook: Any) -> None:
-        a = alpha.detach().float()
+        a = alpha.detach().float().cpu()
         if a.shape[1] == 0:
             return
         first = int(getattr(hook, "first_entry", 0))  # nonzero when a cache already held earlier entries
@@ -256,7 +254,7 @@ def _mean_ci(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.
     lo, hi = mean.copy(), mean.copy()
     for g in range(n_groups):
         v = values[groups == g]
-        if len(v) == 0:
+        if len(v) == 0 or np.isnan(v).all():  # a layer without this quantity (e.g. entries in a full layer)
             continue
         m = np.nanmean(v, 0)
         mean[..., g] = m
@@ -291,7 +289,8 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
     for layer in comp_layers:
         for side, out in (("key", gk), ("value", gv)):
             per_path = [torch.cat(acc.gate_item[(side, layer, p)]).numpy() for p in paths if (side, layer, p) in acc.gate_item]
-            out.append(np.nanmean(np.stack(per_path), 0))  # mean over the k/v paths: [N, Hkv]
+            # mean over the k/v paths: [N, Hkv]; NaN when no entry completed in any recorded call
+            out.append(np.nanmean(np.stack(per_path), 0) if per_path else np.full((n, Hkv), np.nan))
     gcoords = {"layer": np.array(comp_layers), "kv_head": np.arange(Hkv), "residue": np.arange(M)}
     mk, lk, hk = _mean_ci(np.stack(gk, 1), residue, M)
     gate_key = Labelled(mk, ("layer", "kv_head", "residue"), gcoords, lk, hk, name="gate_key")

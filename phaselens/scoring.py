@@ -46,19 +46,21 @@ def plain_forward(model: Any) -> Forward:
 
 
 def answer_metrics(logits: Tensor, answer: Tensor, wrong: Tensor) -> dict[str, np.ndarray]:
-    """Per-item metrics from query logits ``[N, vocab]``.
+    """Per-item metrics from query logits ``[N, vocab]`` (any device; results on the CPU).
 
-    Returns arrays ``[N]``: ``correct`` (the answer is the strict top-1), ``p_correct``, ``p_wrong``,
-    ``logit_diff`` (answer minus wrong logit), ``nll`` (of the answer), ``rank`` (tokens scored above it).
+    Returns arrays ``[N]``: ``correct`` (the answer is the strict top-1: a tie does not count),
+    ``p_correct``, ``p_wrong``, ``logit_diff`` (answer minus wrong logit), ``nll`` (of the answer),
+    ``rank`` (tokens scored strictly above it).
     """
-    logits = logits.float()
+    logits = logits.detach().float().cpu()
     idx = torch.arange(logits.shape[0])
     answer, wrong = answer.cpu().long(), wrong.cpu().long()
     logp = logits.log_softmax(-1)
     a_logit = logits[idx, answer]
     rank = (logits > a_logit[:, None]).sum(-1)
+    ties = (logits == a_logit[:, None]).sum(-1) - 1
     return {
-        "correct": (rank == 0).numpy(),
+        "correct": ((rank == 0) & (ties == 0)).numpy(),
         "p_correct": logp[idx, answer].exp().numpy(),
         "p_wrong": logp[idx, wrong].exp().numpy(),
         "logit_diff": (a_logit - logits[idx, wrong]).numpy(),

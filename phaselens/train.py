@@ -2,9 +2,9 @@
 
 A run is a pure function of its :class:`TrainSettings`: the model starts from ``cfg.seed``, and the batch
 of step ``s`` comes from the seed pair ``(settings.seed, s)``, so no random-number state needs saving.
-Every ``checkpoint_every`` steps the weights, the AdamW moments and the loss curve are written
-atomically (safetensors + JSON, never pickle); a run killed at any moment resumes from its last
-checkpoint and ends bit-identical to an uninterrupted run (same thread count).
+Every ``checkpoint_every`` steps the weights, the AdamW moments and the loss curve are written in one
+atomic file replace (safetensors, the metadata in its header; never pickle); a run killed at any moment
+resumes from its last checkpoint and ends bit-identical to an uninterrupted run (same thread count).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from phaselens.errors import CheckpointError, ConfigError
@@ -83,19 +84,23 @@ def _state_tensors(model: CompressedTransformer, opt: torch.optim.AdamW) -> dict
 
 
 def _atomic_save(run_dir: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """One atomic replace: the run's metadata travels inside the safetensors header, so weights and meta can
+    never disagree; ``train_state.json`` is a readable copy written afterwards."""
     tmp_w = run_dir / f".{STATE_WEIGHTS}.tmp"
-    tmp_j = run_dir / f".{STATE_JSON}.tmp"
-    save_file(tensors, str(tmp_w))
-    tmp_j.write_text(json.dumps(meta))
-    # The JSON names the step its weights belong to; replace weights first, then the JSON that points at them.
+    save_file(tensors, str(tmp_w), metadata={"phaselens_train_state": json.dumps(meta)})
     os.replace(tmp_w, run_dir / STATE_WEIGHTS)
+    tmp_j = run_dir / f".{STATE_JSON}.tmp"
+    tmp_j.write_text(json.dumps(meta))
     os.replace(tmp_j, run_dir / STATE_JSON)
 
 
 def _restore(run_dir: Path, model: CompressedTransformer, opt: torch.optim.AdamW, expect: dict) -> dict | None:
-    if not (run_dir / STATE_JSON).is_file():
+    if not (run_dir / STATE_WEIGHTS).is_file():
         return None
-    meta = json.loads((run_dir / STATE_JSON).read_text())
+    with safe_open(str(run_dir / STATE_WEIGHTS), framework="pt") as f:
+        header = (f.metadata() or {}).get("phaselens_train_state")
+    # Runs written before the metadata moved into the weights file keep it in the JSON copy only.
+    meta = json.loads(header) if header else json.loads((run_dir / STATE_JSON).read_text())
     stored = meta.get("fingerprint") or {}
     if stored.get("settings", {}).get("curriculum", None) == "":  # written before empty curricula were dropped
         stored["settings"].pop("curriculum")

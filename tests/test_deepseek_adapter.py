@@ -20,19 +20,19 @@ from phaselens.errors import CheckpointError, InputError, PhaseGeometryError, Un
 from phaselens.geometry import PhaseSpec
 from phaselens.models.compressor import Compressor
 from phaselens.protocol import PhaseModel
-from tests.deepseek import tiny_v4_config, tiny_v4_model
+from tests.deepseek import (
+    VOCAB,
+    attention_modules,
+    compressor_modules,
+    one_thread,  # noqa: F401  (autouse fixture)
+    random_tokens,
+    run_capturing,
+    tiny_v4_config,
+    tiny_v4_model,
+)
 
 CSA, HCA, SW = "compressed_sparse_attention", "heavily_compressed_attention", "sliding_attention"
 T = 37
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The tiny model is faster on one thread, and far faster on a busy machine (no OpenMP spin-waits)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def adapter(v4) -> DeepSeekV4Adapter:
 
 @pytest.fixture(scope="module")
 def tokens():
-    return torch.randint(0, 1000, (2, T), generator=torch.Generator().manual_seed(0))
+    return random_tokens(2, T, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -133,7 +133,7 @@ def test_refuses_other_models():
 def test_hook_shapes_as_documented(adapter, everything):
     logits, cache = everything
     B, H, d, D, L, hc = 2, 4, 64, 64, 8, 4
-    assert logits.shape == (B, T, 1000)
+    assert logits.shape == (B, T, VOCAB)
     assert set(cache) == set(adapter.hook_dict)
     assert cache["hook_embed"].shape == (B, T, D)
     for layer, spec in enumerate(adapter.phase_specs):
@@ -165,17 +165,8 @@ def test_hook_shapes_as_documented(adapter, everything):
 
 def test_attention_split_sums_to_one_with_an_independent_sink(adapter, tokens, everything):
     _, cache = everything
-    eager = {}
-    handles = [
-        layer.self_attn.register_forward_hook(lambda m, a, out, i=i: eager.__setitem__(i, out[1]))
-        for i, layer in enumerate(adapter.model.model.layers)
-    ]
-    try:
-        with torch.no_grad():
-            adapter(tokens)
-    finally:
-        for h in handles:
-            h.remove()
+    _, calls = run_capturing(adapter, tokens, attention_modules(adapter))
+    eager = {i: out[1] for i, [(_, out)] in calls.items()}  # one call per layer: (args, (output, probs))
     for layer, spec in enumerate(adapter.phase_specs):
         p = f"blocks.{layer}.attn"
         local, sink = cache[f"{p}.hook_pattern_local"], cache[f"{p}.hook_pattern_sink"]
@@ -225,24 +216,12 @@ def test_incomplete_windows_get_no_entry_mass(adapter, everything):
 
 def test_gate_reconstruction_reproduces_the_compressor_rows(adapter, tokens, everything):
     _, cache = everything
-    captured: dict[int, tuple] = {}
-    layers = adapter.model.model.layers
-    handles = []
-    for i, layer in enumerate(layers):
-        comp = layer.self_attn.compressor
-        if comp is not None:
-            handles.append(
-                comp.register_forward_hook(lambda m, a, out, i=i: captured.__setitem__(i, (a[0], out[0])))
-            )
-    try:
-        with torch.no_grad():
-            adapter(tokens)
-    finally:
-        for h in handles:
-            h.remove()
-    for layer, (hidden, out) in captured.items():
+    compressors = compressor_modules(adapter)
+    _, calls = run_capturing(adapter, tokens, compressors)
+    for layer, [(args, out)] in calls.items():
+        hidden, out = args[0], out[0]
         p = f"blocks.{layer}.attn"
-        comp = layers[layer].self_attn.compressor
+        comp = compressors[layer]
         alpha, payload, entry = cache[f"{p}.hook_gate"], cache[f"{p}.hook_payload"], cache[f"{p}.hook_entry"]
         rows = gate_math.finish(comp, gate_math.pool(alpha, payload), 0)
         assert (rows - out[:, 0]).abs().max() <= 1e-6  # our gates + payloads rebuild the model's rows
@@ -309,7 +288,7 @@ def test_hook_filters_and_names(adapter, tokens):
 # ---- index_topk --------------------------------------------------------------------------------------
 def test_index_topk_warning_records_the_picks():
     a = from_hf(tiny_v4_model(index_topk=4))
-    toks = torch.randint(0, 1000, (1, T))
+    toks = torch.randint(0, VOCAB, (1, T))
     with pytest.warns(IndexTopKWarning, match=r"index_topk=4 < 9 entries"):
         _, cache = a.run_with_cache(toks, names_filter="blocks.3.attn.hook_indexer_topk")
     assert sorted(a.indexer_picks) == [1, 3] and a.indexer_picks[1].shape == (1, T, 4)
@@ -331,7 +310,7 @@ def test_index_topk_all_changes_the_model_and_says_so():
     assert model.model.layers[1].self_attn.compressor.indexer.index_topk > 65536
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        a(torch.randint(0, 1000, (1, T)))
+        a(torch.randint(0, VOCAB, (1, T)))
     assert from_hf(model).analysis_metadata["model_modified"]  # a later adapter of the changed model too
     assert not from_hf(tiny_v4_model()).analysis_metadata["model_modified"]
 

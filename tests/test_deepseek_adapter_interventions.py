@@ -8,18 +8,13 @@ import torch
 from phaselens.adapters.deepseek_v4 import from_hf
 from phaselens.heads import by_layer, parse_heads
 from phaselens.interventions.knockout import knockout
-from tests.deepseek import tiny_v4_model
+from tests.deepseek import (
+    one_thread,  # noqa: F401  (autouse fixture)
+    random_tokens,
+    tiny_v4_model,
+)
 
 T = 21
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """The tiny model is faster on one thread, and far faster on a busy machine (no OpenMP spin-waits)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +30,7 @@ def adapters(v4):
 @pytest.fixture(scope="module")
 def data():
     g = torch.Generator().manual_seed(3)
-    return torch.randint(0, 1000, (3, T), generator=g), torch.randint(0, 1000, (8, T), generator=g)
+    return random_tokens(3, T, g), random_tokens(8, T, g)  # tokens, calibration
 
 
 def state(model: torch.nn.Module) -> dict:

@@ -13,18 +13,17 @@ import torch
 
 from phaselens.adapters.deepseek_v4 import from_hf
 from phaselens.interventions.knockout import knockout
-from tests.deepseek import tiny_v4_model
+from tests.deepseek import (
+    VOCAB,
+    attention_modules,
+    one_thread,  # noqa: F401  (autouse fixture)
+    random_tokens,
+    run_capturing,
+    tiny_v4_model,
+)
 
 T = 37
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +33,7 @@ def adapter():
 
 @pytest.fixture(scope="module")
 def tokens():
-    return torch.randint(0, 1000, (2, T), generator=torch.Generator().manual_seed(1))
+    return random_tokens(2, T, seed=1)
 
 
 @pytest.mark.parametrize(
@@ -48,7 +47,7 @@ def test_chunked_prefill_equals_the_unchunked_forward(adapter, tokens, chunk, qu
     assert chunked.shape == full.shape
     assert (chunked - full).abs().max() <= 1e-5
     n = query_len or min(chunk, T)
-    assert query.shape == (2, n, 1000) and (query - full[:, -n:]).abs().max() <= 1e-5
+    assert query.shape == (2, n, VOCAB) and (query - full[:, -n:]).abs().max() <= 1e-5
 
 
 def test_hooks_fire_only_for_the_query_chunk(adapter, tokens):
@@ -104,7 +103,7 @@ def test_a_single_query_token_after_the_cache(adapter, tokens):
     with torch.no_grad():
         _, full = adapter.run_with_cache(tokens, names_filter=names)
         logits, one = adapter.run_with_cache(tokens, names_filter=names, chunk=8, query_len=1, logits="query")
-    assert logits.shape == (2, 1, 1000)
+    assert logits.shape == (2, 1, VOCAB)
     assert (one["blocks.1.attn.hook_z"] - full["blocks.1.attn.hook_z"][:, -1:]).abs().max() <= 1e-5
     for name in names[:4]:
         assert (one[name] - full[name][:, :, -1:]).abs().max() <= 1e-5, name
@@ -120,31 +119,25 @@ def test_knockout_under_chunked_prefill(adapter, tokens):
     assert (chunked[:, -1] - clean[:, -1]).abs().max() > 1e-3
 
 
-def _attention_bytes(adapter, tokens, **kwargs) -> tuple[int, int]:
-    """(largest, total) bytes of the eager attention-probability tensors ``[B, H, n, keys]`` of one call.
+def _attention_bytes(adapter, tokens, **kwargs) -> tuple[int, int, torch.Tensor]:
+    """(largest, total) bytes of the eager attention-probability tensors ``[B, H, n, keys]`` of one call, and
+    the logits.
 
     Read from each attention module's second output (what eager attention materialises); the prefix pieces
     of a chunked call count too.
     """
-    sizes = []
-    handles = [
-        layer.self_attn.register_forward_hook(
-            lambda m, a, out: sizes.append(out[1].numel() * out[1].element_size())
-        )
-        for layer in adapter.model.model.layers
-    ]
-    try:
-        with torch.no_grad():
-            logits = adapter(tokens, **kwargs)
-    finally:
-        for h in handles:
-            h.remove()
+
+    def nbytes(args, out) -> int:  # sizes only: holding the tensors would raise this process's peak memory
+        return out[1].numel() * out[1].element_size()
+
+    logits, calls = run_capturing(adapter, tokens, attention_modules(adapter), keep=nbytes, **kwargs)
+    sizes = [size for per_layer in calls.values() for size in per_layer]
     return max(sizes), sum(sizes), logits
 
 
 def test_chunked_prefill_needs_far_less_attention_memory():
     adapter = from_hf(tiny_v4_model(seed=2), index_topk="all")  # 256 entries at 1024 tokens: keep them all
-    tokens = torch.randint(0, 1000, (1, 1024), generator=torch.Generator().manual_seed(3))
+    tokens = random_tokens(1, 1024, seed=3)
     big, _, full = _attention_bytes(adapter, tokens)
     small, _, chunked = _attention_bytes(adapter, tokens, chunk=64)
     assert big == 4 * 1024 * (1024 + 256) * 4  # [1, H=4, 1024, 1024 raw + 256 entries] fp32 in a CSA layer
@@ -155,14 +148,16 @@ def test_chunked_prefill_needs_far_less_attention_memory():
 
 PROBE = textwrap.dedent(
     """
-    import json, resource, sys, torch
+    import json, re, sys, torch
     sys.path.insert(0, {root!r})
     torch.set_num_threads(1)
     from tests.deepseek import tiny_v4_model
     from phaselens.adapters.deepseek_v4 import from_hf
     adapter = from_hf(tiny_v4_model(seed=2), index_topk="all")
     tokens = torch.randint(0, 1000, (1, {T}), generator=torch.Generator().manual_seed(0))
-    rss = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # high-water mark, MiB
+    # The high-water mark of this process's own memory, MiB. Not ru_maxrss: exec hands the parent's peak on to
+    # it, so a pytest process that has peaked above this probe's baseline would hide what the probe allocates.
+    rss = lambda: int(re.search(r"VmHWM:\\s+(\\d+) kB", open("/proc/self/status").read())[1]) / 1024
     with torch.no_grad():
         adapter(tokens[:, :64])  # warm-up: allocator and lazy imports before the baseline
         base = rss()
@@ -177,7 +172,7 @@ PROBE = textwrap.dedent(
 
 
 def test_peak_rss_chunked_vs_unchunked_in_a_subprocess():
-    """Process peak memory (ru_maxrss), 2048 tokens: unchunked vs chunks of 256 (docs/deepseek_v4.md)."""
+    """Process peak memory (VmHWM), 2048 tokens: unchunked vs chunks of 256 (docs/deepseek_v4.md)."""
     code = PROBE.format(root=str(ROOT), T=2048, chunk=256)
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 import phaselens
+from phaselens.scoring import answer_metrics
 from phaselens.zoo import ZOO_DIR, entry, list_models, sha256_file
 from phaselens.zoo.recipes import RECIPES
 
@@ -34,7 +35,7 @@ def test_checkpoint_loads_matches_sha256_and_reproduces_its_card(name):
     batch = load_file(str(e.path / "eval_batch.safetensors"))
     with torch.no_grad():
         logits = model(batch["tokens"])[torch.arange(len(batch["answer"])), batch["query_pos"]]
-    correct = (logits.argmax(-1) == batch["answer"]).numpy().astype(int)
+    correct = answer_metrics(logits, batch["answer"], batch["wrong"])["correct"].astype(int)
     assert correct.tolist() == card["eval_batch"]["correct"]  # item by item
     assert float(correct.mean()) == pytest.approx(card["eval_batch"]["accuracy"])
 

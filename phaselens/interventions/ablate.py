@@ -10,22 +10,10 @@ import numpy as np
 import pandas as pd
 
 from phaselens.effects import EPS_CLEAN, Effects, relative_effects
-from phaselens.errors import ResidueError, TaskError
-from phaselens.evaluate import analysis_spec, score_items
+from phaselens.evaluate import score_items
 from phaselens.heads import Head, parse_heads
 from phaselens.interventions.knockout import knockout
-from phaselens.protocol import check_fits, resolve_task
-
-
-def residues_for_phases(phase: Any, stride: int, modulus: int) -> list[int] | None:
-    """Residues whose phase (residue mod S) is in ``phase`` (an int or a list); ``None`` for all."""
-    if phase is None:
-        return None
-    phases = [phase] if isinstance(phase, int | np.integer) else list(phase)
-    bad = [p for p in phases if not 0 <= int(p) < stride]
-    if bad:
-        raise ResidueError(f"phase {bad} is outside 0..{stride - 1} (phases are residues mod the stride {stride}).")
-    return [r for r in range(modulus) if r % stride in {int(p) for p in phases}]
+from phaselens.protocol import build_items
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -116,14 +104,8 @@ def ablate(
         >>> res = phaselens.ablate(phaselens.load("zoo:w4s4"), "L1H2", phase=0)  # doctest: +SKIP
         >>> res.per_phase()  # doctest: +SKIP
     """
-    task = resolve_task(model, task)
-    check_fits(model, task)
-    if n_per_residue < 1:
-        raise TaskError(f"n_per_residue must be >= 1, got {n_per_residue}.")
-    spec = analysis_spec(model, stride)
     parsed = parse_heads(heads, model.cfg)
-    residues = residues_for_phases(phase, spec.stride, task.modulus)
-    batch = task.build(spec, n_per_residue=n_per_residue, residues=residues, seed=seed)
+    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, seed=seed, stride=stride)
     clean = score_items(model, batch, batch_size=batch_size, progress=progress)
     with knockout(model, parsed, method=method, calibration=calibration, task=task, seed=seed) as ko:
         def forward(tokens, query_pos):

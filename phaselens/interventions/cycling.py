@@ -18,6 +18,7 @@ import torch
 
 from phaselens.errors import NotApplicableError
 from phaselens.evaluate import evaluate
+from phaselens.models.compressor import Pooler
 
 
 def _offset_params(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
@@ -26,7 +27,7 @@ def _offset_params(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
     if not hasattr(model, "named_modules"):  # an adapter: transformers' compressors are not phaselens Poolers
         return out
     for name, mod in model.named_modules():
-        if type(mod).__name__ != "Pooler":
+        if not isinstance(mod, Pooler):
             continue
         if mod.gate is not None and mod.gate.weight.shape[1] == mod.stride and mod.stride > 1:
             out.append((f"{name}.gate.weight", mod.gate.weight))

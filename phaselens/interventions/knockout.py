@@ -30,6 +30,23 @@ def z_name(layer: int) -> str:
     return f"blocks.{layer}.attn.hook_z"
 
 
+def query_rows(hook: Any, slots: Tensor, n: int) -> Tensor:
+    """Rows of this call that hold absolute ``slots`` ``[b]``.
+
+    Under chunked prefill (DeepSeek-V4 adapter) hooks fire for the last chunk only, which starts at
+    ``hook.query_start``; a slot before it cannot be reached there.
+    """
+    start = int(getattr(hook, "query_start", 0))
+    rows = slots.long() - start
+    if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
+        raise InputError(
+            f"slot {int(slots.min()) if int(rows.min()) < 0 else int(slots.max())} is outside this call's rows "
+            f"{start}..{start + n - 1} (chunked prefill hooks see only the last chunk); use a longer query_len "
+            "or chunk=None."
+        )
+    return rows
+
+
 @torch.no_grad()
 def capture_z(model: Any, tokens: Tensor, query_pos: Tensor, layers: list[int], *, batch_size: int = 64) -> dict[int, Tensor]:
     """Per-head ``z`` at each row's query position: ``{layer: [N, H, d]}``."""
@@ -40,7 +57,8 @@ def capture_z(model: Any, tokens: Tensor, query_pos: Tensor, layers: list[int], 
 
         def grab(z: Tensor, hook: Any, _qp: Tensor = qp, _rows: Tensor = rows) -> None:
             layer = int(hook.name.split(".")[1])
-            out[layer].append(z[_rows, _qp.to(z.device)].detach().float().cpu())
+            at = query_rows(hook, _qp, z.shape[1]).to(z.device)
+            out[layer].append(z[_rows.to(z.device), at].detach().float().cpu())
 
         model.run_with_hooks(tokens[i : i + batch_size], fwd_hooks=[(z_name(layer), grab) for layer in layers])
     return {layer: torch.cat(v) for layer, v in out.items()}
@@ -60,8 +78,11 @@ class Calibration:
 def calibrate(model: Any, calibration: Any, layers: list[int], *, task: Any = None, n: int = 256) -> Calibration:
     """Collect calibration ``z`` from a TaskBatch, a ``[N, T]`` token tensor (last position), or the task."""
     if calibration is None:
+        from phaselens.tasks.residues import check_modulus
+
         task = resolve_task(model, task)
-        calibration = task.build(model.analysis_spec, n_per_residue=max(1, n // task.modulus), seed=CALIBRATION_SEED)
+        modulus = check_modulus(model.analysis_spec, getattr(task, "modulus", None))
+        calibration = task.build(model.analysis_spec, n_per_residue=max(1, n // modulus), seed=CALIBRATION_SEED)
     if isinstance(calibration, Calibration):
         return calibration
     if isinstance(calibration, Tensor):
@@ -121,7 +142,7 @@ class Knockout:
                     raise InputError(f"positions must be 'query', 'last', 'all', an int or a tensor, got {pos!r}.")
                 pos_t = torch.full((B,), length - 1)
             elif isinstance(pos, int):
-                pos_t = torch.full((B,), pos)
+                pos_t = query_rows(hook, torch.full((B,), pos), n)
             else:
                 try:
                     pos_t = torch.as_tensor(pos).long()
@@ -136,13 +157,13 @@ class Knockout:
                         f"knockout positions has shape {tuple(pos_t.shape)} but the batch has {B} rows; "
                         "set ko.positions to a [batch] tensor for each call."
                     )
-                pos_t = pos_t - int(getattr(hook, "query_start", 0))  # chunked prefill: rows of the last chunk
+                pos_t = query_rows(hook, pos_t, n)
             if shift is not None:
                 pos_t = pos_t + shift.to(pos_t.device)
-            if int(pos_t.max()) >= n or int(pos_t.min()) < -n:
+            if int(pos_t.max()) >= n or int(pos_t.min()) < 0:
                 raise InputError(f"knockout position {int(pos_t.max())} is outside this call's {n} positions.")
-            rows = torch.arange(B)
-            z[rows[:, None], pos_t.to(z.device)[:, None], index[None, :]] = self.replacement(layer, z, heads, B)
+            rows = torch.arange(B, device=z.device)
+            z[rows[:, None], pos_t.to(z.device)[:, None], index.to(z.device)[None, :]] = self.replacement(layer, z, heads, B)
             return z
 
         return fn

@@ -11,12 +11,10 @@ import torch
 
 from phaselens.engine import Cell, SuffixEngine, supports_engine
 from phaselens.errors import PhaseLensError
-from phaselens.evaluate import analysis_spec
 from phaselens.heads import Head, parse_heads
-from phaselens.interventions.ablate import residues_for_phases
-from phaselens.interventions.knockout import capture_z, z_name
+from phaselens.interventions.knockout import capture_z, query_rows, z_name
 from phaselens.labelled import Labelled
-from phaselens.protocol import check_fits, resolve_task
+from phaselens.protocol import build_items
 from phaselens.scoring import answer_metrics, plain_forward, query_logits
 
 EPS_DENOM = 1e-3
@@ -44,7 +42,15 @@ class PatchResult:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def to_frame(self) -> pd.DataFrame:
-        return self.recovery.to_frame()
+        """Tidy rows per (layer, head, residue): recovery, ``undefined``, and the residue's M_clean / M_corrupt
+        / M_patched."""
+        frame = self.recovery.to_frame()
+        L, H, M = self.recovery.values.shape
+        frame["undefined"] = self.undefined.ravel()
+        frame["m_patched"] = self.m_patched.ravel()
+        frame["m_clean"] = np.tile(self.m_clean, L * H)
+        frame["m_corrupt"] = np.tile(self.m_corrupt, L * H)
+        return frame
 
     def __repr__(self) -> str:
         v = self.recovery.values
@@ -85,12 +91,8 @@ def patch(
         raise PhaseLensError(f"site {site!r} is not supported; patching works on per-head 'z'.")
     if direction not in ("denoise", "noise"):
         raise PhaseLensError(f"direction must be 'denoise' or 'noise', got {direction!r}.")
-    task = resolve_task(model, task)
-    check_fits(model, task)
-    spec = analysis_spec(model, stride)
     parsed = parse_heads(heads if heads is not None else [f"L{i}" for i in range(model.cfg.n_layers)], model.cfg)
-    batch = task.build(spec, n_per_residue=n_per_residue, residues=residues_for_phases(phase, spec.stride, task.modulus),
-                       seed=seed)
+    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, seed=seed, stride=stride)
     clean, corrupt = batch.tokens, batch.corrupted
     base, source = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
     qp = batch.query_pos
@@ -159,8 +161,9 @@ class _QueryPatch:
     def hook(self, z: torch.Tensor, hook: Any) -> torch.Tensor:
         assert self.rows is not None and self.qp is not None
         z = z.clone()
-        src = self.source[self.rows, self.head].to(z.dtype)
-        z[torch.arange(z.shape[0]), self.qp.to(z.device), self.head] = src
+        src = self.source[self.rows, self.head].to(device=z.device, dtype=z.dtype)
+        at = query_rows(hook, self.qp, z.shape[1]).to(z.device)
+        z[torch.arange(z.shape[0], device=z.device), at, self.head] = src
         return z
 
     def forward(self, model: Any, layer: int):

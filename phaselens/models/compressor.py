@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from phaselens.errors import CacheError
 from phaselens.models.config import CompressorSpec, RopeSpec, YarnSpec
 from phaselens.models.rope import apply_rope, rope_inv_freq
 
@@ -138,7 +139,10 @@ class Pooler(nn.Module):
         B, n, _ = x.shape
         filled = start % S
         if filled and state is None:
-            raise ValueError("a stream that starts inside a stride block needs the state of the earlier tokens")
+            raise CacheError(
+                f"slot {start} is inside a stride block, so the projections of the block's earlier tokens are "
+                "needed: continue from the cache that holds them, or start at slot 0."
+            )
         total = filled + n
         n_blocks, n_done = -(-total // S), total // S
         x_blocks = F.pad(x, (0, 0, filled, n_blocks * S - total)).view(B, n_blocks, S, -1)

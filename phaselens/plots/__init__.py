@@ -4,6 +4,7 @@ Plotting never computes: every number drawn comes from the result object it is g
 """
 
 from phaselens.plots.mechanism import (
+    attribution_heatmap,
     gate_concentration,
     gate_cycling_scatter,
     gate_profiles,
@@ -17,6 +18,7 @@ from phaselens.plots.theme import TEMPLATE, head_label, phase_label
 
 __all__ = [
     "TEMPLATE",
+    "attribution_heatmap",
     "accuracy_by_residue",
     "gate_concentration",
     "gate_cycling_scatter",

@@ -155,3 +155,17 @@ def patch_heatmap(res: Any, *, title: str | None = None) -> go.Figure:
                              zmid=0, colorscale=DIVERGING, colorbar=dict(title="recovery"),
                              hovertemplate="%{y}, residue %{x}: %{z:.2f}<extra></extra>"))
     return fig
+
+
+def attribution_heatmap(am: Any, *, title: str | None = None) -> go.Figure:
+    """Estimated change of the logit difference per head and residue (an ``AttributionMap``)."""
+    lab = am.estimate
+    L, H, M = lab.values.shape
+    rho = "" if am.spearman is None else f" (Spearman with the exact map: {am.spearman:.2f})"
+    fig = figure(title or f"Attribution screen ({am.method} knockout): estimated change of the logit difference{rho}",
+                 xaxis_title="residue of the target key", yaxis_title="head")
+    fig.add_trace(go.Heatmap(z=lab.values.reshape(L * H, M), x=list(range(M)),
+                             y=[head_label(layer, h) for layer in range(L) for h in range(H)], zmid=0,
+                             colorscale=DIVERGING, colorbar=dict(title="est. delta"),
+                             hovertemplate="%{y}, residue %{x}: %{z:.3f}<extra></extra>"))
+    return fig

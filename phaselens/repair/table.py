@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.evaluate import PhaseEval, analysis_spec, eval_from_items
-from phaselens.protocol import check_fits, resolve_task
+from phaselens.evaluate import PhaseEval, eval_from_items
+from phaselens.protocol import build_items
 from phaselens.repair.ensemble import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
 from phaselens.scoring import answer_metrics
 
@@ -78,7 +78,8 @@ def copy_query_logits(model: Any, batch: Any, shifts: Sequence[int], pad_id: int
         logits = model(shifted_copies(tokens, shifts, pad_id, insert_at)).view(K, B, -1, model.cfg.d_vocab)
         k = torch.as_tensor(shifts)[:, None]
         pos = torch.where(qp[None] < insert_at, qp[None], qp[None] + k)  # [K, B]
-        out.append(logits[torch.arange(K)[:, None], torch.arange(B)[None], pos].float())
+        dev = logits.device
+        out.append(logits[torch.arange(K, device=dev)[:, None], torch.arange(B, device=dev)[None], pos.to(dev)].float().cpu())
     return torch.cat(out, 1)
 
 
@@ -101,13 +102,10 @@ def repair_table(
 
     Each shifted copy runs once; every rule combines the same per-copy answers.
     """
-    task = resolve_task(model, task)
-    check_fits(model, task)
-    spec = analysis_spec(model, stride)
+    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, seed=seed, stride=stride)
     S = spec.stride
     pad = pad_id if pad_id is not None else default_pad_id(model)
     all_shifts = tuple(range(S))
-    batch = task.build(spec, n_per_residue=n_per_residue, seed=seed)
     per_copy = copy_query_logits(model, batch, all_shifts, pad, batch_size=batch_size, progress=progress)
     frame = batch.frame.reset_index(drop=True)
 
@@ -119,7 +117,7 @@ def repair_table(
         return eval_from_items(items, S, batch.modulus, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
                                seed=seed)
 
-    copy_correct = (per_copy.argmax(-1) == batch.answer[None]).numpy()  # [K, N]
+    copy_correct = np.stack([answer_metrics(c, batch.answer, batch.wrong)["correct"] for c in per_copy])  # [K, N]
     evals: dict[tuple[str, str], PhaseEval] = {("none", "none"): as_eval(per_copy[0])}
     rows = [_row("none", "none", 1, evals[("none", "none")], copy_correct[0].mean())]
     for shifts in shift_sets:

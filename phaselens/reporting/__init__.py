@@ -24,7 +24,7 @@ def _resolve(model: Any) -> tuple[str, Any, str]:
     if isinstance(model, str):
         import phaselens
 
-        m = phaselens.load(model if ":" in model or "/" in model else f"zoo:{model}")
+        m = phaselens.load(model)
         card = getattr(m, "metadata", {}) or {}
         return model.split(":")[-1], m, card.get("description", "")
     name = getattr(model, "name", None) or type(model).__name__
@@ -62,6 +62,11 @@ def report(
     settings = settings or ReportSettings()
     t0 = time.time()
     resolved = [_resolve(m) for m in (models or DEFAULT_MODELS)]
+    seen: dict[str, int] = {}
+    for i, (name, m, desc) in enumerate(resolved):  # unique names: they prefix the CSV files
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            resolved[i] = (f"{name}-{seen[name]}", m, desc)
     strides = [m.analysis_spec.stride for _, m, _ in resolved if not _is_control(m)]
     compare = min(strides) if strides else 4
     results: list[ModelResults] = []

@@ -62,11 +62,8 @@ def compute_model(name: str, model: Any, settings: ReportSettings, *, stride: in
         except NotApplicableError as err:
             out.cycling_note = str(err)
         if s.repair:
-            try:
-                from phaselens.repair import repair_table
+            from phaselens.repair import repair_table
 
-                out.repair = repair_table(model, n_per_residue=s.n_repair, seed=s.seed, progress=progress,
-                                          combines=("max_conf",), shift_sets=("all",))
-            except ImportError:
-                out.notes.append("phase repair is not available in this build")
+            out.repair = repair_table(model, n_per_residue=s.n_repair, seed=s.seed, progress=progress,
+                                      combines=("max_conf",), shift_sets=("all",))
     return out

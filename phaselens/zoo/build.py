@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 import phaselens
 from phaselens.evaluate import evaluate
 from phaselens.models.io import atomic_write_dir, save_model
+from phaselens.scoring import answer_metrics
 from phaselens.train import train
 from phaselens.zoo import sha256_file
 from phaselens.zoo.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, RECIPES, ZOO_EVAL_TASK, ZOO_TASK
@@ -58,7 +59,7 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
     eval_batch = task.build(phaselens.PhaseSpec(stride), n_per_residue=EVAL_BATCH_PER_RESIDUE, seed=EVAL_BATCH_SEED)
     with torch.no_grad():
         logits = model(eval_batch.tokens)[torch.arange(len(eval_batch)), eval_batch.query_pos]
-    fixed_correct = (logits.argmax(-1) == eval_batch.answer).numpy()
+    fixed_correct = answer_metrics(logits, eval_batch.answer, eval_batch.wrong)["correct"]
     card = {
         "name": name,
         "description": recipe.description,

@@ -87,8 +87,8 @@ def windows(module: nn.Module, kv: Tensor, gate: Tensor, before: Snapshot) -> Wi
         gate = torch.cat([before.buffer_gate, gate], dim=1)
     B = kv.shape[0]
     E = kv.shape[1] // S
-    blocks_kv = kv[:, : E * S].reshape(B, E, S, -1)
-    blocks_gate = gate[:, : E * S].reshape(B, E, S, -1) + module.position_bias
+    blocks_kv = kv[:, : E * S].reshape(B, E, S, kv.shape[-1])  # explicit width: E may be 0
+    blocks_gate = gate[:, : E * S].reshape(B, E, S, gate.shape[-1]) + module.position_bias
     if not overlap:
         logits, payload = blocks_gate, blocks_kv
     else:

@@ -1,0 +1,29 @@
+"""Wall time of the default report (``make report``: w8s4 against full, static PNGs included).
+
+    .venv/bin/python benchmarks/bench_report.py
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import emit  # noqa: E402
+
+import phaselens  # noqa: E402
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        out = phaselens.report(out=Path(tmp) / "report", progress=False)
+        wall = time.perf_counter() - t0
+        figures = len(list((out / "figures").glob("*.png"))) if (out / "figures").exists() else 0
+    emit("bench_report", {"models": ["w8s4", "full"], "wall_s": wall, "png_figures": figures})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Run every benchmark and keep its JSON in benchmarks/results/ (quoted by docs/benchmarks.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p benchmarks/results
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
+for b in bench_maps bench_record bench_eval bench_model bench_report; do
+  echo "== $b" >&2
+  .venv/bin/python "benchmarks/$b.py" > "benchmarks/results/$b.json"
+done
