@@ -62,3 +62,20 @@ def test_bad_input_errors(model):
         phaselens.evaluate(task_model(n_ctx=40), n_per_residue=1, progress=False)
     with pytest.raises(ResidueError, match="multiple"):
         phaselens.evaluate(model, tiny_task(modulus=6), n_per_residue=1, progress=False)
+
+
+def test_analyses_accept_a_task_whose_modulus_follows_the_stride():
+    """Needle's modulus defaults to 2S (None): evaluate, mean-knockout ablate by phase, and patch all work."""
+    from phaselens.tasks import Needle
+    from phaselens.tasks.toy_tokenizer import train_toy_tokenizer
+    from tests.conftest import LAYOUTS, make_model
+
+    tok = train_toy_tokenizer()
+    task = Needle(tok, n_records=6, n_demos=1)
+    model = make_model(LAYOUTS["w4s4-scalar"], d_vocab=tok.get_vocab_size(), n_ctx=256)
+    model.default_task = task
+    ev = phaselens.evaluate(model, n_per_residue=2, progress=False, n_permutations=9, n_bootstrap=0)
+    assert ev.modulus == 8
+    res = phaselens.ablate(model, "L1H0", phase=1, n_per_residue=2, progress=False, n_bootstrap=0)
+    assert sorted(res.per_residue()["residue"]) == [1, 5]
+    assert phaselens.patch(model, heads="L0H0", phase=[0], n_per_residue=1).recovery.shape == (2, 4, 8)
