@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 from scipy import stats as sps
 
+from phaselens.by_residue import residue_mean
 from phaselens.errors import PhaseLensError
 from phaselens.interventions.knockout import calibrate, z_name
 from phaselens.labelled import Labelled
@@ -101,11 +102,7 @@ def attribution_map(
     values = torch.cat(est).numpy()  # [N, L, H]
     residue = batch.frame["residue"].to_numpy()
     M = batch.modulus
-    mean = np.full((L, H, M), np.nan)
-    for r in range(M):
-        m = residue == r
-        if m.any():
-            mean[..., r] = values[m].mean(0)
+    mean = residue_mean(values, residue, M)  # [L, H, M]
     coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
     lab = Labelled(mean, ("layer", "head", "residue"), coords, name="estimated_delta_logit_diff")
     rho = None

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from scipy import stats as sps
 from torch import Tensor
 
+from phaselens.by_residue import residue_mean_ci
 from phaselens.geometry import PhaseSpec
 from phaselens.interventions.knockout import query_rows
 from phaselens.labelled import Labelled
@@ -247,23 +247,6 @@ def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
     return fn
 
 
-def _mean_ci(values: np.ndarray, groups: np.ndarray, n_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Mean and t-based 95% CI over items per group: values ``[N, ...]`` -> ``[..., groups]``."""
-    shape = values.shape[1:]
-    mean = np.full(shape + (n_groups,), np.nan)
-    lo, hi = mean.copy(), mean.copy()
-    for g in range(n_groups):
-        v = values[groups == g]
-        if len(v) == 0 or np.isnan(v).all():  # a layer without this quantity (e.g. entries in a full layer)
-            continue
-        m = np.nanmean(v, 0)
-        mean[..., g] = m
-        if len(v) > 1:
-            half = sps.t.ppf(0.975, len(v) - 1) * np.nanstd(v, 0, ddof=1) / np.sqrt(len(v))
-            lo[..., g], hi[..., g] = m - half, m + half
-    return mean, lo, hi
-
-
 def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg: Any, batch: Any) -> Recording:
     residue = frame["residue"].to_numpy()
     M = int(batch.modulus)
@@ -278,7 +261,7 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
             vals = acc.read.get((q, layer))
             per_layer.append(torch.cat(vals).numpy() if vals else np.full((n, H), np.nan))
         arr = np.stack(per_layer, 1)  # [N, L, H]
-        m, lo, hi = _mean_ci(arr, residue, M)
+        m, lo, hi = residue_mean_ci(arr, residue, M)
         read[q] = Labelled(m, ("layer", "head", "residue"), coords, lo, hi, name=f"mass_{q}")
     comp_layers = [i for i, s in enumerate(specs) if s is not None]
     if not comp_layers or not acc.profile_sum:
@@ -292,9 +275,9 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
             # mean over the k/v paths: [N, Hkv]; NaN when no entry completed in any recorded call
             out.append(np.nanmean(np.stack(per_path), 0) if per_path else np.full((n, Hkv), np.nan))
     gcoords = {"layer": np.array(comp_layers), "kv_head": np.arange(Hkv), "residue": np.arange(M)}
-    mk, lk, hk = _mean_ci(np.stack(gk, 1), residue, M)
+    mk, lk, hk = residue_mean_ci(np.stack(gk, 1), residue, M)
     gate_key = Labelled(mk, ("layer", "kv_head", "residue"), gcoords, lk, hk, name="gate_key")
-    mv, lv, hv = _mean_ci(np.stack(gv, 1), residue, M)
+    mv, lv, hv = residue_mean_ci(np.stack(gv, 1), residue, M)
     gate_value = Labelled(mv, ("layer", "kv_head", "residue"), gcoords, lv, hv, name="gate_value")
     W = max(s.window for s in specs if s is not None)
     prof = np.full((len(comp_layers), len(paths), Hkv, W), np.nan)

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaselens.by_residue import residue_mean
 from phaselens.engine import Cell, SuffixEngine, supports_engine
 from phaselens.errors import PhaseLensError
 from phaselens.heads import Head, parse_heads
@@ -108,22 +109,18 @@ def patch(
     res = batch.frame["residue"].to_numpy()
     M = batch.modulus
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    rec = np.full((L, H, M), np.nan)
+    mc, mx = residue_mean(m_clean, res, M), residue_mean(m_corrupt, res, M)  # [M]
+    per_head = residue_mean(patched.T, res, M)  # [heads, M]
+    li = np.array([h.layer for h in parsed], dtype=int)
+    hi = np.array([h.head for h in parsed], dtype=int)
+    mp = np.full((L, H, M), np.nan)
+    mp[li, hi] = per_head
+    den = mc - mx
     und = np.zeros((L, H, M), bool)
-    mc, mx, mp = (np.full(M, np.nan), np.full(M, np.nan), np.full((L, H, M), np.nan))
-    for r in range(M):
-        m = res == r
-        if not m.any():
-            continue
-        mc[r], mx[r] = m_clean[m].mean(), m_corrupt[m].mean()
-        den = mc[r] - mx[r]
-        for k, h in enumerate(parsed):
-            mp[h.layer, h.head, r] = patched[k, m].mean()
-            if abs(den) < eps:
-                und[h.layer, h.head, r] = True
-                continue
-            num = mp[h.layer, h.head, r] - mx[r] if direction == "denoise" else mc[r] - mp[h.layer, h.head, r]
-            rec[h.layer, h.head, r] = num / den
+    und[li, hi] = np.broadcast_to(np.abs(den) < eps, per_head.shape)
+    num = mp - mx if direction == "denoise" else mc - mp
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rec = np.where(und | np.isnan(mp), np.nan, num / np.where(np.abs(den) < eps, 1.0, den))
     coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
     lab = Labelled(rec, ("layer", "head", "residue"), coords, name=f"{direction}_recovery")
     meta = {"engine": "suffix" if _use_engine(model, qp, engine) else "full forwards", "seed": seed,
