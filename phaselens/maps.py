@@ -20,7 +20,7 @@ from phaselens.evaluate import score_items
 from phaselens.interventions.knockout import calibrate, knockout
 from phaselens.labelled import Labelled
 from phaselens.protocol import build_items
-from phaselens.scoring import answer_metrics
+from phaselens.scoring import answer_metrics, model_logits
 from phaselens.stats import benjamini_hochberg
 
 
@@ -313,7 +313,7 @@ def specialization_map(
                 with knockout(model, heads, method=method, calibration=cal, seed=seed + i) as ko:
                     def forward(tokens, query_pos, _ko=ko):
                         _ko.positions = query_pos
-                        return model(tokens)
+                        return model_logits(model, tokens, query_pos)
 
                     m = score_items(model, batch, batch_size=batch_size, forward=forward)
                 ckpt.add(row.label, m["correct"].to_numpy(), m["logit_diff"].to_numpy())

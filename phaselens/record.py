@@ -19,6 +19,7 @@ from phaselens.geometry import PhaseSpec
 from phaselens.interventions.knockout import query_rows
 from phaselens.labelled import Labelled
 from phaselens.protocol import build_items
+from phaselens.scoring import model_logits
 
 READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "entries", "local", "sink")
 
@@ -167,7 +168,7 @@ def record(
             if spec is not None:
                 for path, hname in _gate_path_hooks(model, layer):
                     hooks.append((f"blocks.{layer}.attn.{hname}", _gate_hook(acc, layer, path, spec, t_k, t_v)))
-        model.run_with_hooks(batch.tokens[sl], fwd_hooks=hooks)
+        model_logits(model, batch.tokens[sl], qp, hooks)
     return _assemble(acc, frame, specs, L, H, cfg, batch)
 
 

@@ -35,14 +35,30 @@ def query_logits(
     for i in _bar(starts, progress, desc):
         qp = query_pos[i : i + batch_size]
         logits = forward(tokens[i : i + batch_size], qp)
-        qp = qp.to(logits.device)
-        out.append(logits[torch.arange(len(qp), device=logits.device), qp].float().cpu())
+        # a forward may return only the last rows (an adapter's query chunk): index relative to them
+        at = (qp - (tokens.shape[1] - logits.shape[1])).to(logits.device)
+        out.append(logits[torch.arange(len(qp), device=logits.device), at].float().cpu())
     return torch.cat(out) if out else torch.zeros(0, 0)
 
 
+def model_logits(model: Any, tokens: Tensor, query_pos: Tensor, fwd_hooks: Any = ()) -> Tensor:
+    """Logits ``[b, T', vocab]`` of ``tokens`` ``[b, T]``, with ``fwd_hooks`` for this one call.
+
+    A model that prefills in chunks (``returns_query_logits``, e.g. the DeepSeek-V4 adapter) is asked for
+    the last ``T' = T - min(query_pos)`` rows only: all ``[b, T, vocab]`` logits of a long context would
+    not fit in memory. Other models return all ``T`` rows.
+    """
+    kwargs: dict[str, Any] = {}
+    if getattr(model, "returns_query_logits", False):
+        kwargs = {"logits": "query", "query_len": int(tokens.shape[1] - int(query_pos.min()))}
+    if fwd_hooks:
+        return model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
+    return model(tokens, **kwargs)
+
+
 def plain_forward(model: Any) -> Forward:
-    """A ``Forward`` that just calls the model."""
-    return lambda tokens, query_pos: model(tokens)
+    """A ``Forward`` that just calls the model (query rows only where the model can)."""
+    return lambda tokens, query_pos: model_logits(model, tokens, query_pos)
 
 
 def answer_metrics(logits: Tensor, answer: Tensor, wrong: Tensor) -> dict[str, np.ndarray]:

@@ -66,7 +66,7 @@ class TrainResult:
     model: CompressedTransformer
     losses: list[float]
     val_acc: list[tuple[int, float]]
-    seconds: float
+    seconds: float | None  # wall time of all runs so far (None: resumed from a state that kept no time)
     resumed_from: int
 
 
@@ -163,6 +163,7 @@ def train(
     start = meta["step"] if meta else 0
     losses: list[float] = meta["losses"] if meta else []
     val_acc: list[tuple[int, float]] = [tuple(x) for x in meta["val_acc"]] if meta else []
+    prior_s: float | None = meta.get("seconds") if meta else 0.0
     t0 = time.perf_counter()
     bar = _progress(settings.steps, start, progress)
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
@@ -191,7 +192,7 @@ def train(
                 tensors = _state_tensors(model, opt)
                 tensors["meta.step"] = torch.tensor([done])
                 _atomic_save(run_dir, tensors, {"step": done, "losses": losses, "val_acc": val_acc,
-                                                "fingerprint": fingerprint})
+                                                "fingerprint": fingerprint, "seconds": _total(prior_s, t0)})
             if bar is not None:
                 bar.update(1)
                 post = {"loss": f"{losses[-1]:.3f}"}
@@ -201,7 +202,11 @@ def train(
     finally:
         if bar is not None:
             bar.close()
-    return TrainResult(model.eval(), losses, val_acc, time.perf_counter() - t0, start)
+    return TrainResult(model.eval(), losses, val_acc, _total(prior_s, t0), start)
+
+
+def _total(prior_s: float | None, t0: float) -> float | None:
+    return None if prior_s is None else prior_s + time.perf_counter() - t0
 
 
 def _progress(total: int, initial: int, enabled: bool):

@@ -39,6 +39,11 @@ LAYOUTS_TRIED = [
 ]
 
 
+def train_time(card: dict) -> str:
+    s = card["training"].get("seconds")
+    return "n/a" if s is None else f"{s:.0f}"
+
+
 def layouts_table(names: list[str], n_per_residue: int = 48) -> str:
     """Mean accuracy of every model on each evaluation layout considered (seed 11, fresh items)."""
     import phaselens
@@ -71,7 +76,7 @@ def main() -> None:
             f"| `{n}` | {c['description']} | {pct(b['mean'])} | {pct(b['worst'])} (phase {b['worst_phase']}) | "
             f"{pct(b['boundary'])} | {pct(b['gap'])} [{pct(b['gap_ci'][0])}, {pct(b['gap_ci'][1])}] | "
             f"{b['period']} | {b['p_g']:.2g} | {p_holm[n]:.2g} | {b['p_nested']:.2g} | {b['harmonic_fraction']:.3f} | "
-            f"{c['training']['seconds']:.0f} |"
+            f"{train_time(c)} |"
         )
         ok_range = 0.40 <= b["mean"] <= 0.95
         if stride is None:
@@ -135,6 +140,19 @@ omnibus G test on the 2 x 24 table; `Holm` adjusts it across the zoo; `nested` t
 
 ## What the zoo shows (checked against the issue's claims)
 {chr(10).join(checks)}
+
+## The control's limitation (a true negative, reported as such)
+`full` is flat, but it is flat near chance: about one answer in twelve is what copying one of the 12
+in-context values at random gives. It never formed the two-layer induction circuit that retrieval needs
+without compressed entries, so it answers at the level of "some value from the context" at every residue.
+Its flatness therefore says little about whether full attention that *solves* the task would be flat; it
+fails the issue's 40-95% criterion, and `tests/test_zoo.py` asserts that range for the compressed models
+only. What was tried: {CONTROL_STEPS:,} steps instead of {ZOO_SETTINGS.steps:,}; warm-ups on a smaller
+version of the task and on generic induction data. `scripts/control_vs_llama.py` trains the `full` recipe
+and a transformers `LlamaForCausalLM` of the same size side by side on a 4-record version of the task: both
+learn it equally slowly, so the difficulty is the task at this size, not our implementation. A control
+that solves the task needs more capacity or a longer schedule than the CPU budget here allowed; the paper's
+own controls (science.md section 3) are the reference for the full-attention case.
 
 ## Reproduce
 ```bash

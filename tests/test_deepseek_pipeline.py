@@ -48,3 +48,24 @@ def test_report_smoke_on_the_adapter(adapter, tmp_path):
     tiny = ReportSettings(n_eval=2, n_record=1, n_map=1, n_cycle=1, n_repair=1)
     out = phaselens.report([adapter], tmp_path / "rep", settings=tiny, progress=False, static=False)
     assert (out / "index.html").exists() and (out / "results.json").exists()
+
+
+def test_chunked_analyses_compute_only_the_query_logits(adapter):
+    """With chunked prefill the analyses ask for the query rows' logits only (the lm_head never sees the
+    whole context) and agree with the unchunked adapter."""
+    chunked = phaselens.from_hf(adapter.model, chunk=8)
+    chunked.default_task = TASK
+    assert chunked.returns_query_logits and not adapter.returns_query_logits
+    rows_seen: list[int] = []
+    handle = adapter.model.lm_head.register_forward_hook(lambda m, i, o: rows_seen.append(o.shape[1]))
+    try:
+        kw = dict(n_per_residue=2, progress=False, n_permutations=9, n_bootstrap=0)
+        ev_c = phaselens.evaluate(chunked, **kw)
+        assert max(rows_seen) == 1  # prefix chunks keep one row; the query chunk is the last token
+        ab_c = phaselens.ablate(chunked, "L1", phase=3, n_per_residue=2, method="zero", progress=False)
+    finally:
+        handle.remove()
+    ev = phaselens.evaluate(adapter, **kw)
+    ab = phaselens.ablate(adapter, "L1", phase=3, n_per_residue=2, method="zero", progress=False)
+    assert np.allclose(ev_c.items["logit_diff"], ev.items["logit_diff"], atol=1e-4)
+    assert np.allclose(ab_c.items["logit_diff_ko"], ab.items["logit_diff_ko"], atol=1e-4)

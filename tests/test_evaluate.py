@@ -54,7 +54,7 @@ def test_bad_input_errors(model):
     bare.default_task = None
     with pytest.raises(NoDefaultTaskError, match="pass a task"):
         phaselens.evaluate(bare)
-    with pytest.raises(TaskError, match="n_per_residue must be >= 1"):
+    with pytest.raises(TaskError, match="n_per_residue must be an integer >= 1"):
         phaselens.evaluate(model, n_per_residue=0)
     with pytest.raises(ResidueError):
         phaselens.evaluate(model, residues=[9], n_per_residue=1, progress=False)

@@ -91,3 +91,10 @@ def test_step_aware_batches_for_curricula(tmp_path):
     train(CFG, Staged(), TrainSettings(steps=4, batch_size=2, checkpoint_every=4, threads=1, curriculum="staged"),
           tmp_path, progress=False)
     assert seen == [0, 1, 2, 3]
+
+
+def test_training_time_accumulates_over_resumes(tmp_path):
+    first = train(CFG, batch_fn, SETTINGS, tmp_path / "run", progress=False, stop_after=4)
+    second = train(CFG, batch_fn, SETTINGS, tmp_path / "run", progress=False, stop_after=8)
+    assert second.resumed_from == 4
+    assert first.seconds is not None and second.seconds is not None and second.seconds > first.seconds

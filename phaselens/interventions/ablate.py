@@ -14,6 +14,7 @@ from phaselens.evaluate import score_items
 from phaselens.heads import Head, parse_heads
 from phaselens.interventions.knockout import knockout
 from phaselens.protocol import build_items
+from phaselens.scoring import model_logits
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -110,7 +111,7 @@ def ablate(
     with knockout(model, parsed, method=method, calibration=calibration, task=task, seed=seed) as ko:
         def forward(tokens, query_pos):
             ko.positions = query_pos
-            return model(tokens)
+            return model_logits(model, tokens, query_pos)
 
         ablated = score_items(model, batch, batch_size=batch_size, progress=progress, forward=forward)
     items = clean.copy()

@@ -21,6 +21,7 @@ from torch import Tensor
 from phaselens.errors import InputError, PhaseLensError
 from phaselens.heads import Head, by_layer, parse_heads
 from phaselens.protocol import resolve_task
+from phaselens.scoring import model_logits
 
 Method = Literal["mean", "zero", "resample"]
 CALIBRATION_SEED = 7_919  # calibration items are built with this seed, disjoint from evaluation seeds
@@ -60,7 +61,7 @@ def capture_z(model: Any, tokens: Tensor, query_pos: Tensor, layers: list[int], 
             at = query_rows(hook, _qp, z.shape[1]).to(z.device)
             out[layer].append(z[_rows.to(z.device), at].detach().float().cpu())
 
-        model.run_with_hooks(tokens[i : i + batch_size], fwd_hooks=[(z_name(layer), grab) for layer in layers])
+        model_logits(model, tokens[i : i + batch_size], qp, [(z_name(layer), grab) for layer in layers])
     return {layer: torch.cat(v) for layer, v in out.items()}
 
 

@@ -16,7 +16,7 @@ from phaselens.heads import Head, parse_heads
 from phaselens.interventions.knockout import capture_z, query_rows, z_name
 from phaselens.labelled import Labelled
 from phaselens.protocol import build_items
-from phaselens.scoring import answer_metrics, plain_forward, query_logits
+from phaselens.scoring import answer_metrics, model_logits, plain_forward, query_logits
 
 EPS_DENOM = 1e-3
 
@@ -168,6 +168,6 @@ class _QueryPatch:
             self.rows = torch.arange(self.offset, self.offset + len(query_pos))
             self.qp = query_pos
             self.offset += len(query_pos)
-            return model.run_with_hooks(tokens, fwd_hooks=[(z_name(layer), self.hook)])
+            return model_logits(model, tokens, query_pos, [(z_name(layer), self.hook)])
 
         return run

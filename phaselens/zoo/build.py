@@ -45,9 +45,7 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
     """Train (or resume) ``name`` and write ``out/name``; returns the card."""
     recipe = RECIPES[name]
     task = ZOO_EVAL_TASK
-    t0 = time.time()
     res = train(recipe.config, recipe.batch_fn(), recipe.settings, Path(run_dir) / name, progress=progress)
-    train_s = time.time() - t0
     model = res.model
     model.default_task = task
     stride = model.analysis_spec.stride if recipe.config.compression is not None else COMPARE_STRIDE
@@ -66,7 +64,7 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
         "phaselens_version": phaselens.__version__,
         "torch": torch.__version__,
         "machine": platform.machine(),
-        "training": {**dataclasses.asdict(recipe.settings), "seconds": round(train_s, 1),
+        "training": {**dataclasses.asdict(recipe.settings), "seconds": None if res.seconds is None else round(res.seconds, 1),
                      "loss_curve_every_10": [float(np.mean(res.losses[i : i + 10])) for i in range(0, len(res.losses), 10)],
                      "final_loss": float(np.mean(res.losses[-50:]))},
         "task": task.to_dict(),

@@ -119,6 +119,12 @@ class DeepSeekV4Adapter:
         return list(self._geometry)
 
     @property
+    def returns_query_logits(self) -> bool:
+        """Whether analyses ask for the query rows' logits only (``logits="query"``): when prefilling in
+        chunks, where all ``[B, T, vocab]`` logits of a long context would not fit in memory."""
+        return self.chunk is not None and not self._remote
+
+    @property
     def analysis_metadata(self) -> dict[str, Any]:
         """What a result must carry to be read correctly (a copy): geometry, backend, dtype, and whether the
         measured model was changed (``model_modified``, ``modifications``) or truncated by ``index_topk``."""
