@@ -91,8 +91,9 @@ def relative_effects(
             draw = rng.integers(0, len(idx), (n_bootstrap, len(idx)))
             c_b = cc[draw].mean(1)  # [B]
             k_b = kc[:, draw].mean(2)  # [C, B]
+            # a resample with no clean hit has no relative change: drop it rather than carry inf
             with np.errstate(divide="ignore", invalid="ignore"):
-                r_b = 100 * (k_b - c_b) / c_b
+                r_b = np.where(c_b > 0, 100 * (k_b - c_b) / c_b, np.nan)
             lo[:, g], hi[:, g] = np.nanquantile(r_b, [alpha, 1 - alpha], axis=1)
     undefined = ~(clean_acc >= eps)
     return Effects(clean_acc, ko_acc, rel, lo, hi, pval, dld, np.broadcast_to(undefined, shape).copy(), n)

@@ -39,6 +39,10 @@ LAYOUTS_TRIED = [
 ]
 
 
+def pval(p: float) -> str:
+    return "< 1e-300" if p == 0 else f"{p:.2g}"
+
+
 def train_time(card: dict) -> str:
     s = card["training"].get("seconds")
     return "n/a" if s is None else f"{s:.0f}"
@@ -75,7 +79,7 @@ def main() -> None:
         rows.append(
             f"| `{n}` | {c['description']} | {pct(b['mean'])} | {pct(b['worst'])} (phase {b['worst_phase']}) | "
             f"{pct(b['boundary'])} | {pct(b['gap'])} [{pct(b['gap_ci'][0])}, {pct(b['gap_ci'][1])}] | "
-            f"{b['period']} | {b['p_g']:.2g} | {p_holm[n]:.2g} | {b['p_nested']:.2g} | {b['harmonic_fraction']:.3f} | "
+            f"{b['period']} | {pval(b['p_g'])} | {pval(p_holm[n])} | {b['p_nested']:.2g} | {b['harmonic_fraction']:.3f} | "
             f"{train_time(c)} |"
         )
         ok_range = 0.40 <= b["mean"] <= 0.95
@@ -89,7 +93,7 @@ def main() -> None:
         else:
             sig = p_holm[n] < 0.01
             per = b["period"] == stride
-            checks.append(f"- `{n}`: phase dependence significant after Holm (p = {p_holm[n]:.2g}): "
+            checks.append(f"- `{n}`: phase dependence significant after Holm (p {pval(p_holm[n]) if p_holm[n] == 0 else '= ' + pval(p_holm[n])}): "
                           f"**{'yes' if sig else 'no'}**; detected period {b['period']} against stride {stride}: "
                           f"**{'matches' if per else 'does not match'}**; mean {pct(b['mean'])}% "
                           f"{'inside' if ok_range else 'OUTSIDE'} 40-95%.")
