@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import best_time, emit  # noqa: E402
+from common import best_time, emit, interleaved_times  # noqa: E402
 
 import phaselens  # noqa: E402
 from phaselens.evaluate import score_items  # noqa: E402
@@ -40,7 +40,9 @@ def main() -> None:
     def full_evaluate() -> None:
         phaselens.evaluate(model, n_per_residue=args.n_per_residue, batch_size=bs, progress=False)
 
-    t_plain, t_ours, t_full = best_time(plain), best_time(ours), best_time(full_evaluate, repeats=2)
+    plain()  # warm-up
+    t = interleaved_times({"plain": plain, "ours": ours})
+    t_plain, t_ours, t_full = t["plain"], t["ours"], best_time(full_evaluate, repeats=2)
     emit("bench_eval", {"model": args.model, "items": len(batch), "tokens_per_item": batch.tokens.shape[1],
                         "plain_forward_s": t_plain, "evaluate_scoring_s": t_ours, "evaluate_with_battery_s": t_full,
                         "scoring_over_plain": t_ours / t_plain, "items_per_s": len(batch) / t_ours})

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import best_time, emit  # noqa: E402
+from common import emit, interleaved_times  # noqa: E402
 
 import phaselens  # noqa: E402
 
@@ -35,7 +35,9 @@ def main() -> None:
     def rec() -> None:
         phaselens.record(model, batch, batch_size=bs, progress=False)
 
-    t_plain, t_rec = best_time(plain, 5), best_time(rec, 5)
+    plain()  # warm-up
+    t = interleaved_times({"plain": plain, "record": rec}, 7)
+    t_plain, t_rec = t["plain"], t["record"]
     emit("bench_record", {"model": args.model, "items": len(batch), "plain_forward_s": t_plain, "record_s": t_rec,
                           "record_over_plain": t_rec / t_plain})
 

@@ -236,14 +236,14 @@ def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
         full = a[:, max(0, spec.blocks_per_window - 1 - first) :]
         if full.shape[1] == 0:
             return
-        flat = full.movedim(2, -1)  # [b, E, Hkv, (d,) W]
-        ent = -(flat.clamp_min(1e-12).log() * flat).sum(-1)  # [b, E, Hkv(, d)]
+        # reduce over the offset axis (dim 2) in place: no transposed copy of the [b, E, W, Hkv(, d)] gates
+        ent = -torch.special.xlogy(full, full).sum(2)  # [b, E, Hkv(, d)]
         key = (layer, path)
-        prof = flat.sum((0, 1))
+        prof = full.sum((0, 1)).movedim(0, -1)  # [Hkv(, d), W]
         per = ent.exp().sum((0, 1))
         acc.profile_sum[key] = acc.profile_sum.get(key, 0) + prof
         acc.entropy_sum[key] = acc.entropy_sum.get(key, 0) + per
-        acc.count[key] = acc.count.get(key, 0) + flat.shape[0] * flat.shape[1]
+        acc.count[key] = acc.count.get(key, 0) + full.shape[0] * full.shape[1]
 
     return fn
 
