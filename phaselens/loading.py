@@ -26,7 +26,8 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
     if not text.startswith(("zoo:", "hf:")) and not Path(text).exists():
         from phaselens.zoo import list_models
 
-        if text in list_models():
+        # a bare name with no path separator is meant as a zoo name: a ZooError then lists the names
+        if text in list_models() or not any(sep in text for sep in ("/", "\\", ".")):
             text = f"zoo:{text}"
     if kwargs and not text.startswith("hf:"):
         from phaselens.errors import InputError
