@@ -219,6 +219,18 @@ def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> lis
     return out + [(pre + "hook_pattern_entry", entries)]
 
 
+def _window_concentration_sum(alpha: Tensor, rows: int = 16) -> Tensor:
+    """Sum over items and entries of exp(H(alpha)) over offsets: ``[b, E, W, Hkv(, d)]`` -> ``[Hkv(, d)]``.
+
+    Tiled over items so that each tile's temporaries stay in cache (about 2x faster than one pass on
+    w8s4's gates); the log is taken in place.
+    """
+    tiles = [
+        (-t.clamp_min(1e-30).log_().mul_(t).sum(2)).exp().sum((0, 1)) for t in alpha.split(rows)
+    ]
+    return torch.stack(tiles).sum(0)
+
+
 def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
     key_ents = torch.as_tensor(np.stack(spec.entries_containing(t_k.numpy())))
     key_offs = torch.as_tensor(np.stack(spec.offsets(t_k.numpy())))
@@ -237,10 +249,9 @@ def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
         if full.shape[1] == 0:
             return
         # reduce over the offset axis (dim 2) in place: no transposed copy of the [b, E, W, Hkv(, d)] gates
-        ent = -torch.special.xlogy(full, full).sum(2)  # [b, E, Hkv(, d)]
         key = (layer, path)
         prof = full.sum((0, 1)).movedim(0, -1)  # [Hkv(, d), W]
-        per = ent.exp().sum((0, 1))
+        per = _window_concentration_sum(full)
         acc.profile_sum[key] = acc.profile_sum.get(key, 0) + prof
         acc.entropy_sum[key] = acc.entropy_sum.get(key, 0) + per
         acc.count[key] = acc.count.get(key, 0) + full.shape[0] * full.shape[1]
