@@ -36,3 +36,46 @@ def test_write_side_profiles_and_concentration(rec):
     assert (r.gate_key.values >= 0).all() and (r.gate_key.values <= 1).all()
     assert set(r.to_frame()["quantity"]) >= {"mass_key_entries", "gate_key", "gate_profile", "gate_concentration"}
     assert "Recording(" in repr(r)
+
+
+def test_write_side_equals_a_loop_over_items_and_entries(rec):
+    """Gate weights at the target, E[alpha] and both concentration measures, recomputed item by item."""
+    import torch
+
+    r, spec = rec
+    model = task_model(spec, init_std=0.5)
+    batch = model.default_task.build(model.analysis_spec, n_per_residue=3, seed=0)
+    r = phaselens.record(model, batch, progress=False, batch_size=7)  # uneven batches: sums must still add up
+    _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: "hook_gate" in n)
+    name = next(n for n in cache if n.startswith("blocks.0."))
+    path = name.rsplit("_", 1)[-1] if name.endswith(("_k", "_v")) else "kv"
+    alpha = cache[name].double()  # [N, E, W, Hkv(, d)]
+    if alpha.dim() == 4:
+        alpha = alpha.unsqueeze(-1)
+    geo = model.phase_specs[0]
+    S, W = geo.stride, geo.window
+    skip = W // S - 1  # entries whose window starts before the origin
+    prof, conc, count = 0, 0, 0
+    for i in range(alpha.shape[0]):
+        for e in range(skip, alpha.shape[1]):
+            a = alpha[i, e]  # [W, Hkv, d]
+            prof = prof + a
+            conc = conc + torch.exp(-(a * a.clamp_min(1e-30).log()).sum(0))
+            count += 1
+    prof, conc = (prof / count).mean(-1), (conc / count).mean(-1)  # [W, Hkv], [Hkv]
+    got = r.gate_profile.sel(layer=0, path=path).values  # [kv_head, offset]
+    assert np.allclose(got[:, :W], prof.T.numpy(), atol=1e-5)
+    assert np.allclose(r.concentration.sel(layer=0, path=path).values[:, 1], conc.numpy(), atol=1e-4)
+    # gate weight on the target key's slot, averaged over the entries containing it and over the k/v paths
+    t_k = batch.frame["t_K"].to_numpy()
+    paths = [cache[n].double() for n in cache if n.startswith("blocks.0.")]
+    per_item = np.full((len(t_k), paths[0].shape[3]), np.nan)
+    for i, t in enumerate(t_k):
+        picks = [a[i, e, o].reshape(a.shape[3], -1).mean(-1).numpy() for a in paths
+                 for e, o in zip(geo.entries_containing(int(t)), geo.offsets(int(t))) if e < a.shape[1]]
+        if picks:
+            per_item[i] = np.mean(picks, 0)
+    res = batch.frame["residue"].to_numpy()
+    for m in range(batch.modulus):
+        want = np.nanmean(per_item[res == m], 0)
+        assert np.allclose(r.gate_key.sel(layer=0, residue=m).values, want, atol=1e-5, equal_nan=True)
