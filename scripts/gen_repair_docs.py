@@ -1,11 +1,17 @@
 """Generate docs/repair.md: the measured phase-repair table for every zoo model.
 
-    .venv/bin/python scripts/gen_repair_docs.py [--n-per-residue 1000]
+    .venv/bin/python scripts/gen_repair_docs.py [--n-per-residue 1000] [--cache runs/repair_docs]
+
+Each model's table is kept in ``--cache`` (one JSON per model, written atomically) under a fingerprint of the
+settings and the weights' sha256: an interrupted run resumes, and a retrained model recomputes only its own
+table.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -14,12 +20,46 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import phaselens  # noqa: E402
-from phaselens.zoo import list_models  # noqa: E402
+from phaselens.zoo import entry, list_models  # noqa: E402
 from phaselens.zoo.recipes import COMPARE_STRIDE, RECIPES  # noqa: E402
 
 
 def pct(x: float) -> str:
     return f"{100 * x:.1f}"
+
+
+def model_section(name: str, args: argparse.Namespace) -> dict:
+    """Measure one model's repair table: its markdown section, its verdict line and the seconds taken."""
+    model = phaselens.load(f"zoo:{name}")
+    control = RECIPES[name].config.compression is None
+    t = time.time()
+    stride = COMPARE_STRIDE if control else model.analysis_spec.stride
+    n = args.n_per_residue if stride == 4 else args.n_per_residue_large_stride
+    table = phaselens.repair_table(model, n_per_residue=n, seed=args.seed, progress=False,
+                                   stride=COMPARE_STRIDE if control else None, batch_size=256)
+    secs = time.time() - t
+    rows = ["| shifts | rule | cost | mean | worst (phase) | boundary | folded gap [95% CI] | any copy right | p (chi2) | period |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in table.rows.itertuples():
+        rows.append(f"| {r.shifts} | {r.combine} | {r.cost}x | {pct(r.mean)} | {pct(r.worst)} ({r.worst_phase}) | "
+                    f"{pct(r.boundary)} | {pct(r.gap)} [{pct(r.gap_ci_low)}, {pct(r.gap_ci_high)}] | "
+                    f"{pct(r.any_copy_right)} | {r.p_chi2:.2g} | {r.period} |")
+    base = table.rows.iloc[0]
+    alls = table.rows[(table.rows["shifts"] == "all") & (table.rows["combine"] == "max_conf")].iloc[0]
+    if control:
+        verdict = (f"- `{name}` (control): mean {pct(base['mean'])}% -> {pct(alls['mean'])}% with "
+                   f"shifts=all/max_conf (change {100 * (alls['mean'] - base['mean']):+.2f} pp).")
+    else:
+        flat = alls["p_chi2"] >= 0.05
+        third = alls["gap_ci_high"] < base["gap"] / 3
+        verdict = (f"- `{name}` (S={table.stride}): unrepaired gap {pct(base['gap'])} pp; shifts=all/max_conf "
+                   f"gap {pct(alls['gap'])} pp, upper 95% bound {pct(alls['gap_ci_high'])} pp "
+                   f"({'below' if third else 'NOT below'} a third of the unrepaired gap); residual phase "
+                   f"dependence p = {alls['p_chi2']:.2g} ({'none significant' if flat else 'still significant'}); "
+                   f"mean {pct(base['mean'])} -> {pct(alls['mean'])}%.")
+    section = (f"### `{name}`\n{table.rows.shape[0]} rows, {n} items per residue, {secs:.0f} s.\n\n"
+               + "\n".join(rows))
+    return {"section": section, "verdict": verdict, "seconds": secs}
 
 
 def main() -> None:
@@ -28,43 +68,29 @@ def main() -> None:
     ap.add_argument("--n-per-residue-large-stride", type=int, default=400,
                     help="items per residue for S = 6, 8 (their S shifted copies cost S forwards per item)")
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--cache", default=str(ROOT / "runs" / "repair_docs"))
     args = ap.parse_args()
-    sections, verdicts = [], []
-    t0 = time.time()
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    sections, verdicts, total = [], [], 0.0
     for name in [n for n in RECIPES if n in list_models()]:
-        model = phaselens.load(f"zoo:{name}")
-        control = RECIPES[name].config.compression is None
-        t = time.time()
-        stride = COMPARE_STRIDE if control else model.analysis_spec.stride
-        n = args.n_per_residue if stride == 4 else args.n_per_residue_large_stride
-        table = phaselens.repair_table(model, n_per_residue=n, seed=args.seed, progress=False,
-                                       stride=COMPARE_STRIDE if control else None, batch_size=256)
-        secs = time.time() - t
-        rows = ["| shifts | rule | cost | mean | worst (phase) | boundary | folded gap [95% CI] | any copy right | p (chi2) | period |",
-                "|---|---|---|---|---|---|---|---|---|---|"]
-        for r in table.rows.itertuples():
-            rows.append(f"| {r.shifts} | {r.combine} | {r.cost}x | {pct(r.mean)} | {pct(r.worst)} ({r.worst_phase}) | "
-                        f"{pct(r.boundary)} | {pct(r.gap)} [{pct(r.gap_ci_low)}, {pct(r.gap_ci_high)}] | "
-                        f"{pct(r.any_copy_right)} | {r.p_chi2:.2g} | {r.period} |")
-        base = table.rows.iloc[0]
-        alls = table.rows[(table.rows["shifts"] == "all") & (table.rows["combine"] == "max_conf")].iloc[0]
-        if control:
-            verdicts.append(f"- `{name}` (control): mean {pct(base['mean'])}% -> {pct(alls['mean'])}% with "
-                            f"shifts=all/max_conf (change {100 * (alls['mean'] - base['mean']):+.2f} pp).")
-        else:
-            flat = alls["p_chi2"] >= 0.05
-            third = alls["gap_ci_high"] < base["gap"] / 3
-            verdicts.append(f"- `{name}` (S={table.stride}): unrepaired gap {pct(base['gap'])} pp; shifts=all/max_conf "
-                            f"gap {pct(alls['gap'])} pp, upper 95% bound {pct(alls['gap_ci_high'])} pp "
-                            f"({'below' if third else 'NOT below'} a third of the unrepaired gap); residual phase "
-                            f"dependence p = {alls['p_chi2']:.2g} ({'none significant' if flat else 'still significant'}); "
-                            f"mean {pct(base['mean'])} -> {pct(alls['mean'])}%.")
-        sections.append(f"### `{name}`\n{table.rows.shape[0]} rows, {n} items per residue, "
-                        f"{secs:.0f} s.\n\n" + "\n".join(rows))
+        fingerprint = {"n": args.n_per_residue, "n_large": args.n_per_residue_large_stride, "seed": args.seed,
+                       "weights_sha256": entry(name).card["weights_sha256"]}
+        path = cache / f"{name}.json"
+        done = json.loads(path.read_text()) if path.exists() else None
+        if done is None or done["fingerprint"] != fingerprint:
+            done = {"fingerprint": fingerprint, **model_section(name, args)}
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(done))
+            os.replace(tmp, path)
+            print(f"{name}: {done['seconds']:.0f} s", flush=True)
+        sections.append(done["section"])
+        verdicts.append(done["verdict"])
+        total += done["seconds"]
     text = f"""# Phase repair
 
 *Generated by `scripts/gen_repair_docs.py --n-per-residue {args.n_per_residue} --n-per-residue-large-stride
-{args.n_per_residue_large_stride}` ({time.time() - t0:.0f} s in all); do not edit by hand.*
+{args.n_per_residue_large_stride}` ({total:.0f} s in all); do not edit by hand.*
 
 `phaselens.phase_ensemble(model, shifts, combine)` runs shifted copies of every input: copy k inserts k
 single-token pads right after BOS, which moves the needle from phase p to (p + k) mod S without changing
