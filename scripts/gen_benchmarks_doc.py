@@ -71,7 +71,10 @@ forwards). The battery (permutation and bootstrap resampling) is statistics on t
         parts.append(f"""## Recording overhead
 `.venv/bin/python benchmarks/bench_record.py` (zoo `{r['model']}`, {r['items']:,} items, every layer and head,
 read and write side): plain forward {f(r['plain_forward_s'], 3)} s, `record` {f(r['record_s'], 3)} s,
-ratio **{f(r['record_over_plain'], 3)}** (goal: at most 1.15).
+ratio **{f(r['record_over_plain'], 3)}** (goal: at most 1.15), each side the best of {r.get('repeats', 7)} turns run
+alternately (single turns vary on a shared machine; the best turn is the least disturbed one, and
+fewer turns overstate the ratio). What a recording adds to the forward: the query row of each pattern,
+and, on the write side, per-window `exp(H(alpha))` over every entry and channel (the dominant part).
 """)
     mp = load("bench_maps")
     if mp:

@@ -84,6 +84,7 @@ def main() -> None:
             f"| `{n}` | {c['description']} | {pct(b['mean'])} | {pct(b['worst'])} (phase {b['worst_phase']}) | "
             f"{pct(b['boundary'])} | {pct(b['gap'])} [{pct(b['gap_ci'][0])}, {pct(b['gap_ci'][1])}] | "
             f"{b['period']} | {pval(b['p_g'])} | {pval(p_holm[n])} | {b['p_nested']:.2g} | {b['harmonic_fraction']:.3f} | "
+            f"{pval(b['nll_kruskal_p'])} | "
             f"{train_time(c)} |"
         )
         ok_range = 0.40 <= b["mean"] <= 0.95
@@ -138,10 +139,11 @@ this page). The training layout saturates `w8s4`; packing the records more tight
 ## Results
 Accuracies in %, gaps in percentage points (folded over phases, 95% item-bootstrap CI). `p (G)` is the
 omnibus G test on the 2 x 24 table; `Holm` adjusts it across the zoo; `nested` tests mod 24 against mod S
-(a large p means nothing beyond period S); `harmonic` is the share of non-DC DFT power at period S.
+(a large p means nothing beyond period S); `harmonic` is the share of non-DC DFT power at period S;
+`NLL p` is the Kruskal-Wallis test of the answer's NLL across phases (a continuous metric, no ceiling).
 
-| model | what it is | mean | worst | boundary | folded gap [95% CI] | period | p (G) | Holm | nested p | harmonic | train s |
-|---|---|---|---|---|---|---|---|---|---|---|---|
+| model | what it is | mean | worst | boundary | folded gap [95% CI] | period | p (G) | Holm | nested p | harmonic | NLL p | train s |
+|---|---|---|---|---|---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
 ## What the zoo shows (checked against the claims)
@@ -165,6 +167,16 @@ trains in the same {ZOO_SETTINGS.steps:,} steps as the compressed models. Its he
 {pct(cards['full']['battery']['gap'])} pp with upper 95% bound {pct(cards['full']['battery']['gap_ci'][1])} pp, G p = {pval(cards['full']['battery']['p_g'])}.
 It is the only model with a warm-up; the compressed models never needed one, and the evaluation setting is
 the same for all.
+
+The control is near ceiling, so its accuracy counts have little room to move and the 40-95% criterion is
+not met for it (`tests/test_zoo.py` asserts that range for the compressed models only). Two things keep
+its flatness informative. The folded-gap bound is an equivalence margin: the gap's upper 95% bound is
+{pct(cards['full']['battery']['gap_ci'][1])} pp, against gaps of {pct(min(cards[n]['battery']['gap'] for n in names if n != 'full'))}-{pct(max(cards[n]['battery']['gap'] for n in names if n != 'full'))} pp in the compressed models. And the
+continuous metric has no ceiling: the answer's NLL by phase is flat for the control (Kruskal-Wallis
+p = {pval(cards['full']['battery']['nll_kruskal_p'])}; phase means {', '.join(f'{x:.3f}' for x in cards['full']['battery']['nll_by_phase'])}) and strongly
+phase-dependent in every compressed model (largest p = {pval(max(cards[n]['battery']['nll_kruskal_p'] for n in names if n != 'full'))}). Stopping the control
+early could have put its accuracy inside the range; we ship it trained on the same schedule as the others
+rather than choosing a step to hit a number.
 
 ## Reproduce
 ```bash
