@@ -2,7 +2,9 @@
 version of the zoo task (4 records, 33 tokens): the zoo's `full` recipe and a transformers Llama of the
 same size (2 layers, d_model 64, 4 heads, MLP 256), same data, AdamW 3e-3, 500 steps. Prints JSON.
 
-    .venv/bin/python scripts/control_vs_llama.py
+    .venv/bin/python scripts/control_vs_llama.py > docs/data/control_vs_llama.json
+
+docs/zoo.md (scripts/gen_zoo_docs.py) quotes that file.
 """
 
 from __future__ import annotations

@@ -26,8 +26,11 @@ from phaselens.zoo.recipes import (  # noqa: E402
     ZOO_TASK,
 )
 
-# The control's previous recipe (zoo task only, 6,000 steps), as its card recorded it before the warm-up.
-OLD_CONTROL = "6,000 steps on the zoo task alone: mean 8.3%, flat (G p = 0.74), i.e. chance among 12 values"
+# The control's previous recipe (zoo task only, 6,000 steps), as its card recorded it before the warm-up
+# (`git show e27aad1:phaselens/zoo/full/card.json`).
+OLD_CONTROL = ("6,000 steps on the zoo task alone: mean 8.3%, flat (G p = 0.74), i.e. chance among 12 values; "
+               "card at commit e27aad1")
+LLAMA = ROOT / "docs" / "data" / "control_vs_llama.json"  # written by scripts/control_vs_llama.py
 
 
 def pct(x: float) -> str:
@@ -72,6 +75,9 @@ def layouts_table(names: list[str], n_per_residue: int = 48) -> str:
 
 
 def main() -> None:
+    import json
+
+    llama = json.loads(LLAMA.read_text())
     names = [n for n in RECIPES if n in list_models()]
     cards = {n: entry(n).card for n in names}
     p = np.array([cards[n]["battery"]["p_g"] for n in names])
@@ -155,8 +161,10 @@ that writes each key into its value's position, and a head at the query that mat
 model needs one hop, because an entry pools a key with its value. With answer-only supervision (five
 positions per sequence) the control sat on the "copy some value from the context" plateau: its previous
 recipe ({OLD_CONTROL}). `scripts/control_vs_llama.py` showed that a transformers `LlamaForCausalLM` of the
-same size learns the task equally slowly (mean loss over steps 450-500 on a 4-record version: ours 1.74,
-Llama 1.78), so the plateau is the task at this size, not our implementation.
+same size learns the task equally slowly (mean loss over steps {(llama['steps'] - 50)}-{llama['steps']} on a 4-record version: ours
+{llama['phaselens_full_loss_every_50'][-1]}, Llama {llama['llama_loss_every_50'][-1]}; copying a random context value scores
+{llama['copy_a_context_value_loss']}; `docs/data/control_vs_llama.json`), so the plateau is the task at this size, not
+our implementation.
 
 The control now warms up on `RepeatedSegments` (`phaselens/tasks/induction.py`): random tokens in which
 a 24-token segment recurs at a random distance, every token of the repeat trained. Because the distance

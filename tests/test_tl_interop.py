@@ -30,10 +30,12 @@ def test_get_act_patch_attn_head_out_all_pos_matches_a_manual_hook():
         z[:, :, head] = clean_cache[name][:, :, head]
         return z
 
-    manual = metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)]))
+    manual = metric(model.run_with_hooks(corrupted, fwd_hooks=[(name, patch)])).detach()
     assert torch.allclose(result[layer, head], manual, atol=1e-6)
     # the patch does something, so the comparison is not vacuous
-    assert abs(float(manual) - float(metric(model(corrupted)))) > 1e-5
+    with torch.no_grad():
+        unpatched = float(metric(model(corrupted)))
+    assert abs(float(manual) - unpatched) > 1e-5
 
 
 def test_cfg_carries_the_fields_transformer_lens_reads():
