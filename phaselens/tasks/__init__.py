@@ -3,6 +3,7 @@
 - :class:`KVRecall`: token-level key -> value recall for the toy-model zoo (training sampler included).
 - :class:`Needle`: key -> value lookup in text, for any HF tokenizer.
 - :class:`PaddingProbe`: one prompt, a sweeping padding line, a two-way completion (the FP8 probe).
+- :class:`RepeatedSegments`: generic induction data (no phases) for warming up full-attention models.
 
 Every task has ``build(spec, *, n_per_residue, residues=None, seed=0) -> TaskBatch``, ``seq_len(spec)``
 and ``to_dict()``; :func:`task_from_dict` rebuilds any of them. See ``docs/tasks.md``.
@@ -10,6 +11,7 @@ and ``to_dict()``; :func:`task_from_dict` rebuilds any of them. See ``docs/tasks
 
 from phaselens.tasks.base import TaskBatch, require_context
 from phaselens.tasks.design import PositionDesign
+from phaselens.tasks.induction import RepeatedSegments
 from phaselens.tasks.kv_recall import KVRecall
 from phaselens.tasks.layout import SCHEMES, RegionPlan
 from phaselens.tasks.needle import Needle
@@ -25,6 +27,7 @@ __all__ = [
     "PaddingProbe",
     "PositionDesign",
     "RegionPlan",
+    "RepeatedSegments",
     "SerializableTask",
     "TaskBatch",
     "TrainingBatch",
