@@ -1,6 +1,6 @@
 """record() (every head, read and write side) against a plain forward over the same items.
 
-    .venv/bin/python benchmarks/bench_record.py [--model w8s4] [--n-per-residue 32] [--repeats 15]
+    .venv/bin/python benchmarks/bench_record.py [--model w8s4] [--n-per-residue 32] [--repeats 25]
 """
 
 from __future__ import annotations

@@ -168,8 +168,8 @@ our implementation.
 
 The control now warms up on `RepeatedSegments` (`phaselens/tasks/induction.py`): random tokens in which
 a 24-token segment recurs at a random distance, every token of the repeat trained. Because the distance
-varies, only a content-based induction head solves it (a fixed repeat distance is solved by a positional
-head instead, which does not transfer). The circuit forms within the warm-up, and the zoo task then
+varies, only a content-based induction head solves it (in an exploratory run, not shipped, a fixed repeat
+distance let the model learn a positional shortcut instead, which did not transfer to the zoo task). The circuit forms within the warm-up, and the zoo task then
 trains in the same {ZOO_SETTINGS.steps:,} steps as the compressed models. Its headline: mean
 {pct(cards['full']['battery']['mean'])}% ({'inside' if 0.40 <= cards['full']['battery']['mean'] <= 0.95 else 'OUTSIDE'} 40-95%), folded gap
 {pct(cards['full']['battery']['gap'])} pp with upper 95% bound {pct(cards['full']['battery']['gap_ci'][1])} pp, G p = {pval(cards['full']['battery']['p_g'])}.

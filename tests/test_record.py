@@ -38,34 +38,31 @@ def test_write_side_profiles_and_concentration(rec):
     assert "Recording(" in repr(r)
 
 
-def test_write_side_equals_a_loop_over_items_and_entries(rec):
-    """Gate weights at the target, E[alpha] and both concentration measures, recomputed item by item."""
-    import torch
+@pytest.mark.parametrize("layout_name", ["w4s4-scalar", "w8s4-deepseek"])
+def test_write_side_equals_a_loop_over_items_and_entries(layout_name):
+    """Gate weights at the target, E[alpha] and both concentration measures, recomputed item by item with
+    scipy's entropy."""
+    import scipy.stats as sps
 
-    r, spec = rec
-    model = task_model(spec, init_std=0.5)
+    model = task_model(LAYOUTS[layout_name], init_std=0.5)
     batch = model.default_task.build(model.analysis_spec, n_per_residue=3, seed=0)
     r = phaselens.record(model, batch, progress=False, batch_size=7)  # uneven batches: sums must still add up
     _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: "hook_gate" in n)
     name = next(n for n in cache if n.startswith("blocks.0."))
     path = name.rsplit("_", 1)[-1] if name.endswith(("_k", "_v")) else "kv"
-    alpha = cache[name].double()  # [N, E, W, Hkv(, d)]
-    if alpha.dim() == 4:
-        alpha = alpha.unsqueeze(-1)
+    alpha = cache[name].double().numpy()  # [N, E, W, Hkv(, d)]
+    if alpha.ndim == 4:
+        alpha = alpha[..., None]
     geo = model.phase_specs[0]
-    S, W = geo.stride, geo.window
-    skip = W // S - 1  # entries whose window starts before the origin
-    prof, conc, count = 0, 0, 0
-    for i in range(alpha.shape[0]):
-        for e in range(skip, alpha.shape[1]):
-            a = alpha[i, e]  # [W, Hkv, d]
-            prof = prof + a
-            conc = conc + torch.exp(-(a * a.clamp_min(1e-30).log()).sum(0))
-            count += 1
-    prof, conc = (prof / count).mean(-1), (conc / count).mean(-1)  # [W, Hkv], [Hkv]
-    got = r.gate_profile.sel(layer=0, path=path).values  # [kv_head, offset]
-    assert np.allclose(got[:, :W], prof.T.numpy(), atol=1e-5)
-    assert np.allclose(r.concentration.sel(layer=0, path=path).values[:, 1], conc.numpy(), atol=1e-4)
+    W = geo.window
+    skip = geo.blocks_per_window - 1  # entries whose window starts before the origin
+    windows = [alpha[i, e] for i in range(alpha.shape[0]) for e in range(skip, alpha.shape[1])]  # [W, Hkv, d]
+    prof = np.mean(windows, 0)  # [W, Hkv, d]
+    per_window = np.mean([np.exp(sps.entropy(a, axis=0)) for a in windows], 0).mean(-1)  # [Hkv]
+    static = np.exp(sps.entropy(prof, axis=0)).mean(-1)  # [Hkv]
+    assert np.allclose(r.gate_profile.sel(layer=0, path=path).values[:, :W], prof.mean(-1).T, atol=1e-5)
+    conc = r.concentration.sel(layer=0, path=path).values  # [kv_head, (static, per_window)]
+    assert np.allclose(conc[:, 0], static, atol=1e-4) and np.allclose(conc[:, 1], per_window, atol=1e-4)
     # gate weight on the target key's slot, averaged over the entries containing it and over the k/v paths
     t_k = batch.frame["t_K"].to_numpy()
     paths = [cache[n].double() for n in cache if n.startswith("blocks.0.")]

@@ -3,8 +3,8 @@
 A full-attention model must learn a two-layer induction circuit to solve :class:`KVRecall` (a compressed
 model needs only one hop: its entries pool a key with its value). On KVRecall alone the signal is five
 answer positions per sequence, and a small full-attention model sits on the "copy some value" plateau for
-thousands of steps. On this data every token of the repeat is trained, and the circuit forms within a few
-hundred steps; because the distance between the two copies varies, only a content-based (induction) head
+thousands of steps. On this data every token of the repeat is trained, and the circuit forms in under a
+thousand steps (the zoo's control: loss 4.8 -> 0.2 by warm-up step 700, in its card's loss curve); because the distance between the two copies varies, only a content-based (induction) head
 solves it, not a fixed positional offset. The zoo's control warms up on it (see ``docs/zoo.md``).
 """
 
