@@ -14,6 +14,7 @@ from phaselens.heads import Head, parse_heads
 from phaselens.interventions import (
     AblationResult,
     GateCyclingResult,
+    Knockout,
     PatchResult,
     ablate,
     cycle_gates,
@@ -33,7 +34,7 @@ from phaselens.models import (
     RopeSpec,
     YarnSpec,
 )
-from phaselens.protocol import PhaseModel
+from phaselens.protocol import CAPABILITIES, HookContext, PhaseModel, call_state, capability
 from phaselens.record import Recording, record
 from phaselens.repair import PhaseEnsemble, RepairTable, phase_ensemble, repair_table
 from phaselens.reporting import report
@@ -50,7 +51,10 @@ __all__ = [
     "CompressorSpec",
     "DeepSeekV4Adapter",
     "GateCyclingResult",
+    "CAPABILITIES",
     "Head",
+    "HookContext",
+    "Knockout",
     "Labelled",
     "PatchResult",
     "PhaseEval",
@@ -65,6 +69,8 @@ __all__ = [
     "__version__",
     "ablate",
     "attribution_map",
+    "call_state",
+    "capability",
     "cycle_gates",
     "evaluate",
     "from_hf",

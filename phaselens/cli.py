@@ -80,7 +80,7 @@ def eval_cmd(
     ev = phaselens.evaluate(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
     typer.echo(ev.summary())
     if out:
-        ev.to_frame().to_csv(out, index=False)
+        ev.to_frame("item").to_csv(out, index=False)
 
 
 @app.command("record")

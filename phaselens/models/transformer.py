@@ -23,6 +23,7 @@ from phaselens.geometry import PhaseSpec
 from phaselens.models.attention import Attention, NoPast, Past
 from phaselens.models.compressor import default_init_, rms_norm
 from phaselens.models.config import CompressedConfig
+from phaselens.models.hooking import ContextHooks, query_start
 
 if TYPE_CHECKING:
     from phaselens.models.cache import CompressedKVCache
@@ -70,7 +71,7 @@ class Block(nn.Module):
         return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
 
 
-class CompressedTransformer(HookedRootModule):
+class CompressedTransformer(ContextHooks, HookedRootModule):
     """A decoder-only transformer whose compressed layers attend to a local window plus pooled entries.
 
     Args:
@@ -87,6 +88,7 @@ class CompressedTransformer(HookedRootModule):
     """
 
     default_task: Any = None
+    name: str = ""
 
     def __init__(self, cfg: CompressedConfig) -> None:
         super().__init__()
@@ -123,6 +125,30 @@ class CompressedTransformer(HookedRootModule):
         specs = [s for s in self.phase_specs if s is not None]
         return min(specs, key=lambda s: s.stride) if specs else PhaseSpec(1)
 
+    @property
+    def analysis_metadata(self) -> dict[str, Any]:
+        """What a result must carry to be read correctly: nothing beyond the model's name for this model."""
+        return {}
+
+    @property
+    def returns_query_logits(self) -> bool:
+        """False: all logits of a forward fit in memory at this model's sizes."""
+        return False
+
+    # ---- capabilities (see phaselens.protocol.CAPABILITIES) -------------------------------------------
+    def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096) -> Any:
+        """The query-suffix engine over ``tokens`` ``[N, T]`` with query slots ``query_pos`` ``[N]``."""
+        from phaselens.engine import QueryEngine
+
+        return QueryEngine(self, tokens, query_pos, rows_per_pass=rows_per_pass)
+
+    def cycle_gates(self, delta: int) -> CompressedTransformer:
+        """A copy whose offset-specific gate parameters are rolled by ``delta`` (see
+        :func:`phaselens.interventions.cycling.cycle_gates`)."""
+        from phaselens.interventions.cycling import roll_offset_gates
+
+        return roll_offset_gates(self, delta)
+
     def to_tokens(self, tokens: Any, *args: Any, **kwargs: Any) -> Tensor:
         """Token ids as a ``[batch, pos]`` long tensor. This model has no tokenizer: text is an error."""
         if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and isinstance(tokens[0], str)):
@@ -152,6 +178,8 @@ class CompressedTransformer(HookedRootModule):
         *,
         cache: CompressedKVCache | None = None,
         return_type: Literal["logits", "loss", "both", None] = "logits",
+        logits: Literal["all", "query"] = "all",
+        query_len: int | None = None,
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]`` for token ids ``tokens`` ``[batch, pos]`` (or ``[pos]``).
 
@@ -159,7 +187,12 @@ class CompressedTransformer(HookedRootModule):
 
         With ``cache``, ``tokens`` continue the cached sequence at slot ``cache.length`` and the cache is
         advanced; the logits equal those of a parallel forward over the whole sequence.
+
+        With ``logits="query"`` only the last ``query_len`` rows are unembedded: ``[batch, query_len, d_vocab]``
+        (the analyses score query rows only, and the unembedding is most of a small model's cost).
         """
+        if logits not in ("all", "query"):
+            raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
         tokens = self._check_tokens(tokens)
         B, n = tokens.shape
         if cache is None:
@@ -171,18 +204,26 @@ class CompressedTransformer(HookedRootModule):
             pasts: list[Past] = [NoPast() for _ in self.blocks]
         else:
             pasts = cache.begin(tokens)
-        resid = self.hook_embed(self.embed(tokens))
-        for block, past in zip(self.blocks, pasts):
-            resid = block(resid, past)
+        with query_start(0 if cache is None else cache.length):
+            resid = self.hook_embed(self.embed(tokens))
+            for block, past in zip(self.blocks, pasts):
+                resid = block(resid, past)
         if cache is not None:
             cache.end(n)
-        logits = self.unembed(self.ln_final(resid))
-        if return_type == "logits":
-            return logits
+        if logits == "query":
+            if return_type != "logits":
+                raise InputError("logits='query' returns logits only; use return_type='logits'.")
+            q = n if query_len is None else int(query_len)
+            if not 1 <= q <= n:
+                raise InputError(f"query_len must lie in 1..{n} (the call's length), got {query_len}.")
+            resid = resid[:, n - q :]
         if return_type is None:
             return None
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-        return loss if return_type == "loss" else (logits, loss)
+        out = self.unembed(self.ln_final(resid))
+        if return_type == "logits":
+            return out
+        loss = F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), tokens[:, 1:].reshape(-1))
+        return loss if return_type == "loss" else (out, loss)
 
     def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> CompressedKVCache:
         """An empty :class:`~phaselens.models.cache.CompressedKVCache` for ``batch_size`` sequences."""

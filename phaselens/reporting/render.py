@@ -79,14 +79,19 @@ def headline_rows(results: list[ModelResults]) -> list[dict[str, Any]]:
     for r in results:
         c = r.eval.tests.counts
         lo, hi = r.eval.gap_ci
-        si = r.map.specialization_index()
+        top = r.map.most_specialized(1)
+        best = top.iloc[0] if len(top) else None
         rows.append({
             "model": r.name, "description": r.description, "stride": r.eval.stride,
             "mean": c.mean_accuracy, "worst_phase": c.worst_phase, "worst": c.worst_accuracy,
             "boundary": c.boundary_accuracy, "gap": c.phase_gap, "gap_ci_low": lo, "gap_ci_high": hi,
             "period": c.period.period, "p_chi2": c.chi2.pvalue, "p_nested": c.nested.pvalue,
             "harmonic_fraction": c.harmonic.fraction, "p_gap": c.gap_test.pvalue,
-            "max_specialization": float(si["specialization"].max()) if si["specialization"].notna().any() else None,
+            "most_specialized_head": None if best is None else str(best["label"]),
+            "specialization": None if best is None else float(best["specialization"]),
+            "specialization_ci_low": None if best is None else float(best["ci_low"]),
+            "specialization_ci_high": None if best is None else float(best["ci_high"]),
+            "specialization_phase": None if best is None else int(best["worst_phase"]),
             "cycling_r2": None if r.cycling is None else r.cycling.r2,
         })
     return rows
@@ -104,7 +109,9 @@ def html_page(results: list[ModelResults], secs: list[Section], meta: dict[str, 
                                              "most specialized head"))
     body = []
     for r in rows:
-        spec = "n/a (none significant)" if r["max_specialization"] is None else f"{r['max_specialization']:.2f}"
+        spec = "none significant" if r["most_specialized_head"] is None else (
+            f"{r['most_specialized_head']} {r['specialization']:.2f} [{r['specialization_ci_low']:.2f}, "
+            f"{r['specialization_ci_high']:.2f}], phase {r['specialization_phase']}")
         body.append(
             f"<tr><td><b>{html.escape(r['model'])}</b><br><small>{html.escape(r['description'])}</small></td>"
             f"<td>{100 * r['mean']:.1f}</td><td>{r['worst_phase']}</td><td>{100 * r['worst']:.1f}</td>"

@@ -26,11 +26,12 @@ def tables(results: list[ModelResults]) -> dict[str, pd.DataFrame]:
         out[f"{r.name}_map"] = r.map.to_frame()
         out[f"{r.name}_specialization"] = r.map.specialization_index()
         if r.recording is not None:
-            out[f"{r.name}_recording"] = r.recording.to_frame()
+            out[f"{r.name}_recording"] = r.recording.to_frame("residue")
+            out[f"{r.name}_gates"] = r.recording.to_frame("model")
         if r.cycling is not None:
-            out[f"{r.name}_cycling"] = r.cycling.to_frame()
+            out[f"{r.name}_cycling"] = r.cycling.frame
         if r.repair is not None:
-            out[f"{r.name}_repair"] = r.repair.to_frame()
+            out[f"{r.name}_repair"] = r.repair.to_frame("rule")
     return out
 
 

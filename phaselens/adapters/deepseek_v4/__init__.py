@@ -14,7 +14,7 @@ from phaselens.adapters.deepseek_v4.adapter import DeepSeekV4Adapter
 from phaselens.adapters.deepseek_v4.config import DeepSeekV4Cfg
 from phaselens.adapters.deepseek_v4.construct import from_hf
 from phaselens.adapters.deepseek_v4.geometry import LayerGeometry, layer_geometry
-from phaselens.adapters.deepseek_v4.hookpoints import Hook, HookPoint
+from phaselens.adapters.deepseek_v4.hookpoints import HookPoint, context_for
 from phaselens.adapters.deepseek_v4.loading import load_hf
 from phaselens.adapters.deepseek_v4.notices import DeepSeekV4Warning, IndexTopKWarning, LayerTypesWarning
 
@@ -22,7 +22,7 @@ __all__ = [
     "DeepSeekV4Adapter",
     "DeepSeekV4Cfg",
     "DeepSeekV4Warning",
-    "Hook",
+    "context_for",
     "HookPoint",
     "IndexTopKWarning",
     "LayerGeometry",
