@@ -130,7 +130,7 @@ def test_items_battery_paired() -> None:
     assert int(r.counts.correct.sum()) == int(frame["correct"].sum())
     frame_out = r.to_frame()
     assert {"cochran_q", "kruskal", "friedman"} <= set(frame_out["quantity"])
-    assert "Cochran's Q=" in repr(r) and "item-cluster bootstrap" in repr(r)
+    assert "Cochran's Q=" in repr(r) and "CI from items (item-cluster)" in repr(r)
 
 
 def test_items_battery_unpaired_says_why() -> None:

@@ -18,17 +18,13 @@ from phaselens.stats._checks import (
     readonly,
 )
 from phaselens.stats.folding import fold
+from phaselens.stats.gapci import gap_ci
 from phaselens.stats.intervals import wilson_ci
 from phaselens.stats.omnibus import chi2_test, g_test
-from phaselens.stats.periodicity import (
-    HarmonicResult,
-    PeriodResult,
-    detect_period,
-    harmonic_fraction,
-    nested_fold_test,
-)
-from phaselens.stats.resampling import gap_bootstrap_ci, gap_permutation_test
-from phaselens.stats.results import BootstrapResult, PermutationResult, TestResult, fmt_p
+from phaselens.stats.period import PeriodResult, detect_period
+from phaselens.stats.periodicity import HarmonicResult, harmonic_fraction, nested_fold_test
+from phaselens.stats.resampling import gap_permutation_test
+from phaselens.stats.results import GapInterval, PermutationResult, TestResult, fmt_p
 
 
 def _pct(x: float) -> str:
@@ -91,7 +87,7 @@ class PhaseBattery:
     nested: TestResult
     harmonic: HarmonicResult
     gap_test: PermutationResult
-    gap_ci: BootstrapResult | None
+    gap_ci: GapInterval | None
     period: PeriodResult
 
     def __post_init__(self) -> None:
@@ -302,6 +298,6 @@ def phase_battery(
         gap_test=gap_test,
         gap_ci=None
         if boot is None
-        else gap_bootstrap_ci(c, t, stride, level=level, n_bootstrap=boot, seed=seed),
+        else gap_ci(c, t, stride, level=level, n_draws=boot, seed=seed),
         period=detect_period(c, t, alpha=alpha),
     )
