@@ -76,6 +76,8 @@ def gap_bounds(
 
 def _interval(estimate: float, est: np.ndarray, cov: np.ndarray, level: float, n_draws: int, seed: int,
               scheme: str) -> GapInterval:
+    if est.size < 2:  # one phase: the gap is 0 by definition
+        return GapInterval("folded_gap", estimate, 0.0, 0.0, level, 0.0, scheme, 0.0, 0.0, n_draws)
     b = gap_bounds(est[None], cov[None], level=level, n_draws=n_draws, seed=seed)
     return GapInterval(
         name="folded_gap",
@@ -108,7 +110,7 @@ def gap_ci(
     Args:
         correct: ``(M,)`` correct answers per residue.
         n: an int or ``(M,)`` trials per residue.
-        stride: S (divides M), at least 2.
+        stride: S (divides M); with S = 1 the gap and its bounds are 0.
         level: two-sided level of ``(ci_low, ci_high)``; ``upper_bound`` is one-sided at ``level``.
         n_draws: simulated vectors for the lower bound's simultaneous critical value.
         seed: seed of those draws.
@@ -122,8 +124,6 @@ def gap_ci(
     if c.ndim != 1:
         raise StatsInputError(f"correct must be 1-D, one count per residue, got shape {c.shape}.")
     stride, _ = check_stride(stride, c.size)
-    if stride < 2:
-        raise StatsInputError("a gap needs at least 2 phases; pass stride >= 2.")
     level = check_level(level)
     b = check_draws(n_draws, "n_draws")
     est, cov = count_moments(c, t, stride)
@@ -151,13 +151,11 @@ def item_gap_ci(
         item_ids: ``(N,)`` item label per row.
         residues: ``(N,)`` residue per row, in 0..M−1.
         values: ``(N,)`` outcome per row (0/1 or a continuous metric).
-        stride: S (divides M), at least 2.
+        stride: S (divides M); with S = 1 the gap and its bounds are 0.
         modulus: M; default ``max(residues) + 1`` rounded up to a multiple of S.
         level, n_draws, seed: as in :func:`gap_ci`.
     """
     r, stride, modulus = resolve_residues(residues, stride, modulus)
-    if stride < 2:
-        raise StatsInputError("a gap needs at least 2 phases; pass stride >= 2.")
     v = check_values(values, "values", r.size)
     item = item_codes(item_ids, r.size)
     level = check_level(level)

@@ -5,8 +5,9 @@
   Not rejecting means mod M adds nothing to mod P.
 * :func:`harmonic_fraction`: the share of the non-DC DFT power of the M per-residue accuracies that sits at
   the frequencies of period S (bins that are nonzero multiples of M/S). A purely S-periodic profile gives 1;
-  with no structure each of the M − 1 non-DC bins holds the same power on average, so the null share is
-  (S − 1)/(M − 1).
+  with no structure each of the M − 1 non-DC bins holds the same power on average, so the reference share is
+  (S − 1)/(M − 1). The permutation null's own mean is near it but not equal to it (a mean of ratios is not the
+  ratio of means, and unequal n per residue shifts it further); the p-value uses the permutation null.
 
 The period detector that builds on these tests lives in :mod:`phaselens.stats.period`.
 """
@@ -100,8 +101,10 @@ class HarmonicResult:
 
     Attributes:
         fraction: observed share of non-DC power at period-S frequencies (NaN for a flat profile).
-        null_fraction: (S − 1)/(M − 1), its expectation with no structure.
-        null_mean: its mean over the permuted tables.
+        null_fraction: (S − 1)/(M − 1), the share of non-DC bins at period-S frequencies: the reference value
+            with no structure (each bin's expected power is equal), not the null's exact mean.
+        null_mean: the fraction's mean over the permuted tables (near ``null_fraction`` with equal n per
+            residue, further off with unequal n); the p-value comes from this null.
         pvalue: permutation p-value (outcomes permuted across residues, n per residue fixed).
         n_permutations: permutations drawn.
         stride, modulus: S and M.
