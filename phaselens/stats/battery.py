@@ -17,7 +17,7 @@ from phaselens.stats._checks import (
     readonly,
 )
 from phaselens.stats.folding import fold
-from phaselens.stats.gapci import gap_ci
+from phaselens.stats.gapci import MIN_DRAWS, gap_ci
 from phaselens.stats.intervals import wilson_ci
 from phaselens.stats.omnibus import chi2_test, g_test
 from phaselens.stats.period import PeriodResult, detect_period
@@ -275,7 +275,8 @@ def phase_battery(
         alpha: level for rejections and period detection.
         level: confidence level of the Wilson and bootstrap intervals.
         n_permutations: permutations for the gap and harmonic p-values.
-        n_bootstrap: simulated vectors for the gap CI's lower bound; 0 skips the CI.
+        n_bootstrap: simulated vectors for the gap CI's lower bound (at least ``MIN_DRAWS`` = 20,000 are used);
+            0 skips the CI.
         seed: seed of every random draw.
         scale: ``"auto"``, ``"counts"``, ``"percent"`` or ``"fraction"`` (how to read ``correct``).
 
@@ -334,7 +335,7 @@ def phase_battery(
         gap_test=gap_test,
         gap_ci=None
         if boot is None
-        else gap_ci(c, t, stride, level=level, n_draws=boot, seed=seed),
+        else gap_ci(c, t, stride, level=level, n_draws=max(boot, MIN_DRAWS), seed=seed),
         period=detect_period(c, t, alpha=alpha),
         worst_residue=int(np.argmin(c / t)),
         worst_residue_accuracy=float((c / t).min()),

@@ -10,7 +10,7 @@ import pandas as pd
 from phaselens.stats._checks import check_draws
 from phaselens.stats.battery import PhaseBattery, _pct, _row, phase_battery
 from phaselens.stats.continuous import ContinuousResult, continuous_phase_tests
-from phaselens.stats.gapci import item_gap_ci
+from phaselens.stats.gapci import MIN_DRAWS, item_gap_ci
 from phaselens.stats.items import DEFAULT_METRICS, item_table
 from phaselens.stats.omnibus import cochran_q
 from phaselens.stats.paired import nested_cochran_q
@@ -194,7 +194,7 @@ def phase_battery_items(
             tab.stride,
             tab.modulus,
             level=level,
-            n_draws=n_bootstrap,
+            n_draws=max(n_bootstrap, MIN_DRAWS),
             seed=seed,
         )
     continuous = tuple(

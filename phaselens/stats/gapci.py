@@ -41,6 +41,8 @@ from phaselens.stats.folding import fold, folded_gap_from_counts, gap
 from phaselens.stats.items import item_codes
 from phaselens.stats.results import GapInterval
 
+MIN_DRAWS = 20_000  # draws the batteries and the old names use at least: the critical value's MC SD is ≈ 0.01
+
 
 def gap_bounds(
     est: np.ndarray, cov: np.ndarray, *, level: float = 0.95, n_draws: int = 20000, seed: int = 0
@@ -185,8 +187,8 @@ def gap_bootstrap_ci(
     seed: int = 0,
 ) -> GapInterval:
     """Deprecated name of :func:`gap_ci` (the percentile bootstrap it once ran undercovered; see
-    docs/statistics.md). ``n_bootstrap`` is passed on as ``n_draws``."""
-    return gap_ci(correct, n, stride, level=level, n_draws=n_bootstrap, seed=seed)
+    docs/statistics.md). ``n_bootstrap`` becomes ``n_draws``, at least ``MIN_DRAWS``."""
+    return gap_ci(correct, n, stride, level=level, n_draws=max(n_bootstrap, MIN_DRAWS), seed=seed)
 
 
 def item_bootstrap_ci(
@@ -200,8 +202,9 @@ def item_bootstrap_ci(
     n_bootstrap: int = 20000,
     seed: int = 0,
 ) -> GapInterval:
-    """Deprecated name of :func:`item_gap_ci`; ``n_bootstrap`` is passed on as ``n_draws``."""
-    return item_gap_ci(item_ids, residues, values, stride, modulus, level=level, n_draws=n_bootstrap, seed=seed)
+    """Deprecated name of :func:`item_gap_ci`; ``n_bootstrap`` becomes ``n_draws``, at least ``MIN_DRAWS``."""
+    return item_gap_ci(item_ids, residues, values, stride, modulus, level=level,
+                       n_draws=max(n_bootstrap, MIN_DRAWS), seed=seed)
 
 
 def batch_count_bounds(correct: np.ndarray, n: np.ndarray, stride: int, **kw: object) -> dict[str, np.ndarray]:
