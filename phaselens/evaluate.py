@@ -47,8 +47,48 @@ class PhaseEval(Result):
 
     @property
     def worst(self) -> float:
+        """Accuracy of the worst phase (residues folded mod S); alias of ``worst_phase_accuracy``."""
+        return self.tests.counts.worst_accuracy
+
+    @property
+    def worst_phase_accuracy(self) -> float:
         """Accuracy of the worst phase (residues folded mod S)."""
         return self.tests.counts.worst_accuracy
+
+    @property
+    def best_phase_accuracy(self) -> float:
+        """Accuracy of the best phase (residues folded mod S)."""
+        return self.tests.counts.best_accuracy
+
+    @property
+    def phase_gap(self) -> float:
+        """Max - min accuracy over phases (residues folded mod S)."""
+        return self.tests.counts.phase_gap
+
+    @property
+    def worst_residue(self) -> int:
+        """The residue (0..M-1, not folded) with the lowest accuracy."""
+        return self.tests.counts.worst_residue
+
+    @property
+    def worst_residue_accuracy(self) -> float:
+        """Lowest accuracy over the M residues, not folded: the paper's "worst"."""
+        return self.tests.counts.worst_residue_accuracy
+
+    @property
+    def best_residue(self) -> int:
+        """The residue (0..M-1, not folded) with the highest accuracy."""
+        return self.tests.counts.best_residue
+
+    @property
+    def best_residue_accuracy(self) -> float:
+        """Highest accuracy over the M residues, not folded: the paper's "best"."""
+        return self.tests.counts.best_residue_accuracy
+
+    @property
+    def residue_gap(self) -> float:
+        """Max - min accuracy over the M residues, not folded: the paper's "gap across residues"."""
+        return self.tests.counts.residue_gap
 
     @property
     def worst_phase(self) -> int:
@@ -56,17 +96,25 @@ class PhaseEval(Result):
 
     @property
     def best(self) -> float:
+        """Accuracy of the best phase (residues folded mod S); alias of ``best_phase_accuracy``."""
         return self.tests.counts.best_accuracy
 
     @property
     def gap(self) -> float:
-        """Folded max - min accuracy over phases."""
+        """Folded max - min accuracy over phases; alias of ``phase_gap`` (see ``residue_gap`` for the paper's)."""
         return self.tests.counts.phase_gap
 
     @property
     def gap_ci(self) -> tuple[float, float]:
+        """95% interval of the folded gap (``phase_gap``)."""
         ci = self.tests.gap_ci
         return (ci.ci_low, ci.ci_high) if ci is not None else (float("nan"), float("nan"))
+
+    @property
+    def gap_upper_bound(self) -> float:
+        """One-sided 95% upper bound of the folded gap: the equivalence margin."""
+        ci = self.tests.gap_ci
+        return ci.upper_bound if ci is not None else float("nan")
 
     @property
     def boundary(self) -> float:
@@ -75,7 +123,8 @@ class PhaseEval(Result):
 
     @property
     def period(self) -> int | None:
-        return self.tests.counts.period.period
+        """Detected period (paired tests when items are paired); ``None`` for no effect or an ambiguous one."""
+        return self.tests.period.period
 
     def per_residue(self) -> pd.DataFrame:
         """One row per residue: ``n``, ``correct``, ``acc``, Wilson 95% ``ci_low`` / ``ci_high``, mean NLL."""
@@ -107,9 +156,11 @@ class PhaseEval(Result):
             f"stride {self.stride}, residues mod {self.modulus}",
             f"  mean {100 * self.mean:.1f}%  worst phase {self.worst_phase}: {100 * self.worst:.1f}%  "
             f"boundary phase {self.stride - 1}: {100 * self.boundary:.1f}%  best {100 * self.best:.1f}%",
+            f"  per residue: worst {self.worst_residue}: {100 * self.worst_residue_accuracy:.1f}%  "
+            f"best {self.best_residue}: {100 * self.best_residue_accuracy:.1f}%  gap {100 * self.residue_gap:.1f} pp",
             f"  folded gap {100 * self.gap:.1f} pp [95% CI {100 * lo:.1f}, {100 * hi:.1f}], "
-            f"permutation p={c.gap_test.pvalue:.3g}; omnibus G p={c.g.pvalue:.3g}; "
-            f"nested mod {self.modulus} vs {self.stride} p={c.nested.pvalue:.3g}; period {self.period}",
+            f"permutation p={c.gap_test.pvalue:.3g}; omnibus {self.tests.omnibus.name} p={self.tests.omnibus.pvalue:.3g}; "
+            f"nested mod {self.modulus} vs {self.stride} p={self.tests.nested.pvalue:.3g}; period {self.period}",
             "  accuracy by phase %: " + " ".join(f"{100 * a:.1f}" for a in c.phase_accuracy),
         ])
 
