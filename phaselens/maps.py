@@ -6,16 +6,16 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
+from phaselens.checkpointing import CellCheckpoint
 from phaselens.effects import EPS_CLEAN, Effects, mcnemar_p, relative_effects
 from phaselens.engine import Cell, SuffixEngine, supports_engine
-from phaselens.errors import CheckpointError, PhaseLensError
+from phaselens.errors import PhaseLensError
 from phaselens.evaluate import score_items
 from phaselens.interventions.knockout import calibrate, knockout
 from phaselens.labelled import Labelled
@@ -205,42 +205,6 @@ def _fingerprint(model: Any, batch: Any, method: str, seed: int, cells: pd.DataF
     return h.hexdigest()
 
 
-class _Checkpoint:
-    """Completed cells in ``path`` (.npz) with a JSON manifest; written atomically after each chunk."""
-
-    def __init__(self, path: str | os.PathLike | None, fingerprint: str) -> None:
-        self.path = Path(path) if path is not None else None
-        self.fp = fingerprint
-        self.done: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        if self.path is not None and self.manifest.is_file():
-            man = json.loads(self.manifest.read_text())
-            if man.get("fingerprint") != fingerprint:
-                raise CheckpointError(f"{self.path} holds a different map (model, items or method); use another path.")
-            with np.load(self.path) as data:
-                for label in man["cells"]:
-                    self.done[label] = (data[f"{label}.correct"], data[f"{label}.ld"])
-
-    @property
-    def manifest(self) -> Path:
-        assert self.path is not None
-        return self.path.with_suffix(".json")
-
-    def add(self, label: str, correct: np.ndarray, ld: np.ndarray) -> None:
-        self.done[label] = (correct, ld)
-
-    def flush(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp.npz")
-        arrays = {f"{k}.correct": v[0] for k, v in self.done.items()} | {f"{k}.ld": v[1] for k, v in self.done.items()}
-        np.savez(tmp, **arrays)
-        os.replace(tmp, self.path)
-        tmpj = self.manifest.with_name(self.manifest.name + ".tmp")
-        tmpj.write_text(json.dumps({"fingerprint": self.fp, "cells": list(self.done)}))
-        os.replace(tmpj, self.manifest)
-
-
 def specialization_map(
     model: Any,
     task: Any = None,
@@ -266,7 +230,8 @@ def specialization_map(
             other models (the DeepSeek-V4 adapter) fall back to one full forward per cell.
         method: ``"mean"``, ``"zero"`` or ``"resample"`` replacement of ``z``.
         kinds: which cells to map.
-        checkpoint: write finished cells atomically to this ``.npz`` (+ ``.json`` manifest) and resume from it.
+        checkpoint: a file path (any name): finished cells are written there atomically (one safetensors file,
+            its manifest in the header) and a rerun resumes from it.
         engine: ``"auto"``, ``"suffix"`` or ``"full"`` (full forwards, the reference way).
 
     Example:
@@ -280,7 +245,7 @@ def specialization_map(
     cells = map_cells(model.cfg, kinds)
     layers = sorted(set(cells["layer"]))
     cal = None if method == "zero" else calibrate(model, calibration, layers, task=task)
-    ckpt = _Checkpoint(checkpoint, _fingerprint(model, batch, method, seed, cells))
+    ckpt = CellCheckpoint(checkpoint, _fingerprint(model, batch, method, seed, cells), fields=("correct", "logit_diff"))
     use_engine = engine == "suffix" or (engine == "auto" and supports_engine(model))
     qp = batch.query_pos
     if use_engine and int(qp.min()) != int(qp.max()):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -18,14 +19,33 @@ GateKind = Literal["scalar", "vector", "uniform"]
 Sharing = Literal["shared", "per_offset"]
 
 
-def _check_keys(cls: type, data: dict[str, Any]) -> None:
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
+def _check_keys(cls: type, data: Any) -> None:
+    """``data`` must be a dict with every required field of ``cls`` and no unknown one."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a {cls.__name__} must be a JSON object (dict), got {type(data).__name__} {data!r:.80}.")
+    fields = dataclasses.fields(cls)
+    known = {f.name for f in fields}
+    unknown = sorted(set(map(str, data)) - known)
     if unknown:
         raise ConfigError(
             f"unknown {cls.__name__} key(s) {unknown}; known keys are {sorted(known)}. "
             "Was this written by a newer phaselens?"
         )
+    required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ConfigError(f"{cls.__name__} is missing required key(s) {missing}; add them (see {cls.__name__}'s fields).")
+
+
+def _check_number(owner: str, name: str, value: Any, *, positive: bool = True) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (positive and value <= 0):
+        raise ConfigError(f"{owner}.{name} must be a finite{' positive' if positive else ''} number, got {value!r}.")
+
+
+def _check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{owner}.{name} must be true or false, got {value!r}.")
 
 
 @dataclass(frozen=True)
@@ -37,6 +57,13 @@ class YarnSpec:
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     attention_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("factor", "beta_fast", "beta_slow", "attention_factor"):
+            _check_number("YarnSpec", name, getattr(self, name))
+        if not isinstance(self.original_max_position, int) or isinstance(self.original_max_position, bool) \
+                or self.original_max_position < 1:
+            raise ConfigError(f"YarnSpec.original_max_position must be a positive int, got {self.original_max_position!r}.")
 
 
 @dataclass(frozen=True)
@@ -52,6 +79,13 @@ class RopeSpec:
     dims: int | None = None
     theta: float = 10000.0
     yarn: YarnSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.dims is not None and (not isinstance(self.dims, int) or isinstance(self.dims, bool)):
+            raise ConfigError(f"RopeSpec.dims must be an even int or None, got {self.dims!r}.")
+        _check_number("RopeSpec", "theta", self.theta)
+        if self.yarn is not None and not isinstance(self.yarn, YarnSpec):
+            raise ConfigError(f"RopeSpec.yarn must be a YarnSpec or None, got {self.yarn!r}.")
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RopeSpec:
@@ -97,6 +131,9 @@ class CompressorSpec:
     norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
+        for name in ("position_bias", "tied_kv", "norm", "overlap_split"):
+            _check_bool("CompressorSpec", name, getattr(self, name))
+        _check_number("CompressorSpec", "norm_eps", self.norm_eps)
         spec = PhaseSpec(self.stride, self.window)  # validates stride and window
         object.__setattr__(self, "window", spec.window)
         if self.gate not in ("scalar", "vector", "uniform"):
@@ -178,6 +215,22 @@ class CompressedConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}.")
+        _check_bool("CompressedConfig", "sink", self.sink)
+        _check_number("CompressedConfig", "norm_eps", self.norm_eps)
+        _check_number("CompressedConfig", "init_std", self.init_std, positive=False)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}.")
+        if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)):
+            raise ConfigError(f"n_kv_heads must be a positive int or None, got {self.n_kv_heads!r}.")
+        if self.compression is not None and not isinstance(self.compression, CompressorSpec):
+            raise ConfigError(f"compression must be a CompressorSpec or None, got {self.compression!r:.80}.")
+        if self.rope is not None and not isinstance(self.rope, RopeSpec):
+            raise ConfigError(f"rope must be a RopeSpec or None, got {self.rope!r:.80}.")
+        if self.compressed_layers is not None and not (
+            isinstance(self.compressed_layers, tuple | list)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in self.compressed_layers)
+        ):
+            raise ConfigError(f"compressed_layers must be a list of layer indices or None, got {self.compressed_layers!r}.")
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         assert self.n_kv_heads is not None
@@ -252,13 +305,17 @@ class CompressedConfig:
             data["compression"] = CompressorSpec.from_dict(data["compression"])
         if data.get("rope") is not None:
             data["rope"] = RopeSpec.from_dict(data["rope"])
-        if data.get("compressed_layers") is not None:
+        if isinstance(data.get("compressed_layers"), list):
             data["compressed_layers"] = tuple(data["compressed_layers"])
         return cls(**data)
 
     @classmethod
     def from_json(cls, text: str) -> CompressedConfig:
-        return cls.from_dict(json.loads(text))
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise ConfigError(f"a CompressedConfig JSON text is invalid ({err}).") from None
+        return cls.from_dict(data)
 
     def full_attention_control(self) -> CompressedConfig:
         """The same model with every layer on full causal attention."""

@@ -28,6 +28,12 @@ if TYPE_CHECKING:
     from phaselens.models.cache import CompressedKVCache
 
 
+def _is_int(x: Any) -> bool:
+    import numbers
+
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, d: int, eps: float) -> None:
         super().__init__()
@@ -162,6 +168,11 @@ class CompressedTransformer(HookedRootModule):
         """
         tokens = self._check_tokens(tokens)
         B, n = tokens.shape
+        if B == 0 or n == 0:  # checked before the cache is touched, so the cache stays usable
+            raise InputError(
+                f"tokens have shape {tuple(tokens.shape)}: a forward needs at least one sequence of at least one "
+                "token; drop empty batches before calling the model."
+            )
         if cache is None:
             if n > self.config.n_ctx:
                 raise InputError(
@@ -170,6 +181,7 @@ class CompressedTransformer(HookedRootModule):
                 )
             pasts: list[Past] = [NoPast() for _ in self.blocks]
         else:
+            cache.check_model(self)
             pasts = cache.begin(tokens)
         resid = self.hook_embed(self.embed(tokens))
         for block, past in zip(self.blocks, pasts):
@@ -188,7 +200,7 @@ class CompressedTransformer(HookedRootModule):
         """An empty :class:`~phaselens.models.cache.CompressedKVCache` for ``batch_size`` sequences."""
         from phaselens.models.cache import CompressedKVCache
 
-        return CompressedKVCache(self, batch_size, max_len or self.config.n_ctx)
+        return CompressedKVCache(self, batch_size, self.config.n_ctx if max_len is None else max_len)
 
     @torch.no_grad()
     def generate(
@@ -210,7 +222,11 @@ class CompressedTransformer(HookedRootModule):
     ) -> Float[Tensor, "batch 1 d_vocab"]:
         """Feed ``tokens`` through ``cache`` in chunks (bounded memory); return the last position's logits."""
         tokens = self._check_tokens(tokens)
-        chunk = chunk or tokens.shape[1]
+        if chunk is not None and (not _is_int(chunk) or chunk < 1):
+            raise InputError(f"chunk must be a positive int (tokens per prefill piece) or None, got {chunk!r}.")
+        if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise InputError(f"prefill needs at least one sequence of at least one token, got shape {tuple(tokens.shape)}.")
+        chunk = int(chunk) if chunk is not None else tokens.shape[1]
         logits = None
         for i in range(0, tokens.shape[1], chunk):
             logits = self(tokens[:, i : i + chunk], cache=cache)[:, -1:]
@@ -218,11 +234,16 @@ class CompressedTransformer(HookedRootModule):
         return logits
 
     # ---- persistence ---------------------------------------------------------------------------------
-    def save(self, path: Any, *, metadata: dict[str, Any] | None = None) -> None:
-        """Write ``model.safetensors`` and ``config.json`` into the directory ``path`` (atomically)."""
+    def save(self, path: Any, *, metadata: dict[str, Any] | None = None, overwrite: bool = False) -> None:
+        """Write ``model.safetensors`` and ``config.json`` (+ ``card.json`` from ``metadata``) into the directory
+        ``path``, atomically.
+
+        A directory holding other files is refused (:class:`~phaselens.errors.OutputError`) unless
+        ``overwrite=True``, which replaces only the checkpoint's own files and keeps the rest.
+        """
         from phaselens.models.io import save_model
 
-        save_model(self, path, metadata=metadata)
+        save_model(self, path, metadata=metadata, overwrite=overwrite)
 
     def __repr__(self) -> str:
         c = self.config
