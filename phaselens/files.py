@@ -25,6 +25,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,6 +108,31 @@ def _fsync_tree(root: Path) -> None:
     _fsync(root, directory=True)
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where the OS allows (Linux), else by the usual swap."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _normal_modes(root: Path) -> None:
+    """Give what a writer made under ``root`` the modes a plain ``open``/``mkdir`` would (some libraries, e.g.
+    safetensors, create files 0600)."""
+    mask = _umask()
+    for folder, dirs, names in os.walk(root):
+        for d in dirs:
+            os.chmod(Path(folder) / d, 0o777 & ~mask)
+        for n in names:
+            os.chmod(Path(folder) / n, 0o666 & ~mask)
+
+
 def _refuse_dir(path: Path) -> None:
     if path.is_dir():
         raise OutputError(f"{path} is a directory, but a file goes there; pass a file path (e.g. {path / 'x'}).")
@@ -125,6 +151,11 @@ def atomic_write_file(path: str | os.PathLike, write: Callable[[Path], None]) ->
     tmp = path.parent / f".{path.name}.tmp-{_token()}"
     try:
         write(tmp)
+        try:  # an existing file keeps its mode; a new one gets the umask's
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except OSError:
+            mode = 0o666 & ~_umask()
+        os.chmod(tmp, mode)
         _fsync(tmp)
         _fault("file:written")
         os.replace(tmp, path)
@@ -234,6 +265,7 @@ def _write_new(target: Path, write: Callable[[Path], None], kind: DirKind) -> No
     os.mkdir(tmp)  # mode 0o777 & ~umask, as the user's own mkdir would give
     try:
         write(tmp)
+        _normal_modes(tmp)
         _fsync_tree(tmp)
         _fault("dir:written")
         try:
@@ -262,6 +294,7 @@ def _write_in_place(target: Path, write: Callable[[Path], None], kind: DirKind) 
             )
         if JOURNAL in names or TRASH in names:
             raise OutputError(f"a writer produced the reserved name {JOURNAL!r} or {TRASH!r}.")
+        _normal_modes(stage)
         journal = {"put": names, "remove": sorted(owned - set(names))}
         (stage / JOURNAL).write_text(json.dumps(journal))
         _fsync_tree(stage)

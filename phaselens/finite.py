@@ -85,8 +85,13 @@ def check_query_logits(
     """
     at = (query_pos.long() - (n_tokens - int(logits.shape[1]))).to(logits.device)
     rows = logits[torch.arange(logits.shape[0], device=logits.device), at]
-    if bool(torch.isfinite(rows).all()):
-        return
+    if not bool(torch.isfinite(rows).all()):
+        raise_nonfinite(model, run_clean, run_hooked)
+
+
+def raise_nonfinite(model: Any, run_clean: Callable[[], Any], run_hooked: Callable[[], Any] | None = None) -> None:
+    """Raise the :class:`NonFiniteError` for logits found non-finite, locating the first non-finite output by
+    repeating the pass (``run_clean`` without the analysis's hooks, ``run_hooked`` with them)."""
     context = _hooks_active(model)  # hooks a context manager (knockout, patch) left on the model
     where = first_nonfinite(model, run_clean)
     if not context and (where is not None or run_hooked is None):

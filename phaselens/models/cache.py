@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numbers
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, SupportsInt
 
 import torch
 from torch import Tensor
@@ -127,7 +127,7 @@ class CompressedKVCache:
     preallocated storage.
     """
 
-    def __init__(self, model: CompressedTransformer, batch_size: int, max_len: int) -> None:
+    def __init__(self, model: CompressedTransformer, batch_size: SupportsInt, max_len: SupportsInt) -> None:
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise CacheError(f"a cache needs a positive int {name}, got {value!r}; e.g. model.new_cache(batch_size=2, "

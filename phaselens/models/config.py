@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -35,6 +37,65 @@ def _check_keys(cls: type, data: Any) -> None:
     missing = [name for name in required if name not in data]
     if missing:
         raise ConfigError(f"{cls.__name__} is missing required key(s) {missing}; add them (see {cls.__name__}'s fields).")
+
+
+def _fields_from_json(cls: type, data: Any) -> dict[str, Any]:
+    """``data`` (parsed JSON) checked against ``cls``'s field types before anything is built from it: keys as
+    :func:`_check_keys`, then each value's JSON type (a number for a float, whole numbers for ints, ...).
+    Returns a copy with JSON numbers made floats where a float is meant."""
+    _check_keys(cls, data)
+    hints = typing.get_type_hints(cls)
+    out = dict(data)
+    for name, value in data.items():
+        tp = hints[name]
+        if not _json_fits(value, tp):
+            raise ConfigError(f"{cls.__name__}.{name} must be {_describe(tp)}, got {value!r:.80}; fix the config.")
+        if float in _options(tp) and isinstance(value, int) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+def _options(tp: Any) -> tuple[Any, ...]:
+    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+
+
+def _json_fits(value: Any, tp: Any) -> bool:
+    for opt in _options(tp):
+        origin = typing.get_origin(opt)
+        if opt is type(None) and value is None:
+            return True
+        if opt is bool and isinstance(value, bool):
+            return True
+        if opt is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if opt is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return True
+        if opt is str and isinstance(value, str):
+            return True
+        if origin is typing.Literal and any(value == a and type(value) is type(a) for a in typing.get_args(opt)):
+            return True
+        if origin is tuple and isinstance(value, list | tuple) and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return True
+        if dataclasses.is_dataclass(opt) and isinstance(value, dict | opt):
+            return True
+    return False
+
+
+def _describe(tp: Any) -> str:
+    names = []
+    for opt in _options(tp):
+        if opt is type(None):
+            names.append("null")
+        elif typing.get_origin(opt) is typing.Literal:
+            names.append(" or ".join(repr(a) for a in typing.get_args(opt)))
+        elif typing.get_origin(opt) is tuple:
+            names.append("a list of ints")
+        elif dataclasses.is_dataclass(opt):
+            names.append(f"a {opt.__name__} (a JSON object)")
+        else:
+            names.append({bool: "true or false", int: "an int", float: "a number", str: "a string"}.get(opt, str(opt)))
+    return " or ".join(names)
 
 
 def _check_number(owner: str, name: str, value: Any, *, positive: bool = True) -> None:
@@ -88,12 +149,10 @@ class RopeSpec:
             raise ConfigError(f"RopeSpec.yarn must be a YarnSpec or None, got {self.yarn!r}.")
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> RopeSpec:
-        _check_keys(cls, data)
-        data = dict(data)
-        if data.get("yarn") is not None:
-            _check_keys(YarnSpec, data["yarn"])
-            data["yarn"] = YarnSpec(**data["yarn"])
+    def from_dict(cls, data: Any) -> RopeSpec:
+        data = _fields_from_json(cls, data)
+        if isinstance(data.get("yarn"), dict):
+            data["yarn"] = YarnSpec(**_fields_from_json(YarnSpec, data["yarn"]))
         return cls(**data)
 
 
@@ -163,9 +222,8 @@ class CompressorSpec:
         return self.window // self.stride
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CompressorSpec:
-        _check_keys(cls, data)
-        data = dict(data)
+    def from_dict(cls, data: Any) -> CompressorSpec:
+        data = _fields_from_json(cls, data)
         if isinstance(data.get("rope"), dict):
             data["rope"] = RopeSpec.from_dict(data["rope"])
         return cls(**data)
@@ -298,12 +356,11 @@ class CompressedConfig:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> CompressedConfig:
-        _check_keys(cls, data)
-        data = dict(data)
-        if data.get("compression") is not None:
+    def from_dict(cls, data: Any) -> CompressedConfig:
+        data = _fields_from_json(cls, data)
+        if isinstance(data.get("compression"), dict):
             data["compression"] = CompressorSpec.from_dict(data["compression"])
-        if data.get("rope") is not None:
+        if isinstance(data.get("rope"), dict):
             data["rope"] = RopeSpec.from_dict(data["rope"])
         if isinstance(data.get("compressed_layers"), list):
             data["compressed_layers"] = tuple(data["compressed_layers"])

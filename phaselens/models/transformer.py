@@ -9,7 +9,7 @@ documented in ``docs/hooks.md``.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, SupportsInt
 
 import torch
 import torch.nn.functional as F
@@ -196,15 +196,17 @@ class CompressedTransformer(HookedRootModule):
         loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
         return loss if return_type == "loss" else (logits, loss)
 
-    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> CompressedKVCache:
-        """An empty :class:`~phaselens.models.cache.CompressedKVCache` for ``batch_size`` sequences."""
+    def new_cache(self, batch_size: SupportsInt = 1, max_len: SupportsInt | None = None) -> CompressedKVCache:
+        """An empty :class:`~phaselens.models.cache.CompressedKVCache` for ``batch_size`` sequences of up to
+        ``max_len`` tokens (default ``n_ctx``). Both must be positive ints (numpy ints too); anything else
+        raises a :class:`~phaselens.errors.CacheError` (the annotation admits any number so that check runs)."""
         from phaselens.models.cache import CompressedKVCache
 
         return CompressedKVCache(self, batch_size, self.config.n_ctx if max_len is None else max_len)
 
     @torch.no_grad()
     def generate(
-        self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, prefill_chunk: int | None = None
+        self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, prefill_chunk: SupportsInt | None = None
     ) -> Int[Tensor, "batch pos_plus_new"]:
         """Greedy decoding through the compressed cache; returns prompt + new tokens."""
         tokens = self._check_tokens(tokens)
@@ -218,9 +220,10 @@ class CompressedTransformer(HookedRootModule):
         return torch.cat(out, dim=1)
 
     def prefill(
-        self, tokens: Int[Tensor, "batch pos"], cache: CompressedKVCache, *, chunk: int | None = None
+        self, tokens: Int[Tensor, "batch pos"], cache: CompressedKVCache, *, chunk: SupportsInt | None = None
     ) -> Float[Tensor, "batch 1 d_vocab"]:
-        """Feed ``tokens`` through ``cache`` in chunks (bounded memory); return the last position's logits."""
+        """Feed ``tokens`` through ``cache`` in chunks of ``chunk`` tokens (a positive int; ``None``: one piece)
+        with bounded memory; return the last position's logits."""
         tokens = self._check_tokens(tokens)
         if chunk is not None and (not _is_int(chunk) or chunk < 1):
             raise InputError(f"chunk must be a positive int (tokens per prefill piece) or None, got {chunk!r}.")

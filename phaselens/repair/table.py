@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from phaselens.evaluate import PhaseEval, eval_from_items
+from phaselens.finite import raise_nonfinite
 from phaselens.protocol import build_items
 from phaselens.repair.ensemble import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
 from phaselens.scoring import answer_metrics
@@ -75,11 +76,15 @@ def copy_query_logits(model: Any, batch: Any, shifts: Sequence[int], pad_id: int
         tokens = batch.tokens[i : i + batch_size]
         qp = batch.query_pos[i : i + batch_size]
         B = tokens.shape[0]
-        logits = model(shifted_copies(tokens, shifts, pad_id, insert_at)).view(K, B, -1, model.cfg.d_vocab)
+        copies = shifted_copies(tokens, shifts, pad_id, insert_at)
+        logits = model(copies).view(K, B, -1, model.cfg.d_vocab)
         k = torch.as_tensor(shifts)[:, None]
         pos = torch.where(qp[None] < insert_at, qp[None], qp[None] + k)  # [K, B]
         dev = logits.device
-        out.append(logits[torch.arange(K, device=dev)[:, None], torch.arange(B, device=dev)[None], pos.to(dev)].float().cpu())
+        rows = logits[torch.arange(K, device=dev)[:, None], torch.arange(B, device=dev)[None], pos.to(dev)]
+        if not bool(torch.isfinite(rows).all()):  # a NaN/inf weight: never a table of NaN
+            raise_nonfinite(model, lambda c=copies: model(c))
+        out.append(rows.float().cpu())
     return torch.cat(out, 1)
 
 
