@@ -34,6 +34,7 @@ from phaselens.errors import OutputError
 
 STAGE = ".phaselens-tmp-"  # a stage being written (incomplete)
 COMMITTED = ".phaselens-new-"  # a complete stage whose files are being moved into place
+DONE = ".phaselens-done-"  # a stage whose files are all in place: only its deletion was left
 JOURNAL = ".phaselens-journal.json"
 TRASH = ".phaselens-trash"
 
@@ -188,7 +189,7 @@ class DirKind:
 
 
 def _entries(target: Path) -> set[str]:
-    return {n for n in os.listdir(target) if not n.startswith((STAGE, COMMITTED))}
+    return {n for n in os.listdir(target) if not n.startswith((STAGE, COMMITTED, DONE))}
 
 
 def _survey(target: Path, kind: DirKind) -> tuple[frozenset[str], list[str]]:
@@ -337,8 +338,14 @@ def _roll_forward(target: Path, committed: Path) -> None:
     for name in remove:
         if os.path.lexists(target / name):
             _remove(target / name)
-    shutil.rmtree(committed, ignore_errors=True)
+    # renamed before deleting: a kill inside rmtree must not leave a "committed" stage without its journal
+    done = target / f"{DONE}{committed.name[len(COMMITTED):]}"
+    try:
+        os.rename(committed, done)
+    except FileNotFoundError:
+        return  # a concurrent recovery finished it
     _fsync(target, directory=True)
+    shutil.rmtree(done, ignore_errors=True)
 
 
 def _mtime(path: Path) -> float:
@@ -363,6 +370,6 @@ def recover_dir(target: str | os.PathLike) -> bool:
         if committed.is_dir():
             _roll_forward(target, committed)
     for n in names:
-        if n.startswith(STAGE) and not _alive(n):
+        if (n.startswith(STAGE) and not _alive(n)) or n.startswith(DONE):
             shutil.rmtree(target / n, ignore_errors=True)
     return bool(pending)
