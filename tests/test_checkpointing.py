@@ -40,7 +40,8 @@ def test_any_suffix_gives_one_file_that_resumes_exactly(tmp_path, name):
 def test_map_checkpoint_named_json_resumes(tmp_path):
     # the reproducer: checkpoint="x.json" overwrote its data with its manifest, and the rerun failed
     model = task_model()
-    kw = dict(n_per_residue=2, kinds=("layer",), progress=False, n_bootstrap=0, checkpoint=tmp_path / "x.json")
+    kw = dict(n_per_residue=2, kinds=("layer",), method="zero", progress=False, n_bootstrap=0,
+              checkpoint=tmp_path / "x.json")
     first = phaselens.specialization_map(model, **kw)
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
     again = phaselens.specialization_map(model, **kw)
