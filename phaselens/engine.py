@@ -195,6 +195,10 @@ class QueryEngine:
         for q in torch.unique(qp).tolist():
             rows = torch.nonzero(qp == q).flatten()
             self.groups.append((rows, SuffixEngine(model, tokens[rows], int(q), rows_per_pass=rows_per_pass)))
+        if not bool(torch.isfinite(self.clean_logits).all()):  # a NaN/inf weight: never a map of NaN effects
+            from phaselens.finite import raise_nonfinite
+
+            raise_nonfinite(model, lambda: model(tokens))
 
     @property
     def clean_logits(self) -> Tensor:

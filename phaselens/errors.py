@@ -72,6 +72,16 @@ class ZooError(PhaseLensError):
     """An unknown zoo model, or a shipped checkpoint that fails its integrity check."""
 
 
+class OutputError(PhaseLensError):
+    """An output path phaselens will not write: an existing file where a directory goes, or a directory
+    holding files phaselens did not write (pass ``overwrite=True`` to replace only phaselens's own files)."""
+
+
+class NonFiniteError(PhaseLensError):
+    """A forward pass whose logits hold NaN or inf (usually a NaN/inf weight); names the first layer whose
+    output is non-finite."""
+
+
 __all__ = [
     "CacheError",
     "CheckpointError",
@@ -80,7 +90,9 @@ __all__ = [
     "HeadSpecError",
     "InputError",
     "NoDefaultTaskError",
+    "NonFiniteError",
     "NotApplicableError",
+    "OutputError",
     "PaddingError",
     "PhaseGeometryError",
     "PhaseLensError",

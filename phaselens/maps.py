@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
+from phaselens.checkpointing import CellCheckpoint
 from phaselens.effects import Effects, mcnemar_p, relative_effects
-from phaselens.errors import CheckpointError, InputError, PhaseLensError
+from phaselens.errors import InputError, PhaseLensError
 from phaselens.evaluate import items_from_logits, score_items
+from phaselens.fingerprint import analysis_fingerprint
 from phaselens.interventions.knockout import Knockout, calibrate, check_method
 from phaselens.interventions.run import engine_metrics, full_metrics
 from phaselens.items import as_int, build_items, check_options
@@ -209,54 +207,6 @@ class PhaseMap(Result):
         return plots.head_phase_heatmap(self, **kwargs)
 
 
-def _fingerprint(model: Any, batch: Any, method: str, seed: int, cells: pd.DataFrame) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps(batch.task if hasattr(batch, "task") else "", default=str).encode())
-    h.update(batch.tokens.numpy().tobytes())
-    module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)
-    if isinstance(module, torch.nn.Module):  # a sample of the weights: another model must not resume this map
-        for p in list(module.parameters())[:4]:
-            h.update(p.detach().float().cpu().numpy().tobytes()[:4096])
-    h.update(f"{method}/{seed}/{list(cells['label'])}".encode())
-    return h.hexdigest()
-
-
-class _Checkpoint:
-    """Completed cells in ``path`` (.npz) with a JSON manifest; written atomically after each chunk."""
-
-    def __init__(self, path: str | os.PathLike | None, fingerprint: str) -> None:
-        self.path = Path(path) if path is not None else None
-        self.fp = fingerprint
-        self.done: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        if self.path is not None and self.manifest.is_file():
-            man = json.loads(self.manifest.read_text())
-            if man.get("fingerprint") != fingerprint:
-                raise CheckpointError(f"{self.path} holds a different map (model, items or method); use another path.")
-            with np.load(self.path) as data:
-                for label in man["cells"]:
-                    self.done[label] = (data[f"{label}.correct"], data[f"{label}.ld"])
-
-    @property
-    def manifest(self) -> Path:
-        assert self.path is not None
-        return self.path.with_suffix(".json")
-
-    def add(self, label: str, correct: np.ndarray, ld: np.ndarray) -> None:
-        self.done[label] = (correct, ld)
-
-    def flush(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp.npz")
-        arrays = {f"{k}.correct": v[0] for k, v in self.done.items()} | {f"{k}.ld": v[1] for k, v in self.done.items()}
-        np.savez(tmp, **arrays)
-        os.replace(tmp, self.path)
-        tmpj = self.manifest.with_name(self.manifest.name + ".tmp")
-        tmpj.write_text(json.dumps({"fingerprint": self.fp, "cells": list(self.done)}))
-        os.replace(tmpj, self.manifest)
-
-
 def specialization_map(
     model: PhaseModel,
     task: Any = None,
@@ -281,7 +231,10 @@ def specialization_map(
         model: a phaselens model (our model, the DeepSeek-V4 adapter, or a phase ensemble).
         method: ``"mean"``, ``"zero"`` or ``"resample"`` replacement of ``z``.
         kinds: which cells to map (drawn from ``("head", "kv_head", "layer")``).
-        checkpoint: write finished cells atomically to this ``.npz`` (+ ``.json`` manifest) and resume from it.
+        checkpoint: a file path (any name): finished cells are written there atomically (one safetensors file,
+            its manifest in the header) and a rerun resumes from it. The run's fingerprint covers every
+            parameter of the model, its ``analysis_metadata``, the items, the calibration and every setting
+            that changes the numbers: a checkpoint of another map is refused.
         engine: ``"auto"`` (the fastest exact engine the model offers), ``"suffix"`` (the query-suffix engine:
             the clean prefix once, then only the query rows per cell) or ``"full"`` (one full forward per cell,
             the reference way); ``metadata["engine"]`` names the one used.
@@ -300,7 +253,12 @@ def specialization_map(
     layers = sorted(set(cells["layer"]))
     cal = None if method == "zero" else calibrate(model, calibration, layers, task=task)
     kos = [Knockout(model, tuple(_heads(row)), method, "last", cal, seed + i) for i, row in cells.iterrows()]
-    ckpt = _Checkpoint(checkpoint, _fingerprint(model, batch, method, seed, cells))
+    fp = None
+    if checkpoint is not None:  # hashing every parameter is cheap here, but only needed to resume
+        fp = analysis_fingerprint(model, task=getattr(batch, "task", ""), items=batch.tokens, answers=batch.answer,
+                                  query_pos=batch.query_pos, calibration=None if cal is None else cal.z,
+                                  method=method, seed=seed, cells=list(cells["label"]), stride=spec.stride)
+    ckpt = CellCheckpoint(checkpoint, fp or "", fields=("correct", "logit_diff"))
     todo = [i for i, row in cells.iterrows() if row.label not in ckpt.done]
     name = model_name(model)
     bar = None

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from phaselens.finite import check_query_logits
+
 Forward = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
@@ -52,9 +54,17 @@ def model_logits(model: Any, tokens: Tensor, query_pos: Tensor, fwd_hooks: Any =
     rows only.
     """
     kwargs: dict[str, Any] = {"logits": "query", "query_len": int(tokens.shape[1] - int(query_pos.min()))}
-    if fwd_hooks:
+
+    def clean() -> Tensor:
+        return model(tokens, **kwargs)
+
+    def hooked() -> Tensor:
         return model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
-    return model(tokens, **kwargs)
+
+    logits = hooked() if fwd_hooks else clean()
+    # NaN/inf logits (a NaN weight) would become NaN effects: raise NonFiniteError naming the first bad layer
+    check_query_logits(model, logits, int(tokens.shape[1]), query_pos, clean, hooked if fwd_hooks else None)
+    return logits
 
 
 def plain_forward(model: Any) -> Forward:

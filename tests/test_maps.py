@@ -44,7 +44,7 @@ def test_map_resumes_after_interruption_with_identical_results(model, tmp_path, 
     kw = dict(n_per_residue=6, progress=False, engine="suffix", n_bootstrap=50, rows_per_pass=96, checkpoint=ckpt)
     with pytest.raises(KeyboardInterrupt):
         phaselens.specialization_map(model, **kw)
-    assert ckpt.exists() and ckpt.with_suffix(".json").exists()
+    assert ckpt.exists() and not ckpt.with_suffix(".json").exists()  # one file: the manifest is in its header
     monkeypatch.setattr(SuffixEngine, "run", real)
     resumed = phaselens.specialization_map(model, **kw)
     fresh = phaselens.specialization_map(model, **{**kw, "checkpoint": None})
@@ -55,7 +55,7 @@ def test_map_resumes_after_interruption_with_identical_results(model, tmp_path, 
 def test_checkpoint_of_another_map_is_refused(model, tmp_path):
     ckpt = tmp_path / "m.npz"
     phaselens.specialization_map(model, n_per_residue=2, progress=False, n_bootstrap=0, checkpoint=ckpt)
-    with pytest.raises(phaselens.CheckpointError, match="different map"):
+    with pytest.raises(phaselens.CheckpointError, match="holds a different computation"):
         phaselens.specialization_map(model, n_per_residue=3, progress=False, n_bootstrap=0, checkpoint=ckpt)
 
 

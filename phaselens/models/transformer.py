@@ -9,7 +9,7 @@ documented in ``docs/hooks.md``.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, SupportsInt
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +27,12 @@ from phaselens.models.hooking import ContextHooks, query_start
 
 if TYPE_CHECKING:
     from phaselens.models.cache import CompressedKVCache
+
+
+def _is_int(x: Any) -> bool:
+    import numbers
+
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 class RMSNorm(nn.Module):
@@ -195,6 +201,11 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
             raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
         tokens = self._check_tokens(tokens)
         B, n = tokens.shape
+        if B == 0 or n == 0:  # checked before the cache is touched, so the cache stays usable
+            raise InputError(
+                f"tokens have shape {tuple(tokens.shape)}: a forward needs at least one sequence of at least one "
+                "token; drop empty batches before calling the model."
+            )
         if cache is None:
             if n > self.config.n_ctx:
                 raise InputError(
@@ -203,6 +214,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
                 )
             pasts: list[Past] = [NoPast() for _ in self.blocks]
         else:
+            cache.check_model(self)
             pasts = cache.begin(tokens)
         with query_start(0 if cache is None else cache.length):
             resid = self.hook_embed(self.embed(tokens))
@@ -225,15 +237,17 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         loss = F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), tokens[:, 1:].reshape(-1))
         return loss if return_type == "loss" else (out, loss)
 
-    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> CompressedKVCache:
-        """An empty :class:`~phaselens.models.cache.CompressedKVCache` for ``batch_size`` sequences."""
+    def new_cache(self, batch_size: SupportsInt = 1, max_len: SupportsInt | None = None) -> CompressedKVCache:
+        """An empty :class:`~phaselens.models.cache.CompressedKVCache` for ``batch_size`` sequences of up to
+        ``max_len`` tokens (default ``n_ctx``). Both must be positive ints (numpy ints too); anything else
+        raises a :class:`~phaselens.errors.CacheError` (the annotation admits any number so that check runs)."""
         from phaselens.models.cache import CompressedKVCache
 
-        return CompressedKVCache(self, batch_size, max_len or self.config.n_ctx)
+        return CompressedKVCache(self, batch_size, self.config.n_ctx if max_len is None else max_len)
 
     @torch.no_grad()
     def generate(
-        self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, prefill_chunk: int | None = None
+        self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, prefill_chunk: SupportsInt | None = None
     ) -> Int[Tensor, "batch pos_plus_new"]:
         """Greedy decoding through the compressed cache; returns prompt + new tokens."""
         tokens = self._check_tokens(tokens)
@@ -247,11 +261,16 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         return torch.cat(out, dim=1)
 
     def prefill(
-        self, tokens: Int[Tensor, "batch pos"], cache: CompressedKVCache, *, chunk: int | None = None
+        self, tokens: Int[Tensor, "batch pos"], cache: CompressedKVCache, *, chunk: SupportsInt | None = None
     ) -> Float[Tensor, "batch 1 d_vocab"]:
-        """Feed ``tokens`` through ``cache`` in chunks (bounded memory); return the last position's logits."""
+        """Feed ``tokens`` through ``cache`` in chunks of ``chunk`` tokens (a positive int; ``None``: one piece)
+        with bounded memory; return the last position's logits."""
         tokens = self._check_tokens(tokens)
-        chunk = chunk or tokens.shape[1]
+        if chunk is not None and (not _is_int(chunk) or chunk < 1):
+            raise InputError(f"chunk must be a positive int (tokens per prefill piece) or None, got {chunk!r}.")
+        if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise InputError(f"prefill needs at least one sequence of at least one token, got shape {tuple(tokens.shape)}.")
+        chunk = int(chunk) if chunk is not None else tokens.shape[1]
         logits = None
         for i in range(0, tokens.shape[1], chunk):
             logits = self(tokens[:, i : i + chunk], cache=cache)[:, -1:]
@@ -259,11 +278,16 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         return logits
 
     # ---- persistence ---------------------------------------------------------------------------------
-    def save(self, path: Any, *, metadata: dict[str, Any] | None = None) -> None:
-        """Write ``model.safetensors`` and ``config.json`` into the directory ``path`` (atomically)."""
+    def save(self, path: Any, *, metadata: dict[str, Any] | None = None, overwrite: bool = False) -> None:
+        """Write ``model.safetensors`` and ``config.json`` (+ ``card.json`` from ``metadata``) into the directory
+        ``path``, atomically.
+
+        A directory holding other files is refused (:class:`~phaselens.errors.OutputError`) unless
+        ``overwrite=True``, which replaces only the checkpoint's own files and keeps the rest.
+        """
         from phaselens.models.io import save_model
 
-        save_model(self, path, metadata=metadata)
+        save_model(self, path, metadata=metadata, overwrite=overwrite)
 
     def __repr__(self) -> str:
         c = self.config

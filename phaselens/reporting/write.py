@@ -1,4 +1,6 @@
-"""Writing the report: files into a temporary directory, renamed into place at the end (atomic)."""
+"""Writing the report: files into a temporary directory, put into place at the end (atomic; see
+:mod:`phaselens.files`). A directory holding files that are not a previous report is refused unless
+``overwrite=True``, which replaces only the report's own files."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.models.io import atomic_write_dir
+from phaselens.files import DirKind, atomic_write_dir
 from phaselens.reporting.compute import ModelResults
 from phaselens.reporting.render import Section, headline_rows
 
@@ -70,8 +72,26 @@ def export_static(secs: list[Section], folder: Path) -> str:
         return f"skipped: kaleido could not render ({type(err).__name__}: {err})."
 
 
+def _owned(folder: Path) -> frozenset[str]:
+    """The files a previous report wrote in ``folder``: those its ``results.json`` lists (none if it has none)."""
+    try:
+        data = json.loads((folder / "results.json").read_text())
+        tables = list(data["tables"])
+        data["meta"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return frozenset()
+    names = {"index.html", "results.json", *(f"{k}.csv" for k in tables)}
+    figures = folder / "figures"
+    if figures.is_dir() and all(p.suffix == ".png" and p.is_file() for p in figures.iterdir()):
+        names.add("figures")
+    return frozenset(names)
+
+
+REPORT = DirKind("report", _owned)
+
+
 def write_report(out: Path, page_html: str, results: list[ModelResults], secs: list[Section], meta: dict[str, Any],
-                 *, static: bool, static_note_fn: Any) -> Path:
+                 *, static: bool, static_note_fn: Any, overwrite: bool = False) -> Path:
     tabs = tables(results)
 
     def write(tmp: Path) -> None:
@@ -83,5 +103,5 @@ def write_report(out: Path, page_html: str, results: list[ModelResults], secs: l
                    "tables": {k: json.loads(v.to_json(orient="records")) for k, v in tabs.items()}}
         (tmp / "results.json").write_text(json.dumps(_jsonable(payload), indent=1))
 
-    atomic_write_dir(out, write)
+    atomic_write_dir(out, write, kind=REPORT, overwrite=overwrite)
     return out

@@ -15,10 +15,11 @@ from safetensors.torch import save_file
 
 import phaselens
 from phaselens.evaluate import evaluate
-from phaselens.models.io import atomic_write_dir, save_model
+from phaselens.files import atomic_write_dir
+from phaselens.models.io import checkpoint_kind, save_model
 from phaselens.scoring import answer_metrics
 from phaselens.train import train
-from phaselens.zoo import sha256_file
+from phaselens.zoo import file_digests
 from phaselens.zoo.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, RECIPES, ZOO_EVAL_TASK, ZOO_TASK
 
 EVAL_BATCH_PER_RESIDUE = 4
@@ -86,8 +87,8 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
                    "wrong": eval_batch.wrong.contiguous(), "query_pos": eval_batch.query_pos.contiguous(),
                    "residue": torch.as_tensor(eval_batch.frame["residue"].to_numpy().copy()).contiguous()},
                   str(tmp / "eval_batch.safetensors"))
-        card["weights_sha256"] = sha256_file(tmp / "model.safetensors")
+        card.update(file_digests(tmp))  # weights and config (with the default task)
         (tmp / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True))
 
-    atomic_write_dir(Path(out) / name, write)
+    atomic_write_dir(Path(out) / name, write, kind=checkpoint_kind(extra=("eval_batch.safetensors",)))
     return card

@@ -190,9 +190,11 @@ class DeepSeekV4Adapter:
             or tokens.is_floating_point()
             or tokens.dtype == torch.bool
             or tokens.shape[1] == 0
+            or tokens.shape[0] == 0
         ):
             raise InputError(
-                f"tokens must be integer ids of shape [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}."
+                f"tokens must be integer ids of shape [batch, pos] with batch, pos >= 1, got {tuple(tokens.shape)} "
+                f"{tokens.dtype}."
             )
         V = self._cfg.d_vocab
         if int(tokens.min()) < 0 or int(tokens.max()) >= V:
