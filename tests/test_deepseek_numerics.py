@@ -252,3 +252,19 @@ def test_bf16_reference_fp8_model_keeps_gates_and_chunking_exact(bf16_dir):
             assert chunked.dtype == BF16
             assert (chunked.float() - logits.float()).abs().max() <= 2**-8  # measured: 0 (logits ~0.7)
         assert adapter(tokens[:, :10]).shape == (2, 10, 1000)  # shorter than one HCA block, uncached
+
+
+def test_swapped_modules_survive_the_nnsight_backend(bf16_dir):
+    """nnsight installs and removes its own forward on every module; the swapped classes stay, and a knockout
+    gives the same logits through both backends."""
+    import phaselens
+
+    model = tiny_v4_bf16(bf16_dir / "nn", **QUANTIZABLE)
+    tokens = random_tokens(2, 40, 0)
+    outs = []
+    for backend in ("torch", "nnsight"):
+        adapter = from_hf(model, quantize="fp8", backend=backend)
+        with phaselens.knockout(adapter, "L1H0", method="zero"), torch.no_grad():
+            outs.append(adapter(tokens))
+        assert len(swapped(model)) == 30  # 24 for numerics, 6 more for fp8 (4 window-KV norms, 2 scorers)
+    assert torch.equal(outs[0], outs[1])
