@@ -21,7 +21,7 @@ from phaselens.errors import CheckpointError, UnsupportedModelError
 PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 # from_hf's options; everything else goes to from_pretrained.
-_ADAPTER_KW = ("analysis_stride", "index_topk", "backend", "chunk")
+_ADAPTER_KW = ("analysis_stride", "index_topk", "backend", "chunk", "numerics", "quantize")
 
 
 def load_hf(
@@ -41,10 +41,12 @@ def load_hf(
         dtype: e.g. ``torch.bfloat16`` for real weights (default: the checkpoint's).
         device_map: passed to ``from_pretrained`` (``"auto"`` spreads a large model over the GPUs and CPU);
             ``device`` is then ignored.
-        layer_types: the per-layer attention schedule. Pass it for released checkpoints whose config has
-            neither ``layer_types`` nor ``compress_ratios``: transformers' default matches no released model.
-        **kwargs: ``analysis_stride``, ``index_topk``, ``backend``, ``chunk`` go to :func:`from_hf`; the rest
-            to            ``DeepseekV4ForCausalLM.from_pretrained`` (config overrides included).
+        layer_types: the per-layer attention schedule, to override the config's. Not needed for the released
+            checkpoints: their ``config.json`` carries ``compress_ratios`` (0 sliding, 4 CSA, 128 HCA per layer),
+            from which transformers builds ``layer_types``. Only a config with neither falls back to
+            transformers' default schedule, which matches no released model (a ``LayerTypesWarning`` says so).
+        **kwargs: ``analysis_stride``, ``index_topk``, ``backend``, ``chunk``, ``numerics``, ``quantize`` go to
+            :func:`from_hf`; the rest to ``DeepseekV4ForCausalLM.from_pretrained`` (config overrides included).
     """
     root = Path(path).expanduser()
     if not root.is_dir() or not (root / "config.json").is_file():
