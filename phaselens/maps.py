@@ -289,9 +289,9 @@ def specialization_map(
     todo = [i for i, row in cells.iterrows() if row.label not in ckpt.done]
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from phaselens.progress import progress_bar
 
-        bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="map", unit="cell", dynamic_ncols=True)
+        bar = progress_bar(stage="map", unit="cell", total=len(cells), initial=len(cells) - len(todo), leave=True)
     try:
         if use_engine:
             eng = SuffixEngine(model, batch.tokens, int(qp[0]), rows_per_pass=rows_per_pass)

@@ -150,9 +150,9 @@ def record(
     n = len(frame)
     starts = range(0, n, batch_size)
     if progress:
-        from tqdm.auto import tqdm
+        from phaselens.progress import progress_bar
 
-        starts = tqdm(starts, desc="record", unit="batch", leave=False)
+        starts = progress_bar(starts, stage="record")
     for i in starts:
         sl = slice(i, i + batch_size)
         fr = frame.iloc[sl]

@@ -88,6 +88,6 @@ def answer_metrics(logits: Tensor, answer: Tensor, wrong: Tensor) -> dict[str, n
 def _bar(it: Any, enabled: bool, desc: str) -> Any:
     if not enabled:
         return it
-    from tqdm.auto import tqdm
+    from phaselens.progress import progress_bar
 
-    return tqdm(it, desc=desc, unit="batch", leave=False, dynamic_ncols=True)
+    return progress_bar(it, stage=desc)
