@@ -27,6 +27,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.evaluate": ("PhaseEval", "evaluate"),
     "phaselens.geometry": ("PhaseSpec",),
     "phaselens.heads": ("Head", "parse_heads"),
+    "phaselens.hooknames": ("combined_pattern",),
     "phaselens.interventions": ("AblationResult", "GateCyclingResult", "PatchResult", "ablate", "cycle_gates",
                                 "gate_cycling_test", "knockout", "patch"),
     "phaselens.labelled": ("Labelled",),
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time these resolve l
     from phaselens.evaluate import PhaseEval, evaluate
     from phaselens.geometry import PhaseSpec
     from phaselens.heads import Head, parse_heads
+    from phaselens.hooknames import combined_pattern
     from phaselens.interventions import (
         AblationResult,
         GateCyclingResult,
@@ -134,6 +136,7 @@ __all__ = [
     "__version__",
     "ablate",
     "attribution_map",
+    "combined_pattern",
     "cycle_gates",
     "evaluate",
     "from_hf",

@@ -161,7 +161,9 @@ def eval_cmd(
         ev = phaselens.evaluate(_load_for_phases(model, stride), n_per_residue=n_per_residue, seed=seed, progress=progress, stride=stride)
     typer.echo(ev.summary())
     if path:
-        ev.to_frame().to_csv(path, index=False)
+        from phaselens.reporting.write import integer_columns
+
+        integer_columns(ev.to_frame()).to_csv(path, index=False)
 
 
 @app.command("record", cls=_Command)
@@ -185,7 +187,9 @@ def record_cmd(
         rec = phaselens.record(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
     typer.echo(repr(rec))
     if path:
-        rec.to_frame().to_csv(path, index=False)
+        from phaselens.reporting.write import integer_columns
+
+        integer_columns(rec.to_frame()).to_csv(path, index=False)
 
 
 KINDS = ("head", "kv_head", "layer")
@@ -231,7 +235,9 @@ def map_cmd(
     if "head" in kind_tuple:
         typer.echo(pm.specialization_index().to_string(index=False))
     if path:
-        pm.to_frame().to_csv(path, index=False)
+        from phaselens.reporting.write import integer_columns
+
+        integer_columns(pm.to_frame()).to_csv(path, index=False)
 
 
 zoo_app = typer.Typer(help="The embedded zoo of tiny compressed models.", no_args_is_help=True, cls=_Group)
