@@ -36,6 +36,23 @@ def describe(stage: str) -> str:
     return f"{label}: {stage}" if label else stage
 
 
+def quiet_tqdm_auto() -> None:
+    """Import ``tqdm.auto`` once without its "IProgress not found" warning.
+
+    transformers (imported by transformer_lens and the DeepSeek-V4 adapter) imports ``tqdm.auto`` at module
+    level; in a notebook without ipywidgets that import warns, and tqdm falls back to text bars anyway.
+    Importing it first, quietly, gives the same fallback without the warning.
+    """
+    import sys
+    import warnings
+
+    if "tqdm.auto" in sys.modules:
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="IProgress not found")
+        import tqdm.auto  # noqa: F401
+
+
 def _tqdm_class() -> Any:
     try:
         import ipywidgets  # noqa: F401  (tqdm's notebook bar needs it)
