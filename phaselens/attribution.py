@@ -103,9 +103,9 @@ def attribution_map(
     est = []
     starts = range(0, len(batch), batch_size)
     if progress:
-        from tqdm.auto import tqdm
+        from phaselens.progress import progress_bar
 
-        starts = tqdm(starts, desc=f"attribution {model_name(model)}", unit="batch", leave=False)
+        starts = progress_bar(starts, stage="attribution", model=model)
     for i in starts:
         tokens = batch.tokens[i : i + batch_size]
         qp = batch.query_pos[i : i + batch_size]

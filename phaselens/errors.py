@@ -32,6 +32,17 @@ class InputError(PhaseLensError, ValueError):
     """Token ids or tensors with the wrong shape, dtype or range for the model."""
 
 
+class HookNameError(InputError, KeyError):
+    """A hook name that the model does not have (e.g. ``hook_pattern`` on a compressed layer).
+
+    Also a ``KeyError``, so code that looks names up in ``model.hook_dict`` and catches ``KeyError`` keeps
+    working; the message says which names exist instead.
+    """
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
 class TaskError(PhaseLensError, ValueError):
     """A task specification that cannot produce the requested items."""
 
@@ -88,6 +99,7 @@ __all__ = [
     "ConfigError",
     "ContextLengthError",
     "HeadSpecError",
+    "HookNameError",
     "InputError",
     "NoDefaultTaskError",
     "NonFiniteError",

@@ -11,7 +11,7 @@ import pandas as pd
 
 from phaselens.by_residue import group_counts, group_mean
 from phaselens.items import build_items, check_options
-from phaselens.protocol import PhaseModel, metadata_of, model_name
+from phaselens.protocol import PhaseModel, metadata_of
 from phaselens.results import Result
 from phaselens.scoring import answer_metrics, plain_forward, query_logits
 from phaselens.stats import ItemBattery, phase_battery_items, wilson_ci
@@ -204,7 +204,7 @@ def evaluate(
     check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
                                     stride=stride)
-    items = score_items(model, batch, batch_size=batch_size, progress=progress, desc=f"evaluate {model_name(model)}")
+    items = score_items(model, batch, batch_size=batch_size, progress=progress, desc="evaluate")
     md = {**metadata_of(model, n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size,
                         stride=stride, n_permutations=n_permutations, n_bootstrap=n_bootstrap),
           **task_metadata(task)}
@@ -216,7 +216,7 @@ def score_items(model: Any, batch: Any, *, batch_size: int = 64, progress: bool 
                 desc: str = "evaluate") -> pd.DataFrame:
     """Per-item frame: the task's placement columns plus answer metrics from one pass over ``batch``."""
     logits = query_logits(forward or plain_forward(model), batch.tokens, batch.query_pos, batch_size=batch_size,
-                          progress=progress, desc=desc)
+                          progress=progress, desc=desc, model=model)
     return items_from_logits(batch, logits)
 
 

@@ -260,13 +260,13 @@ def specialization_map(
                                   method=method, seed=seed, cells=list(cells["label"]), stride=spec.stride)
     ckpt = CellCheckpoint(checkpoint, fp or "", fields=("correct", "logit_diff"))
     todo = [i for i, row in cells.iterrows() if row.label not in ckpt.done]
-    name = model_name(model)
+    model_name(model)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from phaselens.progress import progress_bar
 
-        bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc=f"map {name}", unit="cell",
-                   dynamic_ncols=True)
+        bar = progress_bar(stage="map", unit="cell", total=len(cells), initial=len(cells) - len(todo), leave=True,
+                           model=model)
     try:
         if used == "suffix":
             eng = model.query_engine(batch.tokens, batch.query_pos, rows_per_pass=rows_per_pass)

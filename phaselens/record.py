@@ -19,7 +19,7 @@ from phaselens.errors import NotApplicableError
 from phaselens.geometry import PhaseSpec
 from phaselens.items import build_items, check_options
 from phaselens.labelled import Labelled
-from phaselens.protocol import HookContext, PhaseModel, metadata_of, model_name
+from phaselens.protocol import HookContext, PhaseModel, metadata_of
 from phaselens.results import Result
 from phaselens.scoring import model_logits
 
@@ -179,9 +179,9 @@ def record(
     n = len(frame)
     starts = range(0, n, batch_size)
     if progress:
-        from tqdm.auto import tqdm
+        from phaselens.progress import progress_bar
 
-        starts = tqdm(starts, desc=f"record {model_name(model)}", unit="batch", leave=False)
+        starts = progress_bar(starts, stage="record", model=model)
     for i in starts:
         sl = slice(i, i + batch_size)
         fr = frame.iloc[sl]

@@ -26,6 +26,7 @@ def query_logits(
     batch_size: int = 64,
     progress: bool = False,
     desc: str = "forward",
+    model: Any = None,
 ) -> Tensor:
     """Logits ``[N, vocab]`` at ``query_pos`` ``[N]`` of ``tokens`` ``[N, T]``, one forward per batch.
 
@@ -35,7 +36,7 @@ def query_logits(
     """
     out = []
     starts = range(0, tokens.shape[0], batch_size)
-    for i in _bar(starts, progress, desc):
+    for i in _bar(starts, progress, desc, model):
         qp = query_pos[i : i + batch_size]
         logits = forward(tokens[i : i + batch_size], qp, torch.arange(i, i + len(qp)))
         # a forward may return only the last rows (an adapter's query chunk): index relative to them
@@ -96,9 +97,9 @@ def answer_metrics(logits: Tensor, answer: Tensor, wrong: Tensor) -> dict[str, n
     }
 
 
-def _bar(it: Any, enabled: bool, desc: str) -> Any:
+def _bar(it: Any, enabled: bool, desc: str, model: Any = None) -> Any:
     if not enabled:
         return it
-    from tqdm.auto import tqdm
+    from phaselens.progress import progress_bar
 
-    return tqdm(it, desc=desc, unit="batch", leave=False, dynamic_ncols=True)
+    return progress_bar(it, stage=desc, model=model)

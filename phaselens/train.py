@@ -283,6 +283,20 @@ def train(
     return TrainResult(model.eval(), losses, val_acc, _total(prior_s, t0), start)
 
 
+def saved_step(run_dir: str | os.PathLike) -> int | None:
+    """The step of the checkpoint a run in ``run_dir`` would resume from, or ``None`` if there is none.
+
+    Reads the small JSON copy of the run's metadata (no torch work): for messages such as "resuming from step N".
+    """
+    path = Path(run_dir) / STATE_JSON
+    if not path.is_file():
+        return None
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _total(prior_s: float | None, t0: float) -> float | None:
     return None if prior_s is None else prior_s + time.perf_counter() - t0
 
@@ -290,6 +304,6 @@ def _total(prior_s: float | None, t0: float) -> float | None:
 def _progress(total: int, initial: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from phaselens.progress import progress_bar
 
-    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
+    return progress_bar(stage="train", unit="step", total=total, initial=initial, leave=True)

@@ -139,3 +139,21 @@ def test_a_missing_or_corrupt_card_is_a_zoo_error(tmp_path, monkeypatch, damage)
     with pytest.raises(phaselens.ZooError, match="(?i)reinstall phaselens"):
         phaselens.load("zoo:w4s4")
 
+
+def test_cards_record_the_code_commit(tmp_path, monkeypatch):
+    """Cards written by training name the git commit of the code (or say why they cannot)."""
+    import subprocess
+
+    from phaselens.zoo import build
+
+    prov = build.code_provenance()
+    head = subprocess.run(["git", "-C", str(build.Path(build.__file__).parent), "rev-parse", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    assert prov["commit"] == head and len(head) == 40 and isinstance(prov["dirty"], bool)
+
+    def no_git(*a, **k):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert build.code_provenance() == {"commit": None, "dirty": None,
+                                       "note": "not run from a git checkout (an installed package)"}

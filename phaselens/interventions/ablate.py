@@ -15,7 +15,7 @@ from phaselens.heads import Head
 from phaselens.interventions.knockout import knockout
 from phaselens.interventions.run import engine_metrics, full_metrics
 from phaselens.items import build_items, check_options
-from phaselens.protocol import PhaseModel, choose_engine, metadata_of, model_name
+from phaselens.protocol import PhaseModel, choose_engine, metadata_of
 from phaselens.results import Result
 
 
@@ -123,7 +123,6 @@ def ablate(
     used = choose_engine(model, engine)
     if used == "suffix" and engine == "auto" and len({h.layer for h in ko.heads}) > 1:
         used = "full"  # the engine intervenes at one layer per cell
-    name = model_name(model)
     if used == "suffix":
         eng = model.query_engine(batch.tokens, batch.query_pos)
         clean = items_from_logits(batch, eng.clean_logits)
@@ -131,8 +130,8 @@ def ablate(
         engine_metrics(eng, batch, [ko], per_pass=1, on_chunk=lambda _i, m: got.extend(m))
         ablated = got[0]
     else:
-        clean = score_items(model, batch, batch_size=batch_size, progress=progress, desc=f"clean {name}")
-        ablated = full_metrics(model, batch, ko, batch_size=batch_size, progress=progress, desc=f"ablate {name}")
+        clean = score_items(model, batch, batch_size=batch_size, progress=progress, desc="clean")
+        ablated = full_metrics(model, batch, ko, batch_size=batch_size, progress=progress, desc="ablate")
     items = clean.copy()
     items["correct_ko"] = np.asarray(ablated["correct"], bool)
     items["logit_diff_ko"] = ablated["logit_diff"]

@@ -29,7 +29,8 @@ def full_metrics(model: Any, batch: Any, ko: Knockout, *, batch_size: int = 64, 
     def forward(tokens: torch.Tensor, query_pos: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         return model_logits(model, tokens, query_pos, ko.fwd_hooks(query_pos, items=items))
 
-    logits = query_logits(forward, batch.tokens, batch.query_pos, batch_size=batch_size, progress=progress, desc=desc)
+    logits = query_logits(forward, batch.tokens, batch.query_pos, batch_size=batch_size, progress=progress, desc=desc,
+                          model=model)
     return answer_metrics(logits, batch.answer, batch.wrong)
 
 

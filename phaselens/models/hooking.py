@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import difflib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -72,18 +71,10 @@ class ContextHooks:
     def _check_name(self, name: Any) -> Any:
         if not isinstance(name, str) or name in self.hook_dict:  # type: ignore[attr-defined]
             return name
-        from phaselens.errors import InputError
+        from phaselens.errors import HookNameError
+        from phaselens.hooknames import explain_missing
 
-        names = list(self.hook_dict)  # type: ignore[attr-defined]
-        if name.endswith(".attn.hook_pattern") and name + "_local" in names:
-            raise InputError(
-                f"{name!r}: this layer compresses, so its attention pattern is split into "
-                f"{name}_local [B, H, q, local_window], {name}_entry [B, H, q, entries] and {name}_sink "
-                "[B, H, q]; hook those (docs/hooks.md)."
-            )
-        close = difflib.get_close_matches(name, names, n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise InputError(f"{name!r} is not a hook point of this model.{hint} List them with model.hook_dict.")
+        raise HookNameError(explain_missing(name, self.hook_dict))  # type: ignore[attr-defined]
 
 
 def _pairs(hooks: Any) -> list[tuple[Any, Callable[..., Any]]]:

@@ -111,6 +111,67 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         self.setup()
         self.eval()
 
+    def setup(self) -> None:
+        """TransformerLens's name tables, with lookups of missing names explained (``HookNameError``)."""
+        from phaselens.hooknames import HookDict
+
+        super().setup()
+        self.mod_dict = HookDict(self.mod_dict)
+        self.hook_dict = HookDict(self.hook_dict)
+
+    # ---- TransformerLens-shaped weight views (copies; the parameters live in blocks[l].attn) ---------
+    def _per_head(self, name: str) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """``[n_layers, n_heads, d_model, d_head]`` of W_Q / W_K / W_V, KV heads repeated over their query
+        heads (GQA, KV-major as TransformerLens repeats them); tied K=V layers give W_KV for both."""
+        cfg = self.config
+        H, Hkv, d, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
+        out = []
+        for block in self.blocks:
+            attn = block.attn
+            w = attn.W_Q if name == "Q" else attn.W_KV if attn.tied else getattr(attn, f"W_{name}")
+            heads = H if name == "Q" else Hkv
+            w = w.view(D, heads, d).permute(1, 0, 2)  # [heads, D, d]
+            out.append(w if heads == H else w.repeat_interleave(H // Hkv, dim=0))
+        return torch.stack(out)
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Query weights as TransformerLens shapes them (applied to the RMS-normed residual, before RoPE)."""
+        return self._per_head("Q")
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Key weights, KV heads repeated to ``n_heads`` (before RoPE; W_KV on tied K=V layers)."""
+        return self._per_head("K")
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Value weights, KV heads repeated to ``n_heads`` (W_KV on tied K=V layers, where RoPE is undone at z)."""
+        return self._per_head("V")
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        """Output weights per head: ``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l])`` (no bias)."""
+        cfg = self.config
+        return torch.stack([b.attn.W_O.view(cfg.n_heads, cfg.d_head, cfg.d_model) for b in self.blocks])
+
+    @property
+    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        return torch.stack([b.mlp.W_in for b in self.blocks])
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
+        return torch.stack([b.mlp.W_out for b in self.blocks])
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed.weight
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        """Unembedding as TransformerLens shapes it (the transpose of ``unembed.weight``)."""
+        return self.unembed.weight.T
+
     # ---- protocol ------------------------------------------------------------------------------------
     @property
     def cfg(self) -> CompressedConfig:

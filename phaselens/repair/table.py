@@ -86,9 +86,9 @@ def copy_query_logits(model: Any, batch: Any, shifts: Sequence[int], pad_id: int
     out = []
     starts = range(0, len(batch), batch_size)
     if progress:
-        from tqdm.auto import tqdm
+        from phaselens.progress import progress_bar
 
-        starts = tqdm(starts, desc=f"repair {model_name(model)}", unit="batch", leave=False)
+        starts = progress_bar(starts, stage="repair", model=model)
     K = len(shifts)
     for i in starts:
         tokens = batch.tokens[i : i + batch_size]

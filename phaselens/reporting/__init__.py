@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from phaselens.files import check_output_dir
+from phaselens.progress import progress_label
 from phaselens.reporting.compute import ModelResults, ReportSettings, compute_model
 from phaselens.reporting.render import html_page, sections
 from phaselens.reporting.write import REPORT, export_static, write_report
@@ -79,8 +80,9 @@ def report(
     results: list[ModelResults] = []
     for name, model, desc in resolved:
         control = _is_control(model)
-        results.append(compute_model(name, model, settings, stride=compare if control else None, progress=progress,
-                                     description=desc, is_control=control))
+        with progress_label(name):  # the bars read "w8s4: evaluate", "full: map", ...
+            results.append(compute_model(name, model, settings, stride=compare if control else None,
+                                         progress=progress, description=desc, is_control=control))
     secs = sections(results)
     meta = {
         "command": command or "phaselens.report(" + ", ".join(repr(n) for n, _, _ in resolved) + f", out={str(out)!r})",

@@ -17,9 +17,25 @@ from phaselens.files import DirKind, atomic_write_dir
 from phaselens.reporting.compute import ModelResults
 from phaselens.reporting.render import Section, headline_rows
 
+# Columns that count or index things. A column with missing cells (a recording's ``head`` is empty on
+# gate rows) comes out of pandas as float; written as such it reads "0.0". These become nullable integers.
+INTEGER_COLUMNS = frozenset({"layer", "head", "kv_head", "index", "residue", "phase", "offset", "period", "worst_phase",
+                             "best_phase", "delta", "n", "correct", "stride", "modulus", "cost", "entry", "step"})
+
+
+def integer_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with every float column in :data:`INTEGER_COLUMNS` whose values are whole as ``Int64``."""
+    out = frame.copy()
+    for col in out.columns:
+        if col in INTEGER_COLUMNS and pd.api.types.is_float_dtype(out[col]):
+            vals = out[col].dropna()
+            if np.isfinite(vals).all() and (vals == np.round(vals)).all():
+                out[col] = out[col].round().astype("Int64")
+    return out
+
 
 def tables(results: list[ModelResults]) -> dict[str, pd.DataFrame]:
-    """Every number the figures show, as tidy tables keyed by file stem."""
+    """Every number the figures show, as tidy tables keyed by file stem (integer columns as integers)."""
     out: dict[str, pd.DataFrame] = {"headline": pd.DataFrame(headline_rows(results))}
     for r in results:
         out[f"{r.name}_per_residue"] = r.eval.per_residue()
@@ -34,7 +50,7 @@ def tables(results: list[ModelResults]) -> dict[str, pd.DataFrame]:
             out[f"{r.name}_cycling"] = r.cycling.frame
         if r.repair is not None:
             out[f"{r.name}_repair"] = r.repair.to_frame("rule")
-    return out
+    return {k: integer_columns(v) for k, v in out.items()}
 
 
 def _jsonable(x: Any) -> Any:

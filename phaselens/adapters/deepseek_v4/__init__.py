@@ -11,6 +11,7 @@ See ``docs/deepseek_v4.md``.
 
 from __future__ import annotations
 
+import phaselens._quiet_tqdm  # noqa: F401  (first: before anything imports transformers)
 from phaselens.adapters.deepseek_v4.adapter import DeepSeekV4Adapter
 from phaselens.adapters.deepseek_v4.config import DeepSeekV4Cfg
 from phaselens.adapters.deepseek_v4.construct import from_hf

@@ -132,8 +132,11 @@ class DeepSeekV4Adapter:
 
     @property
     def hook_dict(self) -> dict[str, HookPoint]:
-        """Every hook name with its :class:`HookPoint` (shape, editability), in execution order."""
-        return dict(self._points)
+        """Every hook name with its :class:`HookPoint` (shape, editability), in execution order; a missing
+        name raises a :class:`~phaselens.errors.HookNameError` that says what exists instead."""
+        from phaselens.hooknames import HookDict
+
+        return HookDict(self._points)
 
     # ---- forward -----------------------------------------------------------------------------------
     def __call__(

@@ -7,7 +7,6 @@ shape replaces the activation (pattern hooks are read-only).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from torch import Tensor
 
 from phaselens.adapters.deepseek_v4.geometry import LayerGeometry
-from phaselens.errors import InputError
+from phaselens.errors import HookNameError, InputError
 from phaselens.protocol import HookContext, hook_context
 
 HookFn = Callable[..., Tensor | None]
@@ -110,11 +109,11 @@ def match(points: dict[str, HookPoint], target: Any) -> list[str]:
         return list(points)
     if isinstance(target, str):
         if target not in points:
-            close = difflib.get_close_matches(target, list(points), n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise InputError(
-                f"{target!r} is not a hook point of this model.{hint} List them with adapter.hook_dict "
-                "(compressed-layer hooks exist only on CSA/HCA layers, hook_indexer_topk only on CSA layers)."
+            from phaselens.hooknames import explain_missing
+
+            raise HookNameError(
+                explain_missing(target, points) + " On the DeepSeek-V4 adapter, compressed-layer hooks exist only "
+                "on CSA/HCA layers and hook_indexer_topk only on CSA layers."
             )
         return [target]
     if callable(target):
