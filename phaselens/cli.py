@@ -75,15 +75,18 @@ def friendly_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def check_out(path: str | None, *, kind: str) -> Path | None:
+def check_out(path: str | None, *, kind: str, what: str = "the output is a folder") -> Path | None:
     """Refuse an output path before any computation: its parent must exist and be writable.
 
-    ``kind`` is ``"file"`` (a CSV; must not be a directory) or ``"dir"`` (must not be a file).
+    ``kind`` is ``"file"`` (a CSV; must not be a directory) or ``"dir"`` (must not be a file; ``what`` says
+    why in the message).
     """
     if path is None:
         return None
     p = Path(path).expanduser()
     parent = p.parent if str(p.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise InputError(f"--out {path}: {parent} is a file, not a folder; choose another path.")
     if not parent.is_dir():
         raise InputError(f"--out {path}: the folder {parent} does not exist; create it first or choose another path.")
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -91,10 +94,18 @@ def check_out(path: str | None, *, kind: str) -> Path | None:
     if kind == "file" and p.is_dir():
         raise InputError(f"--out {path} is a directory; give a file name such as {p / 'out.csv'}.")
     if kind == "dir" and p.exists() and not p.is_dir():
-        raise InputError(f"--out {path} is an existing file; give a directory name (the report is a folder).")
+        raise InputError(f"--out {path} is an existing file; give a directory name ({what}).")
     if p.exists() and not os.access(p, os.W_OK):
         raise InputError(f"--out {path} exists and is not writable; choose another path.")
     return p
+
+
+def write_csv(frame: Any, path: Path) -> None:
+    """Write ``frame`` as CSV to ``path`` atomically (a kill leaves the old file or the new one, never half)."""
+    from phaselens.files import atomic_write_file
+    from phaselens.reporting.write import integer_columns
+
+    atomic_write_file(path, lambda tmp: integer_columns(frame).to_csv(tmp, index=False))
 
 
 def _version(value: bool) -> None:
@@ -161,9 +172,7 @@ def eval_cmd(
         ev = phaselens.evaluate(_load_for_phases(model, stride), n_per_residue=n_per_residue, seed=seed, progress=progress, stride=stride)
     typer.echo(ev.summary())
     if path:
-        from phaselens.reporting.write import integer_columns
-
-        integer_columns(ev.to_frame("item")).to_csv(path, index=False)
+        write_csv(ev.to_frame("item"), path)
 
 
 @app.command("record", cls=_Command)
@@ -187,9 +196,7 @@ def record_cmd(
         rec = phaselens.record(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
     typer.echo(repr(rec))
     if path:
-        from phaselens.reporting.write import integer_columns
-
-        integer_columns(rec.to_frame()).to_csv(path, index=False)
+        write_csv(rec.to_frame(), path)
 
 
 KINDS = ("head", "kv_head", "layer")
@@ -235,9 +242,7 @@ def map_cmd(
     if "head" in kind_tuple:
         typer.echo(pm.specialization_index().to_string(index=False))
     if path:
-        from phaselens.reporting.write import integer_columns
-
-        integer_columns(pm.to_frame()).to_csv(path, index=False)
+        write_csv(pm.to_frame(), path)
 
 
 zoo_app = typer.Typer(help="The embedded zoo of tiny compressed models.", no_args_is_help=True, cls=_Group)
@@ -269,10 +274,11 @@ def train(
 
     if recipe not in RECIPES:
         raise ZooError(f"no recipe {recipe!r}; recipes: {', '.join(RECIPES)}.")
-    check_out(out, kind="dir")
+    check_out(out, kind="dir", what="the trained model is written into a folder")
     run_dir = Path(runs) / recipe
-    if run_dir.exists() and not run_dir.is_dir():
-        raise InputError(f"--runs {runs}: {run_dir} is a file; point --runs at a directory.")
+    for where in (run_dir, *run_dir.parents):
+        if where.exists() and not where.is_dir():
+            raise InputError(f"--runs {runs}: {where} is a file; point --runs at a directory.")
     total = steps or RECIPES[recipe].settings.steps
     again = " ".join(["phaselens", "train", "--recipe", recipe, "--out", out, "--runs", runs, "--threads", str(threads),
                       *(["--steps", str(steps)] if steps else [])])
@@ -362,7 +368,7 @@ def report(
     from phaselens.reporting import ReportSettings
     from phaselens.reporting import report as build
 
-    check_out(out, kind="dir")
+    check_out(out, kind="dir", what="the report is a folder")
     settings = ReportSettings(n_eval=40, n_record=8, n_map=12, n_cycle=24, n_repair=24) if quick else ReportSettings()
     path = build(models or None, out, settings=settings, progress=progress, static=static,
                  command=" ".join(["phaselens", *sys.argv[1:]]))
