@@ -52,6 +52,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 MODEL_HELP = "Zoo name (see `phaselens zoo list`), checkpoint directory, or hf:PATH."
 PROGRESS_HELP = "Show progress bars (named by model and stage) on stderr."
+FORCE_HELP = ("Write into a directory that holds other files too, replacing only phaselens's own files there "
+              "(without it such a directory is refused).")
 
 
 def one_line(err: BaseException) -> str:
@@ -262,6 +264,7 @@ def train(
     = None,
     threads: Annotated[int, typer.Option("--threads", metavar="N", min=1,
                                          help="Torch threads (a bit-identical resume needs the same count).")] = 1,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Train one zoo model from its recipe, resuming if interrupted; writes OUT/RECIPE.
@@ -275,13 +278,17 @@ def train(
     if recipe not in RECIPES:
         raise ZooError(f"no recipe {recipe!r}; recipes: {', '.join(RECIPES)}.")
     check_out(out, kind="dir", what="the trained model is written into a folder")
+    from phaselens.files import check_output_dir
+    from phaselens.models.io import checkpoint_kind
+
+    check_output_dir(Path(out) / recipe, checkpoint_kind(extra=("eval_batch.safetensors",)), overwrite=force)
     run_dir = Path(runs) / recipe
     for where in (run_dir, *run_dir.parents):
         if where.exists() and not where.is_dir():
             raise InputError(f"--runs {runs}: {where} is a file; point --runs at a directory.")
     total = steps or RECIPES[recipe].settings.steps
     again = " ".join(["phaselens", "train", "--recipe", recipe, "--out", out, "--runs", runs, "--threads", str(threads),
-                      *(["--steps", str(steps)] if steps else [])])
+                      *(["--steps", str(steps)] if steps else []), *(["--force"] if force else [])])
     done = saved_step(run_dir)
     if done is not None:
         typer.echo(f"resuming {recipe} from step {done} of {total} (checkpoint in {run_dir})", err=True)
@@ -293,7 +300,8 @@ def train(
     torch.set_num_threads(threads)
     try:
         with _label(recipe):
-            card = build_zoo_model(recipe, out, run_dir=runs, progress=progress, steps=steps, threads=threads)
+            card = build_zoo_model(recipe, out, run_dir=runs, progress=progress, steps=steps, threads=threads,
+                                   overwrite=force)
     except KeyboardInterrupt:
         at = saved_step(run_dir)
         where = f"the last checkpoint is step {at} of {total} in {run_dir}" if at else "no checkpoint was written yet"
@@ -359,6 +367,7 @@ def report(
     out: Annotated[str, typer.Option("--out", metavar="DIR", help="Directory to write the report into.")] = "report",
     quick: Annotated[bool, typer.Option("--quick", help="Smaller samples (a fast look, wider CIs).")] = False,
     static: Annotated[bool, typer.Option("--static/--no-static", help="Write PNGs when a Chromium is present.")] = True,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Write the figure report: evaluation, battery, recordings, maps, gate cycling and repair.
@@ -370,7 +379,7 @@ def report(
 
     check_out(out, kind="dir", what="the report is a folder")
     settings = ReportSettings(n_eval=40, n_record=8, n_map=12, n_cycle=24, n_repair=24) if quick else ReportSettings()
-    path = build(models or None, out, settings=settings, progress=progress, static=static,
+    path = build(models or None, out, settings=settings, progress=progress, static=static, overwrite=force,
                  command=" ".join(["phaselens", *sys.argv[1:]]))
     typer.echo(f"report written to {path}/index.html")
 

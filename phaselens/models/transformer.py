@@ -247,7 +247,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         cache: CompressedKVCache | None = None,
         return_type: Literal["logits", "loss", "both", None] = "logits",
         logits: Literal["all", "query"] = "all",
-        query_len: int | None = None,
+        query_len: SupportsInt | None = None,
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]`` for token ids ``tokens`` ``[batch, pos]`` (or ``[pos]``).
 
