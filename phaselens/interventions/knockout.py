@@ -26,7 +26,7 @@ from torch import Tensor
 from phaselens.errors import InputError, PhaseLensError
 from phaselens.heads import Head, by_layer, parse_heads
 from phaselens.items import is_batch, resolve_task
-from phaselens.protocol import HookContext
+from phaselens.protocol import HookContext, PhaseModel
 from phaselens.scoring import model_logits
 
 Method = Literal["mean", "zero", "resample"]
@@ -228,7 +228,7 @@ def _check_positions(pos: Any) -> Any:
 
 
 def knockout(
-    model: Any,
+    model: PhaseModel,
     heads: Any,
     method: Method = "mean",
     positions: Any = "last",
