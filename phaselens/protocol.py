@@ -173,6 +173,20 @@ class HookContext:
         return rows
 
 
+def hook_pairs(hooks: Any) -> list[tuple[Any, HookFn]]:
+    """``hooks`` as checked ``(name_or_filter, fn)`` pairs: a clear :class:`InputError` for anything else."""
+    out = []
+    for item in hooks or ():
+        try:
+            name, fn = item
+        except (TypeError, ValueError):
+            raise InputError(f"hooks are (name_or_filter, fn) pairs, got {item!r}.") from None
+        if not callable(fn):
+            raise InputError(f"the hook for {name!r} is not callable: {fn!r}.")
+        out.append((name, fn))
+    return out
+
+
 def hook_context(point: Any, name: str, layer: int | None, *, query_start: int = 0,
                  first_entry: int | None = None) -> HookContext:
     """A :class:`HookContext` for one hook call, with the wrapper's per-call state filled in."""
