@@ -12,7 +12,7 @@ same streaming compressor as decoding does (it reads the open block's projection
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -182,19 +182,23 @@ class QueryEngine:
     every cell runs on every group. Results come back in the items' order, so callers never see the groups.
 
     Args:
-        model: a :class:`~phaselens.models.CompressedTransformer`.
+        model: a :class:`~phaselens.models.CompressedTransformer` (or another model with a per-slot engine).
         tokens: ``[N, T]``; query_pos: ``[N]`` the slot whose logits are scored in each row.
+        slot_engine: builds the engine of one slot, ``slot_engine(model, tokens [n, T], q, rows_per_pass=...)``
+            with ``clean_logits [n, V]``, ``clean_z[layer] [n, H, d]`` and ``run(cells) -> [C, n, V]``
+            (default :class:`SuffixEngine`; the DeepSeek-V4 adapter passes its own).
     """
 
-    def __init__(self, model: Any, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096) -> None:
+    def __init__(self, model: Any, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
+                 slot_engine: Callable[..., Any] = SuffixEngine) -> None:
         qp = torch.as_tensor(query_pos).long().cpu()
         if qp.dim() != 1 or len(qp) != tokens.shape[0]:
             raise InputError(f"query_pos must be [N] = [{tokens.shape[0]}], got {tuple(qp.shape)}.")
         self.N = len(qp)
-        self.groups: list[tuple[Tensor, SuffixEngine]] = []
+        self.groups: list[tuple[Tensor, Any]] = []
         for q in torch.unique(qp).tolist():
             rows = torch.nonzero(qp == q).flatten()
-            self.groups.append((rows, SuffixEngine(model, tokens[rows], int(q), rows_per_pass=rows_per_pass)))
+            self.groups.append((rows, slot_engine(model, tokens[rows], int(q), rows_per_pass=rows_per_pass)))
         if not bool(torch.isfinite(self.clean_logits).all()):  # a NaN/inf weight: never a map of NaN effects
             from phaselens.finite import raise_nonfinite
 

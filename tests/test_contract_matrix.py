@@ -176,7 +176,11 @@ def check_map(k: Kind):
         m = answer_metrics(k.query_logits(b.tokens, b.query_pos, zero_heads(int(row.layer), list(row.heads))),
                            b.answer, b.wrong)
         assert close(pm.ko_logit_diff[i], m["logit_diff"]), row.label
-    assert "engine" in pm.metadata and repr(pm)
+    # engine="auto" takes the query-suffix engine wherever the model offers one (the adapter's kinds, locally)
+    expected = "suffix" if phaselens.protocol.capability(k.model, "query_engine") else "full"
+    assert pm.metadata["engine"] == expected and repr(pm)
+    if k.name in ("zoo", "v4", "v4-nnsight", "v4-chunked"):
+        assert expected == "suffix"
 
 
 def check_patch(k: Kind):
