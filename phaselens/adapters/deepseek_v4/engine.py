@@ -19,6 +19,13 @@ query's own projections. Because the query row goes through each compressor with
 block in the cache, that entry is recomputed from the intervened hidden state in every layer above the
 intervention, exactly as in the full forward.
 
+**Attention of the query rows.** transformers' eager attention repeats V4's single key/value head over
+all query heads (a ``[B, H, keys, d]`` copy) and then runs ``B * H`` one-row products, which for one query row
+costs far more than the arithmetic. During the engine's query passes :func:`query_attention` computes the same
+formula (scaled scores, additive mask, per-head sink column, max-subtracted softmax, sink dropped, weights
+times values) as one ``[H, d] x [d, keys]`` product per row over the shared head; the prefix prefill runs
+transformers' own function. The tests hold both against full eager forwards.
+
 Exactness: with ``index_topk`` at least the number of entries (``from_hf(..., index_topk="all")``) every cell
 equals the full forward at that cell to float rounding (tested at 1e-5 in fp32). With a binding ``index_topk``
 the indexer's top-k of the query row is computed from cached entries whose rounding can differ from an
@@ -28,10 +35,12 @@ uncached forward's, so near-tied picks may differ (``docs/deepseek_v4.md`` gives
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from phaselens.adapters.deepseek_v4.hookpoints import HookFn
@@ -79,6 +88,37 @@ def repeated_layer(layer: Any, copies: int) -> Any:
     if getattr(layer, "values", None) is getattr(layer, "keys", None):  # K = V layers share one tensor
         new.values = new.keys
     return new
+
+
+@contextmanager
+def query_attention() -> Iterator[None]:
+    """While active, DeepSeek-V4's eager attention runs over the one shared key/value head without
+    repeating it per query head (the same formula as transformers' ``eager_attention_forward``); calls with
+    several key/value heads, dropout or training mode go to the function it replaced."""
+    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
+
+    previous = hf.eager_attention_forward
+
+    def shared_head(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                    scaling: float, dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        if key.shape[1] != 1 or value.shape[1] != 1 or dropout or module.training:
+            return previous(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+        B, H, n, d = query.shape  # key, value: [B, 1, K, d]
+        scores = torch.matmul(query.reshape(B, H * n, d), key[:, 0].transpose(1, 2)).view(B, H, n, -1) * scaling
+        if attention_mask is not None:
+            scores = scores + attention_mask
+        sinks = module.sinks.reshape(1, -1, 1, 1).expand(B, -1, n, -1)
+        logits = torch.cat([scores, sinks], dim=-1)
+        logits = logits - logits.max(dim=-1, keepdim=True).values
+        probs = F.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1].to(value.dtype)  # the sink dropped
+        out = torch.matmul(probs.reshape(B, H * n, -1), value[:, 0]).view(B, H, n, -1)
+        return out.transpose(1, 2).contiguous(), probs
+
+    hf.eager_attention_forward = shared_head
+    try:
+        yield
+    finally:
+        hf.eager_attention_forward = previous
 
 
 def _fresh(template: Any) -> Any:
@@ -159,11 +199,12 @@ class V4SuffixEngine:
         ids = self.query_ids.repeat(copies, 1)
         mask = create_sliding_window_causal_mask(config=self.hf.config, inputs_embeds=hidden[:, :, 0],
                                                  attention_mask=None, cache=cache, position_ids=self.position_ids)
-        for layer in inner.layers[start:]:
-            if record is not None:
-                record.append(hidden)
-            hidden = layer(hidden, position_embeddings=self.position_embeddings, position_ids=self.position_ids,
-                           attention_mask=mask, input_ids=ids, cache=cache)
+        with query_attention():
+            for layer in inner.layers[start:]:
+                if record is not None:
+                    record.append(hidden)
+                hidden = layer(hidden, position_embeddings=self.position_embeddings,
+                               position_ids=self.position_ids, attention_mask=mask, input_ids=ids, cache=cache)
         return self.hf.lm_head(inner.norm(inner.hc_head(hidden)))[:, 0]
 
     def _pass_cache(self, start: int, copies: int) -> Any:
@@ -182,20 +223,20 @@ class V4SuffixEngine:
         return cache
 
     def _bytes_per_row(self, start: int) -> int:
-        """Memory per row of a pass from layer ``start``: the repeated cache, and eager attention's
-        temporaries (keys repeated over heads, logits and probabilities) at the longest layer."""
-        cfg = self.hf.config
-        H, d = int(cfg.num_attention_heads), int(cfg.head_dim)
-        item = self.clean_logits.element_size()
-        cache_bytes, keys = 0, 1
+        """Memory per row of a pass from layer ``start``: the repeated cache, and at the longest layer the
+        keys (window and entries, concatenated) and a few ``[H, keys]`` score tensors (:func:`query_attention`)."""
+        H = int(self.hf.config.num_attention_heads)
+        cache_bytes, widest = 0, 0
         for layer in self.cache.layers[start:]:
             for name, value in vars(layer).items():
                 values = value.values() if name in _TENSOR_DICTS else [value] if name in _TENSORS else []
                 cache_bytes += sum(v.numel() * v.element_size() for v in values if isinstance(v, Tensor))
+            keys = getattr(layer, "keys", None)
             entries = getattr(layer, "compressed_kv", {}).get("compressor")
-            window = layer.keys.shape[-2] if isinstance(getattr(layer, "keys", None), Tensor) else 0
-            keys = max(keys, window + 1 + (0 if entries is None else entries.shape[1]))
-        return cache_bytes // max(self.n, 1) + 3 * H * keys * (d + 2) * item
+            if isinstance(keys, Tensor) and keys.dim() == 4:
+                n_keys = keys.shape[2] + 1 + (0 if entries is None else entries.shape[1])
+                widest = max(widest, n_keys * (keys.shape[3] + 4 * H) * keys.element_size())
+        return cache_bytes // max(self.n, 1) + widest
 
     @torch.no_grad()
     def run(self, cells: Sequence[Cell], *, progress: Any = None) -> Tensor:
