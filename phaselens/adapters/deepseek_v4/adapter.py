@@ -34,6 +34,7 @@ from phaselens.adapters.deepseek_v4.hookpoints import (
     match,
     resolve,
 )
+from phaselens.adapters.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.adapters.deepseek_v4.nnsight_backend import run_traced
 from phaselens.adapters.deepseek_v4.notices import IndexTopKWarning
 from phaselens.adapters.deepseek_v4.prefill import call_kwargs, plan_chunks, run_prefix
@@ -272,13 +273,15 @@ class DeepSeekV4Adapter:
     @property
     def query_engine(self) -> Callable[..., Any] | None:
         """The ``query_engine`` capability: ``adapter.query_engine(tokens [N, T], query_pos [N],
-        rows_per_pass=4096, pass_bytes=2**30)`` returns a :class:`~phaselens.engine.QueryEngine` over the
-        cached clean prefix (see :mod:`.engine`). ``None`` with ``remote=True``: the engine needs a local cache.
+        rows_per_pass=4096, batch_size=None, pass_bytes=2**30)`` returns a :class:`~phaselens.engine.QueryEngine`
+        over the cached clean prefix (see :mod:`.engine`): one cache per query slot and piece of at most
+        ``batch_size`` rows, prefilled in the adapter's ``chunk``. ``None`` with ``remote=True``: the engine
+        needs a local cache.
         """
         return None if self._remote else self._query_engine
 
     def _query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
-                      pass_bytes: int = PASS_BYTES) -> QueryEngine:
+                      batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
         if self._active:
             raise InputError(
                 "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
@@ -295,7 +298,13 @@ class DeepSeekV4Adapter:
         def slot(model: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> V4SuffixEngine:
             return V4SuffixEngine(model, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
 
-        return QueryEngine(self, tokens, qp, rows_per_pass=rows_per_pass, slot_engine=slot)
+        return QueryEngine(self, tokens, qp, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
+
+    def estimate_memory(self, tokens: int, *, batch: int = 1, query_len: int | None = None,
+                        logits: Literal["all", "query"] = "all") -> MemoryEstimate:
+        """The ``estimate_memory`` capability: :func:`~phaselens.adapters.deepseek_v4.estimate_memory` of a call
+        on ``batch`` sequences of ``tokens`` tokens, prefilled in this adapter's ``chunk``."""
+        return estimate_memory(self, tokens, batch=batch, chunk=self.chunk, query_len=query_len, logits=logits)
 
     # ---- hooks -------------------------------------------------------------------------------------
     def _merged_hooks(self) -> dict[str, list[HookFn]]:
