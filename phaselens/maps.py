@@ -260,7 +260,7 @@ def specialization_map(
         return plan_map(model, batch, cells, engine=used, method=method, calibration=calibration,
                         batch_size=batch_size, rows_per_pass=rows_per_pass)
     layers = sorted(set(cells["layer"]))
-    cal = None if method == "zero" else calibrate(model, calibration, layers, task=task)
+    cal = None if method == "zero" else calibrate(model, calibration, layers, task=task, batch_size=batch_size)
     kos = [Knockout(model, tuple(_heads(row)), method, "last", cal, seed + i) for i, row in cells.iterrows()]
     fp = None
     if checkpoint is not None:  # hashing every parameter is cheap here, but only needed to resume

@@ -8,8 +8,8 @@ Counts follow the engines exactly (``phaselens.maps``, ``phaselens.interventions
   it in ``ceil(q / chunk)`` pieces; counted once), one clean query step, and per cell a pass of the query
   rows through the layers at and above the cell's layer; cells share passes (``rows_per_pass`` rows; the
   DeepSeek-V4 adapter may split a pass further to stay within its ``pass_bytes``);
-* mean and resample knockouts first calibrate: one forward per 64 calibration items (256 by default, of
-  the task's length), the same in both engines.
+* mean and resample knockouts first calibrate: one forward per ``batch_size`` calibration items (256 by
+  default, of the task's length), the same in both engines.
 
 ``token_passes`` counts token rows through the whole model (a query row from layer ``l`` of ``L`` counts
 ``(L - l) / L``); ``full_forwards`` divides it by ``items x T``: the map's cost in full forwards over the items.
@@ -30,7 +30,6 @@ from phaselens.protocol import capability, model_name
 
 GiB = 2**30
 CALIBRATION_ITEMS = 256  # phaselens.interventions.knockout.calibrate's default
-CALIBRATION_BATCH = 64  # capture_z's batch size
 
 
 @dataclass(frozen=True)
@@ -85,7 +84,7 @@ def plan_map(model: Any, batch: Any, cells: Any, *, engine: str, method: str, ca
     slots, counts = torch.unique(qp, return_counts=True)
     layers = [int(x) for x in cells["layer"]]
     n_cal = _calibration_items(method, calibration, batch.modulus)
-    forwards = cal_forwards = math.ceil(n_cal / CALIBRATION_BATCH)
+    forwards = cal_forwards = math.ceil(n_cal / batch_size)  # calibrate runs batch_size items per forward
     tokens = cal_tokens = float(n_cal * T * copies)
     if engine == "full":
         forwards += (len(layers) + 1) * math.ceil(N / batch_size)
@@ -102,6 +101,11 @@ def plan_map(model: Any, batch: Any, cells: Any, *, engine: str, method: str, ca
         tokens += sum(N * (L - layer) / L for layer in layers)
     memory = _memory(model, engine, N, T, qp, _groups(slots, counts, batch_size), batch_size, rows_per_pass,
                      len(layers))
+    if n_cal:  # calibration runs first, in forwards of batch_size items: the peak is the larger of the two
+        cal = _forward_memory(model, capability(model, "estimate_memory"), T, min(batch_size, n_cal),
+                              T - int(qp.min()))
+        if sum(cal.values()) > sum(memory.values()):
+            memory = {("calibration " + k if k != "weights" else k): v for k, v in cal.items()}
     kinds = {str(k): int(v) for k, v in cells["kind"].value_counts(sort=False).items()}
     return MapPlan(model_name(model), engine, kinds, N, T, len(slots), int(forwards), tokens,
                    tokens / max(N * T, 1), n_cal, cal_forwards, cal_tokens, sum(memory.values()), memory)
@@ -129,27 +133,34 @@ def _calibration_items(method: str, calibration: Any, modulus: int) -> int:
 
 def _memory(model: Any, engine: str, N: int, T: int, qp: torch.Tensor, groups: list[tuple[int, int]],
             batch_size: int, rows_per_pass: int, n_cells: int) -> dict[str, int]:
+    """Bytes of the map's largest step: a batch forward (full engine), or the cached prefixes, a prefill call
+    and a cell pass (suffix engine)."""
     estimate = capability(model, "estimate_memory")
+    if engine == "full" or estimate is None:
+        return _forward_memory(model, estimate, T, min(batch_size, N), T - int(qp.min()))
+    # the engine's prefill of each group: the prefix (in the adapter's pieces), then the query row, kept cached
+    per_group = [estimate(q + 1, batch=n, query_len=1, logits="query") for q, n in groups]
+    return {"weights": per_group[0].weights, "cache": sum(e.cache for e in per_group),  # every group's prefix
+            "attention": max(4 * e.attention for e in per_group),
+            "passes": max(_pass_bytes(model, q, n, e.cache, rows_per_pass, n_cells)
+                          for (q, n), e in zip(groups, per_group))}
+
+
+def _forward_memory(model: Any, estimate: Any, T: int, b: int, query_rows: int) -> dict[str, int]:
+    """Bytes of one scored forward of ``b`` items (as ``model_logits`` makes it: query rows' logits only)."""
     if estimate is not None:
-        if engine == "full":  # an adapter call as model_logits makes it (query rows hooked under chunked prefill)
-            query_len = None if getattr(model, "chunk", None) is None else T - int(qp.min())
-            e = estimate(T, batch=min(batch_size, N), query_len=query_len, logits="query")
-            return {"weights": e.weights, "cache": e.cache, "attention": 4 * e.attention, "logits": e.logits}
-        # the engine's prefill of each slot: the prefix (in the adapter's pieces), then the query row, kept cached
-        per_group = [estimate(q + 1, batch=n, query_len=1, logits="query") for q, n in groups]
-        return {"weights": per_group[0].weights, "cache": sum(e.cache for e in per_group),  # every group's prefix
-                "attention": max(4 * e.attention for e in per_group),
-                "passes": max(_pass_bytes(model, q, n, e.cache, rows_per_pass, n_cells)
-                              for (q, n), e in zip(groups, per_group))}
+        query_len = None if getattr(model, "chunk", None) is None else query_rows  # hooked rows when chunked
+        e = estimate(T, batch=b, query_len=query_len, logits="query")
+        return {"weights": e.weights, "cache": e.cache, "attention": 4 * e.attention, "logits": e.logits}
     from phaselens.fingerprint import torch_module
 
     module = torch_module(model)
     weights = 0 if module is None else sum(t.numel() * t.element_size() for t in [*module.parameters(),
                                                                                   *module.buffers()])
     cfg = model.cfg
-    b = min(batch_size, N) * int(getattr(model, "cost", 1) or 1)
+    b *= int(getattr(model, "cost", 1) or 1)
     return {"weights": weights, "attention": b * int(cfg.n_heads) * T * T * 4,
-            "logits": b * (T - int(qp.min())) * int(cfg.d_vocab) * 4}
+            "logits": b * query_rows * int(cfg.d_vocab) * 4}
 
 
 def _pass_bytes(model: Any, q: int, n: int, cache: int, rows_per_pass: int, n_cells: int) -> int:
