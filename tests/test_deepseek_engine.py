@@ -125,6 +125,24 @@ def test_boundary_entry_is_recomputed_with_the_intervention(hf, setup):
     assert (got - refs[cell_index]).abs().max() <= TOL
 
 
+def test_empty_prefix_and_first_entry(hf):
+    """Slot 0 (nothing cached: the query row runs on an empty cache) and slot 3 (completes CSA entry 0, with
+    no earlier overlap half), chunked in pieces of 2."""
+    adapter = phaselens.from_hf(hf, index_topk="all", chunk=2)
+    reference = phaselens.from_hf(hf, index_topk="all")
+    tokens, q, rows = random_tokens(2, 9, 2), torch.tensor([0, 3]), torch.arange(2)
+
+    def zero(z, hook):
+        z = z.clone()
+        z[rows, q, 2] = 0.0
+        return z
+
+    got = adapter.query_engine(tokens, q).run([Cell(0, [2])])[0]
+    with torch.no_grad():
+        ref = reference.run_with_hooks(tokens, fwd_hooks=[("blocks.0.attn.hook_z", zero)])[rows, q]
+    assert (got - ref).abs().max() <= TOL
+
+
 def test_small_pass_budget_splits_passes_without_changing_numbers(hf, setup):
     tokens, cells, _, refs, _, _ = setup
     adapter = phaselens.from_hf(hf, index_topk="all", chunk=8)
