@@ -16,7 +16,7 @@ import torch
 from scipy import stats as sps
 
 from phaselens.by_residue import residue_mean_ci
-from phaselens.errors import NotApplicableError
+from phaselens.errors import InputError, NotApplicableError
 from phaselens.interventions.knockout import calibrate, check_method, z_name
 from phaselens.items import build_items, check_options
 from phaselens.labelled import Labelled
@@ -99,6 +99,7 @@ def attribution_map(
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
                                     stride=stride)
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    _check_exact(exact, L, H, batch.modulus)
     cal = None if method == "zero" else calibrate(model, calibration, list(range(L)), task=task)
     est = []
     starts = range(0, len(batch), batch_size)
@@ -158,3 +159,20 @@ def attribution_map(
                        batch_size=batch_size, stride=stride)
     meta.update(calibration=None if cal is None else cal.source)
     return AttributionMap(lab, rho, method, spec.stride, M, values, residue, meta)
+
+
+def _check_exact(exact: Any, n_layers: int, n_heads: int, modulus: int) -> None:
+    """``exact`` must be a PhaseMap with head cells on the same layers, heads and residues (checked before the
+    gradients run)."""
+    from phaselens.maps import PhaseMap
+
+    if exact is None:
+        return
+    if not isinstance(exact, PhaseMap):
+        raise InputError(f"exact must be a PhaseMap (from specialization_map on the same items) or None, got "
+                         f"{type(exact).__name__}.")
+    want = (n_layers, n_heads, modulus)
+    got = exact.values("head", "delta_logit_diff").values.shape
+    if tuple(got) != want:
+        raise InputError(f"exact has head cells of shape {tuple(got)} (layer, head, residue), but this map has "
+                         f"{want}; build it with specialization_map on the same model and task.")

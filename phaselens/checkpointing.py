@@ -78,6 +78,28 @@ def load_safetensors(path: str | os.PathLike, *, fix: str, framework: str = "pt"
 
 
 # ---- finished cells (maps) --------------------------------------------------------------------------------
+def check_checkpoint_path(path: Any) -> Path | None:
+    """Refuse a checkpoint path that cannot be written, before any computation: not a path, a directory, or
+    under a file or an unwritable folder (missing folders are created when the first cell is written)."""
+    if path is None:
+        return None
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise CheckpointError(f"checkpoint must be a file path (a str or pathlib.Path), got {path!r}.")
+    p = Path(path)
+    if p.is_dir():
+        raise CheckpointError(f"checkpoint={str(p)!r} is a directory; pass a file path such as "
+                              f"{str(p / 'map.ckpt')!r}.")
+    where = p.parent
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    if not where.is_dir():
+        raise CheckpointError(f"checkpoint={str(p)!r} lies under the file {where}; pass a path in a folder.")
+    if not os.access(where, os.W_OK | os.X_OK):
+        raise CheckpointError(f"checkpoint={str(p)!r}: the folder {where} is not writable; pass a path you can "
+                              "write to.")
+    return p
+
+
 class CellCheckpoint:
     """Finished cells of a long computation, each a tuple of arrays named ``fields``, kept in ONE file.
 
@@ -91,15 +113,12 @@ class CellCheckpoint:
     """
 
     def __init__(self, path: str | os.PathLike | None, fingerprint: str, fields: tuple[str, ...]) -> None:
-        self.path = None if path is None else Path(path)
+        self.path = check_checkpoint_path(path)
         self.fingerprint = str(fingerprint)
         self.fields = tuple(fields)
         self.done: dict[str, tuple[np.ndarray, ...]] = {}
         if self.path is None:
             return
-        if self.path.is_dir():
-            raise CheckpointError(f"checkpoint={str(self.path)!r} is a directory; pass a file path such as "
-                                  f"{str(self.path / 'map.ckpt')!r}.")
         if self.path.exists():
             self._load()
 

@@ -52,6 +52,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 MODEL_HELP = "Zoo name (see `phaselens zoo list`), checkpoint directory, or hf:PATH."
 PROGRESS_HELP = "Show progress bars (named by model and stage) on stderr."
+FORCE_HELP = ("Write into a directory that holds other files too, replacing only phaselens's own files there "
+              "(without it such a directory is refused).")
 
 
 def one_line(err: BaseException) -> str:
@@ -75,15 +77,18 @@ def friendly_errors(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def check_out(path: str | None, *, kind: str) -> Path | None:
+def check_out(path: str | None, *, kind: str, what: str = "the output is a folder") -> Path | None:
     """Refuse an output path before any computation: its parent must exist and be writable.
 
-    ``kind`` is ``"file"`` (a CSV; must not be a directory) or ``"dir"`` (must not be a file).
+    ``kind`` is ``"file"`` (a CSV; must not be a directory) or ``"dir"`` (must not be a file; ``what`` says
+    why in the message).
     """
     if path is None:
         return None
     p = Path(path).expanduser()
     parent = p.parent if str(p.parent) else Path(".")
+    if parent.exists() and not parent.is_dir():
+        raise InputError(f"--out {path}: {parent} is a file, not a folder; choose another path.")
     if not parent.is_dir():
         raise InputError(f"--out {path}: the folder {parent} does not exist; create it first or choose another path.")
     if not os.access(parent, os.W_OK | os.X_OK):
@@ -91,10 +96,18 @@ def check_out(path: str | None, *, kind: str) -> Path | None:
     if kind == "file" and p.is_dir():
         raise InputError(f"--out {path} is a directory; give a file name such as {p / 'out.csv'}.")
     if kind == "dir" and p.exists() and not p.is_dir():
-        raise InputError(f"--out {path} is an existing file; give a directory name (the report is a folder).")
+        raise InputError(f"--out {path} is an existing file; give a directory name ({what}).")
     if p.exists() and not os.access(p, os.W_OK):
         raise InputError(f"--out {path} exists and is not writable; choose another path.")
     return p
+
+
+def write_csv(frame: Any, path: Path) -> None:
+    """Write ``frame`` as CSV to ``path`` atomically (a kill leaves the old file or the new one, never half)."""
+    from phaselens.files import atomic_write_file
+    from phaselens.reporting.write import integer_columns
+
+    atomic_write_file(path, lambda tmp: integer_columns(frame).to_csv(tmp, index=False))
 
 
 def _version(value: bool) -> None:
@@ -161,9 +174,7 @@ def eval_cmd(
         ev = phaselens.evaluate(_load_for_phases(model, stride), n_per_residue=n_per_residue, seed=seed, progress=progress, stride=stride)
     typer.echo(ev.summary())
     if path:
-        from phaselens.reporting.write import integer_columns
-
-        integer_columns(ev.to_frame("item")).to_csv(path, index=False)
+        write_csv(ev.to_frame("item"), path)
 
 
 @app.command("record", cls=_Command)
@@ -187,9 +198,7 @@ def record_cmd(
         rec = phaselens.record(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
     typer.echo(repr(rec))
     if path:
-        from phaselens.reporting.write import integer_columns
-
-        integer_columns(rec.to_frame()).to_csv(path, index=False)
+        write_csv(rec.to_frame(), path)
 
 
 KINDS = ("head", "kv_head", "layer")
@@ -242,9 +251,7 @@ def map_cmd(
     if "head" in kind_tuple:
         typer.echo(pm.specialization_index().to_string(index=False))
     if path:
-        from phaselens.reporting.write import integer_columns
-
-        integer_columns(pm.to_frame()).to_csv(path, index=False)
+        write_csv(pm.to_frame(), path)
 
 
 zoo_app = typer.Typer(help="The embedded zoo of tiny compressed models.", no_args_is_help=True, cls=_Group)
@@ -264,6 +271,7 @@ def train(
     = None,
     threads: Annotated[int, typer.Option("--threads", metavar="N", min=1,
                                          help="Torch threads (a bit-identical resume needs the same count).")] = 1,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Train one zoo model from its recipe, resuming if interrupted; writes OUT/RECIPE.
@@ -276,13 +284,18 @@ def train(
 
     if recipe not in RECIPES:
         raise ZooError(f"no recipe {recipe!r}; recipes: {', '.join(RECIPES)}.")
-    check_out(out, kind="dir")
+    check_out(out, kind="dir", what="the trained model is written into a folder")
+    from phaselens.files import check_output_dir
+    from phaselens.models.io import checkpoint_kind
+
+    check_output_dir(Path(out) / recipe, checkpoint_kind(extra=("eval_batch.safetensors",)), overwrite=force)
     run_dir = Path(runs) / recipe
-    if run_dir.exists() and not run_dir.is_dir():
-        raise InputError(f"--runs {runs}: {run_dir} is a file; point --runs at a directory.")
+    for where in (run_dir, *run_dir.parents):
+        if where.exists() and not where.is_dir():
+            raise InputError(f"--runs {runs}: {where} is a file; point --runs at a directory.")
     total = steps or RECIPES[recipe].settings.steps
     again = " ".join(["phaselens", "train", "--recipe", recipe, "--out", out, "--runs", runs, "--threads", str(threads),
-                      *(["--steps", str(steps)] if steps else [])])
+                      *(["--steps", str(steps)] if steps else []), *(["--force"] if force else [])])
     done = saved_step(run_dir)
     if done is not None:
         typer.echo(f"resuming {recipe} from step {done} of {total} (checkpoint in {run_dir})", err=True)
@@ -294,7 +307,8 @@ def train(
     torch.set_num_threads(threads)
     try:
         with _label(recipe):
-            card = build_zoo_model(recipe, out, run_dir=runs, progress=progress, steps=steps, threads=threads)
+            card = build_zoo_model(recipe, out, run_dir=runs, progress=progress, steps=steps, threads=threads,
+                                   overwrite=force)
     except KeyboardInterrupt:
         at = saved_step(run_dir)
         where = f"the last checkpoint is step {at} of {total} in {run_dir}" if at else "no checkpoint was written yet"
@@ -360,6 +374,7 @@ def report(
     out: Annotated[str, typer.Option("--out", metavar="DIR", help="Directory to write the report into.")] = "report",
     quick: Annotated[bool, typer.Option("--quick", help="Smaller samples (a fast look, wider CIs).")] = False,
     static: Annotated[bool, typer.Option("--static/--no-static", help="Write PNGs when a Chromium is present.")] = True,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Write the figure report: evaluation, battery, recordings, maps, gate cycling and repair.
@@ -369,9 +384,9 @@ def report(
     from phaselens.reporting import ReportSettings
     from phaselens.reporting import report as build
 
-    check_out(out, kind="dir")
+    check_out(out, kind="dir", what="the report is a folder")
     settings = ReportSettings(n_eval=40, n_record=8, n_map=12, n_cycle=24, n_repair=24) if quick else ReportSettings()
-    path = build(models or None, out, settings=settings, progress=progress, static=static,
+    path = build(models or None, out, settings=settings, progress=progress, static=static, overwrite=force,
                  command=" ".join(["phaselens", *sys.argv[1:]]))
     typer.echo(f"report written to {path}/index.html")
 

@@ -47,6 +47,13 @@ class TaskError(PhaseLensError, ValueError):
     """A task specification that cannot produce the requested items."""
 
 
+class BatchIndexError(TaskError, IndexError):
+    """An item index out of range, or of a kind a ``TaskBatch`` cannot be indexed with.
+
+    Also an ``IndexError``, so iteration and code that catches ``IndexError`` keep working.
+    """
+
+
 class ResidueError(TaskError):
     """A residue outside ``0..modulus-1`` or a modulus that is not a multiple of the stride."""
 
@@ -94,6 +101,7 @@ class NonFiniteError(PhaseLensError):
 
 
 __all__ = [
+    "BatchIndexError",
     "CacheError",
     "CheckpointError",
     "ConfigError",

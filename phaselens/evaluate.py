@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from phaselens.by_residue import group_counts, group_mean
-from phaselens.items import build_items, check_options
+from phaselens.items import build_items, check_battery_items, check_options
 from phaselens.protocol import PhaseModel, metadata_of
 from phaselens.results import Result
 from phaselens.scoring import answer_metrics, plain_forward, query_logits
@@ -201,9 +201,10 @@ def evaluate(
         >>> ev = phaselens.evaluate(phaselens.load("zoo:w8s4"), n_per_residue=64)  # doctest: +SKIP
         >>> ev.worst, ev.boundary, ev.gap_ci  # doctest: +SKIP
     """
-    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
+    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap, n_permutations=n_permutations)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
                                     stride=stride)
+    check_battery_items(spec, batch, stride, "evaluate")
     items = score_items(model, batch, batch_size=batch_size, progress=progress, desc="evaluate")
     md = {**metadata_of(model, n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size,
                         stride=stride, n_permutations=n_permutations, n_bootstrap=n_bootstrap),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -43,8 +44,9 @@ def parse_heads(spec: Any, cfg: Any) -> tuple[Head, ...]:
     def one(item: Any) -> None:
         if isinstance(item, Head):
             item = (item.layer, item.head)
-        if isinstance(item, tuple) and len(item) == 2 and all(isinstance(x, int) for x in item):
-            layer, head = item
+        if isinstance(item, tuple) and len(item) == 2 and all(
+                isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in item):
+            layer, head = int(item[0]), int(item[1])
             check_layer(layer, item)
             if not 0 <= head < n_heads:
                 raise HeadSpecError(f"{item!r}: head {head} is out of range; heads are 0..{n_heads - 1}.")

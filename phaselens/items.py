@@ -13,7 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.errors import ContextLengthError, InputError, NoDefaultTaskError, ResidueError, TaskError
+from phaselens.errors import (
+    ContextLengthError,
+    InputError,
+    NoDefaultTaskError,
+    ResidueError,
+    StatsInputError,
+    TaskError,
+    UnsupportedModelError,
+)
 from phaselens.geometry import PhaseSpec
 
 
@@ -27,14 +35,54 @@ def as_int(name: str, value: Any, *, minimum: int | None = None, fix: str = "") 
     return value
 
 
+def as_float(name: str, value: Any, *, positive: bool = False, fix: str = "") -> float:
+    """``value`` as a finite Python float (ints and numpy numbers accepted); bool and str are refused."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not ok or not np.isfinite(float(value)) or (positive and float(value) <= 0):
+        need = "a finite number > 0" if positive else "a finite number"
+        raise InputError(f"{name} must be {need}, got {value!r}.{fix and ' ' + fix}")
+    return float(value)
+
+
+def as_names(name: str, value: Any, allowed: Sequence[str]) -> tuple[str, ...]:
+    """A non-empty tuple of names drawn from ``allowed``; a bare string is refused (it would be read letter by
+    letter) with the tuple spelled out."""
+    if isinstance(value, str):
+        raise InputError(f"{name} must be a tuple of names, got the string {value!r}; write {name}=({value!r},).")
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise InputError(f"{name} must be a tuple drawn from {tuple(allowed)}, got {value!r}.") from None
+    bad = [n for n in names if not isinstance(n, str) or n not in allowed]
+    if bad or not names:
+        what = f"unknown {bad!r}" if bad else "nothing"
+        raise InputError(f"{name} must be a non-empty tuple drawn from {tuple(allowed)}, got {what}; e.g. "
+                         f"{name}=({allowed[0]!r},).")
+    return tuple(dict.fromkeys(names))
+
+
+def check_model(model: Any) -> Any:
+    """Refuse what is not a model (a name, a path, None) before anything reads from it."""
+    if all(hasattr(model, a) for a in ("cfg", "analysis_spec")) and callable(model):
+        return model
+    if isinstance(model, str):
+        raise UnsupportedModelError(f"model is the string {model!r}, not a model; load it first: "
+                                    f"model = phaselens.load({model!r}).")
+    raise UnsupportedModelError(
+        f"{type(model).__name__} is not a phaselens model (it needs cfg, analysis_spec and a forward); pass a "
+        "model from phaselens.load(...), a CompressedTransformer, or phaselens.from_hf(...)."
+    )
+
+
 def check_options(*, n_per_residue: Any = 1, seed: Any = 0, batch_size: Any = 1, stride: Any = None,
-                  n_bootstrap: Any = 0, progress: Any = False) -> None:
+                  n_bootstrap: Any = 0, n_permutations: Any = 1, progress: Any = False) -> None:
     """Raise a clear error for a bad value of a shared option."""
     if isinstance(n_per_residue, bool) or not isinstance(n_per_residue, numbers.Integral) or n_per_residue < 1:
         raise TaskError(f"n_per_residue must be an integer >= 1, got {n_per_residue!r}.")
     as_int("seed", seed, minimum=0, fix="Seeds are non-negative integers.")
     as_int("batch_size", batch_size, minimum=1, fix="It is the number of items per forward.")
-    as_int("n_bootstrap", n_bootstrap, minimum=0)
+    as_int("n_bootstrap", n_bootstrap, minimum=0, fix="It is the number of bootstrap resamples (0: none).")
+    as_int("n_permutations", n_permutations, minimum=1, fix="It is the number of permutations (e.g. 2000).")
     if stride is not None:
         as_int("stride", stride, minimum=1, fix="Pass None to use the model's own analysis stride.")
     if not isinstance(progress, bool):
@@ -43,6 +91,8 @@ def check_options(*, n_per_residue: Any = 1, seed: Any = 0, batch_size: Any = 1,
 
 def check_task(task: Any) -> Any:
     """A task object (anything with ``build``): strings and other values are refused with the fix."""
+    if isinstance(task, type):
+        raise TaskError(f"task is the class {task.__name__}, not a task; make one: task={task.__name__}(...).")
     if task is None or callable(getattr(task, "build", None)) or is_batch(task):
         return task
     raise TaskError(
@@ -81,6 +131,29 @@ def check_fits(model: Any, task: Any) -> None:
         )
 
 
+def check_battery_items(spec: PhaseSpec, batch: Any, stride: Any, what: str) -> None:
+    """Before any forward: the phase battery compares at least two phases and needs items at every residue.
+
+    One phase is what a model without compressed layers has when no ``stride`` is given; the fix names
+    ``stride=``.
+    """
+    if spec.stride < 2:
+        given = "" if stride is None else f" (stride={stride})"
+        raise StatsInputError(
+            f"{what} compares phases, but the analysis stride is {spec.stride}{given}, so every item has phase 0 "
+            "(a model without compressed layers has stride 1); pass stride=S, the stride of the compressed "
+            "model you compare it with (e.g. stride=4)."
+        )
+    present = set(np.unique(batch.frame["residue"].to_numpy()).tolist())
+    missing = sorted(set(range(batch.modulus)) - present)
+    if missing:
+        raise StatsInputError(
+            f"{what} compares every residue 0..{batch.modulus - 1}, but residues {missing[:8]}"
+            f"{'...' if len(missing) > 8 else ''} have no items; pass residues=None (all), or a task with a "
+            "smaller modulus."
+        )
+
+
 def analysis_geometry(model: Any, stride: int | None) -> PhaseSpec:
     """The model's analysis geometry, or the same origin with another ``stride``."""
     spec = model.analysis_spec
@@ -91,8 +164,10 @@ def phase_residues(spec: PhaseSpec, modulus: int, phase: Any) -> list[int]:
     """The residues ``0..modulus-1`` whose phase is ``phase`` (an int or a list of ints)."""
     raw = [phase] if isinstance(phase, numbers.Number) else list(phase)
     phases = [as_int("phase", p) for p in raw]
+    if not phases:
+        raise ResidueError(f"phase is empty; pass one phase in 0..{spec.stride - 1}, a list of them, or None (all).")
     bad = [p for p in phases if not 0 <= p < spec.stride]
-    if bad or not phases:
+    if bad:
         raise ResidueError(f"phase {bad or phases} is outside 0..{spec.stride - 1} (phases are residues mod "
                            f"{spec.stride}).")
     return [r for r in range(modulus) if r % spec.stride in set(phases)]
@@ -117,6 +192,7 @@ def build_items(
     """
     from phaselens.tasks.residues import check_modulus, check_residues
 
+    check_model(model)
     check_options(n_per_residue=n_per_residue, seed=seed, stride=stride)
     if phase is not None and residues is not None:
         raise TaskError("pass residues or phase, not both.")
@@ -129,6 +205,9 @@ def build_items(
         if residues is not None:
             keep = np.isin(batch.frame["residue"].to_numpy(), check_residues(residues, batch.modulus))
             batch = batch[np.flatnonzero(keep)]
+        if len(batch) == 0:
+            raise TaskError("the items are empty (a TaskBatch of 0 rows, or no row at the requested residues); "
+                            "pass a batch with items, or build one with n_per_residue >= 1.")
         return task, spec, batch
     check_fits(model, task)
     spec = analysis_geometry(model, stride)

@@ -9,14 +9,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.checkpointing import CellCheckpoint
+from phaselens.checkpointing import CellCheckpoint, check_checkpoint_path
 from phaselens.effects import Effects, mcnemar_p, relative_effects
-from phaselens.errors import InputError, PhaseLensError
+from phaselens.errors import InputError
 from phaselens.evaluate import items_from_logits, score_items
 from phaselens.fingerprint import analysis_fingerprint
 from phaselens.interventions.knockout import Knockout, calibrate, check_method
 from phaselens.interventions.run import engine_metrics, full_metrics
-from phaselens.items import as_int, build_items, check_options
+from phaselens.items import as_int, as_names, build_items, check_options
 from phaselens.labelled import Labelled
 from phaselens.plan import MapPlan, plan_map
 from phaselens.protocol import PhaseModel, choose_engine, metadata_of, model_name
@@ -29,8 +29,7 @@ KINDS = ("head", "kv_head", "layer")
 
 def map_cells(cfg: Any, kinds: tuple[str, ...] = KINDS) -> pd.DataFrame:
     """The cells of a map: one row per knockout (``label``, ``kind``, ``layer``, ``heads``)."""
-    if isinstance(kinds, str) or not kinds or any(k not in KINDS for k in kinds):
-        raise InputError(f"kinds must be a non-empty tuple drawn from {KINDS}, got {kinds!r}.")
+    kinds = as_names("kinds", kinds, KINDS)
     L, H = int(cfg.n_layers), int(cfg.n_heads)
     Hkv = int(getattr(cfg, "n_key_value_heads", None) or H)
     G = H // Hkv
@@ -76,7 +75,8 @@ class PhaseMap(Result):
     def _select(self, kind: str) -> pd.DataFrame:
         sel = self.cells[self.cells["kind"] == kind]
         if sel.empty:
-            raise PhaseLensError(f"this map has no {kind!r} cells; kinds present: {sorted(set(self.cells['kind']))}.")
+            raise InputError(f"this map has no {kind!r} cells; kinds present: {sorted(set(self.cells['kind']))}; map "
+                             f"them with specialization_map(..., kinds=({kind!r},)).")
         return sel
 
     def values(self, kind: str = "head", quantity: str = "rel_change") -> Labelled:
@@ -248,8 +248,10 @@ def specialization_map(
         >>> pm.specialization_index().head()  # doctest: +SKIP
     """
     method = check_method(method)
+    kinds = as_names("kinds", kinds, KINDS)
     check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
     rows_per_pass = as_int("rows_per_pass", rows_per_pass, minimum=1)
+    check_checkpoint_path(checkpoint)
     used = choose_engine(model, engine)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
                                     stride=stride)

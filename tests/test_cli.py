@@ -165,7 +165,7 @@ def test_train_reports_resume_and_interrupt(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return batch_fn(b, seed)
 
-    def fake_build(name, out, *, run_dir, progress, steps, threads):
+    def fake_build(name, out, *, run_dir, progress, steps, threads, overwrite):
         train(CFG, interrupted_batches, settings, tmp_path / "runs" / name, progress=False)
         raise AssertionError("not reached")
 
@@ -185,14 +185,14 @@ def test_train_steps_reach_the_settings(tmp_path, monkeypatch):
 
     seen = {}
 
-    def fake_build(name, out, *, run_dir, progress, steps, threads):
-        seen.update(steps=steps, threads=threads)
+    def fake_build(name, out, *, run_dir, progress, steps, threads, overwrite):
+        seen.update(steps=steps, threads=threads, overwrite=overwrite)
         raise phaselens.ZooError("stop here")
 
     monkeypatch.setattr(build, "build_zoo_model", fake_build)
     res = runner.invoke(app, ["train", "--recipe", "w4s4", "--steps", "7", "--threads", "1", "--out",
-                              str(tmp_path), "--runs", str(tmp_path / "runs")])
-    assert res.exit_code == 3 and seen == {"steps": 7, "threads": 1}
+                              str(tmp_path), "--runs", str(tmp_path / "runs"), "--force"])
+    assert res.exit_code == 3 and seen == {"steps": 7, "threads": 1, "overwrite": True}
 
 
 def test_map_plan_prints_the_dry_run_without_running():

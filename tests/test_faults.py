@@ -9,6 +9,7 @@ child uses one thread, so its torch work never meets the parent's thread pool. T
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import random
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -366,15 +368,51 @@ def test_train_state_killed(tmp_path, reference_run, one_thread, mode):
     assert untouched(saved) and no_temporaries(run)
 
 
+# ---- CSV files of the command line (eval/record/map --out) ------------------------------------------------
+CSVS = ["residue,value\n" + "1,A\n" * 40_000, "residue,value\n" + "2,B\n" * 60_000]
+
+
+def csv_writer(path):
+    from phaselens.cli import write_csv
+
+    frames = [pd.read_csv(io.StringIO(text)) for text in CSVS]
+
+    def work(tick):
+        for i in range(10_000):
+            write_csv(frames[i % 2], path)
+            tick()
+    return work
+
+
+@pytest.mark.parametrize("mode", ["random", "file:written"])
+def test_cli_csv_killed(tmp_path, mode):
+    path = tmp_path / "eval.csv"
+    saved = user_files(tmp_path)
+    if mode == "random":
+        pid, rfd = run_child(csv_writer(path))
+        assert wait_ticks(rfd, 1) >= 1
+        assert finish(pid, rfd, kill_after=random.Random(13).uniform(0, 0.05)) == "killed"
+    else:
+        pid, rfd = run_child(csv_writer(path), die_at=mode, nth=2)
+        assert finish(pid, rfd, kill_after=None) == "killed"
+    assert path.read_text() in CSVS  # one complete version, never a truncated one
+    assert untouched(saved)
+    from phaselens.cli import write_csv
+
+    write_csv(pd.read_csv(io.StringIO(CSVS[0])), path)  # the next write cleans up after the dead one
+    assert path.read_text() == CSVS[0] and no_temporaries(tmp_path)
+
+
 # ---- the long randomized run ------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("writer", ["model", "report", "cache"])
+@pytest.mark.parametrize("writer", ["model", "report", "cache", "csv"])
 def test_many_random_kills(tmp_path, writer):
     rng = random.Random(2024)
     target = tmp_path / "out"
     saved = user_files(target)
     for _ in range(25):
-        work = {"model": model_writer, "report": report_writer, "cache": cache_writer}[writer](target)
+        work = {"model": model_writer, "report": report_writer, "cache": cache_writer,
+                "csv": lambda t: csv_writer(t / "out.csv")}[writer](target)
         pid, rfd = run_child(work)
         assert wait_ticks(rfd, 1) >= 1
         assert finish(pid, rfd, kill_after=rng.uniform(0, 0.05)) == "killed"
@@ -382,5 +420,7 @@ def test_many_random_kills(tmp_path, writer):
             check_model_dir(target, saved)
         elif writer == "report":
             check_report(target, saved)
+        elif writer == "csv":
+            assert (target / "out.csv").read_text() in CSVS and untouched(saved)
         else:
             assert ResultCache(target).get("w4s4", "fp") in RESULTS and untouched(saved)

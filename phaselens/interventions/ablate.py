@@ -119,8 +119,8 @@ def ablate(
     check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, residues=residues,
                                     seed=seed, stride=stride)
+    used = choose_engine(model, engine)  # a bad engine is refused before the calibration runs
     ko = knockout(model, heads, method=method, calibration=calibration, task=task, seed=seed)
-    used = choose_engine(model, engine)
     if used == "suffix" and engine == "auto" and len({h.layer for h in ko.heads}) > 1:
         used = "full"  # the engine intervenes at one layer per cell
     if used == "suffix":

@@ -8,7 +8,7 @@ the per-offset bias), rolling them by delta should move the accuracy profile wit
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,9 +18,9 @@ import torch
 
 from phaselens.errors import InputError, NotApplicableError
 from phaselens.evaluate import evaluate
-from phaselens.items import as_int, check_options
+from phaselens.items import as_int, check_model, check_options
 from phaselens.models.compressor import Pooler
-from phaselens.protocol import PhaseModel, metadata_of, require
+from phaselens.protocol import PhaseModel, metadata_of, model_name, require
 from phaselens.results import Result
 
 
@@ -153,14 +153,16 @@ def gate_cycling_test(
     Raises:
         NotApplicableError: the model cannot cycle its gates (``cycle_gates`` capability), or has nothing to roll.
     """
+    check_model(model)
     require(model, "cycle_gates", "gate cycling rolls offset-specific gate parameters.")
     check_options(n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, progress=progress, stride=stride)
     S = (model.analysis_spec.stride if stride is None else int(stride))
-    try:
-        ds = [as_int("delta", d) for d in deltas]
-    except TypeError:
-        raise InputError(f"deltas must be a list of ints, got {deltas!r}.") from None
-    ds = [d for d in ds if d % S]
+    if S < 2:
+        raise NotApplicableError(f"{model_name(model)} has no compressed layers (analysis stride {S}), so there are "
+                                 "no gates to cycle; run the gate-cycling test on a compressed model.")
+    if isinstance(deltas, str) or not isinstance(deltas, Iterable):
+        raise InputError(f"deltas must be a list of ints, got {deltas!r}; e.g. deltas={tuple(range(1, S))}.")
+    ds = list(dict.fromkeys(d for d in (as_int("delta", d) for d in deltas) if d % S))  # each shift once
     if not ds:
         raise InputError(f"deltas {list(deltas)!r} hold no shift that is nonzero mod the stride {S}; pass e.g. "
                          f"deltas={tuple(range(1, S))}.")

@@ -23,7 +23,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from phaselens.errors import InputError, PhaseLensError
+from phaselens.errors import InputError
 from phaselens.heads import Head, by_layer, parse_heads
 from phaselens.items import is_batch, resolve_task
 from phaselens.protocol import HookContext, PhaseModel
@@ -39,8 +39,8 @@ def z_name(layer: int) -> str:
 
 
 def check_method(method: Any, allowed: tuple[str, ...] = METHODS) -> str:
-    if method not in allowed:
-        raise PhaseLensError(f"method must be one of {allowed}, got {method!r}.")
+    if not isinstance(method, str) or method not in allowed:
+        raise InputError(f"method must be one of {allowed}, got {method!r}.")
     return str(method)
 
 
@@ -219,6 +219,9 @@ def _check_positions(pos: Any) -> Any:
             raise InputError(f"positions must be 'last', 'all', an int or a [batch] tensor, got {pos!r}.")
         return pos
     if isinstance(pos, numbers.Integral) and not isinstance(pos, bool):
+        if pos < 0:
+            raise InputError(f"positions={pos} is not a slot; slots count from 0 (use 'last' for each row's last "
+                             "position).")
         return int(pos)
     try:
         t = torch.as_tensor(pos)
@@ -250,8 +253,9 @@ def knockout(
         calibration: for ``mean`` / ``resample``: a TaskBatch, a ``[N, T]`` token tensor, or a
             :class:`Calibration`; default: items of the model's task built with a disjoint seed.
     """
-    from phaselens.items import as_int
+    from phaselens.items import as_int, check_model
 
+    check_model(model)
     method = check_method(method)
     seed = as_int("seed", seed, minimum=0)
     parsed = parse_heads(heads, model.cfg)

@@ -12,10 +12,10 @@ import torch
 
 from phaselens.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
 from phaselens.engine import Cell
-from phaselens.errors import PhaseLensError
+from phaselens.errors import InputError
 from phaselens.heads import Head, parse_heads
 from phaselens.interventions.knockout import capture_z, z_name
-from phaselens.items import build_items, check_options
+from phaselens.items import as_float, build_items, check_model, check_options
 from phaselens.labelled import Labelled
 from phaselens.protocol import HookContext, PhaseModel, choose_engine, metadata_of
 from phaselens.results import Result
@@ -162,10 +162,13 @@ def patch(
         site: only ``"z"`` (the per-head input of the output projection) is supported.
         engine: ``"auto"``, ``"suffix"`` (query rows over a cached prefix) or ``"full"``.
     """
+    check_model(model)
     if site != "z":
-        raise PhaseLensError(f"site {site!r} is not supported; patching works on per-head 'z'.")
+        raise InputError(f"site {site!r} is not supported; patching works on per-head 'z' (site='z').")
     if direction not in ("denoise", "noise"):
-        raise PhaseLensError(f"direction must be 'denoise' or 'noise', got {direction!r}.")
+        raise InputError(f"direction must be 'denoise' or 'noise', got {direction!r}.")
+    eps = as_float("eps", eps, positive=True, fix="It is the smallest |clean - corrupt| metric gap that counts "
+                   f"as defined (default {EPS_DENOM}).")
     check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
     used = choose_engine(model, engine)
     parsed = parse_heads(heads if heads is not None else [f"L{i}" for i in range(model.cfg.n_layers)], model.cfg)

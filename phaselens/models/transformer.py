@@ -20,6 +20,7 @@ from transformer_lens.hook_points import HookPoint
 
 from phaselens.errors import InputError
 from phaselens.geometry import PhaseSpec
+from phaselens.items import as_int
 from phaselens.models.attention import Attention, NoPast, Past
 from phaselens.models.compressor import default_init_, rms_norm
 from phaselens.models.config import CompressedConfig
@@ -248,7 +249,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         cache: CompressedKVCache | None = None,
         return_type: Literal["logits", "loss", "both", None] = "logits",
         logits: Literal["all", "query"] = "all",
-        query_len: int | None = None,
+        query_len: SupportsInt | None = None,
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]`` for token ids ``tokens`` ``[batch, pos]`` (or ``[pos]``).
 
@@ -288,7 +289,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         if logits == "query":
             if return_type != "logits":
                 raise InputError("logits='query' returns logits only; use return_type='logits'.")
-            q = n if query_len is None else int(query_len)
+            q = n if query_len is None else as_int("query_len", query_len)
             if not 1 <= q <= n:
                 raise InputError(f"query_len must lie in 1..{n} (the call's length), got {query_len}.")
             resid = resid[:, n - q :]

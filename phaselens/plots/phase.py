@@ -8,6 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from phaselens.errors import InputError
 from phaselens.plots.theme import BOUNDARY, COMPRESSED, CONTROL, CYCLE_COLORS, TEMPLATE, figure, phase_label
 
 
@@ -17,6 +18,9 @@ def accuracy_by_residue(ev: Any, control: Any = None, *, title: str | None = Non
     Residues ``c*S .. c*S + S - 1`` form cycle ``c``; lines that coincide show the effect is periodic in S.
     A full-attention ``control`` (another ``PhaseEval``) is overlaid as a grey band of its per-phase mean.
     """
+    if control is not None and not callable(getattr(control, "per_phase", None)):
+        raise InputError(f"control must be the PhaseEval of a full-attention control (or None), got "
+                         f"{type(control).__name__} {control!r:.40}.")
     pr = ev.per_residue()
     S = ev.stride
     fig = figure(title or f"Accuracy by phase: {name or ev.metadata.get('model', 'model')}",

@@ -15,7 +15,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from phaselens.errors import ContextLengthError, InputError, PaddingError, PhaseLensError
+from phaselens.errors import ContextLengthError, InputError, PaddingError
+from phaselens.items import as_int, check_model
 from phaselens.protocol import PhaseModel, call_state
 
 Combine = Literal["max_conf", "vote", "mean_logprob", "mean_prob"]
@@ -30,11 +31,13 @@ def resolve_shifts(shifts: Any, stride: int) -> tuple[int, ...]:
         return (0, stride // 2) if stride > 1 else (0,)
     if isinstance(shifts, str) or not all(isinstance(k, numbers.Integral) and not isinstance(k, bool)
                                           for k in _iter(shifts)):
-        raise PhaseLensError(f"shifts must be 'all', 'opposite' or a list of ints, got {shifts!r}.")
+        raise InputError(f"shifts must be 'all', 'opposite' or a list of ints in 0..{stride - 1}, got {shifts!r} "
+                         "(names are lower case; pads are whole tokens).")
     out = tuple(int(k) for k in shifts)
     bad = [k for k in out if not 0 <= k < stride]
     if bad or not out:
-        raise PhaseLensError(f"shifts {bad or out} must lie in 0..{stride - 1} (the stride is {stride}).")
+        raise InputError(f"shifts {list(bad or out)} must be a non-empty list in 0..{stride - 1} (the stride is "
+                         f"{stride}), e.g. shifts=(0, {stride // 2}).")
     return tuple(sorted(set(out)))
 
 
@@ -101,7 +104,7 @@ def combine(per_copy: Tensor, rule: str) -> tuple[Tensor, Tensor]:
         # ties broken by the mean probability, a tiny secondary term
         out = (votes + 1e-3 * logp.exp().mean(0)).div(per_copy.shape[0]).clamp_min(1e-30).log()
     else:
-        raise PhaseLensError(f"combine must be one of {COMBINES}, got {rule!r}.")
+        raise InputError(f"combine must be one of {COMBINES}, got {rule!r}.")
     return out, chosen
 
 
@@ -116,14 +119,19 @@ class PhaseEnsemble:
 
     def __init__(self, model: Any, shifts: Any = "all", combine: str = "max_conf", pad_id: int | None = None, *,
                  tokenizer: Any = None, pad_unit: str | None = None, insert_at: int = 1) -> None:
-        if combine not in COMBINES:
-            raise PhaseLensError(f"combine must be one of {COMBINES}, got {combine!r}.")
-        if isinstance(insert_at, bool) or not isinstance(insert_at, numbers.Integral) or insert_at < 0:
-            raise PhaseLensError(f"insert_at must be an int >= 0 (the slot the pads go before), got {insert_at!r}.")
+        check_model(model)
+        if not isinstance(combine, str) or combine not in COMBINES:
+            raise InputError(f"combine must be one of {COMBINES}, got {combine!r}.")
+        insert_at = as_int("insert_at", insert_at, minimum=0, fix="It is the slot the pads go before (1: after BOS).")
         self.model = model
         self.shifts = resolve_shifts(shifts, model.analysis_spec.stride)
         self.rule = combine
-        self.pad_id = pad_id if pad_id is not None else default_pad_id(model, tokenizer, pad_unit)
+        self.pad_id = (as_int("pad_id", pad_id, minimum=0) if pad_id is not None
+                       else default_pad_id(model, tokenizer, pad_unit))
+        vocab = getattr(model.cfg, "d_vocab", None)
+        if isinstance(vocab, int) and self.pad_id >= vocab:
+            raise InputError(f"pad_id={self.pad_id} is not a token of this model (ids 0..{vocab - 1}); pass a "
+                             "single-token pad inside the vocabulary.")
         self.insert_at = insert_at
         self.default_task = getattr(model, "default_task", None)
         self.last_choice: Tensor | None = None
@@ -166,9 +174,12 @@ class PhaseEnsemble:
         if logits not in ("all", "query"):
             raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
         B, T = tokens.shape
-        q = T if logits == "all" or query_len is None else int(query_len)
+        q = T if logits == "all" or query_len is None else as_int("query_len", query_len)
         if not 1 <= q <= T:
             raise InputError(f"query_len must lie in 1..{T}, got {query_len}.")
+        if self.insert_at >= T:
+            raise InputError(f"insert_at={self.insert_at} is not before any of the {T} tokens, so no token would "
+                             f"move; pass insert_at < {T} (1: right after BOS).")
         if T + max(self.shifts) > int(self.model.cfg.n_ctx):
             raise ContextLengthError(
                 f"shifting by up to {max(self.shifts)} pads makes {T + max(self.shifts)} tokens, over the model's "

@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.errors import NotApplicableError, PhaseLensError
+from phaselens.errors import InputError, NotApplicableError
 from phaselens.evaluate import PhaseEval, eval_from_items, items_from_logits
-from phaselens.items import build_items, check_options
+from phaselens.items import as_int, as_names, build_items, check_battery_items, check_model, check_options
 from phaselens.protocol import PhaseModel, metadata_of, model_name
 from phaselens.repair.ensemble import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
 from phaselens.results import Result
@@ -123,19 +123,24 @@ def repair_table(
 
     Each shifted copy runs once; every rule combines the same per-copy answers.
     """
-    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
+    check_model(model)
+    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap, n_permutations=n_permutations)
     if "repair" in (getattr(model, "analysis_metadata", None) or {}):
         raise NotApplicableError(
             f"{model_name(model)} is already phase-repaired (it runs shifted copies); measure repair on the model "
             "it wraps (ensemble.model)."
         )
-    bad = [c for c in combines if c not in COMBINES]
-    if bad or not len(combines):
-        raise PhaseLensError(f"combines must be drawn from {COMBINES}, got {list(combines)!r}.")
+    combines = as_names("combines", combines, COMBINES)
+    if isinstance(shift_sets, str) or not isinstance(shift_sets, Sequence) or not len(shift_sets):
+        raise InputError(f"shift_sets must be a non-empty list of shift sets, got {shift_sets!r}; e.g. "
+                         "shift_sets=('all', 'opposite', (0, 2)).")
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
                                     stride=stride)
     S = spec.stride
-    pad = pad_id if pad_id is not None else default_pad_id(model)
+    check_battery_items(spec, batch, stride, "repair_table")
+    for shifts in shift_sets:  # every set checked before the copies run
+        resolve_shifts(shifts, S)
+    pad = as_int("pad_id", pad_id, minimum=0) if pad_id is not None else default_pad_id(model)
     all_shifts = tuple(range(S))
     per_copy = copy_query_logits(model, batch, all_shifts, pad, batch_size=batch_size, progress=progress)
 

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.errors import ContextLengthError, TaskError
+from phaselens.errors import BatchIndexError, ContextLengthError, TaskError
 from phaselens.geometry import PhaseSpec
 
 Index = int | slice | Sequence[int] | np.ndarray | torch.Tensor
@@ -83,23 +83,31 @@ class TaskBatch:
 
     def _rows(self, idx: Index) -> torch.Tensor:
         n = len(self)
+        kinds = "index with an int, a slice, a 1-D integer sequence/tensor or a boolean mask"
+        if isinstance(idx, bool | np.bool_):
+            raise BatchIndexError(f"{kinds}, not the bool {idx!r}.")
         if isinstance(idx, int | np.integer):
             i = int(idx)
             if not -n <= i < n:
-                raise IndexError(f"item {i} out of range for a batch of {n}.")
+                raise BatchIndexError(f"item {i} out of range for a batch of {n} (valid: {-n}..{n - 1}).")
             return torch.tensor([i % n], dtype=torch.long)
         if isinstance(idx, slice):
             return torch.arange(n)[idx]
-        rows = torch.as_tensor(np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx))
+        try:
+            rows = torch.as_tensor(np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx))
+        except (TypeError, ValueError, RuntimeError):
+            raise BatchIndexError(f"{kinds}; got {type(idx).__name__} {idx!r:.60}.") from None
+        if rows.ndim == 1 and rows.numel() == 0:
+            return rows.long()  # [] is read as float by numpy; it selects nothing either way
         if rows.dtype == torch.bool:
             if rows.shape != (n,):
-                raise IndexError(f"a boolean mask must have shape [{n}], got {tuple(rows.shape)}.")
+                raise BatchIndexError(f"a boolean mask must have shape [{n}], got {tuple(rows.shape)}.")
             return rows.nonzero().flatten()
-        if rows.ndim != 1 or rows.is_floating_point():
-            raise IndexError("index with an int, a slice, a 1-D integer sequence/tensor or a boolean mask.")
+        if rows.ndim != 1 or rows.is_floating_point() or rows.is_complex():
+            raise BatchIndexError(f"{kinds}; got {type(idx).__name__} {idx!r:.60}.")
         rows = rows.long()
         if rows.numel() and (int(rows.min()) < -n or int(rows.max()) >= n):
-            raise IndexError(f"index out of range for a batch of {n} items.")
+            raise BatchIndexError(f"index out of range for a batch of {n} items (valid: {-n}..{n - 1}).")
         return rows % max(n, 1)
 
     def subset(self, idx: Index) -> TaskBatch:

@@ -33,8 +33,12 @@ from phaselens.tasks.residues import (
     check_modulus,
     check_positive,
     check_residues,
+    check_seed,
+    check_target_records,
     expand_items,
     geometry_frame,
+    set_flag,
+    set_ints,
 )
 from phaselens.tasks.training import TrainingBatch, numpy_rng
 
@@ -81,13 +85,12 @@ class KVRecall(SerializableTask):
     n_filler: int = 29
 
     def __post_init__(self) -> None:
-        check_positive("n_records", self.n_records, 2)
-        for name in ("n_demos", "block_filler", "min_distance"):
-            check_positive(name, getattr(self, name), 0)
-        for name in ("n_keys", "n_values", "n_filler", "n_cycles"):
-            check_positive(name, getattr(self, name), 1)
-        if not isinstance(self.modulus, int) or self.modulus < 1:
+        set_ints(self, {"n_records": 2, "n_demos": 0, "block_filler": 0, "min_distance": 0, "n_keys": 1,
+                        "n_values": 1, "n_filler": 1, "n_cycles": 1})
+        if isinstance(self.modulus, bool) or not isinstance(self.modulus, int | np.integer) or self.modulus < 1:
             raise ResidueError(f"modulus must be a positive integer, got {self.modulus!r}.")
+        object.__setattr__(self, "modulus", int(self.modulus))
+        set_flag(self, "paired")
         if self.padding not in layout.SCHEMES:
             raise TaskError(f"padding must be one of {layout.SCHEMES}, got {self.padding!r}.")
         if self.n_records > min(self.n_keys, self.n_values):
@@ -100,9 +103,8 @@ class KVRecall(SerializableTask):
                 f"n_demos={self.n_demos} exceeds n_records - 2 = {self.n_records - 2} (demos skip the target "
                 "and the distractor record)."
             )
-        if self.target_records is not None:
-            object.__setattr__(self, "target_records", tuple(int(x) for x in self.target_records))
-        self.plan()  # validates target_records
+        object.__setattr__(self, "target_records", check_target_records(self.target_records))
+        self.plan()  # validates target_records' range
 
     # ---- vocabulary --------------------------------------------------------------------------------
     @property
@@ -239,6 +241,7 @@ class KVRecall(SerializableTask):
         modulus = check_modulus(spec, self.modulus)
         res = check_residues(residues, modulus)
         n = check_count(n_per_residue)
+        seed = check_seed(seed)
         plan = self.plan(spec)
         base, row_res, n_base = expand_items(n, res, self.paired)
         a = self._assemble(plan, np.random.default_rng(seed), base, row_res, n_base)

@@ -33,11 +33,15 @@ from phaselens.tasks.records import DEFAULT_KEYS, DEFAULT_VALUES, CompiledRecord
 from phaselens.tasks.registry import SerializableTask, register_task
 from phaselens.tasks.residues import (
     check_count,
+    check_ids,
     check_modulus,
-    check_positive,
     check_residues,
+    check_seed,
+    check_target_records,
     expand_items,
     geometry_frame,
+    set_flag,
+    set_ints,
 )
 from phaselens.tasks.text import (
     Piece,
@@ -98,14 +102,14 @@ class Needle(SerializableTask):
             )
         for name in ("keys", "values"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        if self.prefix_ids is not None:
-            object.__setattr__(self, "prefix_ids", tuple(int(i) for i in self.prefix_ids))
-        if self.target_records is not None:
-            object.__setattr__(self, "target_records", tuple(int(x) for x in self.target_records))
-        check_positive("n_records", self.n_records, 2)
-        check_positive("n_cycles", self.n_cycles, 1)
-        for name in ("n_demos", "block_filler", "min_distance"):
-            check_positive(name, getattr(self, name), 0)
+        object.__setattr__(self, "prefix_ids", check_ids("prefix_ids", self.prefix_ids))
+        object.__setattr__(self, "target_records", check_target_records(self.target_records))
+        set_ints(self, {"n_records": 2, "n_cycles": 1, "n_demos": 0, "block_filler": 0, "min_distance": 0})
+        if self.modulus is not None:
+            set_ints(self, {"modulus": 1})
+        if self.pad_id is not None:
+            set_ints(self, {"pad_id": 0})
+        set_flag(self, "paired")
         if self.padding not in layout.SCHEMES:
             raise TaskError(f"padding must be one of {layout.SCHEMES}, got {self.padding!r}.")
         if self.n_records > min(len(self.keys), len(self.values)):
@@ -190,7 +194,7 @@ class Needle(SerializableTask):
         n_items = check_count(n_per_residue)
         plan = self.plan(spec)
         tail = self._tail(plan)
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng(check_seed(seed))
         base, row_res, n_base = expand_items(n_items, res, self.paired)
         n = base.size
 

@@ -25,7 +25,14 @@ from phaselens.errors import TaskError
 from phaselens.geometry import PhaseSpec
 from phaselens.tasks.base import TaskBatch, as_long
 from phaselens.tasks.registry import SerializableTask, register_task
-from phaselens.tasks.residues import check_count, check_modulus, check_positive, check_residues
+from phaselens.tasks.residues import (
+    check_count,
+    check_ids,
+    check_modulus,
+    check_residues,
+    check_seed,
+    set_ints,
+)
 from phaselens.tasks.text import (
     Piece,
     check_pad_site,
@@ -93,8 +100,11 @@ class PaddingProbe(SerializableTask):
     def __post_init__(self) -> None:
         if self.tokenizer is None:
             raise TaskError("PaddingProbe needs a tokenizer (task_from_dict(d, tokenizer=tok)).")
-        if self.prefix_ids is not None:
-            object.__setattr__(self, "prefix_ids", tuple(int(i) for i in self.prefix_ids))
+        object.__setattr__(self, "prefix_ids", check_ids("prefix_ids", self.prefix_ids))
+        if self.modulus is not None:
+            set_ints(self, {"modulus": 1})
+        if self.pad_id is not None:
+            set_ints(self, {"pad_id": 0})
         for marker in (self.pad_marker, self.cursor_marker):
             if self.prompt.count(marker) != 1:
                 raise TaskError(
@@ -104,8 +114,8 @@ class PaddingProbe(SerializableTask):
             raise TaskError("the pad marker must come before the cursor marker.")
         if not self.correct or not self.wrong or self.correct == self.wrong:
             raise TaskError("correct and wrong must be two different, non-empty continuations.")
-        check_positive("min_units", self.min_units, 0)
-        check_positive("max_units", self.max_units, self.min_units)
+        set_ints(self, {"min_units": 0})
+        set_ints(self, {"max_units": self.min_units})
 
     # ---- constructors ------------------------------------------------------------------------------
     @classmethod
@@ -175,6 +185,7 @@ class PaddingProbe(SerializableTask):
         modulus = check_modulus(spec, self.modulus)
         res = check_residues(residues, modulus)
         k = check_count(n_per_residue)
+        check_seed(seed)  # unused, but a bad one is still refused
         n_units = np.arange(self.min_units, self.max_units + 1)
         lengths = c.length(0) + n_units
         if lengths[0] - 1 < spec.origin:

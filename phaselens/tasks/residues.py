@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -13,6 +15,9 @@ from phaselens.geometry import PhaseSpec
 
 def check_modulus(spec: PhaseSpec, modulus: int | None) -> int:
     """The modulus M to use with ``spec``: ``None`` means 2S; otherwise M must be a positive multiple of S."""
+    if not isinstance(spec, PhaseSpec):
+        raise TaskError(f"build needs the PhaseSpec to place items for, got {spec!r}; pass model.analysis_spec or "
+                        "e.g. phaselens.PhaseSpec(4).")
     if modulus is None:
         return 2 * spec.stride
     if not isinstance(modulus, int | np.integer) or isinstance(modulus, bool) or modulus < 1:
@@ -30,6 +35,10 @@ def check_residues(residues: Sequence[int] | None, modulus: int) -> np.ndarray:
     """Requested residues as a sorted-as-given int64 array ``[n_res]``; all of 0..M-1 when ``None``."""
     if residues is None:
         return np.arange(modulus, dtype=np.int64)
+    if isinstance(residues, str | bytes) or not isinstance(residues, Iterable):
+        one = f"; for one residue write residues=[{residues!r}]" if isinstance(residues, numbers.Integral) else ""
+        raise ResidueError(f"residues must be a list of ints in 0..{modulus - 1} or None (all), got "
+                           f"{residues!r}{one}.")
     arr = np.asarray(list(residues))
     if arr.size == 0:
         raise ResidueError("residues is empty; pass None for all of 0..M-1 or a non-empty list.")
@@ -47,6 +56,13 @@ def check_residues(residues: Sequence[int] | None, modulus: int) -> np.ndarray:
     return arr
 
 
+def check_seed(seed: Any) -> int:
+    """A build's seed as a Python int >= 0 (numpy integers accepted)."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise TaskError(f"seed must be an integer >= 0, got {seed!r}.")
+    return int(seed)
+
+
 def check_count(n_per_residue: int) -> int:
     if (
         not isinstance(n_per_residue, int | np.integer)
@@ -57,10 +73,47 @@ def check_count(n_per_residue: int) -> int:
     return int(n_per_residue)
 
 
-def check_positive(name: str, value: int, minimum: int = 1) -> None:
-    """Raise TaskError unless ``value`` is an int >= ``minimum``."""
+def check_positive(name: str, value: int, minimum: int = 1) -> int:
+    """``value`` as a Python int; TaskError unless it is an integer (numpy ones too) >= ``minimum``."""
     if not isinstance(value, int | np.integer) or isinstance(value, bool) or value < minimum:
         raise TaskError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def set_ints(task: Any, minimums: dict[str, int]) -> None:
+    """Check the integer fields of a frozen task and store them as Python ints (so numpy integers are accepted
+    and the task still serialises to JSON)."""
+    for name, minimum in minimums.items():
+        object.__setattr__(task, name, check_positive(name, getattr(task, name), minimum))
+
+
+def set_flag(task: Any, name: str) -> None:
+    """Check a boolean field of a frozen task (numpy bools accepted) and store it as a Python bool."""
+    value = getattr(task, name)
+    if not isinstance(value, bool | np.bool_):
+        raise TaskError(f"{name} must be True or False, got {value!r}.")
+    object.__setattr__(task, name, bool(value))
+
+
+def check_ids(name: str, value: Any) -> tuple[int, ...] | None:
+    """``None`` or a sequence of token ids (ints >= 0), as a tuple of Python ints."""
+    if value is None:
+        return None
+    ids = tuple(value) if isinstance(value, Sequence | np.ndarray) and not isinstance(value, str) else None
+    if ids is None or not all(isinstance(i, numbers.Integral) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise TaskError(f"{name} must be None or a list of token ids (ints >= 0), got {value!r:.80}.")
+    return tuple(int(i) for i in ids)
+
+
+def check_target_records(value: Any) -> tuple[int, int] | None:
+    """``None`` or a pair ``(lo, hi)`` of record indices, as Python ints (the range is checked by the layout)."""
+    if value is None:
+        return None
+    pair = tuple(value) if isinstance(value, Sequence | np.ndarray) and not isinstance(value, str) else ()
+    if len(pair) != 2 or not all(isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in pair):
+        raise TaskError(f"target_records must be None or a pair (lo, hi) of record indices, got {value!r}; e.g. "
+                        "target_records=(0, 3) for a target among the first four records.")
+    return int(pair[0]), int(pair[1])
 
 
 def _tuples(arr: np.ndarray) -> list[tuple[int, ...]]:

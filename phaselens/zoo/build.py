@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 import phaselens
 from phaselens.evaluate import evaluate
-from phaselens.files import atomic_write_dir
+from phaselens.files import atomic_write_dir, check_output_dir
 from phaselens.models.io import checkpoint_kind, save_model
 from phaselens.scoring import answer_metrics
 from phaselens.train import train
@@ -58,13 +58,17 @@ def code_provenance() -> dict[str, Any]:
 
 
 def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress: bool = True,
-                    steps: int | None = None, threads: int | None = None) -> dict[str, Any]:
+                    steps: int | None = None, threads: int | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Train (or resume) ``name`` and write ``out/name``; returns the card.
 
     ``steps`` replaces the recipe's number of steps (the cosine schedule follows it, so it is another run);
     ``threads`` the recipe's torch thread count (results are bit-identical only at the same count).
     The card records the code's git commit (``card["code"]``), the torch build and the thread count.
+    ``out/name`` is checked before training: files there that phaselens did not write are refused
+    (:class:`~phaselens.errors.OutputError`) unless ``overwrite=True``, which replaces only its own files.
     """
+    kind = checkpoint_kind(extra=("eval_batch.safetensors",))
+    check_output_dir(Path(out) / name, kind, overwrite=overwrite)
     recipe = RECIPES[name]
     task = ZOO_EVAL_TASK
     settings = recipe.settings
@@ -119,5 +123,5 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
         card.update(file_digests(tmp))  # weights and config (with the default task)
         (tmp / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True))
 
-    atomic_write_dir(Path(out) / name, write, kind=checkpoint_kind(extra=("eval_batch.safetensors",)))
+    atomic_write_dir(Path(out) / name, write, kind=kind, overwrite=overwrite)
     return card

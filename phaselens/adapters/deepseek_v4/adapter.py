@@ -12,6 +12,7 @@ Hook names and shapes follow ``docs/hooks.md``; ``docs/deepseek_v4.md`` says whe
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -177,9 +178,9 @@ class DeepSeekV4Adapter:
         query = tokens[:, plan.query_start :]
         kwargs = call_kwargs(query, plan.query_start, prefix.cache if prefix else None)
         if logits == "query" and not cached and query_len is not None:
-            if not isinstance(query_len, int) or not 1 <= query_len <= T:
+            if isinstance(query_len, bool) or not isinstance(query_len, numbers.Integral) or not 1 <= query_len <= T:
                 raise InputError(f"query_len must be an int in 1..{T}, got {query_len!r}.")
-            kwargs["logits_to_keep"] = query_len  # the lm_head runs on the query rows only
+            kwargs["logits_to_keep"] = int(query_len)  # the lm_head runs on the query rows only
         out = self._hooked_call(kwargs, RunInfo(plan.query_start, cached), topk_layers)
         if logits == "query" or prefix is None:
             return out.logits

@@ -13,6 +13,7 @@ With ``index_topk`` at least the number of entries, chunked and unchunked logits
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,11 +41,13 @@ def plan_chunks(T: int, chunk: int | None, query_len: int | None) -> ChunkPlan:
     call."""
     if chunk is None and query_len is None:
         return ChunkPlan((), (0, T))
-    if chunk is not None and (not isinstance(chunk, int) or chunk < 1):
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1):
         raise InputError(f"chunk must be a positive int (tokens per prefill piece), got {chunk!r}.")
+    chunk = None if chunk is None else int(chunk)
     q = query_len if query_len is not None else min(chunk, T)
-    if not isinstance(q, int) or not 1 <= q <= T:
+    if isinstance(q, bool) or not isinstance(q, numbers.Integral) or not 1 <= q <= T:
         raise InputError(f"query_len must be an int in 1..{T} (the hooked last tokens), got {query_len!r}.")
+    q = int(q)
     step = chunk or (T - q) or 1
     start = T - q
     prefix = tuple((s, min(s + step, start)) for s in range(0, start, step))
