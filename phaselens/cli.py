@@ -130,7 +130,7 @@ app.add_typer(zoo_app, name="zoo")
 @app.command()
 @friendly_errors
 def train(
-    recipe: Annotated[str, typer.Option("--recipe", help="A zoo recipe name (see `phaselens zoo list`).")],
+    recipe: Annotated[str, typer.Option("--recipe", help="A zoo recipe name (see `phaselens zoo list`), or NAME-seedK for another seed K.")],
     out: Annotated[str, typer.Option("--out", help="Directory that receives the model directory.")] = "zoo-out",
     runs: Annotated[str, typer.Option("--runs", help="Where resumable checkpoints live.")] = "runs/zoo",
     threads: Annotated[int, typer.Option("--threads", help="Torch threads (resume needs the same count).")] = 1,
@@ -142,12 +142,10 @@ def train(
     """
     import torch
 
-    from phaselens.errors import ZooError
     from phaselens.zoo.build import build_zoo_model
-    from phaselens.zoo.recipes import RECIPES
+    from phaselens.zoo.recipes import get_recipe
 
-    if recipe not in RECIPES:
-        raise ZooError(f"no recipe {recipe!r}; recipes: {', '.join(RECIPES)}.")
+    get_recipe(recipe)  # a clear error for an unknown name, before any work
     torch.set_num_threads(threads)
     card = build_zoo_model(recipe, out, run_dir=runs, progress=progress)
     b = card["battery"]

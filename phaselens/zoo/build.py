@@ -19,7 +19,7 @@ from phaselens.models.io import atomic_write_dir, save_model
 from phaselens.scoring import answer_metrics
 from phaselens.train import train
 from phaselens.zoo import sha256_file
-from phaselens.zoo.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, RECIPES, ZOO_EVAL_TASK, ZOO_TASK
+from phaselens.zoo.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, ZOO_EVAL_TASK, ZOO_TASK, get_recipe
 
 EVAL_BATCH_PER_RESIDUE = 4
 EVAL_BATCH_SEED = 424242
@@ -43,7 +43,7 @@ def battery_summary(ev: Any) -> dict[str, Any]:
 
 def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
     """Train (or resume) ``name`` and write ``out/name``; returns the card."""
-    recipe = RECIPES[name]
+    recipe = get_recipe(name)
     task = ZOO_EVAL_TASK
     res = train(recipe.config, recipe.batch_fn(), recipe.settings, Path(run_dir) / name, progress=progress)
     model = res.model
