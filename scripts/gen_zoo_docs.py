@@ -241,10 +241,11 @@ last token of the previous block and the first of the entry's own block (layer 1
 where the gate looks. With the phase-specific biases removed the profile is {' '.join(pct(a) for a in deph)}:
 the boundary is the weak phase, as in every W = S model; with them it is {' '.join(pct(a) for a in base)}.
 Cycling moves the repair away from the structure it repairs. For every delta the boundary falls back to
-{pct(min(bnd))}-{pct(max(bnd))}% (near its level without phase-specific biases), and the phase that inherits the
-boundary's biases, (S - 1) + delta, drops to {pct(min(moved))}-{pct(max(moved))}%, although the prediction gives it
-the unmodified boundary's {pct(base[S - 1])}%. The observed profiles vary less than the predicted ones are wrong
-by, hence R^2 below zero. Moving the entry's RoPE position along with the gates (rotating at jS + delta) changes no
+{pct(min(bnd))}-{pct(max(bnd))}% (near its level without phase-specific biases), and phase delta - 1, which
+inherits the boundary's biases, drops to {pct(min(moved))}-{pct(max(moved))}%, although the prediction gives it
+the unmodified boundary's {pct(base[S - 1])}%. The prediction errors are larger than the spread of the observed
+accuracies themselves, hence R^2 below zero (the report's -3.16 is the same measurement at 48 items per residue,
+with each shift counted twice). Moving the entry's RoPE position along with the gates (rotating at jS + delta) changes no
 phase by more than {100 * rope_diff:.1f} points, so the RoPE position is not what breaks. The operation is right;
 the model's phase profile is not gate-driven in the sense the prediction assumes: its gates compensate a
 structural weakness of the block grid, and a compensation cannot be moved without the structure.
