@@ -140,6 +140,13 @@ Per seed (accuracy by phase in %, phase 0 first):
 {chr(10).join(per_seed)}"""
 
 
+def _by_config(name: str) -> tuple[int, int]:
+    """Sort key: a model's base recipe in recipe order, then its seed (seed replicates beside their base)."""
+    base, sep, seed = name.rpartition(SEED_SUFFIX)
+    base, seed = (base, int(seed)) if sep and seed.isdigit() else (name, 0)
+    return list(RECIPES).index(base), seed
+
+
 def _ci(x: float, ci: list[float]) -> str:
     return f"{x:.2f} [{ci[0]:.2f}, {ci[1]:.2f}]"
 
@@ -150,7 +157,7 @@ def cycling_section() -> str:
         return "## Gate cycling\nRun `scripts/gate_cycling_zoo.py` to write docs/data/gate_cycling.json."
     data = json.loads(CYCLING.read_text())
     rows = []
-    for name, r in data["models"].items():
+    for name, r in sorted(data["models"].items(), key=lambda kv: _by_config(kv[0])):
         comp = RECIPES[name].config.compression
         layout = f"W={comp.window}, S={comp.stride}" + (", overlap split" if comp.overlap_split else "")
         b = list(r["boundary"].values())
@@ -254,7 +261,7 @@ structural weakness of the block grid, and a compensation cannot be moved withou
 
 def main() -> None:
     llama = json.loads(LLAMA.read_text())
-    names = [n for n in RECIPES if n in list_models()]
+    names = sorted((n for n in RECIPES if n in list_models()), key=_by_config)
     cards = {n: entry(n).card for n in names}
     p = np.array([cards[n]["battery"]["p_g"] for n in names])
     p_holm = dict(zip(names, holm(p)))
