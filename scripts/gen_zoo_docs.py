@@ -218,7 +218,8 @@ phase. Settings: the zoo's evaluation task, {data['settings']['n_per_residue']} 
 (`{data['command']}`, `docs/data/gate_cycling.json`). The 95% intervals are basic bootstrap intervals over
 items: items are resampled with replacement inside their residue, and one resample serves the unmodified model
 and every cycled copy, which answer the same items; {data['settings']['n_bootstrap']:,} replicates. The paper
-reports R^2 0.94-0.97 without the boundary for its W12/S12 runs.
+reports R^2 0.94-0.97 without the boundary for its W12/S12 runs. Not cycled, having no offset-specific gate
+parameters: {', '.join(f'`{n}`' for n in sorted(set(list_models()) - set(data['models']), key=_by_config))}.
 
 | model | layout | R^2 without boundary [95% CI] | R^2 with boundary [95% CI] | boundary % unmodified | boundary % cycled (range over delta) |
 |---|---|---|---|---|---|
