@@ -6,10 +6,10 @@ Writes docs/data/gate_cycling.json (rendered into docs/zoo.md by scripts/gen_zoo
 written as soon as it is done, atomically; a rerun skips models whose weights and settings are unchanged.
 
 Per model: ``gate_cycling_test`` with every distinct shift 1..S-1 once, the zoo's evaluation task, n items per
-residue, seed 0, R^2 intervals from 2,000 item-bootstrap replicates. For zoo:w8s4 (the DeepSeek overlap layout)
-also a diagnosis: the layer-0 position bias by window slot, the profile with every phase-specific gate
-parameter removed, the cycled profiles with the entry's RoPE position moved along, and the planted model of
-``tests/test_cycling.py`` (a weakness put into the gates, which must move with delta).
+residue, seed 0, R^2 intervals from 2,000 item-bootstrap replicates. For every model with DeepSeek's overlap
+split (w8s4 and its seeds) also a diagnosis: the position bias by window slot and the profile with every
+phase-specific gate parameter removed; for zoo:w8s4 the cycled profiles with the entry's RoPE position moved
+along, and the planted model of ``tests/test_cycling.py`` (a weakness put into the gates, which must move).
 """
 
 from __future__ import annotations
@@ -87,10 +87,21 @@ def profile(model, n: int) -> list[float]:
     return ev.per_phase()["acc"].round(5).tolist()
 
 
-def diagnose_w8s4(n: int, n_bootstrap: int) -> dict:
+def diagnose_overlap(name: str, n: int) -> dict:
+    """Layer-by-layer position bias by window slot (mean and SD over channels) and the profile without any
+    phase-specific gate parameter, for a model with the overlap split."""
+    model = phaselens.load(f"zoo:{name}")
+    layers = range(len(model.blocks))
+    return {"bias_mean_by_slot": {f"layer{i}": _bias(model, i).detach().mean(-1).reshape(-1).round(decimals=3).tolist()
+                                  for i in layers},
+            "bias_sd_by_slot": {f"layer{i}": _bias(model, i).detach().std(-1).reshape(-1).round(decimals=3).tolist()
+                                for i in layers},
+            "dephased": profile(dephased(model), n)}
+
+
+def w8s4_extras(n: int, n_bootstrap: int) -> dict:
+    """For zoo:w8s4: the cycled profiles with the entry's RoPE position moved along, and the planted model."""
     base = phaselens.load("zoo:w8s4")
-    slots = {f"layer{i}": _bias(base, i).detach().mean(-1).reshape(-1).round(decimals=3).tolist() for i in (0, 1)}
-    spread = {f"layer{i}": _bias(base, i).detach().std(-1).reshape(-1).round(decimals=3).tolist() for i in (0, 1)}
     rope = {}
     for d in (1, 2, 3):
         cycled = phaselens.cycle_gates(base, d)
@@ -99,10 +110,7 @@ def diagnose_w8s4(n: int, n_bootstrap: int) -> dict:
     planted = dephased(phaselens.load("zoo:w8s4"))
     with torch.no_grad():
         _bias(planted, 0)[:, 1] -= 8.0  # tests/test_cycling.py::_planted_w8s4(1)
-    return {"bias_mean_by_slot": slots, "bias_sd_by_slot": spread,
-            "dephased": profile(dephased(phaselens.load("zoo:w8s4")), n),
-            "cycled_with_rope_anchor_shift": rope,
-            "planted": cycling_record(planted, n, n_bootstrap)}
+    return {"cycled_with_rope_anchor_shift": rope, "planted": cycling_record(planted, n, n_bootstrap)}
 
 
 def main() -> None:
@@ -132,9 +140,17 @@ def main() -> None:
                                                                          args.bootstrap)}
         print(name, round(data["models"][name]["r2"], 3), data["models"][name]["r2_ci"], flush=True)
         save()
+    data.pop("w8s4_diagnosis", None)  # the layout before the overlap diagnosis covered every seed
+    overlap = data.setdefault("overlap_diagnosis", {})
+    for name in data["models"]:
+        sha = entry(name).card["weights_sha256"]
+        if phaselens.load(f"zoo:{name}").config.compression.overlap_split and overlap.get(name, {}).get(
+                "weights_sha256") != sha:
+            overlap[name] = {"weights_sha256": sha, **diagnose_overlap(name, args.n)}
+            save()
     sha = entry("w8s4").card["weights_sha256"]
-    if data.get("w8s4_diagnosis", {}).get("weights_sha256") != sha:
-        data["w8s4_diagnosis"] = {"weights_sha256": sha, **diagnose_w8s4(args.n, args.bootstrap)}
+    if data.get("w8s4_extras", {}).get("weights_sha256") != sha:
+        data["w8s4_extras"] = {"weights_sha256": sha, **w8s4_extras(args.n, args.bootstrap)}
         save()
     print(f"wrote {OUT.relative_to(ROOT)}")
 
