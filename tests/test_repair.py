@@ -19,8 +19,10 @@ def test_shifted_copies_insert_pads_after_bos_and_align_back():
     from phaselens.repair.ensemble import align
 
     logits = out.float()[..., None].expand(-1, -1, 3)  # logits that echo the token id
-    aligned = align(logits, (0, 2), B=2, T=4)
+    aligned = align(logits, (0, 2), B=2, rows=torch.arange(4))
     assert torch.equal(aligned[1, :, :, 0].long(), tokens)  # copy 2 read back at the original positions
+    last = align(logits[:, 3:], (0, 2), B=2, rows=torch.arange(3, 4), first=3)  # only the inner rows 3.. given
+    assert torch.equal(last[:, :, 0, 0].long(), tokens[:, 3].expand(2, -1))
 
 
 def test_resolve_shifts_and_errors():

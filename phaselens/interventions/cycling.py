@@ -19,9 +19,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.errors import NotApplicableError, StatsInputError, TaskError
+from phaselens.errors import InputError, NotApplicableError, StatsInputError, TaskError
 from phaselens.evaluate import evaluate
+from phaselens.items import as_int, check_options
 from phaselens.models.compressor import Pooler
+from phaselens.protocol import PhaseModel, metadata_of, require
+from phaselens.results import Result
 from phaselens.stats._checks import check_draws, check_level
 
 _SAME = ["item_id", "residue", "t_K"]  # item columns that must agree between the unmodified model's items and a copy's
@@ -42,8 +45,8 @@ def _offset_params(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
     return out
 
 
-def cycle_gates(model: Any, delta: int) -> Any:
-    """A copy of ``model`` whose offset-specific gate parameters are rolled by ``delta`` along the phase axis.
+def roll_offset_gates(model: Any, delta: int) -> Any:
+    """A copy of a phaselens model whose offset-specific gate parameters are rolled by ``delta``.
 
     The parameters of offset ``i`` move to offset ``(i + delta) mod S`` (``torch.roll(..., shifts=delta)``):
     per-offset gate weights ``[group, phase, d_model, channels]`` and the per-offset bias
@@ -58,6 +61,7 @@ def cycle_gates(model: Any, delta: int) -> Any:
     Cb slots, and delta = S would swap the halves instead of being the identity). What no parameter roll
     can move is structure tied to the block grid: which tokens share an entry, and so the Ca-to-Cb seam
     inside each window (see docs/zoo.md, "Gate cycling", for a model whose gates work across that seam).
+    This is the model side of the ``cycle_gates`` capability (``CompressedTransformer.cycle_gates``).
 
     Raises:
         NotApplicableError: the model has no offset-specific gate parameters (uniform pooling, or shared gates
@@ -65,9 +69,8 @@ def cycle_gates(model: Any, delta: int) -> Any:
     """
     if not _offset_params(model):
         raise NotApplicableError(
-            "this model has no phaselens compressor with offset-specific gate parameters (uniform pooling, shared "
-            "gates without a per-offset bias, or a model reached through an adapter), so there is nothing to roll; "
-            "gate cycling does not apply."
+            "this model has no compressor with offset-specific gate parameters (uniform pooling, or shared "
+            "gates without a per-offset bias), so there is nothing to roll; gate cycling does not apply."
         )
     out = copy.deepcopy(model)
     with torch.no_grad():
@@ -78,18 +81,34 @@ def cycle_gates(model: Any, delta: int) -> Any:
     return out
 
 
+def cycle_gates(model: Any, delta: int) -> Any:
+    """A copy of ``model`` with its offset-specific gate parameters rolled by ``delta`` (the ``cycle_gates``
+    capability of the model; a phase ensemble cycles the model it wraps).
+
+    Raises:
+        NotApplicableError: the model does not offer gate cycling, or has nothing to roll.
+    """
+    delta = as_int("delta", delta)
+    fn = require(model, "cycle_gates", "gate cycling rolls a phaselens compressor's offset-specific gate "
+                                        "parameters, which this model does not expose.")
+    return fn(delta)
+
+
 @dataclass(frozen=True, repr=False, eq=False)
-class GateCyclingResult:
+class GateCyclingResult(Result):
     """Observed against predicted per-phase accuracy under gate cycling.
 
     Attributes:
         frame: rows (``delta``, ``phase``, ``observed``, ``predicted``, ``boundary``).
         r2: R^2 of observed against predicted (identity line), pooled over deltas, boundary phase excluded.
+            A negative R^2 means the prediction "the profile moves with the gates" fits worse than a flat
+            line at the observed mean: the weak phases did not move with the gate parameters.
         r2_all: the same with the boundary phase included.
         boundary: accuracy of the boundary phase under each delta (``{delta: acc}``), reported separately.
         base: per-phase accuracy of the unmodified model.
         r2_ci, r2_all_ci: 95% intervals of ``r2`` and ``r2_all`` (:func:`r2_bootstrap_ci`; NaN when
             ``n_bootstrap`` was 0).
+        evals: the :class:`~phaselens.evaluate.PhaseEval` of each delta (0: the unmodified model).
     """
 
     frame: pd.DataFrame
@@ -98,18 +117,30 @@ class GateCyclingResult:
     boundary: dict[int, float]
     base: np.ndarray
     stride: int
+    evals: dict[int, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     r2_ci: tuple[float, float] = (float("nan"), float("nan"))
     r2_all_ci: tuple[float, float] = (float("nan"), float("nan"))
 
-    def to_frame(self) -> pd.DataFrame:
-        return self.frame.copy()
+    def per_residue(self) -> pd.DataFrame:
+        """Accuracy per residue under each delta (``delta`` 0 is the unmodified model), with Wilson CIs."""
+        return pd.concat([ev.per_residue().assign(delta=d) for d, ev in self.evals.items()], ignore_index=True)
 
-    def __repr__(self) -> str:
+    def per_phase(self) -> pd.DataFrame:
+        """Per delta and phase: ``acc`` (observed), ``predicted`` (the unmodified profile rolled by delta),
+        Wilson ``ci_low`` / ``ci_high`` and ``n``; ``boundary`` marks phase S - 1."""
+        rows = []
+        for d, ev in self.evals.items():
+            ph = ev.per_phase().assign(delta=d)
+            ph["predicted"] = self.base[(ph["phase"].to_numpy() - d) % self.stride]
+            rows.append(ph)
+        return pd.concat(rows, ignore_index=True)
+
+    def summary(self) -> str:
         b = ", ".join(f"{d:+d}: {100 * a:.1f}%" for d, a in self.boundary.items())
         return (f"GateCyclingResult(stride {self.stride}: R^2 {self.r2:.2f} [95% CI {self.r2_ci[0]:.2f}, "
-                f"{self.r2_ci[1]:.2f}] without the boundary phase ({self.r2_all:.2f} with it); boundary accuracy "
-                f"by delta {b})")
+                f"{self.r2_ci[1]:.2f}] without the boundary phase ({self.r2_all:.2f} with it; below 0: the weak "
+                f"phases did not move with the gates); boundary accuracy by delta {b})")
 
     def plot(self, **kwargs: Any):
         from phaselens import plots
@@ -235,39 +266,53 @@ def _weighted_accuracy(weights: np.ndarray, design: np.ndarray, phase_onehot: np
 
 
 def gate_cycling_test(
-    model: Any,
+    model: PhaseModel,
     task: Any = None,
-    deltas: Sequence[int] = (-3, -2, -1, 1, 2, 3),
     *,
+    deltas: Sequence[int] = (-3, -2, -1, 1, 2, 3),
     n_per_residue: int = 128,
+    residues: Sequence[int] | None = None,
     seed: int = 0,
     batch_size: int = 64,
     progress: bool = True,
+    stride: int | None = None,
     n_bootstrap: int = 2000,
 ) -> GateCyclingResult:
     """Evaluate the model and its gate-cycled copies; compare ``A_delta(p)`` with ``A_0((p - delta) mod S)``.
 
     Every copy answers the same items (same task and seed), so the R^2 intervals resample items once for all
     models (:func:`r2_bootstrap_ci`, ``n_bootstrap`` replicates; 0 skips them).
+
+    Raises:
+        NotApplicableError: the model cannot cycle its gates (``cycle_gates`` capability), or has nothing to roll.
     """
-    if not _offset_params(model):
-        cycle_gates(model, 1)  # raises NotApplicableError with the explanation
-    kw = dict(n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, progress=progress,
-              n_permutations=1, n_bootstrap=0)
-    base_eval = evaluate(model, task, **kw)
-    S = base_eval.stride
-    base = base_eval.per_phase()["acc"].to_numpy()
-    rows, boundary, used, correct = [], {}, [], [base_eval.items["correct"].to_numpy()]
-    for delta in deltas:
-        if delta % S == 0:
-            continue
-        ev = evaluate(cycle_gates(model, delta), task, **kw)
-        same = [c for c in _SAME if c in base_eval.items.columns]
-        if not ev.items[same].equals(base_eval.items[same]):
+    require(model, "cycle_gates", "gate cycling rolls offset-specific gate parameters.")
+    check_options(n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, progress=progress, stride=stride)
+    if n_bootstrap:
+        check_draws(n_bootstrap, "n_bootstrap")
+    S = (model.analysis_spec.stride if stride is None else int(stride))
+    try:
+        ds = [as_int("delta", d) for d in deltas]
+    except TypeError:
+        raise InputError(f"deltas must be a list of ints, got {deltas!r}.") from None
+    ds = [d for d in ds if d % S]
+    if not ds:
+        raise InputError(f"deltas {list(deltas)!r} hold no shift that is nonzero mod the stride {S}; pass e.g. "
+                         f"deltas={tuple(range(1, S))}.")
+    kw = dict(n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size, progress=progress,
+              n_permutations=1, n_bootstrap=0, stride=stride)
+    cycled = cycle_gates(model, ds[0])  # raises NotApplicableError before any evaluation when nothing rolls
+    evals = {0: evaluate(model, task, **kw)}
+    base = evals[0].per_phase()["acc"].to_numpy()
+    rows, boundary, correct = [], {}, [evals[0].items["correct"].to_numpy()]
+    same = [c for c in _SAME if c in evals[0].items.columns]
+    for delta in ds:
+        copy, cycled = (cycled if delta == ds[0] else cycle_gates(model, delta)), None
+        evals[delta] = ev = evaluate(copy, task, **kw)
+        if not ev.items[same].equals(evals[0].items[same]):
             raise TaskError("the task built other items for a cycled copy than for the unmodified model from the "
                             "same seed; gate cycling compares them item by item, so the task's build must be "
                             "deterministic in its seed.")
-        used.append(int(delta))
         correct.append(ev.items["correct"].to_numpy())
         obs = ev.per_phase()["acc"].to_numpy()
         for p in range(S):
@@ -279,10 +324,11 @@ def gate_cycling_test(
     r2 = r_squared(inner["observed"].to_numpy(), inner["predicted"].to_numpy())
     r2_all = r_squared(frame["observed"].to_numpy(), frame["predicted"].to_numpy())
     cis = [(float("nan"), float("nan"))] * 2
-    if n_bootstrap and used:
-        y, residue = np.stack(correct, axis=1), base_eval.items["residue"].to_numpy()
-        cis = [r2_bootstrap_ci(y, residue, used, S, include_boundary=b, n_bootstrap=n_bootstrap, seed=seed)
+    if n_bootstrap:
+        y, residue = np.stack(correct, axis=1), evals[0].items["residue"].to_numpy()
+        cis = [r2_bootstrap_ci(y, residue, ds, S, include_boundary=b, n_bootstrap=n_bootstrap, seed=seed)
                for b in (False, True)]
-    metadata = {"n_per_residue": n_per_residue, "seed": seed, "n_bootstrap": n_bootstrap,
-                "ci": "95%, basic bootstrap over items resampled within residue, one resample for all models"}
-    return GateCyclingResult(frame, r2, r2_all, boundary, base, S, metadata, cis[0], cis[1])
+    meta = metadata_of(model, deltas=list(deltas), n_per_residue=n_per_residue, residues=residues, seed=seed,
+                       batch_size=batch_size, stride=stride, n_bootstrap=n_bootstrap)
+    meta["ci"] = "95%, basic bootstrap over items resampled within residue, one resample for all models"
+    return GateCyclingResult(frame, r2, r2_all, boundary, base, S, evals, meta, cis[0], cis[1])
