@@ -104,7 +104,7 @@ def test_seed_recipes_resolve_and_bad_names_are_refused():
     from phaselens.zoo.recipes import SEED_CONFIGS, SHIPPED_SEEDS, get_recipe, seeded
 
     for base in SEED_CONFIGS:
-        for k in SHIPPED_SEEDS:
+        for k in SHIPPED_SEEDS[base]:
             r = RECIPES[f"{base}-seed{k}"]
             assert r == seeded(base, k) == get_recipe(f"{base}-seed{k}")
             assert r.config == replace(RECIPES[base].config, seed=k) and r.settings == replace(RECIPES[base].settings, seed=k)

@@ -97,7 +97,10 @@ RECIPES: dict[str, Recipe] = {
 
 # Seed replicates (issue 16 §7: every claim of docs/zoo.md should hold across seeds). Seed 0 is the base model.
 SEED_CONFIGS = ("full", "w4s4", "w8s4", "w6s6", "w8s8")
-SHIPPED_SEEDS = (1, 2)
+# Seeds shipped per configuration: full-seed2 is not trained (the control's 3,000 steps take over an hour on
+# one CPU thread); get_recipe("full-seed2") still names its recipe.
+SHIPPED_SEEDS: dict[str, tuple[int, ...]] = {"full": (1,), "w4s4": (1, 2), "w8s4": (1, 2), "w6s6": (1, 2),
+                                             "w8s8": (1, 2)}
 SEED_SUFFIX = "-seed"
 
 
@@ -133,4 +136,4 @@ def get_recipe(name: str) -> Recipe:
                    f"seed K >= 1 of a base recipe (e.g. w4s4{SEED_SUFFIX}3).")
 
 
-RECIPES.update({r.name: r for r in (seeded(n, k) for n in SEED_CONFIGS for k in SHIPPED_SEEDS)})
+RECIPES.update({r.name: r for r in (seeded(n, k) for n in SEED_CONFIGS for k in SHIPPED_SEEDS[n])})
