@@ -5,10 +5,11 @@
 Writes docs/data/seeds.json (rendered into docs/zoo.md by scripts/gen_zoo_docs.py). Seed 0 of a configuration
 is its base model (``w4s4``), seed K its replicate ``w4s4-seedK`` (``scripts/train_zoo.py w4s4 --seed K``).
 Every number comes from a card's per-residue counts (1,000 items per residue, the cards' evaluation):
-phases fold residues mod S (the control by S = 4); the gap is the folded max - min; the boundary rank
-counts phases from the worst (1 = the boundary phase is the worst phase); the period is phaselens's
-``detect_period`` on the 24 residue counts; a phase is *weak* when its accuracy lies at least 10 pp below
-the model's best phase.
+phases fold residues mod S (the control by S = 4); the gap is the folded max - min with its 95% interval and
+one-sided 95% upper bound (``gap_ci``); the boundary rank counts phases from the worst (1 = the boundary phase
+is the worst phase); the period is phaselens's ``detect_period`` on the 24 residue counts (closed testing;
+``period_status`` and ``period_candidates`` say whether the data single out one period); a phase is *weak*
+when its accuracy lies at least 10 pp below the model's best phase.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from phaselens.stats import detect_period, g_test  # noqa: E402
+from phaselens.stats import detect_period, g_test, gap_ci  # noqa: E402
 from phaselens.zoo.recipes import COMPARE_STRIDE, RECIPES, SEED_CONFIGS, SEED_SUFFIX  # noqa: E402
 
 OUT = ROOT / "docs" / "data" / "seeds.json"
@@ -39,14 +40,18 @@ def seed_summary(card: dict, stride: int) -> dict:
         np.arange(n.size) % stride, weights=n)
     order = np.argsort(phase_acc, kind="stable")
     weak = [int(p) for p in np.flatnonzero(phase_acc <= phase_acc.max() - WEAK_PP)]
+    c, t = correct.astype(int), n.astype(int)
+    per = detect_period(c, t)
+    gi = gap_ci(c, t, stride)
     return {
         "model": card["name"], "weights_sha256": card["weights_sha256"],
         "mean": float(correct.sum() / n.sum()), "phase_accuracy": phase_acc.round(5).tolist(),
         "gap": float(phase_acc.max() - phase_acc.min()), "residue_gap": float((correct / n).max() - (correct / n).min()),
         "worst_phase": int(order[0]), "boundary": float(phase_acc[stride - 1]),
         "boundary_rank": int(np.flatnonzero(order == stride - 1)[0]) + 1,
-        "period": detect_period(correct.astype(int), n.astype(int)).period, "card_period": card["battery"]["period"],
-        "p_g": g_test(correct.astype(int), n.astype(int)).pvalue, "weak_phases": weak,
+        "gap_ci": [gi.ci_low, gi.ci_high], "gap_upper_bound": gi.upper_bound,
+        "period": per.period, "period_status": per.status, "period_candidates": list(per.candidates),
+        "card_period": card["battery"]["period"], "p_g": g_test(c, t).pvalue, "weak_phases": weak,
     }
 
 
