@@ -261,7 +261,7 @@ app.add_typer(zoo_app, name="zoo")
 @app.command(cls=_Command)
 @friendly_errors
 def train(
-    recipe: Annotated[str, typer.Option("--recipe", metavar="NAME", help="A zoo recipe name (see `phaselens zoo list`).")],
+    recipe: Annotated[str, typer.Option("--recipe", metavar="NAME", help="A zoo recipe name (see `phaselens zoo list`), or NAME-seedK for another seed K.")],
     out: Annotated[str, typer.Option("--out", metavar="DIR", help="Directory that receives the model directory.")]
     = "zoo-out",
     runs: Annotated[str, typer.Option("--runs", metavar="DIR", help="Where resumable checkpoints live.")] = "runs/zoo",
@@ -278,12 +278,10 @@ def train(
 
     Example: phaselens train --recipe w8s4 --out my-zoo
     """
-    from phaselens.errors import ZooError
     from phaselens.train import saved_step
-    from phaselens.zoo.recipes import RECIPES
+    from phaselens.zoo.recipes import get_recipe
 
-    if recipe not in RECIPES:
-        raise ZooError(f"no recipe {recipe!r}; recipes: {', '.join(RECIPES)}.")
+    chosen = get_recipe(recipe)  # a clear error for an unknown name, before any work
     check_out(out, kind="dir", what="the trained model is written into a folder")
     from phaselens.files import check_output_dir
     from phaselens.models.io import checkpoint_kind
@@ -293,7 +291,7 @@ def train(
     for where in (run_dir, *run_dir.parents):
         if where.exists() and not where.is_dir():
             raise InputError(f"--runs {runs}: {where} is a file; point --runs at a directory.")
-    total = steps or RECIPES[recipe].settings.steps
+    total = steps or chosen.settings.steps
     again = " ".join(["phaselens", "train", "--recipe", recipe, "--out", out, "--runs", runs, "--threads", str(threads),
                       *(["--steps", str(steps)] if steps else []), *(["--force"] if force else [])])
     done = saved_step(run_dir)

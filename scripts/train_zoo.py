@@ -1,6 +1,9 @@
 """Retrain the whole zoo from scratch (``make zoo``): two models at a time, one thread each.
 
-    .venv/bin/python scripts/train_zoo.py [NAMES...] [--jobs 2] [--out phaselens/zoo] [--runs runs/zoo]
+    .venv/bin/python scripts/train_zoo.py [NAMES...] [--seed K ...] [--jobs 2] [--out phaselens/zoo] [--runs runs/zoo]
+
+``--seed K`` trains each named base recipe with seed K instead (``w4s4 --seed 2`` is the recipe ``w4s4-seed2``:
+both the initial weights and the training data change); several seeds may follow one ``--seed``.
 
 Each model trains in its own process (``phaselens train --recipe NAME``); runs resume from their last
 checkpoint if interrupted. Afterwards run ``scripts/gen_zoo_docs.py`` to regenerate docs/zoo.md.
@@ -17,17 +20,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from phaselens.zoo.recipes import RECIPES  # noqa: E402
+from phaselens.zoo.recipes import RECIPES, get_recipe, seeded  # noqa: E402
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("names", nargs="*", default=list(RECIPES))
+    parser.add_argument("--seed", type=int, nargs="+", default=None, help="train these seeds of the named recipes")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "phaselens" / "zoo"))
     parser.add_argument("--runs", default=str(ROOT / "runs" / "zoo"))
     args = parser.parse_args()
     queue = list(args.names)
+    if args.seed is not None:
+        queue = [seeded(get_recipe(n).name, k).name for n in queue for k in args.seed]
+    for name in queue:
+        get_recipe(name)  # fail before starting anything on a misspelt name
     running: list[tuple[str, subprocess.Popen, float]] = []
     logs = Path(args.runs)
     logs.mkdir(parents=True, exist_ok=True)

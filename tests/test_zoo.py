@@ -97,6 +97,37 @@ def test_remeasured_subset_agrees_with_the_card(name, stride):
         assert ev.tests.counts.g.pvalue < 1e-6 and ev.period == 4
 
 
+def test_seed_recipes_resolve_and_bad_names_are_refused():
+    """``BASE-seedK`` is the base recipe with seed K for both the weights and the data, for any K >= 1."""
+    from dataclasses import replace
+
+    from phaselens.zoo.recipes import SEED_CONFIGS, SHIPPED_SEEDS, get_recipe, seeded
+
+    for base in SEED_CONFIGS:
+        for k in SHIPPED_SEEDS[base]:
+            r = RECIPES[f"{base}-seed{k}"]
+            assert r == seeded(base, k) == get_recipe(f"{base}-seed{k}")
+            assert r.config == replace(RECIPES[base].config, seed=k) and r.settings == replace(RECIPES[base].settings, seed=k)
+            assert r.warmup_steps == RECIPES[base].warmup_steps
+    assert get_recipe("w8s4-seed7").config.seed == 7 and seeded("w8s4", 0) is RECIPES["w8s4"]
+    for bad in ["w4s4-seed0", "w9s9-seed1", "w4s4-seed1-seed2", "w4s4-seedx"]:
+        with pytest.raises(phaselens.ZooError, match=f"no recipe '{bad}'"):
+            get_recipe(bad)
+    with pytest.raises(phaselens.ZooError, match="seeded\\(\\) takes a base recipe"):
+        seeded("w4s4-seed1", 2)
+
+
+def test_train_cli_refuses_an_unknown_recipe_before_any_work(tmp_path):
+    from typer.testing import CliRunner
+
+    from phaselens.cli import app
+
+    res = CliRunner().invoke(app, ["train", "--recipe", "w4s4-seedx", "--out", str(tmp_path / "o"),
+                                   "--runs", str(tmp_path / "r")])
+    assert res.exit_code == 3 and "no recipe 'w4s4-seedx'" in res.output
+    assert not (tmp_path / "r").exists()
+
+
 def _copy_zoo(tmp_path, monkeypatch, name="w4s4"):
     import shutil
 

@@ -3,6 +3,9 @@
 If a model's phase preferences live in its offset-specific gate parameters (per-offset gate weights and
 the per-offset bias), rolling them by delta should move the accuracy profile with them:
 ``A_delta(p) ~ A_0((p - delta) mod S)`` (science.md §3). The payload maps stay fixed.
+
+R^2 of that prediction comes with a bootstrap interval over items (:func:`r2_bootstrap_ci`); its coverage is
+checked by simulation in ``tests/test_cycling.py`` and tabulated in docs/mechanism.md.
 """
 
 from __future__ import annotations
@@ -16,12 +19,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.errors import InputError, NotApplicableError
+from phaselens.errors import InputError, NotApplicableError, StatsInputError, TaskError
 from phaselens.evaluate import evaluate
 from phaselens.items import as_int, check_model, check_options
 from phaselens.models.compressor import Pooler
 from phaselens.protocol import PhaseModel, metadata_of, model_name, require
 from phaselens.results import Result
+from phaselens.stats._checks import check_draws, check_level
+
+_SAME = ["item_id", "residue", "t_K"]  # item columns that must agree between the unmodified model's items and a copy's
 
 
 def _offset_params(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
@@ -44,9 +50,18 @@ def roll_offset_gates(model: Any, delta: int) -> Any:
 
     The parameters of offset ``i`` move to offset ``(i + delta) mod S`` (``torch.roll(..., shifts=delta)``):
     per-offset gate weights ``[group, phase, d_model, channels]`` and the per-offset bias
-    ``[group, phase, channels]`` roll along ``phase``. For DeepSeek's ``overlap_split`` layout the S rows of
-    the bias roll alike in both halves (Ca and Cb). Payload maps are unchanged. This is the model side of the
-    ``cycle_gates`` capability (``CompressedTransformer.cycle_gates``).
+    ``[group, phase, channels]`` roll along ``phase``. Payload maps, the entry's RoPE position (the first slot
+    of its own block) and the block grid are unchanged.
+
+    Overlapping windows (W = 2S, DeepSeek's ``overlap_split``): a token of phase p sits in two entries, at
+    slot p of the Ca half (group 0) of one and slot p of the Cb half (group 1) of the other. The S rows of
+    each half roll alike, within the half, so after the roll phase p carries in *both* its slots the
+    parameters phase ``p - delta`` had; the Ca and Cb channel groups never exchange parameters. This is the
+    only roll that is periodic in delta mod S (rolling the 2S slots as one sequence would move Ca rows into
+    Cb slots, and delta = S would swap the halves instead of being the identity). What no parameter roll
+    can move is structure tied to the block grid: which tokens share an entry, and so the Ca-to-Cb seam
+    inside each window (see docs/zoo.md, "Gate cycling", for a model whose gates work across that seam).
+    This is the model side of the ``cycle_gates`` capability (``CompressedTransformer.cycle_gates``).
 
     Raises:
         NotApplicableError: the model has no offset-specific gate parameters (uniform pooling, or shared gates
@@ -91,6 +106,8 @@ class GateCyclingResult(Result):
         r2_all: the same with the boundary phase included.
         boundary: accuracy of the boundary phase under each delta (``{delta: acc}``), reported separately.
         base: per-phase accuracy of the unmodified model.
+        r2_ci, r2_all_ci: 95% intervals of ``r2`` and ``r2_all`` (:func:`r2_bootstrap_ci`; NaN when
+            ``n_bootstrap`` was 0).
         evals: the :class:`~phaselens.evaluate.PhaseEval` of each delta (0: the unmodified model).
     """
 
@@ -102,6 +119,8 @@ class GateCyclingResult(Result):
     stride: int
     evals: dict[int, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    r2_ci: tuple[float, float] = (float("nan"), float("nan"))
+    r2_all_ci: tuple[float, float] = (float("nan"), float("nan"))
 
     def per_residue(self) -> pd.DataFrame:
         """Accuracy per residue under each delta (``delta`` 0 is the unmodified model), with Wilson CIs."""
@@ -119,9 +138,9 @@ class GateCyclingResult(Result):
 
     def summary(self) -> str:
         b = ", ".join(f"{d:+d}: {100 * a:.1f}%" for d, a in self.boundary.items())
-        return (f"GateCyclingResult(stride {self.stride}: R^2 {self.r2:.2f} without the boundary phase "
-                f"({self.r2_all:.2f} with it; below 0: the weak phases did not move with the gates); boundary "
-                f"accuracy by delta {b})")
+        return (f"GateCyclingResult(stride {self.stride}: R^2 {self.r2:.2f} [95% CI {self.r2_ci[0]:.2f}, "
+                f"{self.r2_ci[1]:.2f}] without the boundary phase ({self.r2_all:.2f} with it; below 0: the weak "
+                f"phases did not move with the gates); boundary accuracy by delta {b})")
 
     def plot(self, **kwargs: Any):
         from phaselens import plots
@@ -136,6 +155,116 @@ def r_squared(observed: np.ndarray, predicted: np.ndarray) -> float:
     return 1 - ss_res / ss_tot if ss_tot > 0 else float("nan")
 
 
+def cycling_r2(accuracy: np.ndarray, deltas: Sequence[int], *, include_boundary: bool = False) -> np.ndarray:
+    """R^2 of ``A_delta(p)`` against ``A_0((p - delta) mod S)``, pooled over deltas, for a batch of profiles.
+
+    Args:
+        accuracy: ``[..., 1 + D, S]`` per-phase accuracy; row 0 the unmodified model, row ``1 + d`` the copy
+            cycled by ``deltas[d]``.
+        deltas: the D shifts.
+        include_boundary: pool the boundary phase S - 1 too (``r2_all``); by default it is left out.
+
+    Returns:
+        ``[...]`` R^2 against the identity line (:func:`r_squared` on each profile set); NaN where the
+        observed values do not vary.
+    """
+    acc = np.asarray(accuracy, dtype=float)
+    S = acc.shape[-1]
+    shift = (np.arange(S)[None, :] - np.asarray(deltas, dtype=int)[:, None]) % S  # [D, S]
+    predicted = acc[..., 0, :][..., shift]  # [..., D, S]
+    observed = acc[..., 1:, :]
+    keep = np.ones(S, bool) if include_boundary else np.arange(S) != S - 1
+    o = observed[..., keep].reshape(*acc.shape[:-2], -1)
+    p = predicted[..., keep].reshape(*acc.shape[:-2], -1)
+    ss_res = ((o - p) ** 2).sum(-1)
+    ss_tot = ((o - o.mean(-1, keepdims=True)) ** 2).sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(ss_tot > 0, 1 - ss_res / ss_tot, np.nan)
+
+
+def r2_bootstrap_ci(
+    correct: np.ndarray,
+    residue: np.ndarray,
+    deltas: Sequence[int],
+    stride: int,
+    *,
+    include_boundary: bool = False,
+    level: float = 0.95,
+    n_bootstrap: int = 2000,
+    seed: int = 0,
+    method: str = "basic",
+) -> tuple[float, float]:
+    """Bootstrap interval of the gate-cycling R^2 over items.
+
+    Every model (the unmodified one and each cycled copy) answers the same items, so one replicate resamples
+    items with replacement inside each residue (the design fixes the residue sizes) and recomputes every
+    model's per-phase accuracy from that same resample. The interval is the basic (reverse-percentile) one,
+    ``[2 R^2 - q_hi, 2 R^2 - q_lo]`` with the upper end capped at 1: R^2 is biased low, because sampling
+    noise in both the observed and the predicted profile adds to the residuals, and a replicate carries that
+    noise twice, so percentile intervals miss a true R^2 near 1 almost always (simulated coverage in
+    docs/mechanism.md).
+
+    Args:
+        correct: ``[N, 1 + D]`` 0/1 outcomes; column 0 the unmodified model, column ``1 + d`` the copy cycled
+            by ``deltas[d]``; the same N items in every column.
+        residue: ``[N]`` each item's residue (its phase is ``residue mod stride``).
+        deltas: the D shifts.
+        stride: S.
+        include_boundary: interval for ``r2_all`` instead of ``r2``.
+        level: confidence level.
+        n_bootstrap: replicates (those in which a phase has no item, or the observed profile is flat, drop).
+        seed: seed for ``np.random.default_rng``.
+        method: ``"basic"``, or ``"percentile"`` (the replicates' quantiles; kept for comparison only).
+
+    Returns:
+        ``(low, high)``.
+    """
+    if method not in ("basic", "percentile"):
+        raise StatsInputError(f"method must be 'basic' or 'percentile', got {method!r}.")
+    level, n_bootstrap = check_level(level), check_draws(n_bootstrap, "n_bootstrap")
+    y = np.asarray(correct, dtype=float)
+    res = np.asarray(residue, dtype=int)
+    if y.ndim != 2 or y.shape[1] != len(deltas) + 1 or res.shape != (y.shape[0],):
+        raise StatsInputError(
+            f"correct must be [N, 1 + len(deltas)] = [N, {len(deltas) + 1}] with one residue per row; got "
+            f"correct {y.shape} and residue {res.shape}."
+        )
+    n = len(res)
+    phase_onehot = np.eye(stride)[res % stride]  # [N, S]
+    design = (y[:, :, None] * phase_onehot[:, None, :]).reshape(n, -1)  # [N, (1 + D) * S]
+    estimate = float(cycling_r2(_weighted_accuracy(np.ones((1, n)), design, phase_onehot), deltas,
+                                include_boundary=include_boundary)[0])
+    # Resample within residue: sort by residue, draw an offset inside each item's own residue block.
+    order = np.argsort(res, kind="stable")
+    sorted_res = res[order]
+    start = np.searchsorted(sorted_res, sorted_res, side="left")
+    size = np.bincount(sorted_res)[sorted_res]
+    rng = np.random.default_rng(seed)
+    reps = []
+    chunk = max(1, (1 << 22) // max(n, 1))
+    for b0 in range(0, n_bootstrap, chunk):  # chunks bound memory ([B, N] weights); each chunk is one batch
+        b = min(chunk, n_bootstrap - b0)
+        idx = order[start + (rng.random((b, n)) * size).astype(int)]
+        weights = np.bincount((np.arange(b)[:, None] * n + idx).ravel(), minlength=b * n).reshape(b, n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            acc = _weighted_accuracy(weights.astype(float), design, phase_onehot)
+        reps.append(cycling_r2(acc, deltas, include_boundary=include_boundary))
+    boots = np.concatenate(reps)
+    boots = boots[np.isfinite(boots)]
+    if boots.size == 0 or not np.isfinite(estimate):
+        return float("nan"), float("nan")
+    q_lo, q_hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
+    if method == "percentile":
+        return float(q_lo), float(q_hi)
+    return float(2 * estimate - q_hi), float(min(1.0, 2 * estimate - q_lo))
+
+
+def _weighted_accuracy(weights: np.ndarray, design: np.ndarray, phase_onehot: np.ndarray) -> np.ndarray:
+    """Per-phase accuracy ``[B, 1 + D, S]`` of every model under item weights ``[B, N]``."""
+    S = phase_onehot.shape[1]
+    return (weights @ design).reshape(len(weights), -1, S) / (weights @ phase_onehot)[:, None, :]
+
+
 def gate_cycling_test(
     model: PhaseModel,
     task: Any = None,
@@ -147,8 +276,12 @@ def gate_cycling_test(
     batch_size: int = 64,
     progress: bool = True,
     stride: int | None = None,
+    n_bootstrap: int = 2000,
 ) -> GateCyclingResult:
     """Evaluate the model and its gate-cycled copies; compare ``A_delta(p)`` with ``A_0((p - delta) mod S)``.
+
+    Every copy answers the same items (same task and seed), so the R^2 intervals resample items once for all
+    models (:func:`r2_bootstrap_ci`, ``n_bootstrap`` replicates; 0 skips them).
 
     Raises:
         NotApplicableError: the model cannot cycle its gates (``cycle_gates`` capability), or has nothing to roll.
@@ -156,6 +289,8 @@ def gate_cycling_test(
     check_model(model)
     require(model, "cycle_gates", "gate cycling rolls offset-specific gate parameters.")
     check_options(n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, progress=progress, stride=stride)
+    if n_bootstrap:
+        check_draws(n_bootstrap, "n_bootstrap")
     S = (model.analysis_spec.stride if stride is None else int(stride))
     if S < 2:
         raise NotApplicableError(f"{model_name(model)} has no compressed layers (analysis stride {S}), so there are "
@@ -171,10 +306,16 @@ def gate_cycling_test(
     cycled = cycle_gates(model, ds[0])  # raises NotApplicableError before any evaluation when nothing rolls
     evals = {0: evaluate(model, task, **kw)}
     base = evals[0].per_phase()["acc"].to_numpy()
-    rows, boundary = [], {}
+    rows, boundary, correct = [], {}, [evals[0].items["correct"].to_numpy()]
+    same = [c for c in _SAME if c in evals[0].items.columns]
     for delta in ds:
         copy, cycled = (cycled if delta == ds[0] else cycle_gates(model, delta)), None
         evals[delta] = ev = evaluate(copy, task, **kw)
+        if not ev.items[same].equals(evals[0].items[same]):
+            raise TaskError("the task built other items for a cycled copy than for the unmodified model from the "
+                            "same seed; gate cycling compares them item by item, so the task's build must be "
+                            "deterministic in its seed.")
+        correct.append(ev.items["correct"].to_numpy())
         obs = ev.per_phase()["acc"].to_numpy()
         for p in range(S):
             rows.append(dict(delta=int(delta), phase=p, observed=obs[p], predicted=base[(p - delta) % S],
@@ -184,6 +325,12 @@ def gate_cycling_test(
     inner = frame[~frame["boundary"]]
     r2 = r_squared(inner["observed"].to_numpy(), inner["predicted"].to_numpy())
     r2_all = r_squared(frame["observed"].to_numpy(), frame["predicted"].to_numpy())
+    cis = [(float("nan"), float("nan"))] * 2
+    if n_bootstrap:
+        y, residue = np.stack(correct, axis=1), evals[0].items["residue"].to_numpy()
+        cis = [r2_bootstrap_ci(y, residue, ds, S, include_boundary=b, n_bootstrap=n_bootstrap, seed=seed)
+               for b in (False, True)]
     meta = metadata_of(model, deltas=list(deltas), n_per_residue=n_per_residue, residues=residues, seed=seed,
-                       batch_size=batch_size, stride=stride)
-    return GateCyclingResult(frame, r2, r2_all, boundary, base, S, evals, meta)
+                       batch_size=batch_size, stride=stride, n_bootstrap=n_bootstrap)
+    meta["ci"] = "95%, basic bootstrap over items resampled within residue, one resample for all models"
+    return GateCyclingResult(frame, r2, r2_all, boundary, base, S, evals, meta, cis[0], cis[1])

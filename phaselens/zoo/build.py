@@ -20,7 +20,7 @@ from phaselens.models.io import checkpoint_kind, save_model
 from phaselens.scoring import answer_metrics
 from phaselens.train import train
 from phaselens.zoo import file_digests
-from phaselens.zoo.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, RECIPES, ZOO_EVAL_TASK, ZOO_TASK
+from phaselens.zoo.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, ZOO_EVAL_TASK, ZOO_TASK, get_recipe
 
 EVAL_BATCH_PER_RESIDUE = 4
 EVAL_BATCH_SEED = 424242
@@ -69,7 +69,7 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
     """
     kind = checkpoint_kind(extra=("eval_batch.safetensors",))
     check_output_dir(Path(out) / name, kind, overwrite=overwrite)
-    recipe = RECIPES[name]
+    recipe = get_recipe(name)
     task = ZOO_EVAL_TASK
     settings = recipe.settings
     if steps is not None:
