@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -262,11 +263,13 @@ def gather(obj: Any, *, stage: str = "") -> list[Any]:
     out: list[Any] = [None] * w.size
     try:
         dist.all_gather_object(out, obj, group=_object_group())
-    except RuntimeError as err:  # gloo: "Connection closed by peer", timeouts, ...
+    except RuntimeError as err:  # gloo: "Connection reset by peer", timeouts, ...
+        # gloo prefixes its source location ("[.../pair.cc:537] Read error ..."): keep the first sentence
+        why = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(str(err).split())).split(". ")[0][:160]
         raise DistributedError(
-            f"{stage or 'gather'}: lost contact with another rank ({' '.join(str(err).split())[:200]}); a rank "
-            "was killed or crashed. Every unit finished before is in the checkpoint (if one was given): rerun, "
-            "with any number of processes, to resume."
+            f"{stage or 'gather'}: lost contact with another rank ({why}); a rank was killed or crashed. Every "
+            "unit finished before is in the checkpoint (if one was given): rerun, with any number of processes, "
+            "to resume."
         ) from None
     return out
 

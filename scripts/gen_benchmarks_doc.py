@@ -95,6 +95,30 @@ Goals on the 4 x 8 model: at least 20x faster, identical numbers, within 2x of t
 
 {chr(10).join(rows)}
 """)
+    dd = load("bench_distributed")
+    if dd:
+        rows = ["| engine | cells x items | 1 process x 1 thread s | 1 process x 2 threads s | 2 processes x 1 thread s "
+                "| speed-up (over 1 x 1) | in gathers s (share) | one gather ms | results identical |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in dd["rows"]:
+            rows.append(f"| {r['engine']} | {r['cells']} x {r['items']} | {f(r['one_process_one_thread_s'])} | "
+                        f"{f(r['one_process_two_threads_s'])} | {f(r['two_processes_one_thread_s'])} | "
+                        f"**{f(r['speedup'])}x** ({f(r['speedup_over_one_thread'])}x) | {f(r['gather_s'])} "
+                        f"({100 * r['gather_share']:.1f}%) | {f(r['gather_round_ms'])} | {r['identical_results']} |")
+        before, after = dd["load_average_before"], dd["load_average_after"]
+        parts.append(f"""## torch.distributed: one process x 2 threads against 2 processes x 1 thread
+`.venv/bin/python benchmarks/bench_distributed.py --n-per-residue {dd['n_per_residue']}`: a
+`specialization_map` of zoo `{dd['model']}` timed between barriers in fresh processes (gloo on loopback), the
+two configurations in turns, best turn each. "In gathers" is the time rank 0 spends in the per-round gathers,
+waiting for the other rank included; "one gather" is a round's payload with both ranks ready. Goal: at least
+1.6x for the map whose cells dominate (`full`: one forward per cell). With the query-suffix engine each rank
+also pays the clean prefix of all items, which does not split (see [scale](scale.md)).
+
+{chr(10).join(rows)}
+
+The machine ({dd['cpus']} CPUs) is shared: load average {before[0]:.1f} before the run and {after[0]:.1f}
+after it (1-minute averages), so both sides competed with other work; every turn's time is in the JSON.
+""")
     rp = load("bench_report")
     if rp:
         parts.append(f"""## The report

@@ -120,6 +120,39 @@ def test_outside_a_process_group_shard_map_is_a_plain_loop():
     assert calls == [[0, 1], [2, 3], [4]]
 
 
+def test_evaluate_checkpoint_resumes_item_blocks_and_refuses_another_run(model, tmp_path):
+    from phaselens.distributed import open_checkpoint
+    from phaselens.errors import CheckpointError
+    from phaselens.scoring import METRICS
+
+    kw = dict(n_per_residue=2, batch_size=14, n_permutations=20, n_bootstrap=20, progress=False)
+    with one_thread():
+        plain = phaselens.evaluate(model, **kw)
+        ckpt = tmp_path / "eval.ckpt"
+        first = phaselens.evaluate(model, **kw, checkpoint=ckpt)
+        # keep 2 of the 4 blocks, as if the run had stopped after them
+        fp = first.metadata["shards"][0]
+        store = open_checkpoint(ckpt, _fingerprint_of(ckpt), METRICS)
+        store.done = {k: v for k, v in store.done.items() if k in ("items 0-13", "items 28-41")}
+        store.flush()
+        again = phaselens.evaluate(model, **kw, checkpoint=ckpt)
+        with pytest.raises(CheckpointError, match="different computation"):
+            phaselens.evaluate(model, **{**kw, "batch_size": 16}, checkpoint=ckpt)
+    assert fp["by_rank"] == [["items 0-13", "items 14-27", "items 28-41", "items 42-47"]]
+    (shard,) = again.metadata["shards"]
+    assert shard["resumed"] == ["items 0-13", "items 28-41"] and shard["by_rank"] == [["items 14-27", "items 42-47"]]
+    for col in ("correct", "logit_diff", "nll", "rank"):
+        assert np.array_equal(again.items[col].to_numpy(), plain.items[col].to_numpy())
+        assert np.array_equal(first.items[col].to_numpy(), plain.items[col].to_numpy())
+    assert again.mean == plain.mean and again.gap_ci == plain.gap_ci
+
+
+def _fingerprint_of(path: Path) -> str:
+    from phaselens.checkpointing import safetensors_metadata
+
+    return json.loads(safetensors_metadata(path, fix="")["manifest"])["fingerprint"]
+
+
 def test_two_ranks_equal_one_process(model, tmp_path):
     codes = launch("equal", 2, tmp_path)
     assert codes == [0, 0]
@@ -258,3 +291,24 @@ def test_torchrun_cli_writes_once_and_equals_one_process(tmp_path):
     assert bad.returncode != 0
     lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("error:")]
     assert len(lines) == 1 and lines[0].startswith("error: rank 0 of 2:") and "is a directory" in lines[0]
+
+
+def test_cli_prints_each_error_once_per_job(monkeypatch, capsys):
+    from phaselens import cli
+    from phaselens.errors import InputError, RankError
+
+    def printed(rank: int, err: Exception) -> str:
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        cli._report(err)
+        return capsys.readouterr().err
+
+    assert printed(0, InputError("bad --kinds")) == "error: bad --kinds\n"  # every rank meets it: rank 0 says it
+    assert printed(1, InputError("bad --kinds")) == ""
+    own = InputError("planted")
+    own.phaselens_rank = 1  # raised in rank 1's own share
+    assert printed(1, own) == "error: rank 1 of 2: planted\n"
+    assert printed(0, RankError("rank 1 of 2 failed: InputError: planted", rank=1)) == ""  # rank 1 says it
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    cli._report(InputError("alone"))
+    assert capsys.readouterr().err == "error: alone\n"
