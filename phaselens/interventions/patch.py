@@ -213,7 +213,7 @@ def _patched_metrics(model, base, qp, heads, src_z, batch, batch_size, engine) -
     """Logit differences ``[heads, N]`` of ``base`` with each head's query ``z`` replaced from ``src_z``
     (the heads split across ranks under torch.distributed)."""
     if engine == "suffix":
-        eng = model.query_engine(base, qp)
+        eng = model.query_engine(base, qp, batch_size=batch_size)
 
         def compute(idx: list[int]) -> list[np.ndarray]:
             cells = [Cell(heads[i].layer, [heads[i].head], src_z[heads[i].layer][:, 0, [heads[i].head]]) for i in idx]

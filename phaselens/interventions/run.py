@@ -73,7 +73,7 @@ def suffix_blocks(model: Any, batch: Any, ko: Knockout, *, batch_size: int = 64,
         out = []
         for b in idx:
             sl = blocks[b]
-            eng = model.query_engine(batch.tokens[sl], batch.query_pos[sl])
+            eng = model.query_engine(batch.tokens[sl], batch.query_pos[sl], batch_size=batch_size)
             per_item = cell.replacement is not None and cell.replacement.dim() == 3
             logits = eng.run([Cell(cell.layer, cell.heads, cell.replacement[sl]) if per_item else cell])[0]
             clean = answer_metrics(eng.clean_logits, batch.answer[sl], batch.wrong[sl])
