@@ -16,6 +16,7 @@ import torch
 from scipy import stats as sps
 
 from phaselens.by_residue import residue_mean_ci
+from phaselens.distributed import block_labels, item_blocks, shard_map, sharded
 from phaselens.errors import InputError, NotApplicableError
 from phaselens.interventions.knockout import calibrate, check_method, z_name
 from phaselens.items import build_items, check_options
@@ -69,6 +70,7 @@ class AttributionMap(Result):
         return f"AttributionMap({self.method}; stride {self.stride}, residues mod {self.modulus}; Spearman vs exact: {rho})"
 
 
+@sharded
 def attribution_map(
     model: PhaseModel,
     task: Any = None,
@@ -101,13 +103,9 @@ def attribution_map(
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     _check_exact(exact, L, H, batch.modulus)
     cal = None if method == "zero" else calibrate(model, calibration, list(range(L)), task=task)
-    est = []
-    starts = range(0, len(batch), batch_size)
-    if progress:
-        from phaselens.progress import progress_bar
+    blocks = item_blocks(len(batch), batch_size)
 
-        starts = progress_bar(starts, stage="attribution", model=model)
-    for i in starts:
+    def one(i: int) -> torch.Tensor:  # estimates [b, L, H] of the block of items starting at i
         tokens = batch.tokens[i : i + batch_size]
         qp = batch.query_pos[i : i + batch_size]
         b = len(qp)
@@ -143,7 +141,11 @@ def attribution_map(
             g = grads[layer][rows, at.to(z_all.device)]
             repl = torch.zeros_like(z) if cal is None else cal.mean(layer).to(device=z.device, dtype=z.dtype).expand_as(z)
             per_layer.append(((repl - z) * g).sum(-1).view(-1, b, H).sum(0))  # copies' terms summed: [b, H]
-        est.append(torch.stack(per_layer, 1).float().cpu())
+        return torch.stack(per_layer, 1).float().cpu()
+
+    # item blocks split across ranks under torch.distributed
+    est = shard_map(lambda idx: [one(blocks[b].start) for b in idx], block_labels(blocks), progress=progress,
+                    stage="attribution", model=model)
     values = torch.cat(est).numpy()  # [N, L, H]
     residue = batch.frame["residue"].to_numpy()
     M = batch.modulus

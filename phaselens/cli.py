@@ -47,7 +47,7 @@ app = typer.Typer(
     cls=_Group,
 )
 
-_state = {"debug": False}
+_state: dict[str, Any] = {"debug": False, "gpus_per_replica": 1}
 F = TypeVar("F", bound=Callable[..., Any])
 
 MODEL_HELP = "Zoo name (see `phaselens zoo list`), checkpoint directory, or hf:PATH."
@@ -71,10 +71,46 @@ def friendly_errors(fn: F) -> F:
         except PhaseLensError as err:
             if _state["debug"]:
                 raise
-            typer.echo(f"error: {one_line(err)}", err=True)
+            _report(err)
             raise typer.Exit(3) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def _world_env() -> tuple[int, int]:
+    """``(rank, world size)`` from torchrun's environment (``(0, 1)`` without it); no torch import."""
+    try:
+        return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
+    except ValueError:
+        return 0, 1
+
+
+def main_rank() -> bool:
+    """Whether this process writes outputs and prints: always outside torchrun, rank 0 under it."""
+    return _world_env()[0] == 0
+
+
+def say(text: str) -> None:
+    """``typer.echo`` on the main rank only (under torchrun the other ranks print nothing)."""
+    if main_rank():
+        typer.echo(text)
+
+
+def _report(err: PhaseLensError) -> None:
+    """Print an error once per job: the rank whose share failed prints it with its rank; an error every rank
+    meets alike (bad arguments) is printed by rank 0; a relayed one (RankError) by nobody else."""
+    from phaselens.errors import RankError
+
+    rank, size = _world_env()
+    origin = getattr(err, "phaselens_rank", None)
+    if size <= 1:
+        typer.echo(f"error: {one_line(err)}", err=True)
+    elif isinstance(err, RankError):
+        return
+    elif origin is not None:
+        typer.echo(f"error: rank {origin} of {size}: {one_line(err)}", err=True)
+    elif rank == 0:
+        typer.echo(f"error: {one_line(err)}", err=True)
 
 
 def check_out(path: str | None, *, kind: str, what: str = "the output is a folder") -> Path | None:
@@ -124,15 +160,42 @@ def main(
         bool, typer.Option("--version", callback=_version, is_eager=True, help="Print the version and exit.")
     ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks of phaselens errors.")] = False,
+    gpus_per_replica: Annotated[int, typer.Option(
+        "--gpus-per-replica", metavar="K", min=1,
+        help="Under torchrun with GPUs: GPUs each rank's copy of the model spreads over (local rank r owns "
+             "GPUs r*K..r*K+K-1).")] = 1,
 ) -> None:
-    """phaselens: measure how a compressed-cache model's answers depend on token phase."""
+    """phaselens: measure how a compressed-cache model's answers depend on token phase.
+
+    Under torchrun (`torchrun --nproc-per-node N -m phaselens map w8s4 --out map.csv`) the work is split
+    across the ranks; only rank 0 prints and writes.
+    """
     _state["debug"] = debug
+    _state["gpus_per_replica"] = gpus_per_replica
+    if _world_env()[1] > 1:
+        if not main_rank():
+            import warnings
+
+            warnings.simplefilter("ignore")  # the other ranks print nothing
+        from phaselens.distributed import init_from_env
+
+        init_from_env(gpus_per_replica)
 
 
 def _load(model: str) -> Any:
     import phaselens
 
-    return phaselens.load(model)
+    if _world_env()[1] <= 1:
+        return phaselens.load(model)
+    from phaselens.replicas import rank_device, replica_gpus
+
+    k = int(_state["gpus_per_replica"])
+    device = rank_device(k)
+    if model.startswith("hf:") and k > 1 and device != "cpu":  # one copy spread over this rank's GPUs
+        from phaselens.replicas import meta_model, replica_device_map
+
+        return phaselens.load(model, device_map=replica_device_map(meta_model(model[3:]), replica_gpus(k)))
+    return phaselens.load(model, device=device)
 
 
 def _load_for_phases(model: str, stride: int | None) -> Any:
@@ -161,6 +224,8 @@ def eval_cmd(
         metavar="S", help="Fold residues by this stride; required for a model without compressed layers "
                           "(the full-attention control: use the compressed model's stride, e.g. 4).")] = None,
     out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the per-item frame as CSV.")] = None,
+    checkpoint: Annotated[str | None, typer.Option(metavar="FILE",
+                                                   help="Resumable file of finished item blocks (rerun to resume).")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Phase-aware evaluation with the statistics battery.
@@ -171,9 +236,10 @@ def eval_cmd(
 
     path = check_out(out, kind="file")
     with _label(model):
-        ev = phaselens.evaluate(_load_for_phases(model, stride), n_per_residue=n_per_residue, seed=seed, progress=progress, stride=stride)
-    typer.echo(ev.summary())
-    if path:
+        ev = phaselens.evaluate(_load_for_phases(model, stride), n_per_residue=n_per_residue, seed=seed,
+                                progress=progress, stride=stride, checkpoint=checkpoint)
+    say(ev.summary())
+    if path and main_rank():
         write_csv(ev.to_frame("item"), path)
 
 
@@ -196,8 +262,8 @@ def record_cmd(
     path = check_out(out, kind="file")
     with _label(model):
         rec = phaselens.record(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
-    typer.echo(repr(rec))
-    if path:
+    say(repr(rec))
+    if path and main_rank():
         write_csv(rec.to_frame(), path)
 
 
@@ -239,7 +305,7 @@ def map_cmd(
 
     kind_tuple = _parse_kinds(kinds)
     if plan:
-        typer.echo(repr(phaselens.specialization_map(_load_for_phases(model, stride), method=method,
+        say(repr(phaselens.specialization_map(_load_for_phases(model, stride), method=method,
                                                      n_per_residue=n_per_residue, seed=seed, kinds=kind_tuple,
                                                      stride=stride, plan=True)))
         return
@@ -247,10 +313,10 @@ def map_cmd(
     with _label(model):
         pm = phaselens.specialization_map(_load_for_phases(model, stride), method=method, n_per_residue=n_per_residue, seed=seed,
                                           kinds=kind_tuple, stride=stride, checkpoint=checkpoint, progress=progress)
-    typer.echo(repr(pm))
+    say(repr(pm))
     if "head" in kind_tuple:
-        typer.echo(pm.specialization_index().to_string(index=False))
-    if path:
+        say(pm.specialization_index().to_string(index=False))
+    if path and main_rank():
         write_csv(pm.to_frame(), path)
 
 
@@ -386,7 +452,7 @@ def report(
     settings = ReportSettings(n_eval=40, n_record=8, n_map=12, n_cycle=24, n_repair=24) if quick else ReportSettings()
     path = build(models or None, out, settings=settings, progress=progress, static=static, overwrite=force,
                  command=" ".join(["phaselens", *sys.argv[1:]]))
-    typer.echo(f"report written to {path}/index.html")
+    say(f"report written to {path}/index.html")
 
 
 if __name__ == "__main__":

@@ -100,12 +100,26 @@ class NonFiniteError(PhaseLensError):
     output is non-finite."""
 
 
+class DistributedError(PhaseLensError):
+    """A run across torch.distributed ranks that cannot go on: the ranks disagree on the work, or a rank
+    was lost (killed or crashed). With ``checkpoint=``, a rerun at any world size resumes."""
+
+
+class RankError(DistributedError):
+    """Another rank's share of the work failed; ``rank`` is that rank and the message is its error."""
+
+    def __init__(self, message: str, rank: int = -1) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
 __all__ = [
     "BatchIndexError",
     "CacheError",
     "CheckpointError",
     "ConfigError",
     "ContextLengthError",
+    "DistributedError",
     "HeadSpecError",
     "HookNameError",
     "InputError",
@@ -116,6 +130,7 @@ __all__ = [
     "PaddingError",
     "PhaseGeometryError",
     "PhaseLensError",
+    "RankError",
     "ResidueError",
     "StatsInputError",
     "TaskError",

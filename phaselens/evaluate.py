@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,10 +11,11 @@ import numpy as np
 import pandas as pd
 
 from phaselens.by_residue import group_counts, group_mean
+from phaselens.distributed import open_checkpoint, sharded
 from phaselens.items import build_items, check_battery_items, check_options
 from phaselens.protocol import PhaseModel, metadata_of
 from phaselens.results import Result
-from phaselens.scoring import answer_metrics, plain_forward, query_logits
+from phaselens.scoring import METRICS, answer_metrics, plain_forward, query_metrics
 from phaselens.stats import ItemBattery, phase_battery_items, wilson_ci
 
 ITEM_COLUMNS = ["item_id", "residue", "phase", "t_K", "correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank"]
@@ -171,6 +173,7 @@ class PhaseEval(Result):
         return plots.accuracy_by_residue(self, control=control, **kwargs)
 
 
+@sharded
 def evaluate(
     model: PhaseModel,
     task: Any = None,
@@ -183,6 +186,7 @@ def evaluate(
     n_permutations: int = 2000,
     n_bootstrap: int = 1000,
     stride: int | None = None,
+    checkpoint: str | os.PathLike | None = None,
 ) -> PhaseEval:
     """Evaluate ``model`` with the needle placed at every residue, and run the statistics battery.
 
@@ -196,6 +200,10 @@ def evaluate(
         progress: show a progress bar.
         stride: fold residues by this stride instead of ``model.analysis_spec.stride`` (e.g. to compare a
             full-attention control, whose own stride is 1, with a compressed model).
+        checkpoint: a file path: finished blocks of ``batch_size`` items are written there atomically and a
+            rerun (with any number of processes) resumes; a checkpoint of another run is refused.
+
+    Under torch.distributed the item blocks are split across the ranks (:mod:`phaselens.distributed`).
 
     Example:
         >>> ev = phaselens.evaluate(phaselens.load("zoo:w8s4"), n_per_residue=64)  # doctest: +SKIP
@@ -205,26 +213,40 @@ def evaluate(
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
                                     stride=stride)
     check_battery_items(spec, batch, stride, "evaluate")
-    items = score_items(model, batch, batch_size=batch_size, progress=progress, desc="evaluate")
+    store = None
+    if checkpoint is not None:
+        from phaselens.fingerprint import analysis_fingerprint
+
+        fp = analysis_fingerprint(model, analysis="evaluate", items=batch.tokens, query_pos=batch.query_pos,
+                                  answers=batch.answer, wrong=batch.wrong, batch_size=batch_size)
+        store = open_checkpoint(checkpoint, fp, METRICS)
+    items = score_items(model, batch, batch_size=batch_size, progress=progress, desc="evaluate", store=store)
     md = {**metadata_of(model, n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size,
-                        stride=stride, n_permutations=n_permutations, n_bootstrap=n_bootstrap),
+                        stride=stride, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
+                        checkpoint=None if checkpoint is None else str(checkpoint)),
           **task_metadata(task)}
     return eval_from_items(items, spec.stride, batch.modulus, metadata=md,
                            n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed)
 
 
 def score_items(model: Any, batch: Any, *, batch_size: int = 64, progress: bool = False, forward: Any = None,
-                desc: str = "evaluate") -> pd.DataFrame:
-    """Per-item frame: the task's placement columns plus answer metrics from one pass over ``batch``."""
-    logits = query_logits(forward or plain_forward(model), batch.tokens, batch.query_pos, batch_size=batch_size,
-                          progress=progress, desc=desc, model=model)
-    return items_from_logits(batch, logits)
+                desc: str = "evaluate", store: Any = None) -> pd.DataFrame:
+    """Per-item frame: the task's placement columns plus answer metrics from one pass over ``batch``
+    (item blocks split across ranks under torch.distributed; ``store``: a checkpoint of finished blocks)."""
+    metrics = query_metrics(forward or plain_forward(model), batch, batch_size=batch_size, progress=progress,
+                            desc=desc, model=model, store=store)
+    return items_from_metrics(batch, metrics)
 
 
 def items_from_logits(batch: Any, logits: Any) -> pd.DataFrame:
     """The per-item frame of ``batch`` scored from query logits ``[N, vocab]`` (see :func:`score_items`)."""
+    return items_from_metrics(batch, answer_metrics(logits, batch.answer, batch.wrong))
+
+
+def items_from_metrics(batch: Any, metrics: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The per-item frame of ``batch`` from its answer metrics ``{name: [N]}``."""
     frame = batch.frame.reset_index(drop=True).copy()
-    for name, values in answer_metrics(logits, batch.answer, batch.wrong).items():
+    for name, values in metrics.items():
         frame[name] = values
     frame["correct"] = frame["correct"].astype(bool)
     lead = [c for c in ITEM_COLUMNS if c in frame.columns]

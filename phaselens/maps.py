@@ -9,7 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.checkpointing import CellCheckpoint, check_checkpoint_path
+from phaselens.checkpointing import check_checkpoint_path
+from phaselens.distributed import open_checkpoint, shard_map, sharded
 from phaselens.effects import Effects, mcnemar_p, relative_effects
 from phaselens.errors import InputError
 from phaselens.evaluate import items_from_logits, score_items
@@ -208,6 +209,7 @@ class PhaseMap(Result):
         return plots.head_phase_heatmap(self, **kwargs)
 
 
+@sharded
 def specialization_map(
     model: PhaseModel,
     task: Any = None,
@@ -269,42 +271,29 @@ def specialization_map(
         fp = analysis_fingerprint(model, task=getattr(batch, "task", ""), items=batch.tokens, answers=batch.answer,
                                   query_pos=batch.query_pos, calibration=None if cal is None else cal.z,
                                   method=method, seed=seed, cells=list(cells["label"]), stride=spec.stride)
-    ckpt = CellCheckpoint(checkpoint, fp or "", fields=("correct", "logit_diff"))
-    todo = [i for i, row in cells.iterrows() if row.label not in ckpt.done]
+    ckpt = open_checkpoint(checkpoint, fp or "", fields=("correct", "logit_diff"))
     model_name(model)
-    bar = None
-    if progress:
-        from phaselens.progress import progress_bar
+    per_call = 1
+    if used == "suffix":
+        eng = model.query_engine(batch.tokens, batch.query_pos, rows_per_pass=rows_per_pass, batch_size=batch_size)
+        clean = items_from_logits(batch, eng.clean_logits)
+        per_call = max(1, rows_per_pass // len(batch))
 
-        bar = progress_bar(stage="map", unit="cell", total=len(cells), initial=len(cells) - len(todo), leave=True,
-                           model=model)
-    try:
-        if used == "suffix":
-            eng = model.query_engine(batch.tokens, batch.query_pos, rows_per_pass=rows_per_pass, batch_size=batch_size)
-            clean = items_from_logits(batch, eng.clean_logits)
+        def compute(idx: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+            got: list[dict[str, np.ndarray]] = []
+            engine_metrics(eng, batch, [kos[i] for i in idx], per_pass=len(idx), on_chunk=lambda _i, m: got.extend(m))
+            return [(m["correct"], m["logit_diff"]) for m in got]
+    else:
+        clean = score_items(model, batch, batch_size=batch_size, desc="clean")
 
-            def done(idx: list[int], metrics: list[dict[str, np.ndarray]]) -> None:
-                for k, m in zip(idx, metrics):
-                    ckpt.add(cells.loc[todo[k], "label"], m["correct"], m["logit_diff"])
-                ckpt.flush()
-                if bar is not None:
-                    bar.update(len(idx))
-
-            engine_metrics(eng, batch, [kos[i] for i in todo], per_pass=max(1, rows_per_pass // len(batch)),
-                           on_chunk=done)
-        else:
-            clean = score_items(model, batch, batch_size=batch_size)
-            for i in todo:
-                m = full_metrics(model, batch, kos[i], batch_size=batch_size)
-                ckpt.add(cells.loc[i, "label"], m["correct"], m["logit_diff"])
-                ckpt.flush()
-                if bar is not None:
-                    bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
-    ko_correct = np.stack([ckpt.done[label][0] for label in cells["label"]]).astype(bool)
-    ko_ld = np.stack([ckpt.done[label][1] for label in cells["label"]])
+        def compute(idx: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+            return [(m["correct"], m["logit_diff"]) for m in
+                    (full_metrics(model, batch, kos[i], batch_size=batch_size) for i in idx)]
+    # cells split across ranks under torch.distributed; finished cells checkpointed after every round
+    done = shard_map(compute, list(cells["label"]), per_call=per_call, store=ckpt, unit="cell", progress=progress,
+                     stage="map", bar_unit="cell", leave=True, model=model)
+    ko_correct = np.stack([d[0] for d in done]).astype(bool)
+    ko_ld = np.stack([d[1] for d in done])
     clean_correct = clean["correct"].to_numpy().astype(bool)
     residue = clean["residue"].to_numpy()
     eff = relative_effects(clean_correct, ko_correct, residue, batch.modulus, clean_ld=clean["logit_diff"].to_numpy(),

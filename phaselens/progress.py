@@ -72,6 +72,10 @@ def _tqdm_class() -> Any:
 
 def progress_bar(iterable: Iterable[Any] | None = None, *, stage: str, unit: str = "batch", total: int | None = None,
                  initial: int = 0, leave: bool = False, model: Any = None) -> Any:
-    """A tqdm bar described by :func:`describe` (``stage`` prefixed by the current label or the model's name)."""
+    """A tqdm bar described by :func:`describe` (``stage`` prefixed by the current label or the model's name).
+
+    Under torch.distributed only rank 0 shows bars (the sharded loops count every rank's units there)."""
+    from phaselens.distributed import is_main_process
+
     return _tqdm_class()(iterable, desc=describe(stage, model), unit=unit, total=total, initial=initial, leave=leave,
-                         dynamic_ncols=True)
+                         dynamic_ncols=True, disable=not is_main_process())

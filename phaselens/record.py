@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from phaselens.by_residue import residue_mean_ci
+from phaselens.distributed import block_labels, item_blocks, shard_map, sharded
 from phaselens.errors import NotApplicableError
 from phaselens.geometry import PhaseSpec
 from phaselens.items import build_items, check_options
@@ -107,17 +108,40 @@ class Recording(Result):
 
 
 class _Accumulator:
-    """Per-item values for one batch at a time; gate sums reduced on the fly."""
+    """Per-item values and per-call gate sums (each reduced over its call's items and entries), in call order.
+
+    One accumulator per block of items; :meth:`merged` joins blocks in item order, so the final sums add the
+    same terms in the same order however the blocks were split across ranks."""
 
     def __init__(self) -> None:
         self.read: dict[tuple[str, int], list[Tensor]] = {}
         self.gate_item: dict[tuple[str, int], list[Tensor]] = {}
-        self.profile_sum: dict[tuple[int, str], Tensor] = {}
-        self.entropy_sum: dict[tuple[int, str], Tensor] = {}
+        self.profile_sum: dict[tuple[int, str], list[Tensor]] = {}
+        self.entropy_sum: dict[tuple[int, str], list[Tensor]] = {}
         self.count: dict[tuple[int, str], int] = {}
 
     def add(self, store: dict, key: tuple, value: Tensor) -> None:
         store.setdefault(key, []).append(value.detach().float().cpu())
+
+    @staticmethod
+    def merged(parts: list[_Accumulator]) -> _Accumulator:
+        out = _Accumulator()
+        for part in parts:
+            for name in ("read", "gate_item", "profile_sum", "entropy_sum"):
+                mine = getattr(out, name)
+                for key, values in getattr(part, name).items():
+                    mine.setdefault(key, []).extend(values)
+            for key, n in part.count.items():
+                out.count[key] = out.count.get(key, 0) + n
+        return out
+
+
+def _ordered_sum(terms: list[Tensor]) -> Tensor:
+    """``terms[0] + terms[1] + ...`` left to right (the order a running sum over the calls would use)."""
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
 
 
 def _gate_path_hooks(model: Any, layer: int) -> list[tuple[str, str]]:
@@ -145,6 +169,7 @@ def _target_gate(alpha: Tensor, entries: Tensor, offsets: Tensor, first_entry: i
     return picked.nanmean(1)
 
 
+@sharded
 @torch.no_grad()
 def record(
     model: PhaseModel,
@@ -175,15 +200,10 @@ def record(
     L, H = cfg.n_layers, cfg.n_heads
     specs: list[PhaseSpec | None] = list(model.phase_specs)
     frame = batch.frame.reset_index(drop=True)
-    acc = _Accumulator()
-    n = len(frame)
-    starts = range(0, n, batch_size)
-    if progress:
-        from phaselens.progress import progress_bar
+    blocks = item_blocks(len(frame), batch_size)
 
-        starts = progress_bar(starts, stage="record", model=model)
-    for i in starts:
-        sl = slice(i, i + batch_size)
+    def one(sl: slice) -> _Accumulator:  # what the hooks keep from one block of items
+        acc = _Accumulator()
         fr = frame.iloc[sl]
         qp = torch.as_tensor(fr["query_pos"].to_numpy().copy())
         rows = torch.arange(len(qp))
@@ -198,6 +218,11 @@ def record(
                 for path, hname in _gate_path_hooks(model, layer):
                     hooks.append((f"blocks.{layer}.attn.{hname}", _gate_hook(acc, layer, path, spec, t_k, t_v)))
         model_logits(model, batch.tokens[sl], qp, hooks)
+        return acc
+
+    # item blocks split across ranks under torch.distributed, merged in item order
+    acc = _Accumulator.merged(shard_map(lambda idx: [one(blocks[b]) for b in idx], block_labels(blocks),
+                                        progress=progress, stage="record", model=model))
     meta = metadata_of(model, n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size,
                        stride=stride)
     return _assemble(acc, frame, specs, L, H, cfg, batch, geometry.stride, meta)
@@ -293,8 +318,8 @@ def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
         key = (layer, path)
         prof = full.sum(0).sum(0).movedim(0, -1)  # [Hkv(, d), W]; see _window_concentration_sum
         per = _window_concentration_sum(full)
-        acc.profile_sum[key] = acc.profile_sum.get(key, 0) + prof
-        acc.entropy_sum[key] = acc.entropy_sum.get(key, 0) + per
+        acc.profile_sum.setdefault(key, []).append(prof)
+        acc.entropy_sum.setdefault(key, []).append(per)
         acc.count[key] = acc.count.get(key, 0) + full.shape[0] * full.shape[1]
 
     return fn
@@ -343,8 +368,8 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
             key = (layer, path)
             if key not in acc.profile_sum:
                 continue
-            p = (acc.profile_sum[key] / acc.count[key]).numpy()  # [Hkv, (d,) W]
-            per = (acc.entropy_sum[key] / acc.count[key]).numpy()  # [Hkv(, d)]
+            p = (_ordered_sum(acc.profile_sum[key]) / acc.count[key]).numpy()  # [Hkv, (d,) W]
+            per = (_ordered_sum(acc.entropy_sum[key]) / acc.count[key]).numpy()  # [Hkv(, d)]
             static = np.exp(-(np.clip(p, 1e-12, None) * np.log(np.clip(p, 1e-12, None))).sum(-1))
             if p.ndim == 3:  # vector gates: average the per-channel profile and measures over channels
                 static, per, p = static.mean(-1), per.mean(-1), p.mean(1)

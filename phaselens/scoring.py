@@ -15,6 +15,7 @@ from torch import Tensor
 from phaselens.finite import check_query_logits
 
 Forward = Callable[[Tensor, Tensor, Tensor], Tensor]
+METRICS = ("correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank")  # what answer_metrics returns
 
 
 @torch.no_grad()
@@ -34,15 +35,45 @@ def query_logits(
     model call, possibly under hooks that need each row's query slot or global item index (knockouts,
     patches).
     """
-    out = []
     starts = range(0, tokens.shape[0], batch_size)
-    for i in _bar(starts, progress, desc, model):
-        qp = query_pos[i : i + batch_size]
-        logits = forward(tokens[i : i + batch_size], qp, torch.arange(i, i + len(qp)))
-        # a forward may return only the last rows (an adapter's query chunk): index relative to them
-        at = (qp - (tokens.shape[1] - logits.shape[1])).to(logits.device)
-        out.append(logits[torch.arange(len(qp), device=logits.device), at].float().cpu())
+    out = [block_logits(forward, tokens, query_pos, slice(i, i + batch_size)) for i in _bar(starts, progress, desc, model)]
     return torch.cat(out) if out else torch.zeros(0, 0)
+
+
+@torch.no_grad()
+def block_logits(forward: Forward, tokens: Tensor, query_pos: Tensor, block: slice) -> Tensor:
+    """Query logits ``[b, vocab]`` (CPU, float) of the items in ``block`` (one forward; see :func:`query_logits`)."""
+    start = block.start or 0
+    qp = query_pos[block]
+    logits = forward(tokens[block], qp, torch.arange(start, start + len(qp)))
+    # a forward may return only the last rows (an adapter's query chunk): index relative to them
+    at = (qp - (tokens.shape[1] - logits.shape[1])).to(logits.device)
+    return logits[torch.arange(len(qp), device=logits.device), at].float().cpu()
+
+
+def query_metrics(forward: Forward, batch: Any, *, batch_size: int = 64, progress: bool = False,
+                  desc: str = "forward", model: Any = None, store: Any = None) -> dict[str, np.ndarray]:
+    """:func:`answer_metrics` ``{name: [N]}`` of ``batch``, one forward per block of ``batch_size`` items.
+
+    Under torch.distributed the blocks are split across ranks (:mod:`phaselens.distributed`); ``store`` (a
+    checkpoint of finished blocks, fields :data:`METRICS`) makes the pass resumable.
+    """
+    from phaselens.distributed import block_labels, item_blocks, shard_map
+
+    blocks = item_blocks(int(batch.tokens.shape[0]), batch_size)
+
+    def compute(idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+        out = []
+        for b in idx:
+            lg = block_logits(forward, batch.tokens, batch.query_pos, blocks[b])
+            m = answer_metrics(lg, batch.answer[blocks[b]], batch.wrong[blocks[b]])
+            out.append(tuple(m[k] for k in METRICS))
+        return out
+
+    parts = shard_map(compute, block_labels(blocks), store=store, progress=progress, stage=desc, model=model)
+    if not parts:
+        return {k: np.zeros(0) for k in METRICS}
+    return {k: np.concatenate([p[j] for p in parts]) for j, k in enumerate(METRICS)}
 
 
 def model_logits(model: Any, tokens: Tensor, query_pos: Tensor, fwd_hooks: Any = ()) -> Tensor:

@@ -9,11 +9,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from phaselens.distributed import sharded
 from phaselens.effects import Effects, relative_effects
-from phaselens.evaluate import items_from_logits, score_items
+from phaselens.evaluate import score_items
 from phaselens.heads import Head
 from phaselens.interventions.knockout import knockout
-from phaselens.interventions.run import engine_metrics, full_metrics
+from phaselens.interventions.run import full_metrics, suffix_blocks
 from phaselens.items import build_items, check_options
 from phaselens.protocol import PhaseModel, choose_engine, metadata_of
 from phaselens.results import Result
@@ -85,6 +86,7 @@ def _frame(e: Effects, n_groups: int, stride: int, level: str) -> pd.DataFrame:
     return df[df["n"] > 0].reset_index(drop=True)
 
 
+@sharded
 def ablate(
     model: PhaseModel,
     heads: Any,
@@ -123,12 +125,8 @@ def ablate(
     ko = knockout(model, heads, method=method, calibration=calibration, task=task, seed=seed)
     if used == "suffix" and engine == "auto" and len({h.layer for h in ko.heads}) > 1:
         used = "full"  # the engine intervenes at one layer per cell
-    if used == "suffix":
-        eng = model.query_engine(batch.tokens, batch.query_pos, batch_size=batch_size)
-        clean = items_from_logits(batch, eng.clean_logits)
-        got: list[dict[str, np.ndarray]] = []
-        engine_metrics(eng, batch, [ko], per_pass=1, on_chunk=lambda _i, m: got.extend(m))
-        ablated = got[0]
+    if used == "suffix":  # one engine per block of batch_size items: the blocks are split across ranks
+        clean, ablated = suffix_blocks(model, batch, ko, batch_size=batch_size, progress=progress)
     else:
         clean = score_items(model, batch, batch_size=batch_size, progress=progress, desc="clean")
         ablated = full_metrics(model, batch, ko, batch_size=batch_size, progress=progress, desc="ablate")

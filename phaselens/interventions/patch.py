@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Literal
 
 import numpy as np
@@ -11,6 +12,7 @@ import pandas as pd
 import torch
 
 from phaselens.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
+from phaselens.distributed import shard_map, sharded, world
 from phaselens.engine import Cell
 from phaselens.errors import InputError
 from phaselens.heads import Head, parse_heads
@@ -19,7 +21,7 @@ from phaselens.items import as_float, build_items, check_model, check_options
 from phaselens.labelled import Labelled
 from phaselens.protocol import HookContext, PhaseModel, choose_engine, metadata_of
 from phaselens.results import Result
-from phaselens.scoring import answer_metrics, model_logits, plain_forward, query_logits
+from phaselens.scoring import answer_metrics, model_logits, plain_forward, query_logits, query_metrics
 
 EPS_DENOM = 1e-3
 
@@ -135,6 +137,7 @@ def recovery(item_clean: np.ndarray, item_corrupt: np.ndarray, item_patched: np.
     return rec, lo, hi, und, mc, mx, mp
 
 
+@sharded
 def patch(
     model: PhaseModel,
     task: Any = None,
@@ -180,9 +183,9 @@ def patch(
     layers = sorted({h.layer for h in parsed})
     src_z = capture_z(model, source, qp, layers, batch_size=batch_size)  # {layer: [N, copies, H, d]}
 
-    def metric(tokens: torch.Tensor) -> np.ndarray:
-        lg = query_logits(plain_forward(model), tokens, qp, batch_size=batch_size)
-        return answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"]
+    def metric(tokens: torch.Tensor) -> np.ndarray:  # item blocks split across ranks under torch.distributed
+        b = SimpleNamespace(tokens=tokens, query_pos=qp, answer=batch.answer, wrong=batch.wrong)
+        return query_metrics(plain_forward(model), b, batch_size=batch_size, desc="patch")["logit_diff"]
 
     item_clean, item_corrupt = metric(clean), metric(corrupt)
     patched = _patched_metrics(model, base, qp, parsed, src_z, batch, batch_size, used)  # [heads, N]
@@ -210,16 +213,22 @@ def patch(
 
 
 def _patched_metrics(model, base, qp, heads, src_z, batch, batch_size, engine) -> np.ndarray:
-    """Logit differences ``[heads, N]`` of ``base`` with each head's query ``z`` replaced from ``src_z``."""
+    """Logit differences ``[heads, N]`` of ``base`` with each head's query ``z`` replaced from ``src_z``
+    (the heads split across ranks under torch.distributed)."""
     if engine == "suffix":
         eng = model.query_engine(base, qp, batch_size=batch_size)
-        cells = [Cell(h.layer, [h.head], src_z[h.layer][:, 0, [h.head]]) for h in heads]
-        logits = eng.run(cells)
-        return np.stack([answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"] for lg in logits])
-    out = []
-    for h in heads:
-        lg = query_logits(_query_patch(model, h, src_z[h.layer]), base, qp, batch_size=batch_size)
-        out.append(answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"])
+
+        def compute(idx: list[int]) -> list[np.ndarray]:
+            cells = [Cell(heads[i].layer, [heads[i].head], src_z[heads[i].layer][:, 0, [heads[i].head]]) for i in idx]
+            return [answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"] for lg in eng.run(cells)]
+    else:
+        def compute(idx: list[int]) -> list[np.ndarray]:
+            return [answer_metrics(query_logits(_query_patch(model, heads[i], src_z[heads[i].layer]), base, qp,
+                                                batch_size=batch_size), batch.answer, batch.wrong)["logit_diff"]
+                    for i in idx]
+    # each rank's whole share in one call: no checkpoint or progress to report between cells
+    per_call = max(1, -(-len(heads) // world().size))
+    out = shard_map(compute, [str(h) for h in heads], per_call=per_call, unit="cell", stage="patch")
     return np.stack(out)
 
 

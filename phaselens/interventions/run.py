@@ -19,7 +19,7 @@ from phaselens.engine import Cell
 from phaselens.errors import NotApplicableError
 from phaselens.heads import by_layer
 from phaselens.interventions.knockout import Knockout, resample_index
-from phaselens.scoring import answer_metrics, model_logits, query_logits
+from phaselens.scoring import answer_metrics, model_logits, query_metrics
 
 
 def full_metrics(model: Any, batch: Any, ko: Knockout, *, batch_size: int = 64, progress: bool = False,
@@ -29,9 +29,7 @@ def full_metrics(model: Any, batch: Any, ko: Knockout, *, batch_size: int = 64, 
     def forward(tokens: torch.Tensor, query_pos: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         return model_logits(model, tokens, query_pos, ko.fwd_hooks(query_pos, items=items))
 
-    logits = query_logits(forward, batch.tokens, batch.query_pos, batch_size=batch_size, progress=progress, desc=desc,
-                          model=model)
-    return answer_metrics(logits, batch.answer, batch.wrong)
+    return query_metrics(forward, batch, batch_size=batch_size, progress=progress, desc=desc, model=model)
 
 
 def knockout_cell(ko: Knockout, n_items: int) -> Cell:
@@ -57,3 +55,33 @@ def engine_metrics(engine: Any, batch: Any, kos: Sequence[Knockout], *, per_pass
         idx = list(range(j, min(j + per_pass, len(kos))))
         logits = engine.run([knockout_cell(kos[i], len(batch)) for i in idx])
         on_chunk(idx, [answer_metrics(lg, batch.answer, batch.wrong) for lg in logits])
+
+
+def suffix_blocks(model: Any, batch: Any, ko: Knockout, *, batch_size: int = 64,
+                  progress: bool = False) -> tuple[Any, dict[str, np.ndarray]]:
+    """Clean items and knocked-out metrics ``{"correct", "logit_diff": [N]}`` by the query-suffix engine, one
+    engine (clean prefix) per block of ``batch_size`` items; under torch.distributed the blocks are split
+    across ranks. A per-item ``resample`` replacement is drawn for all items, then sliced per block."""
+    from phaselens.distributed import block_labels, item_blocks, shard_map
+    from phaselens.evaluate import items_from_metrics
+    from phaselens.scoring import METRICS
+
+    cell = knockout_cell(ko, len(batch))
+    blocks = item_blocks(len(batch), batch_size)
+
+    def compute(idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+        out = []
+        for b in idx:
+            sl = blocks[b]
+            eng = model.query_engine(batch.tokens[sl], batch.query_pos[sl], batch_size=batch_size)
+            per_item = cell.replacement is not None and cell.replacement.dim() == 3
+            logits = eng.run([Cell(cell.layer, cell.heads, cell.replacement[sl]) if per_item else cell])[0]
+            clean = answer_metrics(eng.clean_logits, batch.answer[sl], batch.wrong[sl])
+            ko_m = answer_metrics(logits, batch.answer[sl], batch.wrong[sl])
+            out.append((*(clean[k] for k in METRICS), ko_m["correct"], ko_m["logit_diff"]))
+        return out
+
+    parts = shard_map(compute, block_labels(blocks), progress=progress, stage="ablate", model=model)
+    cat = [np.concatenate([p[j] for p in parts]) for j in range(len(METRICS) + 2)]
+    clean_items = items_from_metrics(batch, dict(zip(METRICS, cat)))
+    return clean_items, {"correct": cat[-2], "logit_diff": cat[-1]}

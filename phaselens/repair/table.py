@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import torch
 
+from phaselens.distributed import block_labels, item_blocks, shard_map, sharded
 from phaselens.errors import InputError, NotApplicableError
 from phaselens.evaluate import PhaseEval, eval_from_items, items_from_logits
 from phaselens.items import as_int, as_names, build_items, check_battery_items, check_model, check_options
@@ -82,15 +83,13 @@ class RepairTable(Result):
 @torch.no_grad()
 def copy_query_logits(model: Any, batch: Any, shifts: Sequence[int], pad_id: int, *, batch_size: int = 64,
                       insert_at: int = 1, progress: bool = False) -> torch.Tensor:
-    """Query logits of every shifted copy: ``[K, N, V]`` (copy k reads position ``query_pos + k``)."""
-    out = []
-    starts = range(0, len(batch), batch_size)
-    if progress:
-        from phaselens.progress import progress_bar
+    """Query logits of every shifted copy: ``[K, N, V]`` (copy k reads position ``query_pos + k``).
 
-        starts = progress_bar(starts, stage="repair", model=model)
+    Under torch.distributed the blocks of ``batch_size`` items are split across ranks and gathered."""
     K = len(shifts)
-    for i in starts:
+    blocks = item_blocks(len(batch), batch_size)
+
+    def one(i: int) -> torch.Tensor:  # [K, b, V] of the block of items starting at i
         tokens = batch.tokens[i : i + batch_size]
         qp = batch.query_pos[i : i + batch_size]
         B = tokens.shape[0]
@@ -99,10 +98,14 @@ def copy_query_logits(model: Any, batch: Any, shifts: Sequence[int], pad_id: int
         copies = shifted_copies(tokens, shifts, pad_id, insert_at)
         logits = model_logits(model, copies, pos.flatten())  # the query rows only: [K*B, T', V]
         at = (pos.flatten() - (copies.shape[1] - logits.shape[1])).to(logits.device)
-        out.append(logits[torch.arange(K * B, device=logits.device), at].view(K, B, -1).float().cpu())
+        return logits[torch.arange(K * B, device=logits.device), at].view(K, B, -1).float().cpu()
+
+    out = shard_map(lambda idx: [one(blocks[b].start) for b in idx], block_labels(blocks), progress=progress,
+                    stage="repair", model=model)
     return torch.cat(out, 1)
 
 
+@sharded
 def repair_table(
     model: PhaseModel,
     task: Any = None,

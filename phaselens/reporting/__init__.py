@@ -93,6 +93,10 @@ def report(
         "models": [r.name for r in results],
     }
     meta["seconds"] = time.time() - t0
+    from phaselens.distributed import is_main_process
+
+    if not is_main_process():  # under torchrun every rank computes (its share); rank 0 writes
+        return Path(out)
     page = html_page(results, secs, meta, plotly.offline.get_plotlyjs(), "__STATIC_NOTE__")
     path = write_report(Path(out), page, results, secs, meta, static=static, static_note_fn=export_static,
                         overwrite=overwrite)
