@@ -6,10 +6,16 @@ import os
 
 import pytest
 import torch
+from hypothesis import settings
 
 from phaselens.models import CompressedConfig, CompressedTransformer, CompressorSpec
 
 torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+# No per-example time limit: speed is measured in benchmarks/, and a loaded 2-core machine would make
+# hypothesis' default 200 ms deadline fail tests whose results are right.
+settings.register_profile("phaselens", deadline=None)
+settings.load_profile("phaselens")
 
 # Compressor layouts that tests sweep: (name, spec).
 LAYOUTS = {

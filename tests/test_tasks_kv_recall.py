@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 import torch
@@ -169,15 +167,14 @@ def test_paired_items_differ_only_in_padding(padding: str) -> None:
         assert moved > 0
 
 
-def test_deterministic_and_fast() -> None:
+def test_deterministic_and_large() -> None:
     task = KVRecall(padding="in_sequence")
     a = task.build(PhaseSpec(4), n_per_residue=50, seed=11)
     b = task.build(PhaseSpec(4), n_per_residue=50, seed=11)
     c = task.build(PhaseSpec(4), n_per_residue=50, seed=12)
     assert torch.equal(a.tokens, b.tokens) and not torch.equal(a.tokens, c.tokens)
-    start = time.perf_counter()
-    big = task.build(PhaseSpec(4), n_per_residue=200, seed=0)  # 4,800 items
-    assert len(big) == 4800 and time.perf_counter() - start < 1.0
+    big = task.build(PhaseSpec(4), n_per_residue=200, seed=0)  # 4,800 items (its speed: benchmarks/bench_eval.py)
+    assert len(big) == 4800 and (big.frame.residue.value_counts() == 200).all()
 
 
 def test_min_distance_and_seq_len() -> None:
