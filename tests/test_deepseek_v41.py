@@ -257,3 +257,42 @@ def test_damaged_checkpoints_raise_clear_errors(tmp_path):
         write_tiny_checkpoint(tmp_path / "bad3", kv_source_layer_ids=[2])  # layer 4 (ratio 1) has no source
         load_v41(tmp_path / "bad3")
     assert index["weight_map"]
+
+
+# The released DeepSeek-V4.1-Flash text_config (facts from its public config.json; no weights).
+FLASH_TEXT = dict(
+    TINY_TEXT, vocab_size=129280, hidden_size=5120, num_hidden_layers=40, num_attention_heads=64, head_dim=512,
+    qk_rope_head_dim=64, q_lora_rank=1280, o_lora_rank=1024, o_groups=8, max_position_embeddings=1048576,
+    rope_scaling={"rope_type": "yarn", "factor": 16, "beta_fast": 32, "beta_slow": 1,
+                  "original_max_position_embeddings": 65536},
+    n_routed_experts=384, num_experts_per_tok=6, moe_intermediate_size=2304, sliding_window=128,
+    compress_ratios=[0, 0] + [2] * 18 + [1] * 20 + [0] * 3, kv_source_layer_ids=[2, 8, 14, 20],
+    index_source_layer_ids=[2, 8, 14, 20, 24, 28, 32, 36], index_n_heads=32, index_head_dim=128, index_topk=512,
+    candidate_source_layer_id=20, candidate_topk_blocks=2048, candidate_block_size=8, engram_layer_ids=[1, 14],
+    num_nextn_predict_layers=3,
+)
+
+
+def test_released_flash_config_topology():
+    from phaselens.models.deepseek_v41 import V41Config
+
+    cfg = V41Config.from_dict({"model_type": "deepseek_v41", "text_config": FLASH_TEXT})
+    roles = cfg.topology()
+    kv = {r.layer: r.kv_source for r in roles if r.compressed}
+    idx = {r.layer: r.index_source for r in roles if r.compressed}
+    assert [kv[i] for i in (2, 7, 8, 13, 14, 19, 20, 39)] == [2, 2, 8, 8, 14, 14, 20, 20]
+    assert [idx[i] for i in (19, 20, 23, 24, 27, 36, 39)] == [14, 20, 20, 24, 24, 36, 36]
+    assert [r.layer for r in roles if r.uses_candidates] == [24, 28, 32, 36]
+    assert [r.layer for r in roles if r.is_candidate_source] == [20]
+    assert cfg.rope_factor == 16 and cfg.rope_original_max_position == 65536 and len(cfg.compress_ratios) == 40
+    assert (cfg.candidate_topk_blocks * cfg.candidate_block_size) == 16384  # the filter binds past 16,384 entries
+
+
+def test_truncated_model_matches_the_full_models_first_layers(ckpt, model_all):
+    small = load(ckpt, index_topk="all", n_layers=3)
+    assert small.cfg.n_layers == 3 and small.cfg.kv_source_layer_ids == (2,)
+    assert "truncated to the first 3 layers" in small.analysis_metadata["modifications"]
+    name = "blocks.2.hook_resid_post"
+    _, a = small.run_with_cache(tokens(), names_filter=name)
+    _, b = model_all.run_with_cache(tokens(), names_filter=name)
+    assert torch.equal(a[name], b[name])

@@ -51,6 +51,7 @@ def load_v41(
     index_topk: int | str | None = None,
     analysis_stride: int | None = None,
     engram: Literal["refuse", "drop"] = "refuse",
+    n_layers: int | None = None,
 ) -> DeepSeekV41:
     """Load the text model of a DeepSeek-V4.1 checkpoint directory.
 
@@ -67,6 +68,9 @@ def load_v41(
         analysis_stride: the stride that defines phases (default: the smallest ratio >= 2, i.e. 2).
         engram: ``"refuse"`` raises :class:`UnsupportedModelError` on a checkpoint with Engram layers;
             ``"drop"`` loads it without them (a different model; recorded and warned).
+        n_layers: load only the first ``n_layers`` backbone layers, the head reading the last of them (a
+            truncated model, recorded as a modification): for parity checks against the reference truncated
+            the same way, and for exploring early layers with less memory.
 
     Example:
         >>> model = phaselens.load("hf:/data/DeepSeek-V4.1-Flash", device="cuda")  # doctest: +SKIP
@@ -87,8 +91,11 @@ def load_v41(
         raw = json.loads((root / "config.json").read_text())
     except ValueError as exc:
         raise CheckpointError(f"{root / 'config.json'} is not valid JSON: {exc}.") from None
+    metadata: dict[str, Any] = {"checkpoint": str(root), "engram": "absent", "modifications": []}
+    if n_layers is not None:
+        raw = truncate_config(raw, n_layers)
+        metadata.update(model_modified=True, modifications=[f"truncated to the first {n_layers} layers"])
     config = V41Config.from_dict(raw, name=root.name)
-    metadata: dict[str, Any] = {"checkpoint": str(root), "engram": "absent"}
     if config.engram_layer_ids:
         layers = list(config.engram_layer_ids)
         if engram == "refuse":
@@ -96,14 +103,34 @@ def load_v41(
                 layers=layers, first=min(layers)))
         warnings.warn(EngramDroppedWarning(
             f"Engram lookups at layers {layers} were dropped: results describe the model without them."), stacklevel=2)
-        metadata.update(engram="dropped", model_modified=True, modifications=[f"Engram dropped at layers {layers}"])
+        metadata.update(engram="dropped", model_modified=True,
+                        modifications=[*metadata["modifications"], f"Engram dropped at layers {layers}"])
     with torch.device("meta"):
         model = DeepSeekV41(config, dtype=dtype, quantize=quantize, index_topk=index_topk,
                             analysis_stride=analysis_stride, metadata=metadata)
     model.to_empty(device=device)
     _restore_buffers(model, device)  # non-persistent buffers come back uninitialised from the meta device
-    load_weights(model, root, skip_engram=engram == "drop")
+    load_weights(model, root, skip_engram=engram == "drop", n_layers=config.num_hidden_layers)
     return model.eval()
+
+
+def truncate_config(raw: dict[str, Any], n_layers: int) -> dict[str, Any]:
+    """``config.json`` cut to the first ``n_layers`` backbone layers (sources and Engram layers beyond dropped)."""
+    text = dict(raw.get("text_config") or {})
+    total = int(text.get("num_hidden_layers", 0))
+    if not isinstance(n_layers, int) or not 1 <= n_layers <= total:
+        raise InputError(f"n_layers must lie in 1..{total}, got {n_layers!r}.")
+    keep = lambda ids: [int(i) for i in ids or () if int(i) < n_layers]  # noqa: E731
+    text.update(
+        num_hidden_layers=n_layers,
+        compress_ratios=list(text.get("compress_ratios", []))[:n_layers],
+        kv_source_layer_ids=keep(text.get("kv_source_layer_ids")),
+        index_source_layer_ids=keep(text.get("index_source_layer_ids")),
+        engram_layer_ids=keep(text.get("engram_layer_ids")),
+    )
+    if int(text.get("candidate_source_layer_id", -1)) >= n_layers:
+        text["candidate_source_layer_id"] = -1
+    return {**raw, "text_config": text}
 
 
 def _restore_buffers(model: DeepSeekV41, device: str | torch.device) -> None:

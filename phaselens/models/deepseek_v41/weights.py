@@ -80,8 +80,11 @@ def dequantize(weight: Tensor, scale: Tensor | None, block: tuple[int, int], nam
     raise CheckpointError(f"{name} has a scale but dtype {weight.dtype}; expected FP8 or packed FP4.")
 
 
-def load_weights(model: nn.Module, root: Path, *, skip_engram: bool) -> None:
-    """Fill every parameter of ``model`` from the checkpoint at ``root`` (raises on missing or extra tensors)."""
+def load_weights(model: nn.Module, root: Path, *, skip_engram: bool, n_layers: int | None = None) -> None:
+    """Fill every parameter of ``model`` from the checkpoint at ``root`` (raises on missing or extra tensors).
+
+    ``n_layers``: tensors of backbone layers at or beyond it are skipped (a truncated model).
+    """
     from safetensors import safe_open
 
     files = shard_map(root)
@@ -103,6 +106,9 @@ def load_weights(model: nn.Module, root: Path, *, skip_engram: bool) -> None:
             if name.endswith(".scale") and name[: -len("scale")] + "weight" in names:
                 continue  # consumed with its weight
             if name.startswith(SKIP_PREFIXES) or (skip_engram and ".engram." in name):
+                continue
+            layer = re.match(r"^layers\.(\d+)\.", name)
+            if layer and n_layers is not None and int(layer[1]) >= n_layers:
                 continue
             target = _target(name)
             expert = _EXPERT.match(target)
