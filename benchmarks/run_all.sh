@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p benchmarks/results
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-for b in bench_maps bench_record bench_eval bench_model bench_report; do
+for b in bench_maps bench_record bench_eval bench_model bench_report bench_fingerprint bench_v4_numerics bench_import; do
   echo "== $b" >&2
   .venv/bin/python "benchmarks/$b.py" > "benchmarks/results/$b.json"
 done

@@ -15,19 +15,23 @@ import pandas as pd
 import torch
 from scipy import stats as sps
 
-from phaselens.by_residue import residue_mean
-from phaselens.errors import PhaseLensError
-from phaselens.interventions.knockout import calibrate, z_name
+from phaselens.by_residue import residue_mean_ci
+from phaselens.errors import NotApplicableError
+from phaselens.interventions.knockout import calibrate, check_method, z_name
+from phaselens.items import build_items, check_options
 from phaselens.labelled import Labelled
-from phaselens.protocol import build_items
+from phaselens.protocol import HookContext, PhaseModel, metadata_of, model_name
+from phaselens.results import Result
+from phaselens.scoring import model_logits
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class AttributionMap:
-    """Estimated change of the logit difference per ``[layer, head, residue]``.
+class AttributionMap(Result):
+    """Estimated change of the logit difference per ``[layer, head, residue]`` (mean over items, t CI).
 
     ``spearman`` is the rank correlation with an exact :class:`~phaselens.maps.PhaseMap`'s
-    ``delta_logit_diff`` over the same cells, when one was given.
+    ``delta_logit_diff`` over the same cells, when one was given. ``items`` ``[N, layer, head]`` holds the
+    per-item estimates, ``residue`` ``[N]``.
     """
 
     estimate: Labelled
@@ -35,79 +39,122 @@ class AttributionMap:
     method: str
     stride: int
     modulus: int
+    items: np.ndarray
+    residue: np.ndarray
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def to_frame(self) -> pd.DataFrame:
-        return self.estimate.to_frame()
+    def per_residue(self) -> pd.DataFrame:
+        """Tidy rows per (layer, head, residue): ``value`` with ``ci_low`` / ``ci_high``."""
+        out = self.estimate.to_frame()
+        out.insert(out.columns.get_loc("residue") + 1, "phase", out["residue"] % self.stride)
+        return out
+
+    def per_phase(self) -> pd.DataFrame:
+        """The same per (layer, head, phase): residues folded mod S."""
+        m, lo, hi = residue_mean_ci(self.items, self.residue % self.stride, self.stride)
+        c = self.estimate.coords
+        lab = Labelled(m, ("layer", "head", "phase"), {"layer": c["layer"], "head": c["head"],
+                                                       "phase": np.arange(self.stride)}, lo, hi, name=self.estimate.name)
+        out = lab.to_frame()
+        out["boundary"] = out["phase"] == self.stride - 1
+        return out
 
     def plot(self, **kwargs: Any):
         from phaselens import plots
 
         return plots.attribution_heatmap(self, **kwargs)
 
-    def __repr__(self) -> str:
+    def summary(self) -> str:
         rho = "n/a" if self.spearman is None else f"{self.spearman:.3f}"
         return f"AttributionMap({self.method}; stride {self.stride}, residues mod {self.modulus}; Spearman vs exact: {rho})"
 
 
 def attribution_map(
-    model: Any,
+    model: PhaseModel,
     task: Any = None,
+    *,
     method: str = "mean",
     n_per_residue: int = 64,
-    *,
+    residues: Any = None,
     seed: int = 0,
     batch_size: int = 64,
     calibration: Any = None,
     exact: Any = None,
     stride: int | None = None,
+    progress: bool = False,
 ) -> AttributionMap:
     """Estimate every head's knockout effect on the answer-minus-wrong logit difference, per residue.
+
+    Gradients flow through the query rows only, so under chunked prefill this is exactly the gradient of a
+    query-row intervention; on a phase ensemble a head is knocked out in every copy (the estimate sums the
+    copies' first-order terms).
 
     Args:
         method: ``"mean"`` or ``"zero"`` replacement (as in :func:`phaselens.specialization_map`).
         exact: an exact PhaseMap built on the same items (same task, ``n_per_residue`` and ``seed``) to
             report the Spearman correlation with.
     """
-    if method not in ("mean", "zero"):
-        raise PhaseLensError(f"attribution_map supports method 'mean' or 'zero', got {method!r}.")
-    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, seed=seed, stride=stride)
+    method = check_method(method, ("mean", "zero"))
+    check_options(batch_size=batch_size, progress=progress)
+    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
+                                    stride=stride)
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     cal = None if method == "zero" else calibrate(model, calibration, list(range(L)), task=task)
     est = []
-    for i in range(0, len(batch), batch_size):
+    starts = range(0, len(batch), batch_size)
+    if progress:
+        from phaselens.progress import progress_bar
+
+        starts = progress_bar(starts, stage="attribution", model=model)
+    for i in starts:
         tokens = batch.tokens[i : i + batch_size]
         qp = batch.query_pos[i : i + batch_size]
-        rows = torch.arange(len(qp))
-        kept: dict[int, torch.Tensor] = {}
+        b = len(qp)
+        kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-        def keep(z: torch.Tensor, hook: Any, _kept: dict[int, torch.Tensor] = kept) -> None:
-            _kept[int(hook.name.split(".")[1])] = z
+        def keep(z: torch.Tensor, hook: HookContext, _qp: torch.Tensor = qp, _kept: dict = kept) -> None:
+            _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
 
         with torch.enable_grad():
-            logits = model.run_with_hooks(tokens, fwd_hooks=[(z_name(layer), keep) for layer in range(L)])
+            logits = model_logits(model, tokens, qp, [(z_name(layer), keep) for layer in range(L)])
             dev = logits.device
-            r, q_at = rows.to(dev), qp.to(dev)
-            q = logits[r, q_at]
+            r = torch.arange(b, device=dev)
+            q = logits[r, (qp - (tokens.shape[1] - logits.shape[1])).to(dev)]
             ld = q[r, batch.answer[i : i + batch_size].to(dev)] - q[r, batch.wrong[i : i + batch_size].to(dev)]
             # gradients with respect to z only: no parameter .grad is filled
-            grads = torch.autograd.grad(ld.sum(), [kept[layer] for layer in range(L)])
+            zs = [kept[layer][0] for layer in range(L)]
+            if not all(z.requires_grad for z in zs) or not ld.requires_grad:
+                raise NotApplicableError(
+                    f"{model_name(model)} passes its hooks tensors that carry no gradient to the logits (e.g. the "
+                    "DeepSeek-V4 adapter's nnsight backend); run attribution_map with backend='torch'."
+                )
+            grads = torch.autograd.grad(ld.sum(), zs, allow_unused=True)
+            if any(g is None for g in grads):
+                raise NotApplicableError(
+                    f"{model_name(model)}'s hooked z is not on the gradient path of its logits (e.g. the "
+                    "DeepSeek-V4 adapter's nnsight backend); run attribution_map with backend='torch'."
+                )
         per_layer = []
         for layer in range(L):
-            z = kept[layer].detach()[r, q_at]  # [b, H, d]
-            g = grads[layer][r, q_at]
+            z_all, at = kept[layer]
+            rows = torch.arange(len(at), device=z_all.device)
+            z = z_all.detach()[rows, at.to(z_all.device)]  # [R, H, d]; R = copies x b
+            g = grads[layer][rows, at.to(z_all.device)]
             repl = torch.zeros_like(z) if cal is None else cal.mean(layer).to(device=z.device, dtype=z.dtype).expand_as(z)
-            per_layer.append(((repl - z) * g).sum(-1))  # [b, H]
+            per_layer.append(((repl - z) * g).sum(-1).view(-1, b, H).sum(0))  # copies' terms summed: [b, H]
         est.append(torch.stack(per_layer, 1).float().cpu())
     values = torch.cat(est).numpy()  # [N, L, H]
     residue = batch.frame["residue"].to_numpy()
     M = batch.modulus
-    mean = residue_mean(values, residue, M)  # [L, H, M]
+    mean, lo, hi = residue_mean_ci(values, residue, M)  # [L, H, M]
     coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
-    lab = Labelled(mean, ("layer", "head", "residue"), coords, name="estimated_delta_logit_diff")
+    lab = Labelled(mean, ("layer", "head", "residue"), coords, lo, hi, name="estimated_delta_logit_diff")
     rho = None
     if exact is not None:
         ex = exact.values("head", "delta_logit_diff").values
         ok = ~np.isnan(ex) & ~np.isnan(mean)
         rho = float(sps.spearmanr(mean[ok], ex[ok]).statistic)
-    return AttributionMap(lab, rho, method, spec.stride, M, {"n_per_residue": n_per_residue, "seed": seed})
+    meta = metadata_of(model, method=method, n_per_residue=n_per_residue, residues=residues, seed=seed,
+                       batch_size=batch_size, stride=stride)
+    meta.update(calibration=None if cal is None else cal.source)
+    return AttributionMap(lab, rho, method, spec.stride, M, values, residue, meta)

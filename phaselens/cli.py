@@ -1,19 +1,42 @@
 """The ``phaselens`` command line: a thin layer over the Python API.
 
 Exit codes: 0 ok; 2 bad usage (typer); 3 a ``PhaseLensError``, printed as one line (``--debug`` shows
-the traceback).
+the traceback); 130 interrupted (Ctrl-C). Nothing heavy is imported at module level, so ``--help`` and
+``zoo list`` answer at once; each command imports what it needs.
 """
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
-import phaselens
-from phaselens.errors import PhaseLensError
+from phaselens.errors import InputError, PhaseLensError
+
+
+def _hide_flag_types(params: list[Any]) -> list[Any]:
+    # typer labels every option with its Python type; on a flag (--debug, --help) "<bool>" says nothing
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _hide_flag_types(super().get_params(ctx))
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _hide_flag_types(super().get_params(ctx))
+
 
 app = typer.Typer(
     name="phaselens",
@@ -21,10 +44,19 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=_Group,
 )
 
 _state = {"debug": False}
 F = TypeVar("F", bound=Callable[..., Any])
+
+MODEL_HELP = "Zoo name (see `phaselens zoo list`), checkpoint directory, or hf:PATH."
+PROGRESS_HELP = "Show progress bars (named by model and stage) on stderr."
+
+
+def one_line(err: BaseException) -> str:
+    """The error's message on one line (messages that wrap in source keep their words)."""
+    return " ".join(str(err).split())
 
 
 def friendly_errors(fn: F) -> F:
@@ -37,15 +69,39 @@ def friendly_errors(fn: F) -> F:
         except PhaseLensError as err:
             if _state["debug"]:
                 raise
-            typer.echo(f"error: {err}", err=True)
+            typer.echo(f"error: {one_line(err)}", err=True)
             raise typer.Exit(3) from None
 
     return wrapper  # type: ignore[return-value]
 
 
+def check_out(path: str | None, *, kind: str) -> Path | None:
+    """Refuse an output path before any computation: its parent must exist and be writable.
+
+    ``kind`` is ``"file"`` (a CSV; must not be a directory) or ``"dir"`` (must not be a file).
+    """
+    if path is None:
+        return None
+    p = Path(path).expanduser()
+    parent = p.parent if str(p.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"--out {path}: the folder {parent} does not exist; create it first or choose another path.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--out {path}: the folder {parent} is not writable; choose a path you can write to.")
+    if kind == "file" and p.is_dir():
+        raise InputError(f"--out {path} is a directory; give a file name such as {p / 'out.csv'}.")
+    if kind == "dir" and p.exists() and not p.is_dir():
+        raise InputError(f"--out {path} is an existing file; give a directory name (the report is a folder).")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise InputError(f"--out {path} exists and is not writable; choose another path.")
+    return p
+
+
 def _version(value: bool) -> None:
     if value:
-        typer.echo(f"phaselens {phaselens.__version__}")
+        from phaselens import __version__
+
+        typer.echo(f"phaselens {__version__}")
         raise typer.Exit()
 
 
@@ -60,143 +116,253 @@ def main(
     _state["debug"] = debug
 
 
-def _load(model: str):
+def _load(model: str) -> Any:
+    import phaselens
+
     return phaselens.load(model)
 
 
-@app.command("eval")
+def _load_for_phases(model: str, stride: int | None) -> Any:
+    """Load ``model``; a model without compressed layers needs ``--stride`` to fold residues into phases."""
+    m = _load(model)
+    if stride is None and all(s is None for s in getattr(m, "phase_specs", [None])):
+        raise InputError(f"{model} has no compressed layers, so it has no stride to fold residues by: pass "
+                         "--stride S (the stride of the compressed model you compare it with, e.g. --stride 4).")
+    return m
+
+
+def _label(model: str) -> Any:
+    from phaselens.progress import progress_label
+
+    return progress_label(model.split(":")[-1].rstrip("/").split("/")[-1])
+
+
+@app.command("eval", cls=_Command)
 @friendly_errors
 def eval_cmd(
-    model: Annotated[str, typer.Argument(help="Zoo name, checkpoint directory or hf:PATH.")],
-    n_per_residue: Annotated[int, typer.Option("--n-per-residue", help="Items per residue.")] = 256,
-    seed: Annotated[int, typer.Option(help="Item seed.")] = 0,
-    out: Annotated[str | None, typer.Option("--out", help="Write the per-item frame as CSV.")] = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    model: Annotated[str, typer.Argument(help=MODEL_HELP, metavar="MODEL")],
+    n_per_residue: Annotated[int, typer.Option("--n-per-residue", metavar="N",
+                                               help="Items per residue (more: narrower CIs, slower).")] = 256,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items and of the battery's resampling.")] = 0,
+    stride: Annotated[int | None, typer.Option(
+        metavar="S", help="Fold residues by this stride; required for a model without compressed layers "
+                          "(the full-attention control: use the compressed model's stride, e.g. 4).")] = None,
+    out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the per-item frame as CSV.")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Phase-aware evaluation with the statistics battery.
 
     Example: phaselens eval w8s4 --n-per-residue 256 --out w8s4.csv
     """
-    ev = phaselens.evaluate(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
+    import phaselens
+
+    path = check_out(out, kind="file")
+    with _label(model):
+        ev = phaselens.evaluate(_load_for_phases(model, stride), n_per_residue=n_per_residue, seed=seed, progress=progress, stride=stride)
     typer.echo(ev.summary())
-    if out:
-        ev.to_frame().to_csv(out, index=False)
+    if path:
+        from phaselens.reporting.write import integer_columns
+
+        integer_columns(ev.to_frame("item")).to_csv(path, index=False)
 
 
-@app.command("record")
+@app.command("record", cls=_Command)
 @friendly_errors
 def record_cmd(
-    model: Annotated[str, typer.Argument(help="Zoo name, checkpoint directory or hf:PATH.")],
-    n_per_residue: Annotated[int, typer.Option("--n-per-residue")] = 64,
-    out: Annotated[str | None, typer.Option("--out", help="Write the tidy recording as CSV.")] = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    model: Annotated[str, typer.Argument(help=MODEL_HELP, metavar="MODEL")],
+    n_per_residue: Annotated[int, typer.Option("--n-per-residue", metavar="N",
+                                               help="Items per residue to average attention and gates over.")] = 64,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items.")] = 0,
+    out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the tidy recording as CSV.")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Record attention into compressed entries and the compressors' gate weights, by residue.
 
     Example: phaselens record w8s4 --out w8s4-recording.csv
     """
-    rec = phaselens.record(_load(model), n_per_residue=n_per_residue, progress=progress)
+    import phaselens
+
+    path = check_out(out, kind="file")
+    with _label(model):
+        rec = phaselens.record(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
     typer.echo(repr(rec))
-    if out:
-        rec.to_frame().to_csv(out, index=False)
+    if path:
+        from phaselens.reporting.write import integer_columns
+
+        integer_columns(rec.to_frame()).to_csv(path, index=False)
 
 
-@app.command("map")
+KINDS = ("head", "kv_head", "layer")
+
+
+def _parse_kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise typer.BadParameter(f"{text!r}: give a comma-separated subset of {','.join(KINDS)}.")
+    return kinds
+
+
+@app.command("map", cls=_Command)
 @friendly_errors
 def map_cmd(
-    model: Annotated[str, typer.Argument(help="Zoo name, checkpoint directory or hf:PATH.")],
-    n_per_residue: Annotated[int, typer.Option("--n-per-residue")] = 64,
-    method: Annotated[str, typer.Option(help="mean, zero or resample.")] = "mean",
-    checkpoint: Annotated[str | None, typer.Option(help="Resumable .npz of finished cells.")] = None,
-    out: Annotated[str | None, typer.Option("--out", help="Write the tidy map as CSV.")] = None,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    model: Annotated[str, typer.Argument(help=MODEL_HELP, metavar="MODEL")],
+    n_per_residue: Annotated[int, typer.Option("--n-per-residue", metavar="N",
+                                               help="Items per residue for every knockout cell.")] = 64,
+    method: Annotated[str, typer.Option(metavar="NAME", help="Replacement of a head's output: mean, zero or resample.")] = "mean",
+    kinds: Annotated[str, typer.Option(metavar="LIST", help="Cells to map, comma-separated: head, kv_head, layer.")]
+    = ",".join(KINDS),
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items (and of resample knockouts).")] = 0,
+    stride: Annotated[int | None, typer.Option(
+        metavar="S", help="Fold residues by this stride; required for a model without compressed layers.")] = None,
+    checkpoint: Annotated[str | None, typer.Option(metavar="FILE.npz",
+                                                   help="Resumable file of finished cells (rerun to resume).")] = None,
+    out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the tidy map as CSV.")] = None,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Knock out every head, KV head and layer at the query; effects per residue, specialization index.
 
     Example: phaselens map w8s4 --checkpoint runs/w8s4-map.npz --out w8s4-map.csv
     """
-    pm = phaselens.specialization_map(_load(model), method=method, n_per_residue=n_per_residue,
-                                      checkpoint=checkpoint, progress=progress)
+    import phaselens
+
+    kind_tuple = _parse_kinds(kinds)
+    path = check_out(out, kind="file")
+    with _label(model):
+        pm = phaselens.specialization_map(_load_for_phases(model, stride), method=method, n_per_residue=n_per_residue, seed=seed,
+                                          kinds=kind_tuple, stride=stride, checkpoint=checkpoint, progress=progress)
     typer.echo(repr(pm))
-    typer.echo(pm.specialization_index().to_string(index=False))
-    if out:
-        pm.to_frame().to_csv(out, index=False)
+    if "head" in kind_tuple:
+        typer.echo(pm.specialization_index().to_string(index=False))
+    if path:
+        from phaselens.reporting.write import integer_columns
+
+        integer_columns(pm.to_frame()).to_csv(path, index=False)
 
 
-zoo_app = typer.Typer(help="The embedded zoo of tiny compressed models.", no_args_is_help=True)
+zoo_app = typer.Typer(help="The embedded zoo of tiny compressed models.", no_args_is_help=True, cls=_Group)
 app.add_typer(zoo_app, name="zoo")
 
 
-@app.command()
+@app.command(cls=_Command)
 @friendly_errors
 def train(
-    recipe: Annotated[str, typer.Option("--recipe", help="A zoo recipe name (see `phaselens zoo list`).")],
-    out: Annotated[str, typer.Option("--out", help="Directory that receives the model directory.")] = "zoo-out",
-    runs: Annotated[str, typer.Option("--runs", help="Where resumable checkpoints live.")] = "runs/zoo",
-    threads: Annotated[int, typer.Option("--threads", help="Torch threads (resume needs the same count).")] = 1,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    recipe: Annotated[str, typer.Option("--recipe", metavar="NAME", help="A zoo recipe name (see `phaselens zoo list`).")],
+    out: Annotated[str, typer.Option("--out", metavar="DIR", help="Directory that receives the model directory.")]
+    = "zoo-out",
+    runs: Annotated[str, typer.Option("--runs", metavar="DIR", help="Where resumable checkpoints live.")] = "runs/zoo",
+    steps: Annotated[int | None, typer.Option(
+        "--steps", metavar="N", min=1,
+        help="Train this many steps instead of the recipe's (a different run: its schedule and checkpoints differ).")]
+    = None,
+    threads: Annotated[int, typer.Option("--threads", metavar="N", min=1,
+                                         help="Torch threads (a bit-identical resume needs the same count).")] = 1,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Train one zoo model from its recipe, resuming if interrupted; writes OUT/RECIPE.
 
     Example: phaselens train --recipe w8s4 --out my-zoo
     """
-    import torch
-
     from phaselens.errors import ZooError
-    from phaselens.zoo.build import build_zoo_model
+    from phaselens.train import saved_step
     from phaselens.zoo.recipes import RECIPES
 
     if recipe not in RECIPES:
         raise ZooError(f"no recipe {recipe!r}; recipes: {', '.join(RECIPES)}.")
+    check_out(out, kind="dir")
+    run_dir = Path(runs) / recipe
+    if run_dir.exists() and not run_dir.is_dir():
+        raise InputError(f"--runs {runs}: {run_dir} is a file; point --runs at a directory.")
+    total = steps or RECIPES[recipe].settings.steps
+    again = " ".join(["phaselens", "train", "--recipe", recipe, "--out", out, "--runs", runs, "--threads", str(threads),
+                      *(["--steps", str(steps)] if steps else [])])
+    done = saved_step(run_dir)
+    if done is not None:
+        typer.echo(f"resuming {recipe} from step {done} of {total} (checkpoint in {run_dir})", err=True)
+
+    import torch
+
+    from phaselens.zoo.build import build_zoo_model
+
     torch.set_num_threads(threads)
-    card = build_zoo_model(recipe, out, run_dir=runs, progress=progress)
+    try:
+        with _label(recipe):
+            card = build_zoo_model(recipe, out, run_dir=runs, progress=progress, steps=steps, threads=threads)
+    except KeyboardInterrupt:
+        at = saved_step(run_dir)
+        where = f"the last checkpoint is step {at} of {total} in {run_dir}" if at else "no checkpoint was written yet"
+        typer.echo(f"\ninterrupted: {where}; resume with: {again}", err=True)
+        raise typer.Exit(130) from None
     b = card["battery"]
     typer.echo(f"{recipe}: mean {100 * b['mean']:.1f}%, worst {100 * b['worst']:.1f}%, gap {100 * b['gap']:.1f} pp, "
-               f"period {b['period']}")
+               f"period {b['period']}; written to {Path(out) / recipe}")
 
 
-@zoo_app.command("list")
+def _p(p: float | None) -> str:
+    return "n/a" if p is None else "<1e-300" if p == 0 else f"{p:.2g}"
+
+
+def zoo_table(rows: list[dict[str, Any]], width: int = 80) -> str:
+    """The zoo's headline numbers as plain text that never cuts a model's name (description on its own line)."""
+    import textwrap
+
+    head = ("model", "mean", "worst", "bound", "gap [95% CI]", "period", "p(G)", "p(nested)")
+    cells = []
+    for r in rows:
+        b = r["battery"]
+        lo, hi = b["gap_ci"]
+        cells.append((r["name"], f"{100 * b['mean']:.1f}", f"{100 * b['worst']:.1f}", f"{100 * b['boundary']:.1f}",
+                      f"{100 * b['gap']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]", str(b["period"] or "none"),
+                      _p(b["p_g"]), _p(b["p_nested"])))
+    widths = [max(len(str(c[i])) for c in [head, *cells]) for i in range(len(head))]
+
+    def line(c: tuple[str, ...]) -> str:
+        return "  ".join(v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(c, widths))).rstrip()
+
+    out = [line(head), "  ".join("-" * w for w in widths)]
+    for r, c in zip(rows, cells):
+        out.append(line(c))
+        out += textwrap.wrap(r["description"], width=max(40, width - 1), initial_indent="  ", subsequent_indent="  ")
+    out += ["", *textwrap.wrap("mean, worst, bound: accuracy in % (mean over phases, worst phase, boundary phase); "
+                               "gap: folded phase gap in percentage points with its bootstrap CI; period: detected "
+                               "period; p(G): G test of accuracy by residue; p(nested): residues mod M against mod S.",
+                               width=max(40, width - 1))]
+    return "\n".join(out)
+
+
+@zoo_app.command("list", cls=_Command)
 @friendly_errors
 def zoo_list() -> None:
     """Each shipped model with its card's headline.
 
     Example: phaselens zoo list
     """
-    from rich.console import Console
-    from rich.table import Table
+    import shutil
 
     from phaselens.zoo import entry, list_models
 
-    table = Table("model", "what it is", "mean %", "worst %", "boundary %", "gap pp [95% CI]", "period",
-                  "p (G)", "p (nested)")
-    for name in list_models():
-        card = entry(name).card
-        b = card["battery"]
-        lo, hi = b["gap_ci"]
-        table.add_row(name, card["description"], f"{100 * b['mean']:.1f}", f"{100 * b['worst']:.1f}",
-                      f"{100 * b['boundary']:.1f}", f"{100 * b['gap']:.1f} [{100 * lo:.1f}, {100 * hi:.1f}]",
-                      str(b["period"]), f"{b['p_g']:.2g}", f"{b['p_nested']:.2g}")
-    Console().print(table)
+    rows = [entry(name).card for name in list_models()]
+    typer.echo(zoo_table(rows, width=shutil.get_terminal_size((80, 24)).columns))
 
 
-@app.command()
+@app.command(cls=_Command)
 @friendly_errors
 def report(
-    models: Annotated[list[str] | None, typer.Argument(help="Zoo names, checkpoint dirs or hf:PATH (default: w8s4 full).")] = None,
-    out: Annotated[str, typer.Option("--out", help="Directory to write the report into.")] = "report",
+    models: Annotated[list[str] | None, typer.Argument(
+        metavar="[MODELS]...", help="Zoo names, checkpoint dirs or hf:PATH (default: w8s4 full).")] = None,
+    out: Annotated[str, typer.Option("--out", metavar="DIR", help="Directory to write the report into.")] = "report",
     quick: Annotated[bool, typer.Option("--quick", help="Smaller samples (a fast look, wider CIs).")] = False,
     static: Annotated[bool, typer.Option("--static/--no-static", help="Write PNGs when a Chromium is present.")] = True,
-    progress: Annotated[bool, typer.Option("--progress/--no-progress")] = True,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Write the figure report: evaluation, battery, recordings, maps, gate cycling and repair.
 
     Example: phaselens report w8s4 full --out report
     """
-    import sys
-
     from phaselens.reporting import ReportSettings
     from phaselens.reporting import report as build
 
+    check_out(out, kind="dir")
     settings = ReportSettings(n_eval=40, n_record=8, n_map=12, n_cycle=24, n_repair=24) if quick else ReportSettings()
     path = build(models or None, out, settings=settings, progress=progress, static=static,
                  command=" ".join(["phaselens", *sys.argv[1:]]))

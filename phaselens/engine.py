@@ -19,15 +19,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from phaselens.errors import UnsupportedModelError
+from phaselens.errors import InputError
 from phaselens.models.cache import CompressedKVCache, LayerCache
 from phaselens.models.compressor import PoolerState
-
-
-def supports_engine(model: Any) -> bool:
-    from phaselens.models.transformer import CompressedTransformer
-
-    return isinstance(model, CompressedTransformer)
+from phaselens.models.hooking import query_start
 
 
 def _state_tensors(st: PoolerState) -> tuple[Tensor | None, ...]:
@@ -97,8 +92,6 @@ class SuffixEngine:
     """
 
     def __init__(self, model: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096) -> None:
-        if not supports_engine(model):
-            raise UnsupportedModelError("the suffix engine needs a CompressedTransformer; use full forwards instead.")
         self.model = model
         self.q = int(query_pos)
         self.rows_per_pass = rows_per_pass
@@ -125,7 +118,7 @@ class SuffixEngine:
             def keep(z: Tensor, hook: Any, _out: list[Tensor] = grab) -> None:
                 _out.append(z[:, 0].clone())
 
-            with model.hooks(fwd_hooks=[(f"blocks.{i}.attn.hook_z", keep)]):
+            with model.hooks(fwd_hooks=[(f"blocks.{i}.attn.hook_z", keep)]), query_start(self.q):
                 resid = block(resid, FrozenPast(self.cache.layers[i], self.q, 1))
             zs.append(grab[0])
         logits = model.unembed(model.ln_final(resid))[:, 0]
@@ -176,7 +169,64 @@ class SuffixEngine:
             return torch.where(mask_rows, repl_rows, z)
 
         resid = self.resid_pre[layer].repeat(C, 1, 1)
-        with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", intervene)]):
+        with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", intervene)]), query_start(self.q):
             for i in range(layer, len(model.blocks)):
                 resid = model.blocks[i](resid, self._past(i, C))
         return model.unembed(model.ln_final(resid))[:, 0].view(C, N, -1)
+
+
+class QueryEngine:
+    """The query-suffix engine for items whose query positions may differ.
+
+    Rows are grouped by query slot; each group gets one :class:`SuffixEngine` (one clean prefix pass), and
+    every cell runs on every group. Results come back in the items' order, so callers never see the groups.
+
+    Args:
+        model: a :class:`~phaselens.models.CompressedTransformer`.
+        tokens: ``[N, T]``; query_pos: ``[N]`` the slot whose logits are scored in each row.
+    """
+
+    def __init__(self, model: Any, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096) -> None:
+        qp = torch.as_tensor(query_pos).long().cpu()
+        if qp.dim() != 1 or len(qp) != tokens.shape[0]:
+            raise InputError(f"query_pos must be [N] = [{tokens.shape[0]}], got {tuple(qp.shape)}.")
+        self.N = len(qp)
+        self.groups: list[tuple[Tensor, SuffixEngine]] = []
+        for q in torch.unique(qp).tolist():
+            rows = torch.nonzero(qp == q).flatten()
+            self.groups.append((rows, SuffixEngine(model, tokens[rows], int(q), rows_per_pass=rows_per_pass)))
+        if not bool(torch.isfinite(self.clean_logits).all()):  # a NaN/inf weight: never a map of NaN effects
+            from phaselens.finite import raise_nonfinite
+
+            raise_nonfinite(model, lambda: model(tokens))
+
+    @property
+    def clean_logits(self) -> Tensor:
+        """Clean logits at each item's query slot ``[N, V]``."""
+        return self._scatter([eng.clean_logits for _, eng in self.groups], 0)
+
+    def clean_z(self, layer: int) -> Tensor:
+        """Clean per-head ``z`` at each item's query slot ``[N, H, d]``."""
+        return self._scatter([eng.clean_z[layer] for _, eng in self.groups], 0)
+
+    def run(self, cells: Sequence[Cell]) -> Tensor:
+        """Logits at each item's query slot under each cell: ``[C, N, V]``.
+
+        A cell's per-item replacement ``[N, h, d]`` is split among the groups by row.
+        """
+        outs = []
+        for rows, eng in self.groups:
+            sub = [c if c.replacement is None or c.replacement.dim() != 3 else
+                   Cell(c.layer, c.heads, c.replacement[rows]) for c in cells]
+            outs.append(eng.run(sub))
+        return self._scatter(outs, 1)
+
+    def _scatter(self, parts: list[Tensor], dim: int) -> Tensor:
+        if len(parts) == 1:
+            return parts[0]
+        shape = list(parts[0].shape)
+        shape[dim] = self.N
+        out = parts[0].new_empty(shape)
+        for (rows, _), part in zip(self.groups, parts):
+            out.index_copy_(dim, rows.to(out.device), part)
+        return out

@@ -32,6 +32,17 @@ class InputError(PhaseLensError, ValueError):
     """Token ids or tensors with the wrong shape, dtype or range for the model."""
 
 
+class HookNameError(InputError, KeyError):
+    """A hook name that the model does not have (e.g. ``hook_pattern`` on a compressed layer).
+
+    Also a ``KeyError``, so code that looks names up in ``model.hook_dict`` and catches ``KeyError`` keeps
+    working; the message says which names exist instead.
+    """
+
+    def __str__(self) -> str:  # KeyError would print the message in quotes
+        return str(self.args[0]) if self.args else ""
+
+
 class TaskError(PhaseLensError, ValueError):
     """A task specification that cannot produce the requested items."""
 
@@ -72,15 +83,28 @@ class ZooError(PhaseLensError):
     """An unknown zoo model, or a shipped checkpoint that fails its integrity check."""
 
 
+class OutputError(PhaseLensError):
+    """An output path phaselens will not write: an existing file where a directory goes, or a directory
+    holding files phaselens did not write (pass ``overwrite=True`` to replace only phaselens's own files)."""
+
+
+class NonFiniteError(PhaseLensError):
+    """A forward pass whose logits hold NaN or inf (usually a NaN/inf weight); names the first layer whose
+    output is non-finite."""
+
+
 __all__ = [
     "CacheError",
     "CheckpointError",
     "ConfigError",
     "ContextLengthError",
     "HeadSpecError",
+    "HookNameError",
     "InputError",
     "NoDefaultTaskError",
+    "NonFiniteError",
     "NotApplicableError",
+    "OutputError",
     "PaddingError",
     "PhaseGeometryError",
     "PhaseLensError",

@@ -6,10 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from phaselens.geometry import PhaseSpec
-from phaselens.protocol import build_items
+from phaselens.by_residue import group_counts, group_mean
+from phaselens.items import build_items, check_options
+from phaselens.protocol import PhaseModel, metadata_of
+from phaselens.results import Result
 from phaselens.scoring import answer_metrics, plain_forward, query_logits
 from phaselens.stats import ItemBattery, phase_battery_items, wilson_ci
 
@@ -17,7 +20,7 @@ ITEM_COLUMNS = ["item_id", "residue", "phase", "t_K", "correct", "p_correct", "p
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class PhaseEval:
+class PhaseEval(Result):
     """Per-item and per-residue results of a phase-aware evaluation.
 
     Attributes:
@@ -26,8 +29,10 @@ class PhaseEval:
         tests: the statistics battery run on these items (:class:`~phaselens.stats.ItemBattery`); its
             ``counts`` holds the per-residue counts, Wilson CIs, omnibus, nested and harmonic tests.
         stride, modulus: S and M.
-        metadata: what was run (model, task spec, n_per_residue, seed).
+        metadata: what was run (model, its ``analysis_metadata``, task spec, the exact arguments).
     """
+
+    LEVELS = ("residue", "phase", "item")
 
     items: pd.DataFrame
     tests: ItemBattery
@@ -42,8 +47,48 @@ class PhaseEval:
 
     @property
     def worst(self) -> float:
+        """Accuracy of the worst phase (residues folded mod S); alias of ``worst_phase_accuracy``."""
+        return self.tests.counts.worst_accuracy
+
+    @property
+    def worst_phase_accuracy(self) -> float:
         """Accuracy of the worst phase (residues folded mod S)."""
         return self.tests.counts.worst_accuracy
+
+    @property
+    def best_phase_accuracy(self) -> float:
+        """Accuracy of the best phase (residues folded mod S)."""
+        return self.tests.counts.best_accuracy
+
+    @property
+    def phase_gap(self) -> float:
+        """Max - min accuracy over phases (residues folded mod S)."""
+        return self.tests.counts.phase_gap
+
+    @property
+    def worst_residue(self) -> int:
+        """The residue (0..M-1, not folded) with the lowest accuracy."""
+        return self.tests.counts.worst_residue
+
+    @property
+    def worst_residue_accuracy(self) -> float:
+        """Lowest accuracy over the M residues, not folded: the paper's "worst"."""
+        return self.tests.counts.worst_residue_accuracy
+
+    @property
+    def best_residue(self) -> int:
+        """The residue (0..M-1, not folded) with the highest accuracy."""
+        return self.tests.counts.best_residue
+
+    @property
+    def best_residue_accuracy(self) -> float:
+        """Highest accuracy over the M residues, not folded: the paper's "best"."""
+        return self.tests.counts.best_residue_accuracy
+
+    @property
+    def residue_gap(self) -> float:
+        """Max - min accuracy over the M residues, not folded: the paper's "gap across residues"."""
+        return self.tests.counts.residue_gap
 
     @property
     def worst_phase(self) -> int:
@@ -51,17 +96,25 @@ class PhaseEval:
 
     @property
     def best(self) -> float:
+        """Accuracy of the best phase (residues folded mod S); alias of ``best_phase_accuracy``."""
         return self.tests.counts.best_accuracy
 
     @property
     def gap(self) -> float:
-        """Folded max - min accuracy over phases."""
+        """Folded max - min accuracy over phases; alias of ``phase_gap`` (see ``residue_gap`` for the paper's)."""
         return self.tests.counts.phase_gap
 
     @property
     def gap_ci(self) -> tuple[float, float]:
+        """95% interval of the folded gap (``phase_gap``)."""
         ci = self.tests.gap_ci
         return (ci.ci_low, ci.ci_high) if ci is not None else (float("nan"), float("nan"))
+
+    @property
+    def gap_upper_bound(self) -> float:
+        """One-sided 95% upper bound of the folded gap: the equivalence margin."""
+        ci = self.tests.gap_ci
+        return ci.upper_bound if ci is not None else float("nan")
 
     @property
     def boundary(self) -> float:
@@ -70,24 +123,27 @@ class PhaseEval:
 
     @property
     def period(self) -> int | None:
-        return self.tests.counts.period.period
+        """Detected period (paired tests when items are paired); ``None`` for no effect or an ambiguous one."""
+        return self.tests.period.period
 
     def per_residue(self) -> pd.DataFrame:
         """One row per residue: ``n``, ``correct``, ``acc``, Wilson 95% ``ci_low`` / ``ci_high``, mean NLL."""
-        g = self.items.groupby("residue")
-        out = pd.DataFrame({"n": g.size(), "correct": g["correct"].sum().astype(int), "nll": g["nll"].mean()})
-        out = out.reindex(range(self.modulus)).reset_index().rename(columns={"index": "residue"})
-        out["phase"] = out["residue"] % self.stride
-        out["acc"] = out["correct"] / out["n"]
-        lo, hi = wilson_ci(out["correct"].to_numpy(), out["n"].to_numpy())
-        out["ci_low"], out["ci_high"] = lo, hi
-        return out[["residue", "phase", "n", "correct", "acc", "ci_low", "ci_high", "nll"]]
+        res = self.items["residue"].to_numpy()
+        n = group_counts(res, self.modulus)
+        correct = np.rint(group_mean(self.items["correct"].to_numpy(float), res, self.modulus) * n)
+        correct = np.nan_to_num(correct).astype(int)
+        lo, hi = wilson_ci(correct, n)
+        out = pd.DataFrame({"residue": np.arange(self.modulus), "phase": np.arange(self.modulus) % self.stride,
+                            "n": n, "correct": correct, "acc": np.where(n > 0, correct / np.maximum(n, 1), np.nan),
+                            "ci_low": lo, "ci_high": hi,
+                            "nll": group_mean(self.items["nll"].to_numpy(float), res, self.modulus)})
+        return out[out["n"] > 0].reset_index(drop=True)
 
     def per_phase(self) -> pd.DataFrame:
         """Residues folded mod S: one row per phase with Wilson CIs, and a ``boundary`` flag."""
         return self.tests.counts.phase_frame().rename(columns={"accuracy": "acc"})
 
-    def to_frame(self) -> pd.DataFrame:
+    def per_item(self) -> pd.DataFrame:
         """The per-item frame (tidy: one row per scored item)."""
         return self.items.copy()
 
@@ -100,14 +156,13 @@ class PhaseEval:
             f"stride {self.stride}, residues mod {self.modulus}",
             f"  mean {100 * self.mean:.1f}%  worst phase {self.worst_phase}: {100 * self.worst:.1f}%  "
             f"boundary phase {self.stride - 1}: {100 * self.boundary:.1f}%  best {100 * self.best:.1f}%",
+            f"  per residue: worst {self.worst_residue}: {100 * self.worst_residue_accuracy:.1f}%  "
+            f"best {self.best_residue}: {100 * self.best_residue_accuracy:.1f}%  gap {100 * self.residue_gap:.1f} pp",
             f"  folded gap {100 * self.gap:.1f} pp [95% CI {100 * lo:.1f}, {100 * hi:.1f}], "
-            f"permutation p={c.gap_test.pvalue:.3g}; omnibus G p={c.g.pvalue:.3g}; "
-            f"nested mod {self.modulus} vs {self.stride} p={c.nested.pvalue:.3g}; period {self.period}",
+            f"permutation p={c.gap_test.pvalue:.3g}; omnibus {self.tests.omnibus.name} p={self.tests.omnibus.pvalue:.3g}; "
+            f"nested mod {self.modulus} vs {self.stride} p={self.tests.nested.pvalue:.3g}; period {self.period}",
             "  accuracy by phase %: " + " ".join(f"{100 * a:.1f}" for a in c.phase_accuracy),
         ])
-
-    def __repr__(self) -> str:
-        return self.summary()
 
     def plot(self, control: PhaseEval | None = None, **kwargs: Any):
         """Accuracy against residue with Wilson bars, folded per cycle (see :func:`phaselens.plots.accuracy_by_residue`)."""
@@ -117,7 +172,7 @@ class PhaseEval:
 
 
 def evaluate(
-    model: Any,
+    model: PhaseModel,
     task: Any = None,
     *,
     n_per_residue: int = 256,
@@ -146,26 +201,29 @@ def evaluate(
         >>> ev = phaselens.evaluate(phaselens.load("zoo:w8s4"), n_per_residue=64)  # doctest: +SKIP
         >>> ev.worst, ev.boundary, ev.gap_ci  # doctest: +SKIP
     """
+    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
                                     stride=stride)
-    items = score_items(model, batch, batch_size=batch_size, progress=progress)
-    return eval_from_items(items, spec.stride, batch.modulus, metadata=_metadata(model, task, n_per_residue, seed),
+    items = score_items(model, batch, batch_size=batch_size, progress=progress, desc="evaluate")
+    md = {**metadata_of(model, n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size,
+                        stride=stride, n_permutations=n_permutations, n_bootstrap=n_bootstrap),
+          **task_metadata(task)}
+    return eval_from_items(items, spec.stride, batch.modulus, metadata=md,
                            n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed)
 
 
-def analysis_spec(model: Any, stride: int | None = None) -> PhaseSpec:
-    """The model's analysis geometry, or the same origin with another ``stride``."""
-    spec = model.analysis_spec
-    return spec if stride is None else PhaseSpec(stride, origin=spec.origin)
-
-
-def score_items(model: Any, batch: Any, *, batch_size: int = 64, progress: bool = False, forward: Any = None) -> pd.DataFrame:
+def score_items(model: Any, batch: Any, *, batch_size: int = 64, progress: bool = False, forward: Any = None,
+                desc: str = "evaluate") -> pd.DataFrame:
     """Per-item frame: the task's placement columns plus answer metrics from one pass over ``batch``."""
     logits = query_logits(forward or plain_forward(model), batch.tokens, batch.query_pos, batch_size=batch_size,
-                          progress=progress, desc="evaluate")
-    metrics = answer_metrics(logits, batch.answer, batch.wrong)
+                          progress=progress, desc=desc, model=model)
+    return items_from_logits(batch, logits)
+
+
+def items_from_logits(batch: Any, logits: Any) -> pd.DataFrame:
+    """The per-item frame of ``batch`` scored from query logits ``[N, vocab]`` (see :func:`score_items`)."""
     frame = batch.frame.reset_index(drop=True).copy()
-    for name, values in metrics.items():
+    for name, values in answer_metrics(logits, batch.answer, batch.wrong).items():
         frame[name] = values
     frame["correct"] = frame["correct"].astype(bool)
     lead = [c for c in ITEM_COLUMNS if c in frame.columns]
@@ -182,8 +240,7 @@ def eval_from_items(
     return PhaseEval(items, tests, stride, modulus, dict(metadata or {}))
 
 
-def _metadata(model: Any, task: Any, n_per_residue: int, seed: int) -> dict[str, Any]:
-    name = getattr(model, "name", None) or (getattr(model, "metadata", {}) or {}).get("name") or type(model).__name__
+def task_metadata(task: Any) -> dict[str, Any]:
+    """The task's name and its full specification (for a result's ``metadata``)."""
     spec = task.to_dict() if hasattr(task, "to_dict") else repr(task)
-    return {"model": name, "task": type(task).__name__, "task_spec": spec, "n_per_residue": n_per_residue,
-            "seed": seed, **(getattr(model, "analysis_metadata", None) or {})}
+    return {"task": type(task).__name__ if not hasattr(task, "task") else str(task.task), "task_spec": spec}

@@ -24,6 +24,9 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
     Example:
         >>> model = phaselens.load("zoo:w8s4")  # doctest: +SKIP
     """
+    from phaselens.models.io import resolve_device
+
+    resolve_device(device)  # a GPU this machine lacks is an InputError here, not an AssertionError in torch
     text = str(source)
     if not text.startswith(("zoo:", "hf:")) and not Path(text).exists():
         from phaselens.zoo import list_models

@@ -2,30 +2,34 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
-from phaselens.effects import EPS_CLEAN, Effects, mcnemar_p, relative_effects
-from phaselens.engine import Cell, SuffixEngine, supports_engine
-from phaselens.errors import CheckpointError, PhaseLensError
-from phaselens.evaluate import score_items
-from phaselens.interventions.knockout import calibrate, knockout
+from phaselens.checkpointing import CellCheckpoint
+from phaselens.effects import Effects, mcnemar_p, relative_effects
+from phaselens.errors import InputError, PhaseLensError
+from phaselens.evaluate import items_from_logits, score_items
+from phaselens.fingerprint import analysis_fingerprint
+from phaselens.interventions.knockout import Knockout, calibrate, check_method
+from phaselens.interventions.run import engine_metrics, full_metrics
+from phaselens.items import as_int, build_items, check_options
 from phaselens.labelled import Labelled
-from phaselens.protocol import build_items
-from phaselens.scoring import answer_metrics, model_logits
+from phaselens.protocol import PhaseModel, choose_engine, metadata_of, model_name
+from phaselens.results import Result
+from phaselens.specialization import specialization
 from phaselens.stats import benjamini_hochberg
 
+KINDS = ("head", "kv_head", "layer")
 
-def map_cells(cfg: Any, kinds: tuple[str, ...] = ("head", "kv_head", "layer")) -> pd.DataFrame:
+
+def map_cells(cfg: Any, kinds: tuple[str, ...] = KINDS) -> pd.DataFrame:
     """The cells of a map: one row per knockout (``label``, ``kind``, ``layer``, ``heads``)."""
+    if isinstance(kinds, str) or not kinds or any(k not in KINDS for k in kinds):
+        raise InputError(f"kinds must be a non-empty tuple drawn from {KINDS}, got {kinds!r}.")
     L, H = int(cfg.n_layers), int(cfg.n_heads)
     Hkv = int(getattr(cfg, "n_key_value_heads", None) or H)
     G = H // Hkv
@@ -42,7 +46,7 @@ def map_cells(cfg: Any, kinds: tuple[str, ...] = ("head", "kv_head", "layer")) -
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class PhaseMap:
+class PhaseMap(Result):
     """Knockout effects of every cell (head, KV head, layer) at every residue.
 
     Attributes:
@@ -89,35 +93,41 @@ class PhaseMap:
                             None if lo is None else lo[idx], None if hi is None else hi[idx], name=quantity)
         n_idx = int(sel["index"].max()) + 1
         dim = "head" if kind == "head" else "kv_head"
+        rows, li, hi_idx = sel.index.to_numpy(), sel["layer"].to_numpy(int), sel["index"].to_numpy(int)
         out = np.full((self.n_layers, n_idx, self.modulus), np.nan)
         olo, ohi = out.copy(), out.copy()
-        for i, row in sel.iterrows():
-            out[row.layer, row["index"]] = arr[i]
-            if lo is not None and hi is not None:
-                olo[row.layer, row["index"]], ohi[row.layer, row["index"]] = lo[i], hi[i]
+        out[li, hi_idx] = arr[rows]
+        if lo is not None and hi is not None:
+            olo[li, hi_idx], ohi[li, hi_idx] = lo[rows], hi[rows]
         return Labelled(out, ("layer", dim, "residue"), {"layer": layers, dim: np.arange(n_idx), "residue": res},
                         olo if lo is not None else None, ohi if hi is not None else None, name=quantity)
 
-    def by_phase(self, kind: str = "head") -> pd.DataFrame:
-        """Residues folded mod S: pooled clean / KO accuracy, relative change, logit-difference change and
-        McNemar p per cell and phase (one row each)."""
+    def by_phase(self, kind: str = "head", *, n_bootstrap: int | None = None) -> pd.DataFrame:
+        """Residues folded mod S, one row per cell and phase: pooled clean / KO accuracy, relative change
+        with its bootstrap CI (``n_bootstrap`` resamples; default the map's own), McNemar p and the
+        logit-difference change."""
         sel = self._select(kind)
         idx = sel.index.to_numpy()
-        masks = (self.residue[None, :] % self.stride) == np.arange(self.stride)[:, None]  # [S, N]
-        n = masks.sum(1)  # [S]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            clean = (masks & self.clean_correct[None]).sum(1) / n  # [S]
-            ko = (self.ko_correct[idx][:, None, :] & masks[None]).sum(-1) / n  # [C, S]
-            rel = np.where(clean >= EPS_CLEAN, 100 * (ko - clean) / clean, np.nan)
-            dld = ((self.ko_logit_diff[idx] - self.clean_logit_diff[None]) @ masks.T) / n  # [C, S]
-        pval = mcnemar_p(self.clean_correct[None, None, :] & masks[None], self.ko_correct[idx][:, None, :] & masks[None])
-        C, S = len(idx), self.stride
+        S = self.stride
+        args = self.metadata.get("arguments", {})
+        e = relative_effects(self.clean_correct, self.ko_correct[idx], self.residue % S, S,
+                             clean_ld=self.clean_logit_diff, ko_ld=self.ko_logit_diff[idx],
+                             n_bootstrap=int(args.get("n_bootstrap", 500) if n_bootstrap is None else n_bootstrap),
+                             seed=int(args.get("seed", 0)))
+        C = len(idx)
         return pd.DataFrame({
             "label": np.repeat(sel["label"].to_numpy(), S), "kind": kind, "layer": np.repeat(sel["layer"].to_numpy(), S),
-            "index": np.repeat(sel["index"].to_numpy(), S), "phase": np.tile(np.arange(S), C),
-            "clean_acc": np.tile(clean, C), "ko_acc": ko.ravel(), "rel_change": rel.ravel(),
-            "delta_logit_diff": dld.ravel(), "pvalue": pval.ravel(), "boundary": np.tile(np.arange(S) == S - 1, C),
+            "index": np.repeat(sel["index"].to_numpy(), S), "phase": np.tile(np.arange(S), C), "n": np.tile(e.n, C),
+            "clean_acc": np.tile(e.clean_acc, C), "ko_acc": e.ko_acc.ravel(), "rel_change": e.rel_change.ravel(),
+            "ci_low": e.ci_low.ravel(), "ci_high": e.ci_high.ravel(), "pvalue": e.pvalue.ravel(),
+            "delta_logit_diff": e.delta_logit_diff.ravel(), "undefined": e.undefined.ravel(),
+            "boundary": np.tile(np.arange(S) == S - 1, C),
         })
+
+    def per_phase(self, kind: str | None = None) -> pd.DataFrame:
+        """:meth:`by_phase` for one ``kind`` of cell, or every kind present (``None``)."""
+        kinds = [kind] if kind else [k for k in KINDS if (self.cells["kind"] == k).any()]
+        return pd.concat([self.by_phase(k) for k in kinds], ignore_index=True)
 
     def bh_mask(self, alpha: float = 0.05, kind: str | None = None) -> np.ndarray:
         """Benjamini-Hochberg significance over the cells x residues p-values: bool ``[cells, residues]``."""
@@ -131,36 +141,38 @@ class PhaseMap:
         out[keep] = (adj <= alpha).reshape(p[keep].shape)
         return out
 
-    def specialization_index(self, alpha: float = 0.05, kind: str = "head") -> pd.DataFrame:
-        """Per cell: how concentrated its damage is over the S phases.
+    def specialization_index(self, alpha: float = 0.05, kind: str = "head", *, n_permutations: int = 200,
+                             n_bootstrap: int = 200) -> pd.DataFrame:
+        """Per cell: how concentrated its damage is over the S phases, corrected for small-sample bias.
 
-        Damage at phase p is ``max(0, -rel_change_p)`` (residues folded mod S); with ``q_p`` the damage
-        normalised over phases, the index is ``1 - H(q) / log(S)``: 0 when every phase is hurt equally,
-        1 when one phase takes all the damage. Only cells whose total knockout effect is significant
-        (pooled McNemar over all items, Benjamini-Hochberg at ``alpha`` across cells) and harmful get an
-        index; the rest get NaN, so a head whose damage is pure noise never looks specialized.
+        ``specialization`` is 0 for damage that does not depend on the phase and 1 when one phase takes all
+        of it, with a 95% bootstrap CI (``ci_low``, ``ci_high``) and a permutation p-value ``p_perm``; see
+        :mod:`phaselens.specialization`. ``score`` (specialization x damage at the worst phase) ranks the
+        cells: the table is sorted by it, so a head with negligible damage never heads it. ``significant``:
+        a harmful total effect (pooled McNemar, Benjamini-Hochberg at ``alpha`` across cells) and phase
+        dependence (``p_perm``, BH at ``alpha``).
         """
         sel = self._select(kind)
         idx = sel.index.to_numpy()
-        S = self.stride
-        rel = self.by_phase(kind)["rel_change"].to_numpy().reshape(len(idx), S)
-        dmg = np.clip(-np.nan_to_num(rel, nan=0.0), 0, None)  # [C, S]
-        total = dmg.sum(1)
+        seed = int(self.metadata.get("arguments", {}).get("seed", 0))
+        sp = specialization(self.clean_correct, self.ko_correct[idx], self.residue % self.stride, self.stride,
+                            n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed)
         p_total = mcnemar_p(self.clean_correct[None], self.ko_correct[idx])
-        adj = benjamini_hochberg(p_total)
         harmful = self.ko_correct[idx].mean(1) < self.clean_correct.mean()
-        sig = (adj <= alpha) & harmful
-        with np.errstate(invalid="ignore", divide="ignore"):
-            q = dmg / total[:, None]
-            ent = -np.where(q > 0, q * np.log(np.where(q > 0, q, 1)), 0).sum(1)
-            index = 1 - ent / np.log(S) if S > 1 else np.full(len(idx), np.nan)
-        index = np.where(sig & (total > 0), index, np.nan)
-        return pd.DataFrame({
+        sig = (benjamini_hochberg(p_total) <= alpha) & harmful & (benjamini_hochberg(sp.p_perm) <= alpha)
+        out = pd.DataFrame({
             "label": sel["label"].to_numpy(), "layer": sel["layer"].to_numpy(), "index": sel["index"].to_numpy(),
-            "specialization": index, "total_damage": total,
-            "worst_phase": np.where(total > 0, dmg.argmax(1), -1), "p_total": p_total, "p_adjusted": adj,
-            "significant": sig,
+            "specialization": sp.specialization, "ci_low": sp.ci_low, "ci_high": sp.ci_high, "p_perm": sp.p_perm,
+            "raw_index": sp.raw, "null_mean": sp.null_mean, "worst_phase": sp.worst_phase,
+            "worst_damage": sp.worst_damage, "mean_damage": sp.mean_damage, "score": sp.score,
+            "p_total": p_total, "significant": sig,
         })
+        return out.sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
+
+    def most_specialized(self, k: int = 3, kind: str = "head") -> pd.DataFrame:
+        """The ``k`` significant cells with the highest ``score`` (see :meth:`specialization_index`)."""
+        si = self.specialization_index(kind=kind)
+        return si[si["significant"]].head(k).reset_index(drop=True)
 
     def top_heads(self, phase: int, k: int = 5, kind: str = "head", by: str = "rel_change") -> pd.DataFrame:
         """The ``k`` cells whose knockout hurts ``phase`` most: most negative ``by`` (``rel_change`` or
@@ -168,24 +180,26 @@ class PhaseMap:
         ph = self.by_phase(kind)
         return ph[ph["phase"] == phase].sort_values(by, na_position="last").head(k).reset_index(drop=True)
 
-    def to_frame(self) -> pd.DataFrame:
+    def per_residue(self) -> pd.DataFrame:
         """Tidy rows per (cell, residue) with every effect quantity."""
         e = self.effects
         C, M = e.ko_acc.shape
         res = np.tile(np.arange(M), C)
         out = {col: np.repeat(self.cells[col].to_numpy(), M) for col in ("label", "kind", "layer", "index")}
-        out.update(residue=res, phase=res % self.stride, clean_acc=np.tile(e.clean_acc, C))
+        out.update(residue=res, phase=res % self.stride, n=np.tile(e.n, C), clean_acc=np.tile(e.clean_acc, C))
         for name in ("ko_acc", "rel_change", "ci_low", "ci_high", "pvalue", "delta_logit_diff", "undefined"):
             out[name] = getattr(e, name).ravel()
         return pd.DataFrame(out)
 
-    def __repr__(self) -> str:
+    def summary(self) -> str:
         kinds = self.cells["kind"].value_counts().to_dict()
-        si = self.specialization_index()
-        top = si.sort_values("specialization", ascending=False).head(3)
-        tops = ", ".join(f"{r.label} {r.specialization:.2f}" for r in top.itertuples() if not np.isnan(r.specialization))
+        kind = "head" if "head" in kinds else next(iter(kinds))
+        top = self.most_specialized(3, kind=kind)
+        tops = ", ".join(f"{r.label} {r.specialization:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}] at phase {r.worst_phase} "
+                         f"(-{100 * r.worst_damage:.0f}%)" for r in top.itertuples())
         return (f"PhaseMap({self.method} knockouts; cells {kinds}; {len(self.residue)} items, stride {self.stride}, "
-                f"residues mod {self.modulus}; most specialized heads: {tops or 'none significant'})")
+                f"residues mod {self.modulus}; engine {self.metadata.get('engine', '?')}; most specialized "
+                f"{kind}s: {tops or 'none significant'})")
 
     def plot(self, **kwargs: Any):
         from phaselens import plots
@@ -193,63 +207,15 @@ class PhaseMap:
         return plots.head_phase_heatmap(self, **kwargs)
 
 
-def _fingerprint(model: Any, batch: Any, method: str, seed: int, cells: pd.DataFrame) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps(batch.task if hasattr(batch, "task") else "", default=str).encode())
-    h.update(batch.tokens.numpy().tobytes())
-    module = model if isinstance(model, torch.nn.Module) else getattr(model, "model", None)
-    if isinstance(module, torch.nn.Module):  # a sample of the weights: another model must not resume this map
-        for p in list(module.parameters())[:4]:
-            h.update(p.detach().float().cpu().numpy().tobytes()[:4096])
-    h.update(f"{method}/{seed}/{list(cells['label'])}".encode())
-    return h.hexdigest()
-
-
-class _Checkpoint:
-    """Completed cells in ``path`` (.npz) with a JSON manifest; written atomically after each chunk."""
-
-    def __init__(self, path: str | os.PathLike | None, fingerprint: str) -> None:
-        self.path = Path(path) if path is not None else None
-        self.fp = fingerprint
-        self.done: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        if self.path is not None and self.manifest.is_file():
-            man = json.loads(self.manifest.read_text())
-            if man.get("fingerprint") != fingerprint:
-                raise CheckpointError(f"{self.path} holds a different map (model, items or method); use another path.")
-            with np.load(self.path) as data:
-                for label in man["cells"]:
-                    self.done[label] = (data[f"{label}.correct"], data[f"{label}.ld"])
-
-    @property
-    def manifest(self) -> Path:
-        assert self.path is not None
-        return self.path.with_suffix(".json")
-
-    def add(self, label: str, correct: np.ndarray, ld: np.ndarray) -> None:
-        self.done[label] = (correct, ld)
-
-    def flush(self) -> None:
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp.npz")
-        arrays = {f"{k}.correct": v[0] for k, v in self.done.items()} | {f"{k}.ld": v[1] for k, v in self.done.items()}
-        np.savez(tmp, **arrays)
-        os.replace(tmp, self.path)
-        tmpj = self.manifest.with_name(self.manifest.name + ".tmp")
-        tmpj.write_text(json.dumps({"fingerprint": self.fp, "cells": list(self.done)}))
-        os.replace(tmpj, self.manifest)
-
-
 def specialization_map(
-    model: Any,
+    model: PhaseModel,
     task: Any = None,
+    *,
     method: str = "mean",
     n_per_residue: int = 64,
-    *,
     residues: Any = None,
     seed: int = 0,
-    kinds: tuple[str, ...] = ("head", "kv_head", "layer"),
+    kinds: tuple[str, ...] = KINDS,
     calibration: Any = None,
     batch_size: int = 64,
     rows_per_pass: int = 4096,
@@ -259,64 +225,67 @@ def specialization_map(
     stride: int | None = None,
     engine: str = "auto",
 ) -> PhaseMap:
-    """Knock out every head (and KV head, and layer) at the query position; effects per residue.
+    """Knock out every head (and KV head, and layer) at each item's query position; effects per residue.
 
     Args:
-        model: a phaselens model. ``CompressedTransformer`` uses the query-suffix engine (exact, fast);
-            other models (the DeepSeek-V4 adapter) fall back to one full forward per cell.
+        model: a phaselens model (our model, the DeepSeek-V4 adapter, or a phase ensemble).
         method: ``"mean"``, ``"zero"`` or ``"resample"`` replacement of ``z``.
-        kinds: which cells to map.
-        checkpoint: write finished cells atomically to this ``.npz`` (+ ``.json`` manifest) and resume from it.
-        engine: ``"auto"``, ``"suffix"`` or ``"full"`` (full forwards, the reference way).
+        kinds: which cells to map (drawn from ``("head", "kv_head", "layer")``).
+        checkpoint: a file path (any name): finished cells are written there atomically (one safetensors file,
+            its manifest in the header) and a rerun resumes from it. The run's fingerprint covers every
+            parameter of the model, its ``analysis_metadata``, the items, the calibration and every setting
+            that changes the numbers: a checkpoint of another map is refused.
+        engine: ``"auto"`` (the fastest exact engine the model offers), ``"suffix"`` (the query-suffix engine:
+            the clean prefix once, then only the query rows per cell) or ``"full"`` (one full forward per cell,
+            the reference way); ``metadata["engine"]`` names the one used.
 
     Example:
         >>> pm = phaselens.specialization_map(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
         >>> pm.specialization_index().head()  # doctest: +SKIP
     """
-    if method not in ("mean", "zero", "resample"):
-        raise PhaseLensError(f"method must be 'mean', 'zero' or 'resample', got {method!r}.")
+    method = check_method(method)
+    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
+    rows_per_pass = as_int("rows_per_pass", rows_per_pass, minimum=1)
+    used = choose_engine(model, engine)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
                                     stride=stride)
-    cells = map_cells(model.cfg, kinds)
+    cells = map_cells(model.cfg, tuple(kinds))
     layers = sorted(set(cells["layer"]))
     cal = None if method == "zero" else calibrate(model, calibration, layers, task=task)
-    ckpt = _Checkpoint(checkpoint, _fingerprint(model, batch, method, seed, cells))
-    use_engine = engine == "suffix" or (engine == "auto" and supports_engine(model))
-    qp = batch.query_pos
-    if use_engine and int(qp.min()) != int(qp.max()):
-        use_engine = False  # items with different query positions: one engine per position is not worth it here
-    clean = score_items(model, batch, batch_size=batch_size, progress=False)
+    kos = [Knockout(model, tuple(_heads(row)), method, "last", cal, seed + i) for i, row in cells.iterrows()]
+    fp = None
+    if checkpoint is not None:  # hashing every parameter is cheap here, but only needed to resume
+        fp = analysis_fingerprint(model, task=getattr(batch, "task", ""), items=batch.tokens, answers=batch.answer,
+                                  query_pos=batch.query_pos, calibration=None if cal is None else cal.z,
+                                  method=method, seed=seed, cells=list(cells["label"]), stride=spec.stride)
+    ckpt = CellCheckpoint(checkpoint, fp or "", fields=("correct", "logit_diff"))
     todo = [i for i, row in cells.iterrows() if row.label not in ckpt.done]
+    model_name(model)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from phaselens.progress import progress_bar
 
-        bar = tqdm(total=len(cells), initial=len(cells) - len(todo), desc="map", unit="cell", dynamic_ncols=True)
+        bar = progress_bar(stage="map", unit="cell", total=len(cells), initial=len(cells) - len(todo), leave=True,
+                           model=model)
     try:
-        if use_engine:
-            eng = SuffixEngine(model, batch.tokens, int(qp[0]), rows_per_pass=rows_per_pass)
-            per_pass = max(1, rows_per_pass // len(batch))
-            for j in range(0, len(todo), per_pass):
-                chunk = todo[j : j + per_pass]
-                cl = [_cell(cells.loc[i], cal, method, len(batch), seed + i) for i in chunk]
-                logits = eng.run(cl)
-                for i, lg in zip(chunk, logits):
-                    m = answer_metrics(lg, batch.answer, batch.wrong)
-                    ckpt.add(cells.loc[i, "label"], m["correct"], m["logit_diff"])
+        if used == "suffix":
+            eng = model.query_engine(batch.tokens, batch.query_pos, rows_per_pass=rows_per_pass)
+            clean = items_from_logits(batch, eng.clean_logits)
+
+            def done(idx: list[int], metrics: list[dict[str, np.ndarray]]) -> None:
+                for k, m in zip(idx, metrics):
+                    ckpt.add(cells.loc[todo[k], "label"], m["correct"], m["logit_diff"])
                 ckpt.flush()
                 if bar is not None:
-                    bar.update(len(chunk))
-        else:
-            for i in todo:
-                row = cells.loc[i]
-                heads = [(int(row.layer), h) for h in row.heads]
-                with knockout(model, heads, method=method, calibration=cal, seed=seed + i) as ko:
-                    def forward(tokens, query_pos, _ko=ko):
-                        _ko.positions = query_pos
-                        return model_logits(model, tokens, query_pos)
+                    bar.update(len(idx))
 
-                    m = score_items(model, batch, batch_size=batch_size, forward=forward)
-                ckpt.add(row.label, m["correct"].to_numpy(), m["logit_diff"].to_numpy())
+            engine_metrics(eng, batch, [kos[i] for i in todo], per_pass=max(1, rows_per_pass // len(batch)),
+                           on_chunk=done)
+        else:
+            clean = score_items(model, batch, batch_size=batch_size)
+            for i in todo:
+                m = full_metrics(model, batch, kos[i], batch_size=batch_size)
+                ckpt.add(cells.loc[i, "label"], m["correct"], m["logit_diff"])
                 ckpt.flush()
                 if bar is not None:
                     bar.update(1)
@@ -329,18 +298,15 @@ def specialization_map(
     residue = clean["residue"].to_numpy()
     eff = relative_effects(clean_correct, ko_correct, residue, batch.modulus, clean_ld=clean["logit_diff"].to_numpy(),
                            ko_ld=ko_ld, n_bootstrap=n_bootstrap, seed=seed)
-    meta = {"engine": "suffix" if use_engine else "full forwards", "n_per_residue": n_per_residue, "seed": seed,
-            "calibration": None if cal is None else cal.source, **(getattr(model, "analysis_metadata", None) or {})}
-    return PhaseMap(cells, eff, clean_correct, ko_correct, clean["logit_diff"].to_numpy(), ko_ld, residue, spec.stride, batch.modulus, method,
-                    int(model.cfg.n_layers), int(model.cfg.n_heads), meta)
+    meta = metadata_of(model, method=method, n_per_residue=n_per_residue, residues=residues, seed=seed,
+                       kinds=list(kinds), batch_size=batch_size, n_bootstrap=n_bootstrap, stride=stride, engine=engine,
+                       checkpoint=None if checkpoint is None else str(checkpoint))
+    meta.update(engine=used, calibration=None if cal is None else cal.source)
+    return PhaseMap(cells, eff, clean_correct, ko_correct, clean["logit_diff"].to_numpy(), ko_ld, residue, spec.stride,
+                    batch.modulus, method, int(model.cfg.n_layers), int(model.cfg.n_heads), meta)
 
 
-def _cell(row: pd.Series, cal: Any, method: str, n_items: int, seed: int) -> Cell:
-    heads = list(row.heads)
-    if method == "zero":
-        return Cell(int(row.layer), heads, None)
-    z = cal.z[int(row.layer)][:, heads]  # [Ncal, h, d]
-    if method == "mean":
-        return Cell(int(row.layer), heads, z.mean(0))
-    g = torch.Generator().manual_seed(seed)
-    return Cell(int(row.layer), heads, z[torch.randint(0, z.shape[0], (n_items,), generator=g)])
+def _heads(row: pd.Series) -> list[Any]:
+    from phaselens.heads import Head
+
+    return [Head(int(row.layer), int(h)) for h in row.heads]

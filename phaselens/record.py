@@ -15,17 +15,19 @@ import torch
 from torch import Tensor
 
 from phaselens.by_residue import residue_mean_ci
+from phaselens.errors import NotApplicableError
 from phaselens.geometry import PhaseSpec
-from phaselens.interventions.knockout import query_rows
+from phaselens.items import build_items, check_options
 from phaselens.labelled import Labelled
-from phaselens.protocol import build_items
+from phaselens.protocol import HookContext, PhaseModel, metadata_of
+from phaselens.results import Result
 from phaselens.scoring import model_logits
 
 READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "entries", "local", "sink")
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class Recording:
+class Recording(Result):
     """What a model reads from compressed entries and how its compressors write them.
 
     Attributes:
@@ -42,6 +44,8 @@ class Recording:
         concentration: ``Labelled[layer, path, kv_head, measure]`` with ``measure`` in
             (``static``: exp(H(E[alpha])), ``per_window``: E[exp(H(alpha))]), each between 1 and W.
         stride, modulus, n_items, metadata.
+        items: per-item values behind the means: ``{quantity: [N, layer, head]}`` (read side) and
+            ``{"gate_key" | "gate_value": [N, compressed layer, kv_head]}``; residue: ``[N]``.
     """
 
     read: dict[str, Labelled]
@@ -52,17 +56,41 @@ class Recording:
     stride: int
     modulus: int
     n_items: int
+    items: dict[str, np.ndarray] = field(default_factory=dict)
+    residue: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def to_frame(self) -> pd.DataFrame:
-        """Every quantity as tidy rows (``quantity``, its dims, ``value``, ``ci_low``, ``ci_high``)."""
-        parts = [lab.to_frame() for lab in self.read.values()]
-        for lab in (self.gate_key, self.gate_value, self.gate_profile, self.concentration):
-            if lab is not None:
-                parts.append(lab.to_frame())
-        return pd.concat(parts, ignore_index=True)
+    LEVELS = ("residue", "phase", "model")
 
-    def __repr__(self) -> str:
+    def per_residue(self) -> pd.DataFrame:
+        """Every per-residue quantity (read side and target gate weights) as tidy rows: ``quantity``, its
+        dims, ``residue``, ``phase``, ``value``, ``ci_low``, ``ci_high``."""
+        parts = [lab.to_frame() for lab in self.read.values()]
+        parts += [lab.to_frame() for lab in (self.gate_key, self.gate_value) if lab is not None]
+        out = pd.concat(parts, ignore_index=True)
+        out.insert(out.columns.get_loc("residue") + 1, "phase", out["residue"] % self.stride)
+        return out
+
+    def per_phase(self) -> pd.DataFrame:
+        """The same quantities with residues folded mod S (means over each phase's items, t intervals)."""
+        phase = self.residue % self.stride
+        parts = []
+        for name, arr in self.items.items():
+            m, lo, hi = residue_mean_ci(arr, phase, self.stride)  # [a, b, S]
+            lab = self.read.get(name) or (self.gate_key if name == "gate_key" else self.gate_value)
+            dims = (*lab.dims[:-1], "phase")
+            coords = {**{d: lab.coords[d] for d in lab.dims[:-1]}, "phase": np.arange(self.stride)}
+            parts.append(Labelled(m, dims, coords, lo, hi, name=lab.name).to_frame())
+        out = pd.concat(parts, ignore_index=True)
+        out["boundary"] = out["phase"] == self.stride - 1
+        return out
+
+    def per_model(self) -> pd.DataFrame:
+        """Quantities without a residue axis: gate profiles by offset and gate concentration."""
+        parts = [lab.to_frame() for lab in (self.gate_profile, self.concentration) if lab is not None]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+    def summary(self) -> str:
         lay = self.read["local"].coords["layer"].tolist()
         return (
             f"Recording({self.n_items} items, layers {list(lay)}, stride {self.stride}, residues mod {self.modulus}; "
@@ -119,29 +147,30 @@ def _target_gate(alpha: Tensor, entries: Tensor, offsets: Tensor, first_entry: i
 
 @torch.no_grad()
 def record(
-    model: Any,
-    batch: Any = None,
-    *,
+    model: PhaseModel,
     task: Any = None,
+    *,
     n_per_residue: int = 64,
     residues: Any = None,
     seed: int = 0,
     batch_size: int = 64,
     progress: bool = True,
+    stride: int | None = None,
 ) -> Recording:
     """Record read-side attention and write-side gates at each item's query position.
 
     Args:
         model: a phaselens model.
-        batch: a TaskBatch; if ``None``, one is built from ``task`` (or ``model.default_task``).
-        n_per_residue, residues, seed: how to build the batch when none is given.
+        task: a task (``None``: the model's default task) or a prepared TaskBatch.
+        n_per_residue, residues, seed: how to build the items from a task.
+        stride: fold residues by this stride instead of the model's analysis stride.
 
     Example:
         >>> rec = phaselens.record(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
         >>> rec.read["key_entries"].sel(layer=1).values  # [head, residue]  # doctest: +SKIP
     """
-    if batch is None:
-        _, _, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed)
+    check_options(batch_size=batch_size, progress=progress)
+    _, geometry, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed, stride=stride)
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
     specs: list[PhaseSpec | None] = list(model.phase_specs)
@@ -150,9 +179,9 @@ def record(
     n = len(frame)
     starts = range(0, n, batch_size)
     if progress:
-        from tqdm.auto import tqdm
+        from phaselens.progress import progress_bar
 
-        starts = tqdm(starts, desc="record", unit="batch", leave=False)
+        starts = progress_bar(starts, stage="record", model=model)
     for i in starts:
         sl = slice(i, i + batch_size)
         fr = frame.iloc[sl]
@@ -169,7 +198,9 @@ def record(
                 for path, hname in _gate_path_hooks(model, layer):
                     hooks.append((f"blocks.{layer}.attn.{hname}", _gate_hook(acc, layer, path, spec, t_k, t_v)))
         model_logits(model, batch.tokens[sl], qp, hooks)
-    return _assemble(acc, frame, specs, L, H, cfg, batch)
+    meta = metadata_of(model, n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size,
+                       stride=stride)
+    return _assemble(acc, frame, specs, L, H, cfg, batch, geometry.stride, meta)
 
 
 def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> list:
@@ -177,8 +208,9 @@ def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> lis
     (``hook.query_start``, nonzero only under chunked prefill)."""
     pre = f"blocks.{layer}.attn."
 
-    def qrow(pattern: Tensor, hook: Any) -> Tensor:
-        at = query_rows(hook, qp, pattern.shape[2]).to(pattern.device)
+    def qrow(pattern: Tensor, hook: HookContext) -> Tensor:
+        _single_copy(hook)
+        at = hook.rows(qp, pattern.shape[2]).to(pattern.device)
         return pattern[rows.to(pattern.device), :, at].float().cpu()
 
     if spec is None and full_pattern:
@@ -219,6 +251,14 @@ def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> lis
     return out + [(pre + "hook_pattern_entry", entries)]
 
 
+def _single_copy(hook: HookContext) -> None:
+    if hook.row_shift is not None:
+        raise NotApplicableError(
+            "record() on a wrapper that runs shifted copies (phase repair) would mix copies in which the needle "
+            "sits at different phases; record the wrapped model instead (ensemble.model)."
+        )
+
+
 def _window_concentration_sum(alpha: Tensor, rows: int = 16) -> Tensor:
     """Sum over items and entries of exp(H(alpha)) over offsets: ``[b, E, W, Hkv(, d)]`` -> ``[Hkv(, d)]``.
 
@@ -237,11 +277,12 @@ def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
     val_ents = torch.as_tensor(np.stack(spec.entries_containing(t_v.numpy())))
     val_offs = torch.as_tensor(np.stack(spec.offsets(t_v.numpy())))
 
-    def fn(alpha: Tensor, hook: Any) -> None:
+    def fn(alpha: Tensor, hook: HookContext) -> None:
+        _single_copy(hook)
         a = alpha.detach().float().cpu()
         if a.shape[1] == 0:
             return
-        first = int(getattr(hook, "first_entry", 0))  # nonzero when a cache already held earlier entries
+        first = int(hook.first_entry or 0)  # nonzero when a cache already held earlier entries
         acc.add(acc.gate_item, ("key", layer, path), _target_gate(a, key_ents, key_offs, first))
         acc.add(acc.gate_item, ("value", layer, path), _target_gate(a, val_ents, val_offs, first))
         # skip entries that include slots before the origin: their weights are renormalised over fewer slots
@@ -259,11 +300,12 @@ def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
     return fn
 
 
-def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg: Any, batch: Any) -> Recording:
+def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg: Any, batch: Any, stride: int,
+              meta: dict[str, Any]) -> Recording:
     residue = frame["residue"].to_numpy()
     M = int(batch.modulus)
-    stride = int(batch.spec.stride)
     n = len(frame)
+    items: dict[str, np.ndarray] = {}
     coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
     read: dict[str, Labelled] = {}
     names = READ_QUANTITIES + tuple(q for q in ("key_token", "value_token") if any(k[0] == q for k in acc.read))
@@ -273,11 +315,12 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
             vals = acc.read.get((q, layer))
             per_layer.append(torch.cat(vals).numpy() if vals else np.full((n, H), np.nan))
         arr = np.stack(per_layer, 1)  # [N, L, H]
+        items[q] = arr
         m, lo, hi = residue_mean_ci(arr, residue, M)
         read[q] = Labelled(m, ("layer", "head", "residue"), coords, lo, hi, name=f"mass_{q}")
     comp_layers = [i for i, s in enumerate(specs) if s is not None]
     if not comp_layers or not acc.profile_sum:
-        return Recording(read, None, None, None, None, stride, M, n)
+        return Recording(read, None, None, None, None, stride, M, n, items, residue, meta)
     paths = sorted({p for (_, p) in acc.profile_sum})
     Hkv = int(cfg.n_key_value_heads)
     gk, gv = [], []
@@ -287,9 +330,10 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
             # mean over the k/v paths: [N, Hkv]; NaN when no entry completed in any recorded call
             out.append(np.nanmean(np.stack(per_path), 0) if per_path else np.full((n, Hkv), np.nan))
     gcoords = {"layer": np.array(comp_layers), "kv_head": np.arange(Hkv), "residue": np.arange(M)}
-    mk, lk, hk = residue_mean_ci(np.stack(gk, 1), residue, M)
+    items["gate_key"], items["gate_value"] = np.stack(gk, 1), np.stack(gv, 1)
+    mk, lk, hk = residue_mean_ci(items["gate_key"], residue, M)
     gate_key = Labelled(mk, ("layer", "kv_head", "residue"), gcoords, lk, hk, name="gate_key")
-    mv, lv, hv = residue_mean_ci(np.stack(gv, 1), residue, M)
+    mv, lv, hv = residue_mean_ci(items["gate_value"], residue, M)
     gate_value = Labelled(mv, ("layer", "kv_head", "residue"), gcoords, lv, hv, name="gate_value")
     W = max(s.window for s in specs if s is not None)
     prof = np.full((len(comp_layers), len(paths), Hkv, W), np.nan)
@@ -310,4 +354,4 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
     gate_profile = Labelled(prof, ("layer", "path", "kv_head", "offset"), pcoords, name="gate_profile")
     ccoords = {**{k: pcoords[k] for k in ("layer", "path", "kv_head")}, "measure": np.array(["static", "per_window"])}
     concentration = Labelled(conc, ("layer", "path", "kv_head", "measure"), ccoords, name="gate_concentration")
-    return Recording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n)
+    return Recording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n, items, residue, meta)

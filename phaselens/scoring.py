@@ -12,7 +12,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-Forward = Callable[[Tensor, Tensor], Tensor]
+from phaselens.finite import check_query_logits
+
+Forward = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
 @torch.no_grad()
@@ -24,17 +26,19 @@ def query_logits(
     batch_size: int = 64,
     progress: bool = False,
     desc: str = "forward",
+    model: Any = None,
 ) -> Tensor:
     """Logits ``[N, vocab]`` at ``query_pos`` ``[N]`` of ``tokens`` ``[N, T]``, one forward per batch.
 
-    ``forward(tokens [b, T], query_pos [b]) -> logits [b, T, vocab]``: a model call, possibly under
-    hooks that need each row's query position (knockouts, patches).
+    ``forward(tokens [b, T], query_pos [b], items [b]) -> logits [b, T', vocab]`` (the last ``T'`` rows): a
+    model call, possibly under hooks that need each row's query slot or global item index (knockouts,
+    patches).
     """
     out = []
     starts = range(0, tokens.shape[0], batch_size)
-    for i in _bar(starts, progress, desc):
+    for i in _bar(starts, progress, desc, model):
         qp = query_pos[i : i + batch_size]
-        logits = forward(tokens[i : i + batch_size], qp)
+        logits = forward(tokens[i : i + batch_size], qp, torch.arange(i, i + len(qp)))
         # a forward may return only the last rows (an adapter's query chunk): index relative to them
         at = (qp - (tokens.shape[1] - logits.shape[1])).to(logits.device)
         out.append(logits[torch.arange(len(qp), device=logits.device), at].float().cpu())
@@ -42,23 +46,31 @@ def query_logits(
 
 
 def model_logits(model: Any, tokens: Tensor, query_pos: Tensor, fwd_hooks: Any = ()) -> Tensor:
-    """Logits ``[b, T', vocab]`` of ``tokens`` ``[b, T]``, with ``fwd_hooks`` for this one call.
+    """Logits ``[b, T', vocab]`` of the last ``T' = T - min(query_pos)`` rows of ``tokens`` ``[b, T]``,
+    with ``fwd_hooks`` for this one call.
 
-    A model that prefills in chunks (``returns_query_logits``, e.g. the DeepSeek-V4 adapter) is asked for
-    the last ``T' = T - min(query_pos)`` rows only: all ``[b, T, vocab]`` logits of a long context would
-    not fit in memory. Other models return all ``T`` rows.
+    Only the query rows are unembedded (``logits="query"``, part of the model contract): all
+    ``[b, T, vocab]`` logits of a long context would not fit in memory, and the unembedding is most of a
+    small model's cost. A model that prefills in chunks (``returns_query_logits``) also hooks the query
+    rows only.
     """
-    kwargs: dict[str, Any] = {}
-    if getattr(model, "returns_query_logits", False):
-        kwargs = {"logits": "query", "query_len": int(tokens.shape[1] - int(query_pos.min()))}
-    if fwd_hooks:
+    kwargs: dict[str, Any] = {"logits": "query", "query_len": int(tokens.shape[1] - int(query_pos.min()))}
+
+    def clean() -> Tensor:
+        return model(tokens, **kwargs)
+
+    def hooked() -> Tensor:
         return model.run_with_hooks(tokens, fwd_hooks=list(fwd_hooks), **kwargs)
-    return model(tokens, **kwargs)
+
+    logits = hooked() if fwd_hooks else clean()
+    # NaN/inf logits (a NaN weight) would become NaN effects: raise NonFiniteError naming the first bad layer
+    check_query_logits(model, logits, int(tokens.shape[1]), query_pos, clean, hooked if fwd_hooks else None)
+    return logits
 
 
 def plain_forward(model: Any) -> Forward:
-    """A ``Forward`` that just calls the model (query rows only where the model can)."""
-    return lambda tokens, query_pos: model_logits(model, tokens, query_pos)
+    """A ``Forward`` that just calls the model (query rows only)."""
+    return lambda tokens, query_pos, items: model_logits(model, tokens, query_pos)
 
 
 def answer_metrics(logits: Tensor, answer: Tensor, wrong: Tensor) -> dict[str, np.ndarray]:
@@ -85,9 +97,9 @@ def answer_metrics(logits: Tensor, answer: Tensor, wrong: Tensor) -> dict[str, n
     }
 
 
-def _bar(it: Any, enabled: bool, desc: str) -> Any:
+def _bar(it: Any, enabled: bool, desc: str, model: Any = None) -> Any:
     if not enabled:
         return it
-    from tqdm.auto import tqdm
+    from phaselens.progress import progress_bar
 
-    return tqdm(it, desc=desc, unit="batch", leave=False, dynamic_ncols=True)
+    return progress_bar(it, stage=desc, model=model)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import numbers
 import os
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,15 +23,21 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
-from phaselens.errors import CheckpointError, ConfigError
+from phaselens.checkpointing import load_safetensors, read_json, safetensors_metadata
+from phaselens.errors import CheckpointError, ConfigError, InputError, OutputError
+from phaselens.files import atomic_write_file, atomic_write_text
+from phaselens.fingerprint import fingerprint, model_fingerprint
 from phaselens.models.config import CompressedConfig
 from phaselens.models.transformer import CompressedTransformer
 
 STATE_WEIGHTS = "train_state.safetensors"
 STATE_JSON = "train_state.json"
+
+
+class EmptyTargetsWarning(UserWarning):
+    """A training batch whose targets are all ``-100``: it has no loss, and its step is skipped."""
 
 
 @dataclass(frozen=True)
@@ -49,10 +57,26 @@ class TrainSettings:
     curriculum: str = ""  # a description of any step-dependent data (part of the run's fingerprint)
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.lr <= 0:
-            raise ConfigError("steps and batch_size must be >= 1 and lr > 0.")
-        if self.checkpoint_every < 1:
-            raise ConfigError("checkpoint_every must be >= 1.")
+        for name, low in (("steps", 1), ("batch_size", 1), ("warmup", 0), ("seed", 0), ("checkpoint_every", 1),
+                          ("eval_every", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
+                raise ConfigError(f"TrainSettings.{name} must be an int >= {low}, got {value!r}.")
+            object.__setattr__(self, name, int(value))
+        if self.threads is not None:
+            if not isinstance(self.threads, numbers.Integral) or isinstance(self.threads, bool) or self.threads < 1:
+                raise ConfigError(f"TrainSettings.threads must be a positive int (CPU threads) or None (torch's "
+                                  f"default), got {self.threads!r}.")
+            object.__setattr__(self, "threads", int(self.threads))
+        for name, positive in (("lr", True), ("grad_clip", True), ("weight_decay", False)):
+            value = getattr(self, name)
+            ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+            if not ok or value < 0 or (positive and value == 0):
+                raise ConfigError(f"TrainSettings.{name} must be a finite number {'> 0' if positive else '>= 0'}, "
+                                  f"got {value!r}.")
+            object.__setattr__(self, name, float(value))
+        if not isinstance(self.curriculum, str):
+            raise ConfigError(f"TrainSettings.curriculum must be a string, got {self.curriculum!r}.")
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup:
@@ -85,33 +109,50 @@ def _state_tensors(model: CompressedTransformer, opt: torch.optim.AdamW) -> dict
 
 def _atomic_save(run_dir: Path, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
     """One atomic replace: the run's metadata travels inside the safetensors header, so weights and meta can
-    never disagree; ``train_state.json`` is a readable copy written afterwards."""
-    tmp_w = run_dir / f".{STATE_WEIGHTS}.tmp"
-    save_file(tensors, str(tmp_w), metadata={"phaselens_train_state": json.dumps(meta)})
-    os.replace(tmp_w, run_dir / STATE_WEIGHTS)
-    tmp_j = run_dir / f".{STATE_JSON}.tmp"
-    tmp_j.write_text(json.dumps(meta))
-    os.replace(tmp_j, run_dir / STATE_JSON)
+    never disagree; ``train_state.json`` is a readable copy written afterwards (a kill between the two leaves
+    the copy one checkpoint behind, which resuming ignores)."""
+    atomic_write_file(run_dir / STATE_WEIGHTS, lambda tmp: save_file(
+        tensors, str(tmp), metadata={"phaselens_train_state": json.dumps(meta)}))
+    atomic_write_text(run_dir / STATE_JSON, json.dumps(meta))
+
+
+_PARTS = {
+    "config": "the model config differs",
+    "settings": "the TrainSettings differ",
+    "data": "batch_fn gives other batches (another task, or a batch_fn not deterministic in its seed)",
+    "init": "the initial weights differ (cfg.seed or init_fn)",
+}
 
 
 def _restore(run_dir: Path, model: CompressedTransformer, opt: torch.optim.AdamW, expect: dict) -> dict | None:
     if not (run_dir / STATE_WEIGHTS).is_file():
         return None
-    with safe_open(str(run_dir / STATE_WEIGHTS), framework="pt") as f:
-        header = (f.metadata() or {}).get("phaselens_train_state")
+    fix = (f"delete {run_dir / STATE_WEIGHTS} and {run_dir / STATE_JSON} to restart from step 0, or pass another "
+           "run_dir.")
+    header = safetensors_metadata(run_dir / STATE_WEIGHTS, fix=fix).get("phaselens_train_state")
     # Runs written before the metadata moved into the weights file keep it in the JSON copy only.
-    meta = json.loads(header) if header else json.loads((run_dir / STATE_JSON).read_text())
-    stored = meta.get("fingerprint") or {}
-    if stored.get("settings", {}).get("curriculum", None) == "":  # written before empty curricula were dropped
-        stored["settings"].pop("curriculum")
-    if stored != expect:
+    try:
+        meta = json.loads(header) if header else read_json(run_dir / STATE_JSON, fix=fix)
+        stored = dict(meta.get("fingerprint") or {})
+        step = int(meta["step"])
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise CheckpointError(f"{run_dir / STATE_WEIGHTS} has damaged metadata ({err}); {fix}") from None
+    if isinstance(stored.get("settings"), dict) and stored["settings"].get("curriculum", None) == "":
+        stored["settings"].pop("curriculum")  # written before empty curricula were dropped
+    differ = [_PARTS[k] for k in expect if stored.get(k) != expect[k]]
+    if differ:
+        old = " (it was written by an older phaselens that did not record the data)" if "data" not in stored else ""
         raise CheckpointError(
-            f"{run_dir} holds a run with different settings; remove it or use another output directory."
+            f"{run_dir} holds a run with different settings{old}: {'; '.join(differ)}. Remove it or use another "
+            "run_dir."
         )
-    tensors = load_file(str(run_dir / STATE_WEIGHTS))
-    if int(tensors["meta.step"].item()) != meta["step"]:
-        raise CheckpointError(f"{run_dir}: weights and JSON disagree on the step; delete the directory and retrain.")
-    model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    tensors = load_safetensors(run_dir / STATE_WEIGHTS, fix=fix)
+    if "meta.step" not in tensors or int(tensors["meta.step"].item()) != step:
+        raise CheckpointError(f"{run_dir}: weights and metadata disagree on the step; {fix}")
+    try:
+        model.load_state_dict({k[6:]: v for k, v in tensors.items() if k.startswith("model.")})
+    except RuntimeError as err:
+        raise CheckpointError(f"{run_dir / STATE_WEIGHTS} does not fit the model ({str(err)[:200]}); {fix}") from None
     params = dict(model.named_parameters())
     for name, p in params.items():
         if f"adam.exp_avg.{name}" in tensors:
@@ -121,6 +162,34 @@ def _restore(run_dir: Path, model: CompressedTransformer, opt: torch.optim.AdamW
                 "step": torch.tensor(float(tensors[f"adam.step.{name}"].item())),
             }
     return meta
+
+
+def _batch(batch_fn: Callable[..., Any], settings: TrainSettings, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of ``step``: ``batch_fn(batch_size, seed[, step])``, checked."""
+    seed = settings.seed * 1_000_003 + step
+    if getattr(batch_fn, "uses_step", False):
+        out = batch_fn(settings.batch_size, seed, step)
+    else:
+        out = batch_fn(settings.batch_size, seed)
+    try:
+        tokens, targets = out
+    except (TypeError, ValueError):
+        raise InputError(f"batch_fn must return (tokens [B, T], targets [B, T]), got {type(out).__name__}.") from None
+    if not (isinstance(tokens, torch.Tensor) and isinstance(targets, torch.Tensor)) or tokens.dim() != 2 \
+            or tokens.shape != targets.shape or tokens.is_floating_point() or targets.is_floating_point():
+        raise InputError(
+            "batch_fn must return integer tensors tokens and targets of one shape [B, T]; got "
+            f"{getattr(tokens, 'shape', type(tokens).__name__)} and {getattr(targets, 'shape', type(targets).__name__)}."
+        )
+    return tokens, targets
+
+
+def _data_fingerprint(batch_fn: Callable[..., Any], settings: TrainSettings) -> str:
+    """A fingerprint of the training data: the batches of a few fixed steps (first, quartiles, last), so a
+    resume with another task or batch function is refused."""
+    n = settings.steps
+    steps = sorted({0, n // 4, n // 2, (3 * n) // 4, n - 1}) if getattr(batch_fn, "uses_step", False) else [0, n - 1]
+    return fingerprint(**{f"step{s}": _batch(batch_fn, settings, s) for s in steps})
 
 
 def train(
@@ -148,6 +217,10 @@ def train(
         init_fn: called on the freshly built model before training (e.g. to plant and freeze parameters).
     """
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise OutputError(f"run_dir {run_dir} is a file; pass a directory (it is created if missing).")
+    if stop_after is not None and (not isinstance(stop_after, numbers.Integral) or stop_after < 0):
+        raise ConfigError(f"stop_after must be a non-negative int or None, got {stop_after!r}.")
     run_dir.mkdir(parents=True, exist_ok=True)
     if settings.threads:
         torch.set_num_threads(settings.threads)
@@ -158,8 +231,9 @@ def train(
     settings_fp = dataclasses.asdict(settings) | {"threads": None}
     if not settings.curriculum:  # runs written before curricula existed carry no such key
         settings_fp.pop("curriculum")
-    fingerprint = {"config": cfg.to_dict(), "settings": settings_fp}
-    meta = _restore(run_dir, model, opt, fingerprint)
+    run_fp = {"config": cfg.to_dict(), "settings": settings_fp, "data": _data_fingerprint(batch_fn, settings),
+              "init": model_fingerprint(model)}
+    meta = _restore(run_dir, model, opt, run_fp)
     start = meta["step"] if meta else 0
     losses: list[float] = meta["losses"] if meta else []
     val_acc: list[tuple[int, float]] = [tuple(x) for x in meta["val_acc"]] if meta else []
@@ -169,20 +243,24 @@ def train(
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
     try:
         for step in range(start, end):
-            seed = settings.seed * 1_000_003 + step
-            if getattr(batch_fn, "uses_step", False):
-                tokens, targets = batch_fn(settings.batch_size, seed, step)
-            else:
-                tokens, targets = batch_fn(settings.batch_size, seed)
+            tokens, targets = _batch(batch_fn, settings, step)
             for group in opt.param_groups:
                 group["lr"] = settings.lr_at(step)
-            logits = model(tokens)
-            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
-            opt.step()
-            losses.append(round(float(loss.detach()), 6))
+            if not bool((targets != -100).any()):
+                # the mean loss would be 0/0 = NaN and its NaN gradients would poison every weight
+                warnings.warn(EmptyTargetsWarning(
+                    f"step {step}: every target of the batch is -100 (ignored), so there is no loss; the step is "
+                    "skipped (loss recorded as NaN). Check that batch_fn marks the positions to train on."
+                ), stacklevel=2)
+                losses.append(float("nan"))
+            else:
+                logits = model(tokens)
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), settings.grad_clip)
+                opt.step()
+                losses.append(round(float(loss.detach()), 6))
             done = step + 1
             if val_fn is not None and (done % settings.eval_every == 0 or done == settings.steps):
                 model.eval()
@@ -192,7 +270,7 @@ def train(
                 tensors = _state_tensors(model, opt)
                 tensors["meta.step"] = torch.tensor([done])
                 _atomic_save(run_dir, tensors, {"step": done, "losses": losses, "val_acc": val_acc,
-                                                "fingerprint": fingerprint, "seconds": _total(prior_s, t0)})
+                                                "fingerprint": run_fp, "seconds": _total(prior_s, t0)})
             if bar is not None:
                 bar.update(1)
                 post = {"loss": f"{losses[-1]:.3f}"}
@@ -205,6 +283,20 @@ def train(
     return TrainResult(model.eval(), losses, val_acc, _total(prior_s, t0), start)
 
 
+def saved_step(run_dir: str | os.PathLike) -> int | None:
+    """The step of the checkpoint a run in ``run_dir`` would resume from, or ``None`` if there is none.
+
+    Reads the small JSON copy of the run's metadata (no torch work): for messages such as "resuming from step N".
+    """
+    path = Path(run_dir) / STATE_JSON
+    if not path.is_file():
+        return None
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def _total(prior_s: float | None, t0: float) -> float | None:
     return None if prior_s is None else prior_s + time.perf_counter() - t0
 
@@ -212,6 +304,6 @@ def _total(prior_s: float | None, t0: float) -> float | None:
 def _progress(total: int, initial: int, enabled: bool):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from phaselens.progress import progress_bar
 
-    return tqdm(total=total, initial=initial, desc="train", unit="step", dynamic_ncols=True)
+    return progress_bar(stage="train", unit="step", total=total, initial=initial, leave=True)

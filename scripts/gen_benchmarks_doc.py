@@ -101,6 +101,23 @@ Goals on the 4 x 8 model: at least 20x faster, identical numbers, within 2x of t
 `.venv/bin/python benchmarks/bench_report.py` (`make report`'s job: `w8s4` against `full`, {rp['png_figures']} PNGs):
 **{f(rp['wall_s'], 0)} s** (goal: under 3 minutes on 2 cores).
 """)
+    im = load("bench_import")
+    if im:
+        t, d = im["seconds_best"], im["minus_import_torch_s"]
+        rows = ["| command | best of " + str(im["repeats"]) + " s | minus `import torch` s |", "|---|---|---|"]
+        rows += [f"| `{k}` | {f(v)} | {'' if k == 'import torch' else f(d[k])} |" for k, v in t.items()]
+        heavy = ", ".join(im["heavy_modules_loaded_by_import_phaselens"]) or "none"
+        parts.append(f"""## Start-up
+`.venv/bin/python benchmarks/bench_import.py` (each command in a fresh interpreter, in turns; torch
+{im['torch']}, Python {im['python']}). Goal: `import phaselens` and `phaselens --help` each within 0.5 s
+of a bare `import torch` measured in the same run: **{'met' if im['meets_goal'] else 'missed'}**.
+
+{chr(10).join(rows)}
+
+Heavy modules that `import phaselens` loads: {heavy}. The public API is imported on first use
+(`phaselens/__init__.py`, PEP 562), and the CLI imports each command's dependencies inside the command,
+so `--help` and `zoo list` never load torch.
+""")
     (ROOT / "docs" / "benchmarks.md").write_text("\n".join(parts))
     print("wrote docs/benchmarks.md")
 

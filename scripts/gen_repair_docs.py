@@ -3,24 +3,26 @@
     .venv/bin/python scripts/gen_repair_docs.py [--n-per-residue 1000] [--cache runs/repair_docs]
 
 Each model's table is kept in ``--cache`` (one JSON per model, written atomically) under a fingerprint of the
-settings and the weights' sha256: an interrupted run resumes, and a retrained model recomputes only its own
-table.
+model (every weight, the config and the default task: ``phaselens.fingerprint.model_fingerprint``) and the
+settings: an interrupted run resumes, and a retrained or edited model recomputes only its own table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import phaselens  # noqa: E402
-from phaselens.zoo import entry, list_models  # noqa: E402
+from phaselens.checkpointing import ResultCache  # noqa: E402
+from phaselens.files import atomic_write_text  # noqa: E402
+from phaselens.fingerprint import fingerprint, model_fingerprint  # noqa: E402
+from phaselens.zoo import list_models  # noqa: E402
 from phaselens.zoo.recipes import COMPARE_STRIDE, RECIPES  # noqa: E402
 
 
@@ -28,9 +30,15 @@ def pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
-def model_section(name: str, args: argparse.Namespace) -> dict:
+def cache_fingerprint(model: Any, name: str, args: argparse.Namespace) -> str:
+    """Everything that sets the numbers of one model's table: the model itself and the script's settings."""
+    return fingerprint(model=model_fingerprint(model), name=name, n=args.n_per_residue,
+                       n_large=args.n_per_residue_large_stride, seed=args.seed, compare_stride=COMPARE_STRIDE,
+                       table="repair_table/1")
+
+
+def model_section(name: str, model: Any, args: argparse.Namespace) -> dict:
     """Measure one model's repair table: its markdown section, its verdict line and the seconds taken."""
-    model = phaselens.load(f"zoo:{name}")
     control = RECIPES[name].config.compression is None
     t = time.time()
     stride = COMPARE_STRIDE if control else model.analysis_spec.stride
@@ -70,19 +78,15 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--cache", default=str(ROOT / "runs" / "repair_docs"))
     args = ap.parse_args()
-    cache = Path(args.cache)
-    cache.mkdir(parents=True, exist_ok=True)
+    cache = ResultCache(args.cache)
     sections, verdicts, total = [], [], 0.0
     for name in [n for n in RECIPES if n in list_models()]:
-        fingerprint = {"n": args.n_per_residue, "n_large": args.n_per_residue_large_stride, "seed": args.seed,
-                       "weights_sha256": entry(name).card["weights_sha256"]}
-        path = cache / f"{name}.json"
-        done = json.loads(path.read_text()) if path.exists() else None
-        if done is None or done["fingerprint"] != fingerprint:
-            done = {"fingerprint": fingerprint, **model_section(name, args)}
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(done))
-            os.replace(tmp, path)
+        model = phaselens.load(f"zoo:{name}")
+        fp = cache_fingerprint(model, name, args)
+        done = cache.get(name, fp)
+        if done is None:
+            done = model_section(name, model, args)
+            cache.put(name, fp, done)
             print(f"{name}: {done['seconds']:.0f} s", flush=True)
         sections.append(done["section"])
         verdicts.append(done["verdict"])
@@ -123,7 +127,7 @@ stays put. Choose a pad unit that encodes to exactly one token in context (`pad_
 a unit that is not one token raises `PaddingError`), and mind the context: inputs may be at most
 `n_ctx - max(shifts)` tokens (`ContextLengthError` names the limit).
 """
-    (ROOT / "docs" / "repair.md").write_text(text)
+    atomic_write_text(ROOT / "docs" / "repair.md", text)
     print("wrote docs/repair.md")
 
 

@@ -108,6 +108,11 @@ def main() -> None:
                           f"**{'yes' if sig else 'no'}**; detected period {b['period']} against stride {stride}: "
                           f"**{'matches' if per else 'does not match'}**; mean {pct(b['mean'])}% "
                           f"{'inside' if ok_range else 'OUTSIDE'} 40-95%.")
+    with_code = [n for n in names if (cards[n].get("code") or {}).get("commit")]
+    provenance = ("each records its commit (" + ", ".join(f"`{n}` {cards[n]['code']['commit'][:10]}" for n in with_code)
+                  + ")" if len(with_code) == len(names) else
+                  f"{len(names) - len(with_code)} of {len(names)} were written before cards recorded the code "
+                  "commit, so theirs is unknown" + (f" (with a commit: {', '.join(with_code)})" if with_code else ""))
     text = f"""# The zoo
 
 Tiny models trained here on CPU and shipped inside the package (`phaselens.load("zoo:NAME")`), with a
@@ -197,6 +202,25 @@ Each card (`phaselens/zoo/NAME/card.json`) holds the training settings and loss 
 loaded model's `default_task`), the per-residue counts, the battery and the sha256 of the weights;
 `eval_batch.safetensors` is a small fixed batch whose per-item correctness the card records, so the card
 can be re-checked even if the task generator changes (`tests/test_zoo.py` does).
+
+## What is bit-reproducible, and how many runs each number is
+- **Each model is one training run** (one seed) and each card number is one evaluation of it (1000 items
+  per residue, seed 1). `w4s4-seed1` is a second run of the `w4s4` recipe with another seed (weights and
+  data): the spread between `w4s4` and `w4s4-seed1` above is the only seed-to-seed comparison shipped.
+- **Bit-identical** (every weight and loss equal): a rerun or an interrupted-and-resumed run with the same
+  code, the same torch build and the same thread count on the same kind of CPU. Training draws every batch
+  from `(seed, step)` and saves the optimiser state, so a run killed at any step resumes bit-identically
+  (`tests/test_train.py` kills one with SIGKILL and compares).
+- **Not bit-identical**: another torch version, thread count or CPU (float sums are reduced in another
+  order, or by other vector kernels) or another commit of the code. The losses then differ in the last
+  digits at first; training amplifies such differences, above all around the phase transition where the
+  models learn to read the entries, so a retrain elsewhere gives a model of the same kind whose card
+  numbers (mean, gap) can differ by more than the cards' confidence intervals, which cover the evaluation
+  items only, not training. Compare retrains with the seed-to-seed spread above, not with a card's CI.
+- **What each card records** to tell them apart: `torch` (the build), `training.threads`, `machine`, and,
+  for cards written since `code` was added, `code.commit` (the git commit that wrote the card; `dirty`
+  when the tree had uncommitted changes) with `training.resumed_from` (the step this run started at: equal
+  to `steps` when the weights came from an earlier run). Cards of the models shipped now: {provenance}.
 """
     (ROOT / "docs" / "zoo.md").write_text(text)
     print(f"wrote docs/zoo.md ({len(names)} models)")

@@ -19,7 +19,7 @@ PARAMS = """import os
 # Sizes: the tests set PHASELENS_NB_SMALL=1 to run this notebook quickly; unset, it runs at full size.
 SMALL = os.environ.get("PHASELENS_NB_SMALL") == "1"
 N = 8 if SMALL else 256          # items per residue
-PROGRESS = not SMALL"""
+PROGRESS = os.environ.get("PHASELENS_NB_PROGRESS", "0" if SMALL else "1") == "1"  # progress bars"""
 
 NOTEBOOKS = {
     "01_quickstart": [
@@ -67,11 +67,11 @@ NOTEBOOKS = {
     "04_paper_statistics": [
         new_markdown_cell("# The paper's statistics, reproduced\n\nThe published per-residue counts of the 128K "
                           "needle test (DeepSeek-V4-Flash-Base and V4.1) and the FP8 probe, through the "
-                          "phaselens battery. The data ship in `docs/data/niah_counts.json`."),
+                          "phaselens battery. The data ship inside the package (`phaselens.data.paper_counts()`), "
+                          "so this notebook runs from any directory."),
         new_code_cell(PARAMS),
-        new_code_cell("import json, pathlib\nimport phaselens\n"
-                      "root = next(p for p in [pathlib.Path.cwd(), *pathlib.Path.cwd().parents] if (p / 'docs/data').exists())\n"
-                      "data = json.loads((root / 'docs/data/niah_counts.json').read_text())\nlist(data['models'])"),
+        new_code_cell("import phaselens\nfrom phaselens.data import paper_counts\n"
+                      "data = paper_counts()\nlist(data['models'])"),
         new_code_cell("flash = data['models']['DeepSeek-V4-Flash-Base']\n"
                       "b = phaselens.stats.phase_battery(flash['correct'], flash['n_per_residue'], stride=4,\n"
                       "                                  n_permutations=999 if SMALL else 9999)\nb"),
@@ -80,7 +80,8 @@ NOTEBOOKS = {
                       "assert f'{100*lo:.2f}' == '37.81' and f'{100*hi:.2f}' == '49.87' and f'{100*b.residue_gap:.2f}' == '40.23'"),
         new_code_cell("v41 = data['models']['DeepSeek-V4.1-Flash-0910']\n"
                       "b41 = phaselens.stats.phase_battery(v41['correct'], v41['n_per_residue'], stride=2, n_permutations=999)\n"
-                      "print(b41.period.period, f'{100*b41.residue_gap:.2f}')"),
+                      "print(f'V4.1 (stride 2): detected period {b41.period.period}; '\n"
+                      "      f'residue gap {100*b41.residue_gap:.2f} pp (best minus worst residue)')"),
         new_code_cell("fp8 = data['fp8_probe']  # P(8) and P(32) per padding length L; groups by L mod 4\n"
                       "import numpy as np\n"
                       "g = phaselens.stats.group_means(np.stack([fp8['p_correct_8'], fp8['p_wrong_32']], 1), fp8['lengths'], 4,\n"
@@ -106,11 +107,23 @@ NOTEBOOKS = {
                       "                                n_keys=48, n_values=48, n_filler=29)\n"
                       "adapter.default_task = task\n"
                       "ev = phaselens.evaluate(adapter, n_per_residue=max(2, N // 32), progress=PROGRESS)\nev"),
+        new_markdown_cell("**Why 0.0% everywhere.** This DeepSeek-V4 has random weights: it was never trained on the "
+                          "task, so it answers no item correctly and its accuracy is 0.0% at every phase. The "
+                          "battery's gap and the knockouts' *relative* accuracy changes are then empty (nothing to "
+                          "lose). On real weights the same calls give the paper's numbers. What is defined for any "
+                          "model is the **logit difference** (the answer's logit minus the wrong candidate's), so "
+                          "below the knockouts are read through its change."),
+        new_code_cell("items = ev.items\n"
+                      "print(f\"accuracy {100 * items['correct'].mean():.1f}% of {len(items)} items; \"\n"
+                      "      f\"mean logit difference {items['logit_diff'].mean():+.3f} (answer minus wrong)\")"),
         new_code_cell("rec = phaselens.record(adapter, n_per_residue=2, progress=PROGRESS)\nrec"),
         new_code_cell("with phaselens.knockout(adapter, 'L1H0', method='zero'):\n    out = adapter(ev_tokens := task.build(adapter.analysis_spec, n_per_residue=1).tokens[:2])\n"
                       "out.shape"),
         new_code_cell("pm = phaselens.specialization_map(adapter, n_per_residue=1, progress=PROGRESS, kinds=('layer',))\n"
                       "pm.metadata['engine']"),
+        new_markdown_cell("Whole-layer knockouts, by phase: the relative accuracy change is empty (the clean accuracy "
+                          "is 0), the change of the logit difference is not."),
+        new_code_cell("pm.by_phase('layer')[['label', 'phase', 'clean_acc', 'rel_change', 'delta_logit_diff']]"),
     ],
 }
 

@@ -24,6 +24,8 @@ LAYER_TYPES = [
 
 
 def tiny_v4_config(**overrides):
+    """A 4-layer V4 config (sliding, CSA 4, HCA 16, CSA 4); ``overrides`` replace any field. RoPE rotates the
+    trailing ``head_dim * partial_rotary_factor`` channels (16 by default) on both paths."""
     from transformers import DeepseekV4Config
 
     kwargs = dict(
@@ -32,20 +34,29 @@ def tiny_v4_config(**overrides):
         moe_intermediate_size=32, layer_types=list(LAYER_TYPES),
         compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 16},
         sliding_window=8, index_n_heads=2, index_head_dim=16, index_topk=64,
-        max_position_embeddings=65536 * 16,
-        rope_parameters={
-            "main": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
-            # As in the released Flash config: YaRN on the compressed path (θ 160000, factor 16).
-            "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 16.0,
-                         "original_max_position_embeddings": 65536, "partial_rotary_factor": 0.25},
-        },
+        max_position_embeddings=65536 * 16, partial_rotary_factor=0.25,
     )
     kwargs.update(overrides)
+    prf = kwargs["partial_rotary_factor"]  # qk_rope_head_dim agrees with what the rotary embeddings rotate
+    kwargs.setdefault("rope_parameters", {
+        "main": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": prf},
+        # The compressed path as DeepSeek's reference computes it: YaRN frequencies (θ 160000, factor 16
+        # from 65,536) and no magnitude scaling. A nested dict must say attention_factor 1.0 itself:
+        # transformers injects it only when it builds the nesting from a flat rope_scaling (as it does for
+        # the released config.json files); left out, cos/sin are scaled by 0.1 ln 16 + 1 ≈ 1.277.
+        "compress": {"rope_type": "yarn", "rope_theta": 160000.0, "factor": 16.0,
+                     "original_max_position_embeddings": 65536, "partial_rotary_factor": prf,
+                     "attention_factor": 1.0},
+    })
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cfg = DeepseekV4Config(**kwargs)
     cfg._attn_implementation = "eager"
     return cfg
+
+
+# The smallest sizes DeepSeek's quantization blocks admit: 64 non-RoPE dims (80 - 16), a 32-dim indexer.
+QUANTIZABLE = dict(head_dim=80, partial_rotary_factor=0.2, index_head_dim=32)
 
 
 def tiny_v4_model(seed: int = 0, **overrides):
@@ -112,3 +123,68 @@ def run_capturing(
         for h in handles:
             h.remove()
     return logits, calls
+
+
+def tiny_v4_bf16(directory, seed: int = 0, **overrides):
+    """The tiny V4 saved to ``directory`` and loaded back in bf16, as ``from_pretrained`` loads a real
+    checkpoint (norms, gates' position bias, sinks and hyper-connections stay fp32)."""
+    from transformers import DeepseekV4ForCausalLM
+
+    tiny_v4_model(seed, **overrides).save_pretrained(directory)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = DeepseekV4ForCausalLM.from_pretrained(
+            directory, dtype=torch.bfloat16, attn_implementation="eager"
+        )
+    return model.eval()
+
+
+# ---- The released checkpoints' config.json (facts from the public copies; the weights are never needed) ----
+# DeepSeek-V4-Flash(-Base): compress_ratios has one entry per layer plus one for the MTP layer (dropped by
+# transformers); 0 = sliding window only, 4 = CSA, 128 = HCA.
+FLASH_CONFIG: dict[str, Any] = {
+    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "attention_bias": False,
+    "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1, "hc_eps": 1e-06, "hc_mult": 4,
+    "hc_sinkhorn_iters": 20, "head_dim": 512, "hidden_act": "silu", "hidden_size": 4096, "index_head_dim": 128,
+    "index_n_heads": 64, "index_topk": 512, "initializer_range": 0.02, "max_position_embeddings": 1048576,
+    "moe_intermediate_size": 2048, "n_routed_experts": 256, "n_shared_experts": 1, "norm_topk_prob": True,
+    "num_attention_heads": 64, "num_experts_per_tok": 6, "num_hidden_layers": 43, "num_hash_layers": 3,
+    "num_key_value_heads": 1, "num_nextn_predict_layers": 1, "o_groups": 8, "o_lora_rank": 1024,
+    "q_lora_rank": 1024, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+    "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 16, "original_max_position_embeddings": 65536,
+                     "type": "yarn"},
+    "rope_theta": 10000, "routed_scaling_factor": 1.5, "scoring_func": "sqrtsoftplus", "sliding_window": 128,
+    "swiglu_limit": 10.0, "tie_word_embeddings": False, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+    "use_cache": True, "vocab_size": 129280, "compress_rope_theta": 160000,
+    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+    "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                            "scale_fmt": "ue8m0", "weight_block_size": [128, 128]},
+}
+# DeepSeek-V4-Pro(-Base): no sliding-only layer; HCA at 0-1, then CSA on even and HCA on odd layers to 60.
+PRO_CONFIG: dict[str, Any] = {
+    **FLASH_CONFIG, "hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128,
+    "q_lora_rank": 1536, "o_groups": 16, "index_topk": 1024, "moe_intermediate_size": 3072,
+    "n_routed_experts": 384, "routed_scaling_factor": 2.5,
+    "compress_ratios": [128, 128] + [4, 128] * 29 + [4, 0],
+}
+
+
+def released_config(facts: Mapping[str, Any], **overrides):
+    """A transformers ``DeepseekV4Config`` from a released ``config.json`` (eager attention)."""
+    from transformers import DeepseekV4Config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cfg = DeepseekV4Config(**{**facts, **overrides})
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def meta_v4(facts: Mapping[str, Any], dtype: torch.dtype = torch.bfloat16, **overrides):
+    """A released-size ``DeepseekV4ForCausalLM`` on the meta device (shapes and dtypes, no memory), with the
+    dtypes ``from_pretrained(dtype=...)`` gives (norms, biases, sinks and hyper-connections in fp32)."""
+    from transformers import DeepseekV4ForCausalLM
+
+    with torch.device("meta"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return DeepseekV4ForCausalLM._from_config(released_config(facts, **overrides), dtype=dtype).eval()

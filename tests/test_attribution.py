@@ -9,7 +9,7 @@ import torch
 import phaselens
 from phaselens.errors import PhaseLensError
 from phaselens.interventions.knockout import z_name
-from phaselens.protocol import build_items
+from phaselens.items import build_items
 from tests.conftest import LAYOUTS, task_model
 
 
@@ -51,5 +51,5 @@ def test_ranks_heads_like_the_exact_map_on_the_zoo(method):
 
 
 def test_bad_method_is_refused():
-    with pytest.raises(PhaseLensError, match="mean' or 'zero"):
+    with pytest.raises(PhaseLensError, match="'mean', 'zero'"):
         phaselens.attribution_map(task_model(), method="resample")

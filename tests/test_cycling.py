@@ -34,7 +34,7 @@ def test_overlap_split_bias_rolls_alike_in_both_halves():
 
 
 def test_uniform_pooling_is_not_applicable():
-    with pytest.raises(phaselens.NotApplicableError, match="no phaselens compressor with offset-specific gate parameters"):
+    with pytest.raises(phaselens.NotApplicableError, match="no compressor with offset-specific gate parameters"):
         phaselens.cycle_gates(make_model(LAYOUTS["w6s3-uniform"]), 1)
     with pytest.raises(phaselens.NotApplicableError):
         phaselens.gate_cycling_test(task_model(LAYOUTS["w6s3-uniform"]), n_per_residue=1, progress=False)
@@ -46,8 +46,10 @@ def test_r_squared_and_test_frame():
     assert r_squared(obs, obs.mean() * np.ones(3)) == pytest.approx(0.0)
     model = task_model(LAYOUTS["w4s4-scalar"])
     res = phaselens.gate_cycling_test(model, deltas=(1, -1, 4), n_per_residue=2, progress=False)
-    f = res.to_frame()
+    f = res.frame
     assert sorted(f["delta"].unique()) == [-1, 1]  # delta = 0 mod S is skipped
+    ph = res.per_phase()  # the unmodified model is delta 0 there, with the same predicted column
+    assert sorted(ph["delta"].unique()) == [-1, 0, 1] and np.allclose(ph[ph["delta"] == 0]["acc"], res.base)
     row = f[(f["delta"] == 1) & (f["phase"] == 2)].iloc[0]
     assert row["predicted"] == pytest.approx(res.base[1])  # A_0((2 - 1) mod 4)
     assert set(res.boundary) == {-1, 1} and "R^2" in repr(res)

@@ -170,7 +170,7 @@ def test_attention_split_sums_to_one_with_an_independent_sink(adapter, tokens, e
     for layer, spec in enumerate(adapter.phase_specs):
         p = f"blocks.{layer}.attn"
         local, sink = cache[f"{p}.hook_pattern_local"], cache[f"{p}.hook_pattern_sink"]
-        entry = cache.get(f"{p}.hook_pattern_entry", local[..., :0])
+        entry = cache[f"{p}.hook_pattern_entry"] if f"{p}.hook_pattern_entry" in cache.keys() else local[..., :0]
         total = local.sum(-1) + entry.sum(-1) + sink
         assert (total - 1).abs().max() <= 1e-5
         assert (sink > 1e-4).any() and (sink < 1 - 1e-4).all()  # the sink is real, not vacuous

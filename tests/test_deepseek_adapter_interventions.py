@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from phaselens.adapters.deepseek_v4 import from_hf
-from phaselens.heads import by_layer, parse_heads
 from phaselens.interventions.knockout import knockout
 from tests.deepseek import (
     one_thread,  # noqa: F401  (autouse fixture)
@@ -81,11 +80,8 @@ def test_knockout_parity_nnsight_vs_torch_hooks(adapters, data, heads, method):
         clean = adapters["torch"](tokens)
         assert torch.equal(adapters["nnsight"](tokens), clean)
         for backend, adapter in adapters.items():
-            with knockout(adapter, heads, method=method, calibration=calibration, seed=5) as ko:
+            with knockout(adapter, heads, method=method, calibration=calibration, seed=5):
                 logits[backend] = adapter(tokens)
-            assert ko.calls == len(
-                by_layer(parse_heads(heads, adapter.cfg))
-            )  # one call per knocked-out layer
     assert torch.equal(logits["torch"], logits["nnsight"])
     assert (logits["torch"] - clean)[:, -1].abs().max() > 1e-3  # the query position changed
     assert torch.equal(logits["torch"][:, :-1], clean[:, :-1])  # and nothing before it

@@ -37,7 +37,7 @@ def tokens():
 
 
 @pytest.mark.parametrize(
-    "chunk, query_len", [(5, None), (8, None), (16, None), (8, 3), (None, 1), (64, None)]
+    "chunk, query_len", [(5, None), (8, None), (16, None), (8, 3), (T - 1, 1), (64, None), (None, 4)]
 )
 def test_chunked_prefill_equals_the_unchunked_forward(adapter, tokens, chunk, query_len):
     with torch.no_grad():

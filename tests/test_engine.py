@@ -56,3 +56,28 @@ def test_boundary_query_recomputes_the_entry_it_completes():
         _, cache = model.run_with_cache(tokens, names_filter="blocks.1.attn.hook_entry_k")
     assert (ref - got).abs().max() <= 1e-5
     assert cache["blocks.1.attn.hook_entry_k"].shape[1] == 6  # entry 5 completes exactly at slot 23
+
+
+def test_query_engine_with_different_query_positions_per_row():
+    """Rows whose query slots differ (a regression: the first row's slot was used for every row) are
+    grouped by slot; every cell equals the full forward at each row's own slot."""
+    model = make_model(LAYOUTS["w8s4-deepseek"], n_layers=2)
+    tokens = torch.randint(0, 61, (5, 30), generator=torch.Generator().manual_seed(2))
+    qp = torch.tensor([23, 20, 23, 29, 21])
+    eng = model.query_engine(tokens, qp)
+    g = torch.Generator().manual_seed(3)
+    cells = [Cell(0, [1], torch.randn(5, 1, 8, generator=g)), Cell(1, [0, 3], None)]
+    out = eng.run(cells)
+    for cell, got in zip(cells, out):
+        def hook(z, hook, cell=cell):
+            z = z.clone()
+            rows = torch.arange(z.shape[0])
+            r = torch.zeros(5, len(cell.heads), 8) if cell.replacement is None else cell.replacement
+            z[rows[:, None], qp[:, None], torch.tensor(cell.heads)[None]] = r
+            return z
+
+        with torch.no_grad():
+            ref = model.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{cell.layer}.attn.hook_z", hook)])
+        assert (ref[torch.arange(5), qp] - got).abs().max() <= 1e-5
+    with torch.no_grad():
+        assert (model(tokens)[torch.arange(5), qp] - eng.clean_logits).abs().max() <= 1e-5

@@ -87,14 +87,14 @@ def test_no_hooks_leak_after_errors(model, where):
     before = _all_hooks(model)
     exc = {"keyboard-interrupt": KeyboardInterrupt, "hook": phaselens.InputError}.get(where, RuntimeError)
     with pytest.raises(exc):
-        with phaselens.knockout(model, "L0H0", method="zero", positions="all" if where != "hook" else object()) as ko:
+        with phaselens.knockout(model, "L0H0", method="zero", positions="all" if where != "hook" else torch.tensor([999, 999])):
             if where == "hook":
                 model(tokens)  # the hook raises on the bad positions value
             model(tokens)
             if where == "metric":
                 raise RuntimeError("metric failed")
             raise exc("user code failed")
-    assert ko.calls >= 0 and _all_hooks(model) == before == 0
+    assert _all_hooks(model) == before == 0
     assert torch.allclose(model(tokens), model(tokens))
 
 

@@ -22,7 +22,7 @@ def exact(model):
 
 def test_suffix_engine_map_equals_full_forward_map(model, exact):
     fast = phaselens.specialization_map(model, n_per_residue=6, progress=False, engine="suffix", n_bootstrap=50)
-    assert fast.metadata["engine"] == "suffix" and exact.metadata["engine"] == "full forwards"
+    assert fast.metadata["engine"] == "suffix" and exact.metadata["engine"] == "full"
     assert np.array_equal(fast.ko_correct, exact.ko_correct)
     assert np.nanmax(np.abs(fast.effects.delta_logit_diff - exact.effects.delta_logit_diff)) <= 1e-5
     assert list(fast.cells["label"])[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L0KV0"]
@@ -44,7 +44,7 @@ def test_map_resumes_after_interruption_with_identical_results(model, tmp_path, 
     kw = dict(n_per_residue=6, progress=False, engine="suffix", n_bootstrap=50, rows_per_pass=96, checkpoint=ckpt)
     with pytest.raises(KeyboardInterrupt):
         phaselens.specialization_map(model, **kw)
-    assert ckpt.exists() and ckpt.with_suffix(".json").exists()
+    assert ckpt.exists() and not ckpt.with_suffix(".json").exists()  # one file: the manifest is in its header
     monkeypatch.setattr(SuffixEngine, "run", real)
     resumed = phaselens.specialization_map(model, **kw)
     fresh = phaselens.specialization_map(model, **{**kw, "checkpoint": None})
@@ -55,23 +55,27 @@ def test_map_resumes_after_interruption_with_identical_results(model, tmp_path, 
 def test_checkpoint_of_another_map_is_refused(model, tmp_path):
     ckpt = tmp_path / "m.npz"
     phaselens.specialization_map(model, n_per_residue=2, progress=False, n_bootstrap=0, checkpoint=ckpt)
-    with pytest.raises(phaselens.CheckpointError, match="different map"):
+    with pytest.raises(phaselens.CheckpointError, match="holds a different computation"):
         phaselens.specialization_map(model, n_per_residue=3, progress=False, n_bootstrap=0, checkpoint=ckpt)
 
 
 def test_specialization_index_definition(exact):
-    si = exact.specialization_index(alpha=1.0)  # alpha 1: every harmful head is "significant" here
-    ph = exact.by_phase()
+    si = exact.specialization_index(alpha=1.0, n_bootstrap=50)
+    ph = exact.by_phase(n_bootstrap=0)
     for row in si.itertuples():
-        dmg = np.clip(-ph[ph["label"] == row.label]["rel_change"].to_numpy(), 0, None)
-        if not row.significant or dmg.sum() == 0:
-            assert np.isnan(row.specialization)
+        dmg = np.clip(-np.nan_to_num(ph[ph["label"] == row.label]["rel_change"].to_numpy()) / 100, 0, None)
+        if dmg.sum() == 0:
+            assert row.raw_index == 0 and row.score == 0
             continue
         q = dmg / dmg.sum()
         ent = -(q[q > 0] * np.log(q[q > 0])).sum()
-        assert row.specialization == pytest.approx(1 - ent / np.log(4))
-    strict = exact.specialization_index(alpha=1e-12)
-    assert strict["specialization"].isna().all()  # nothing passes: no index for non-significant heads
+        assert row.raw_index == pytest.approx(1 - ent / np.log(4))
+        assert row.specialization == pytest.approx((row.raw_index - row.null_mean) / (1 - row.null_mean))
+        assert row.worst_damage == pytest.approx(dmg.max()) and row.score == pytest.approx(
+            max(row.specialization, 0) * dmg.max())
+    assert list(si["score"]) == sorted(si["score"], reverse=True)  # ranked by score
+    strict = exact.specialization_index(alpha=1e-12, n_bootstrap=0)
+    assert not strict["significant"].any()
 
 
 def test_top_heads_and_frames(exact):

@@ -34,7 +34,13 @@ def test_write_side_profiles_and_concentration(rec):
     conc = r.concentration.values
     assert (conc >= 1 - 1e-5).all() and (conc <= spec.window + 1e-5).all()
     assert (r.gate_key.values >= 0).all() and (r.gate_key.values <= 1).all()
-    assert set(r.to_frame()["quantity"]) >= {"mass_key_entries", "gate_key", "gate_profile", "gate_concentration"}
+    assert set(r.to_frame()["quantity"]) >= {"mass_key_entries", "gate_key", "gate_value"}
+    assert set(r.to_frame("model")["quantity"]) == {"gate_profile", "gate_concentration"}
+    ph = r.per_phase()  # folding the items by phase agrees with pooling the residue means of equal sizes
+    key = ph[(ph["quantity"] == "gate_key")].set_index(["layer", "kv_head", "phase"])["value"]
+    res = r.gate_key.values  # [layer, kv_head, residue]
+    folded = res.reshape(*res.shape[:2], -1, r.stride).mean(2)
+    assert np.allclose(key.to_numpy().reshape(folded.shape), folded, equal_nan=True)
     assert "Recording(" in repr(r)
 
 

@@ -10,6 +10,19 @@ import pytest
 from phaselens.reporting import ReportSettings, report
 from tests.conftest import LAYOUTS, task_model
 
+# boxes of subplot titles and legend entries that meet a tick label's box, per figure (as the browser lays them out)
+OVERLAPS = """
+() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(fig => {
+  const box = e => e.getBoundingClientRect();
+  const meet = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  const titles = Array.from(fig.querySelectorAll('.annotation-text, .legendtext')).map(box);
+  const ticks = Array.from(fig.querySelectorAll('.xtick text, .ytick text')).map(box);
+  let n = 0;
+  for (const t of titles) for (const k of ticks) if (meet(t, k)) n++;
+  return [fig.closest('section') ? fig.closest('section').id : '', n];
+})
+"""
+
 TINY = ReportSettings(n_eval=4, n_record=2, n_map=2, n_cycle=2, n_repair=2)
 
 
@@ -39,6 +52,51 @@ def test_report_files_and_numbers(built):
     assert "How this was made" in page and "phaselens.report(" in page
     assert "skipped (static=False)" in page
     assert "<script src=" not in page and len(page) > 3_000_000  # self-contained: plotly.js is embedded
+
+
+def test_headline_sentence_opens_the_report(built):
+    import re
+
+    page = (built / "index.html").read_text()
+    body = page[page.index("<body>"):]
+    first = re.search(r"<h1>.*?</h1>\s*<p id=\"headline\"[^>]*><b>(.*?)</b></p>", body, re.S)
+    assert first, "the headline sentence must follow the title"
+    text = first.group(1)
+    res = json.loads((built / "results.json").read_text())["tables"]["headline"]
+    w8 = next(r for r in res if r["model"] == "tiny-w8s4")
+    assert text.startswith("tiny-w8s4 loses ") and f"{100 * w8['gap']:.1f} pp" in text
+    assert f"worst phase {w8['worst_phase']}" in text
+    assert "the full-attention control tiny-full is " in text and text.endswith(".") and text.count(". ") == 0
+
+
+def test_control_map_beside_and_captions_that_explain(built):
+    page = (built / "index.html").read_text()
+    assert 'id="tiny-full_head_map"' not in page  # no separate, differently scaled control map at the end
+    head = page[page.index('<section id="tiny-w8s4_head_map">'):]
+    head = head[: head.index("</section>")]
+    assert "control tiny-full stands on the right on the same colour scale" in head
+    cyc = page[page.index('<section id="tiny-w8s4_cycling">'):]
+    cyc = cyc[: cyc.index("</section>")]
+    assert "below 0 worse than that" in cyc
+
+
+def test_csv_integer_columns_are_integers(built):
+    import csv
+
+    from phaselens.reporting.write import INTEGER_COLUMNS
+
+    checked = 0
+    for path in built.glob("*.csv"):
+        with open(path) as f:
+            rows = list(csv.DictReader(f))
+        for col in INTEGER_COLUMNS & set(rows[0] if rows else ()):
+            vals = [r[col] for r in rows if r[col] != ""]
+            if all(v.lstrip("-").replace(".", "", 1).isdigit() for v in vals):  # numeric columns only
+                assert all("." not in v for v in vals), (path.name, col, vals[:3])
+                checked += 1
+    assert checked >= 10
+    rec = (built / "tiny-w8s4_recording.csv").read_text().splitlines()
+    assert rec[1].split(",")[:3] == ["0", "0", "0"]  # layer, head, residue; was "0,0.0,0.0"
 
 
 def test_interrupted_report_leaves_no_partial_directory(tmp_path, monkeypatch):
@@ -77,7 +135,13 @@ def test_every_figure_renders_in_headless_chromium(built):
             rendered = page.evaluate(
                 "Array.from(document.querySelectorAll('.js-plotly-plot')).filter(d => d.querySelector('.main-svg')).length"
             )
+            overlaps = page.evaluate(OVERLAPS)
+            headline_y = page.locator("#headline").bounding_box()["y"]
+            first_fig_y = page.locator(".js-plotly-plot").first.bounding_box()["y"]
         finally:
             browser.close()
     assert n_figures >= 9 and rendered == n_figures
     assert errors == []
+    # no subplot title or legend entry sits on a tick label, in any figure, as drawn
+    assert [o for o in overlaps if o[1]] == []
+    assert headline_y < first_fig_y

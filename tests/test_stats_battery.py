@@ -75,10 +75,11 @@ def test_battery_frames(flash: stats.PhaseBattery) -> None:
 def test_battery_summary_is_readable(flash: stats.PhaseBattery) -> None:
     text = repr(flash)
     assert text == flash.summary()
-    assert "gap across residues 40.23 pp" in text
+    # The paper's worst / best / gap are per residue; the folded ones are labelled per phase.
+    assert "per residue: worst 3 (29.69%), best 5 (69.92%), gap 40.23 pp" in text
+    assert "per phase: worst 3 (31.25%), best 1 (69.73%), boundary 3 (31.25%), folded gap 38.48 pp" in text
     assert "chi2=201.36 (df 7) p=5.90e-40" in text
-    assert "detected period: 4" in text
-    assert "boundary phase 3 (31.25%)" in text
+    assert "detected period: 4 (identified" in text
 
 
 def test_battery_v41_with_per_residue_n() -> None:
@@ -130,7 +131,7 @@ def test_items_battery_paired() -> None:
     assert int(r.counts.correct.sum()) == int(frame["correct"].sum())
     frame_out = r.to_frame()
     assert {"cochran_q", "kruskal", "friedman"} <= set(frame_out["quantity"])
-    assert "Cochran's Q=" in repr(r) and "item-cluster bootstrap" in repr(r)
+    assert "Cochran's Q=" in repr(r) and "CI from items (item-cluster)" in repr(r)
 
 
 def test_items_battery_unpaired_says_why() -> None:

@@ -120,3 +120,10 @@ def test_fp8_probe_group_means() -> None:
 def test_data_file_is_the_shared_copy() -> None:
     assert FLASH["correct"] == [112, 178, 169, 76, 115, 179, 165, 84]
     assert V41["correct"] == [2432, 2284, 2435, 2296, 2424, 2312, 2440, 2297]
+
+
+def test_the_packaged_counts_are_the_paper_data_and_load_from_anywhere(tmp_path, monkeypatch):
+    from phaselens.data import paper_counts
+
+    monkeypatch.chdir(tmp_path)  # no checkout around: importlib.resources finds the package copy
+    assert paper_counts() == DATA

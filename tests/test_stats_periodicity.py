@@ -72,8 +72,8 @@ def test_harmonic_pvalue_detects_a_periodic_effect_only() -> None:
 
 def test_detect_period_none_on_a_flat_table() -> None:
     res = stats.detect_period([150] * 8, 256)
-    assert res.period is None
-    assert res.nested == ()
+    assert res.period is None and res.status == "no effect" and res.candidates == ()
+    assert [t.name for t in res.nested] == ["nested_fold_8_vs_2", "nested_fold_8_vs_4"]
     # Sampling noise alone, seeded: still no period.
     noisy = np.random.default_rng(1).binomial(256, 0.6, size=8)
     assert stats.detect_period(noisy, 256).omnibus.pvalue > 0.05
@@ -92,9 +92,12 @@ def test_detect_period_none_on_a_flat_table() -> None:
 def test_detect_period_finds_the_planted_stride(pattern: list[float], modulus: int, period: int) -> None:
     c = _exact(np.tile(pattern, modulus // len(pattern)))
     res = stats.detect_period(c, 256)
-    assert res.period == period
-    assert res.nested[-1].name == f"nested_fold_{modulus}_vs_{period}"
-    assert all(t.rejects(0.05) for t in res.nested[:-1])
+    assert res.period == period and res.status == "identified" and res.candidates == (period,)
+    tests = {int(t.name.rsplit("_", 1)[1]): t for t in res.nested}
+    assert set(tests) == {d for d in range(2, modulus) if modulus % d == 0}
+    # Closed testing: every divisor of the period is rejected; the period's own nested test is not.
+    assert all(tests[d].rejects(0.05) for d in tests if period % d == 0 and d < period)
+    assert period == modulus or not tests[period].rejects(0.05)
 
 
 def test_detect_period_on_sampled_tables() -> None:
@@ -108,10 +111,11 @@ def test_detect_period_is_modulus_for_an_aperiodic_effect() -> None:
     c = _exact([0.6, 0.6, 0.6, 0.2, 0.6, 0.6, 0.6, 0.6])
     res = stats.detect_period(c, 256)
     assert res.period == 8
-    assert [t.name for t in res.nested] == ["nested_fold_8_vs_2", "nested_fold_8_vs_4", "nested_fold_8_vs_8"]
+    assert [t.name for t in res.nested] == ["nested_fold_8_vs_2", "nested_fold_8_vs_4"]
     frame = res.to_frame()
-    assert frame["candidate_period"].tolist()[1:] == [2, 4, 8]
-    assert frame["rejects"].tolist() == [True, True, True, False]
+    assert frame["candidate_period"].tolist()[1:] == [2, 4]
+    assert frame["rejects"].tolist() == [True, True, True]
+    assert res.checks[0][0] == 8 and res.checks[0][1] == 0.0  # no departure from 8-periodicity at M = 8
 
 
 def test_period_result_repr() -> None:

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from phaselens import stats
+from phaselens.errors import StatsInputError
 
 FLASH = np.array([112, 178, 169, 76, 115, 179, 165, 84])
 
@@ -100,11 +101,12 @@ def test_within_item_chunks_agree_with_one_batch(monkeypatch: pytest.MonkeyPatch
 
 
 def test_gap_bootstrap_ci_from_counts() -> None:
+    # The old name now returns the pairwise-difference interval (tests/test_stats_gapci.py covers it).
     res = stats.gap_bootstrap_ci(FLASH, 256, 4, n_bootstrap=2000, seed=0)
-    assert res.scheme == "within-residue"
+    assert isinstance(res, stats.GapInterval) and res.scheme == "independent trials"
     assert res.ci_low < res.estimate < res.ci_high
-    # The folded gap 38.5 pp has a binomial SE of about 3 pp: a 95% CI about ±6 pp wide.
-    assert 0.31 < res.ci_low < 0.35 and 0.42 < res.ci_high < 0.46
+    # The folded gap 38.5 pp has a binomial SE of about 3 pp: a 95% CI about ±6-7 pp wide.
+    assert 0.29 < res.ci_low < 0.33 and 0.42 < res.ci_high < 0.46
 
 
 def _frame_arrays(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -112,38 +114,32 @@ def _frame_arrays(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.repeat(np.arange(items), m), np.tile(np.arange(m), items), x.ravel()
 
 
-def test_item_cluster_bootstrap_uses_the_pairing() -> None:
+def test_item_cluster_interval_uses_the_pairing() -> None:
     # With strong item effects in a paired design the gap's sampling error is smaller than rows-as-independent
     # suggests, because every item contributes to every phase.
     x = _paired(150, np.tile([0.5, 0.7, 0.65, 0.35], 2), 3.0, seed=1)
     ids, res, val = _frame_arrays(x)
     cluster = stats.item_bootstrap_ci(ids, res, val, 4, n_bootstrap=2000, seed=0)
-    naive = stats.gap_bootstrap_ci(x.sum(0), 150, 4, n_bootstrap=2000, seed=0)
+    naive = stats.gap_ci(x.sum(0), 150, 4, seed=0)
     assert cluster.scheme == "item-cluster"
     assert cluster.estimate == pytest.approx(naive.estimate)
     assert (cluster.ci_high - cluster.ci_low) < 0.85 * (naive.ci_high - naive.ci_low)
-    assert cluster.n_dropped == 0
 
 
-def test_item_bootstrap_within_residue_for_nested_items() -> None:
-    # Every item sits at one residue and each residue's outcomes are constant: resampling items inside
-    # residues cannot move the gap, so the interval collapses onto the estimate.
-    res = np.repeat(np.arange(8), 10)
-    val = np.where(res % 4 == 3, 0.0, 1.0)
-    ci = stats.item_bootstrap_ci(np.arange(80), res, val, 4, n_bootstrap=200, seed=0)
-    assert ci.scheme == "within-residue"
-    assert ci.estimate == ci.ci_low == ci.ci_high == 1.0
-    # The same rows with items crossing residues are resampled as clusters, and the interval opens up.
-    crossed = stats.item_bootstrap_ci(
-        np.arange(80) % 10, res, val + 0.1 * (np.arange(80) % 3), 4, n_bootstrap=200
-    )
-    assert crossed.scheme == "item-cluster" and crossed.ci_high > crossed.ci_low
+def test_item_interval_with_one_item_per_row_matches_counts() -> None:
+    # Each item answered once: the item-cluster covariance reduces to the binomial one, and the pseudo-items
+    # to the Agresti-Caffo adjustment, so the item path and the count path give the same bounds.
+    rng = np.random.default_rng(3)
+    res = np.repeat(np.arange(8), 300)
+    val = (rng.random(res.size) < np.tile([0.45, 0.7, 0.65, 0.3], 2)[res]).astype(float)
+    items = stats.item_gap_ci(np.arange(res.size), res, val, 4, seed=0)
+    counts = stats.gap_ci(np.bincount(res, weights=val).astype(int), 300, 4, seed=0)
+    assert items.scheme == "items, one phase each"
+    assert items.estimate == pytest.approx(counts.estimate)
+    assert items.ci_low == pytest.approx(counts.ci_low, abs=2e-3)
+    assert items.ci_high == pytest.approx(counts.ci_high, abs=2e-3)
 
 
-def test_item_bootstrap_drops_replicates_missing_a_phase() -> None:
-    # Only two items, at disjoint residues: half the cluster replicates miss a phase.
-    ids = np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1])
-    res = np.array([0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7])
-    val = np.array([1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 0], float)
-    ci = stats.item_bootstrap_ci(ids, res, val, 8, n_bootstrap=400, seed=0)
-    assert 100 < ci.n_dropped < 300
+def test_item_interval_needs_every_phase() -> None:
+    with pytest.raises(StatsInputError, match=r"phases \[3\]"):
+        stats.item_gap_ci(np.arange(6), [0, 1, 2, 4, 5, 6], np.ones(6), 4, modulus=8)

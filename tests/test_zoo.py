@@ -26,6 +26,7 @@ def test_checkpoint_loads_matches_sha256_and_reproduces_its_card(name):
     e = entry(name)
     card = e.card
     assert sha256_file(e.path / "model.safetensors") == card["weights_sha256"]
+    assert sha256_file(e.path / "config.json") == card["config_sha256"]  # the config and the default task
     model = phaselens.load(f"zoo:{name}")
     assert model.config == RECIPES[name].config
     assert model.default_task is not None and model.default_task.to_dict() == card["task"]
@@ -83,9 +84,9 @@ def test_cards_state_the_phenomenon():
 
 @pytest.mark.parametrize("name, stride", [("w8s4", 4), ("full", 4)])
 def test_remeasured_subset_agrees_with_the_card(name, stride):
-    """A fast re-measurement in CI (fresh items, 96 per residue) lands where the card says."""
+    """A fast re-measurement in CI (fresh items, 48 per residue) lands where the card says."""
     model = phaselens.load(f"zoo:{name}")
-    ev = phaselens.evaluate(model, n_per_residue=96, seed=7, progress=False, stride=stride, batch_size=256,
+    ev = phaselens.evaluate(model, n_per_residue=48, seed=7, progress=False, stride=stride, batch_size=256,
                             n_permutations=499, n_bootstrap=0)
     card = entry(name).card["battery"]
     assert abs(ev.mean - card["mean"]) < 0.03
@@ -94,3 +95,65 @@ def test_remeasured_subset_agrees_with_the_card(name, stride):
         assert ev.tests.counts.g.pvalue > 1e-3
     else:
         assert ev.tests.counts.g.pvalue < 1e-6 and ev.period == 4
+
+
+def _copy_zoo(tmp_path, monkeypatch, name="w4s4"):
+    import shutil
+
+    import phaselens.zoo as zoo
+
+    shutil.copytree(ZOO_DIR / name, tmp_path / name)
+    monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path)
+    return tmp_path / name
+
+
+@pytest.mark.parametrize("edit", ["local_window", "filler", "whitespace"])
+def test_an_edited_config_or_default_task_is_refused(tmp_path, monkeypatch, edit):
+    # the issue's reproducer: local_window 8 -> 2 (or the default task's filler) loaded silently, other logits
+    path = _copy_zoo(tmp_path, monkeypatch)
+    cfg = json.loads((path / "config.json").read_text())
+    if edit == "local_window":
+        cfg["config"]["local_window"] = 2
+    elif edit == "filler":
+        cfg["default_task"]["block_filler"] += 1
+    text = json.dumps(cfg, indent=2, sort_keys=True) + (" " if edit == "whitespace" else "")
+    (path / "config.json").write_text(text)
+    with pytest.raises(phaselens.ZooError, match=r"config.json has sha256 .* but its card says"):
+        phaselens.load("zoo:w4s4")
+
+
+@pytest.mark.parametrize("damage", ["missing", "invalid", "array", "no_hash"])
+def test_a_missing_or_corrupt_card_is_a_zoo_error(tmp_path, monkeypatch, damage):
+    path = _copy_zoo(tmp_path, monkeypatch)
+    card = path / "card.json"
+    if damage == "missing":
+        card.unlink()
+    elif damage == "invalid":
+        card.write_text(card.read_text()[:100])
+    elif damage == "array":
+        card.write_text("[]")
+    else:
+        data = json.loads(card.read_text())
+        del data["config_sha256"]
+        card.write_text(json.dumps(data))
+    with pytest.raises(phaselens.ZooError, match="(?i)reinstall phaselens"):
+        phaselens.load("zoo:w4s4")
+
+
+def test_cards_record_the_code_commit(tmp_path, monkeypatch):
+    """Cards written by training name the git commit of the code (or say why they cannot)."""
+    import subprocess
+
+    from phaselens.zoo import build
+
+    prov = build.code_provenance()
+    head = subprocess.run(["git", "-C", str(build.Path(build.__file__).parent), "rev-parse", "HEAD"],
+                          capture_output=True, text=True).stdout.strip()
+    assert prov["commit"] == head and len(head) == 40 and isinstance(prov["dirty"], bool)
+
+    def no_git(*a, **k):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    assert build.code_provenance() == {"commit": None, "dirty": None,
+                                       "note": "not run from a git checkout (an installed package)"}

@@ -9,21 +9,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.effects import EPS_CLEAN, Effects, relative_effects
-from phaselens.evaluate import score_items
-from phaselens.heads import Head, parse_heads
+from phaselens.effects import Effects, relative_effects
+from phaselens.evaluate import items_from_logits, score_items
+from phaselens.heads import Head
 from phaselens.interventions.knockout import knockout
-from phaselens.protocol import build_items
-from phaselens.scoring import model_logits
+from phaselens.interventions.run import engine_metrics, full_metrics
+from phaselens.items import build_items, check_options
+from phaselens.protocol import PhaseModel, choose_engine, metadata_of
+from phaselens.results import Result
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class AblationResult:
+class AblationResult(Result):
     """Clean against knocked-out accuracy for one set of heads.
 
     ``effects`` holds ``[1, residues]`` arrays (see :class:`~phaselens.effects.Effects`); ``items`` one row
     per item with ``correct`` / ``correct_ko`` and ``logit_diff`` / ``logit_diff_ko``.
     """
+
+    LEVELS = ("residue", "phase", "item")
 
     heads: tuple[Head, ...]
     method: str
@@ -34,43 +38,35 @@ class AblationResult:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def per_residue(self) -> pd.DataFrame:
-        e = self.effects
-        df = pd.DataFrame({
-            "residue": np.arange(self.modulus), "phase": np.arange(self.modulus) % self.stride, "n": e.n,
-            "clean_acc": e.clean_acc, "ko_acc": e.ko_acc[0], "rel_change": e.rel_change[0],
-            "ci_low": e.ci_low[0], "ci_high": e.ci_high[0], "pvalue": e.pvalue[0],
-            "delta_logit_diff": e.delta_logit_diff[0], "undefined": e.undefined[0],
-        })
-        return df[df["n"] > 0].reset_index(drop=True)
+        """One row per residue with items: clean and KO accuracy, relative change with its bootstrap CI,
+        McNemar p, and the mean change of the logit difference."""
+        return _frame(self.effects, self.modulus, self.stride, "residue")
 
     def per_phase(self) -> pd.DataFrame:
-        """Residues folded mod S: pooled clean and KO accuracy and the relative change."""
+        """Residues folded mod S: the same columns per phase, plus ``boundary``."""
         it = self.items
-        g = it.groupby(it["residue"] % self.stride)
-        df = pd.DataFrame({"n": g.size(), "clean_acc": g["correct"].mean(), "ko_acc": g["correct_ko"].mean()})
-        df.index.name = "phase"
-        df = df.reset_index()
-        ok = df["clean_acc"] >= EPS_CLEAN
-        df["rel_change"] = np.where(ok, 100 * (df["ko_acc"] - df["clean_acc"]) / df["clean_acc"].where(ok), np.nan)
-        df["undefined"] = ~ok
-        df["boundary"] = df["phase"] == self.stride - 1
-        return df
+        eff = relative_effects(it["correct"].to_numpy(), it["correct_ko"].to_numpy()[None],
+                               it["residue"].to_numpy() % self.stride, self.stride,
+                               clean_ld=it["logit_diff"].to_numpy(), ko_ld=it["logit_diff_ko"].to_numpy()[None],
+                               n_bootstrap=int(self.metadata.get("arguments", {}).get("n_bootstrap", 1000)),
+                               seed=int(self.metadata.get("arguments", {}).get("seed", 0)))
+        out = _frame(eff, self.stride, self.stride, "phase")
+        out["boundary"] = out["phase"] == self.stride - 1
+        return out
 
-    def to_frame(self) -> pd.DataFrame:
-        return self.per_residue()
+    def per_item(self) -> pd.DataFrame:
+        return self.items.copy()
 
     def summary(self) -> str:
         ph = self.per_phase()
         heads = ", ".join(map(str, self.heads[:6])) + ("..." if len(self.heads) > 6 else "")
         lines = [f"AblationResult: knock out {heads} ({self.method}) on {len(self.items)} items, stride {self.stride}"]
         for row in ph.itertuples():
-            rc = "undefined (clean acc < eps)" if row.undefined else f"{row.rel_change:+.1f}%"
+            rc = "undefined (clean acc < 2%)" if row.undefined else (
+                f"{row.rel_change:+.1f}% [{row.ci_low:+.1f}, {row.ci_high:+.1f}], p={row.pvalue:.2g}")
             lines.append(f"  phase {row.phase}{' (boundary)' if row.boundary else ''}: clean {100 * row.clean_acc:.1f}% "
                          f"-> KO {100 * row.ko_acc:.1f}%  ({rc})")
         return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return self.summary()
 
     def plot(self, **kwargs: Any):
         from phaselens import plots
@@ -78,49 +74,74 @@ class AblationResult:
         return plots.phase_rose(self, **kwargs)
 
 
+def _frame(e: Effects, n_groups: int, stride: int, level: str) -> pd.DataFrame:
+    g = np.arange(n_groups)
+    df = pd.DataFrame({
+        level: g, **({"phase": g % stride} if level == "residue" else {}), "n": e.n,
+        "clean_acc": e.clean_acc, "ko_acc": e.ko_acc[0], "rel_change": e.rel_change[0],
+        "ci_low": e.ci_low[0], "ci_high": e.ci_high[0], "pvalue": e.pvalue[0],
+        "delta_logit_diff": e.delta_logit_diff[0], "undefined": e.undefined[0],
+    })
+    return df[df["n"] > 0].reset_index(drop=True)
+
+
 def ablate(
-    model: Any,
+    model: PhaseModel,
     heads: Any,
     phase: int | Sequence[int] | None = None,
     *,
     task: Any = None,
     method: str = "mean",
     n_per_residue: int = 128,
+    residues: Sequence[int] | None = None,
     seed: int = 0,
     batch_size: int = 64,
     calibration: Any = None,
     n_bootstrap: int = 1000,
     progress: bool = True,
     stride: int | None = None,
+    engine: str = "auto",
 ) -> AblationResult:
-    """Evaluate ``task`` with and without knocking out ``heads`` at the query position.
+    """Evaluate ``task`` with and without knocking out ``heads`` at each item's query position.
 
     Args:
-        model: a phaselens model (or adapter).
+        model: a phaselens model (or adapter, or phase ensemble).
         heads: ``(layer, head)``, ``"L2H3"``, ``"L2"``, ``"L2KV0"``, or a list of these.
-        phase: phases (residue mod S) to evaluate: an int, a list, or ``None`` for all.
+        phase: phases (residue mod S) to evaluate: an int, a list, or ``None`` for all (or pass ``residues``).
         method: ``"mean"`` (calibration mean, the paper's choice), ``"zero"`` or ``"resample"``.
+        engine: ``"auto"`` (the query-suffix engine when the model offers it and the heads sit in one layer),
+            ``"suffix"`` or ``"full"``; ``metadata["engine"]`` names the one used.
 
     Example:
-        >>> res = phaselens.ablate(phaselens.load("zoo:w4s4"), "L1H2", phase=0)  # doctest: +SKIP
+        >>> res = phaselens.ablate(phaselens.load("zoo:w8s4"), "L0H3", phase=3, n_per_residue=32)  # doctest: +SKIP
         >>> res.per_phase()  # doctest: +SKIP
     """
-    parsed = parse_heads(heads, model.cfg)
-    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, seed=seed, stride=stride)
-    clean = score_items(model, batch, batch_size=batch_size, progress=progress)
-    with knockout(model, parsed, method=method, calibration=calibration, task=task, seed=seed) as ko:
-        def forward(tokens, query_pos):
-            ko.positions = query_pos
-            return model_logits(model, tokens, query_pos)
-
-        ablated = score_items(model, batch, batch_size=batch_size, progress=progress, forward=forward)
+    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
+    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, residues=residues,
+                                    seed=seed, stride=stride)
+    ko = knockout(model, heads, method=method, calibration=calibration, task=task, seed=seed)
+    used = choose_engine(model, engine)
+    if used == "suffix" and engine == "auto" and len({h.layer for h in ko.heads}) > 1:
+        used = "full"  # the engine intervenes at one layer per cell
+    if used == "suffix":
+        eng = model.query_engine(batch.tokens, batch.query_pos)
+        clean = items_from_logits(batch, eng.clean_logits)
+        got: list[dict[str, np.ndarray]] = []
+        engine_metrics(eng, batch, [ko], per_pass=1, on_chunk=lambda _i, m: got.extend(m))
+        ablated = got[0]
+    else:
+        clean = score_items(model, batch, batch_size=batch_size, progress=progress, desc="clean")
+        ablated = full_metrics(model, batch, ko, batch_size=batch_size, progress=progress, desc="ablate")
     items = clean.copy()
-    items["correct_ko"] = ablated["correct"].to_numpy()
-    items["logit_diff_ko"] = ablated["logit_diff"].to_numpy()
+    items["correct_ko"] = np.asarray(ablated["correct"], bool)
+    items["logit_diff_ko"] = ablated["logit_diff"]
     eff = relative_effects(
         items["correct"].to_numpy(), items["correct_ko"].to_numpy()[None], items["residue"].to_numpy(),
         batch.modulus, clean_ld=items["logit_diff"].to_numpy(), ko_ld=items["logit_diff_ko"].to_numpy()[None],
         n_bootstrap=n_bootstrap, seed=seed,
     )
-    meta = {"n_per_residue": n_per_residue, "seed": seed, "phase": phase, "engine": "full forwards"}
-    return AblationResult(parsed, method, eff, items, spec.stride, batch.modulus, meta)
+    meta = metadata_of(model, heads=[str(h) for h in ko.heads], phase=phase, residues=residues, method=method,
+                       n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, n_bootstrap=n_bootstrap,
+                       stride=stride, engine=engine)
+    meta.update(engine=used, calibration=None if ko.calibration is None else ko.calibration.source)
+    return AblationResult(ko.heads, method, eff, items, spec.stride, batch.modulus, meta)

@@ -14,7 +14,9 @@ Decoding through the cache gives the same logits as a parallel forward over the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import numbers
+import weakref
+from typing import TYPE_CHECKING, SupportsInt
 
 import torch
 from torch import Tensor
@@ -125,16 +127,32 @@ class CompressedKVCache:
     preallocated storage.
     """
 
-    def __init__(self, model: CompressedTransformer, batch_size: int, max_len: int) -> None:
-        if batch_size < 1 or max_len < 1:
-            raise CacheError(f"a cache needs batch_size >= 1 and max_len >= 1, got {batch_size} and {max_len}.")
+    def __init__(self, model: CompressedTransformer, batch_size: SupportsInt, max_len: SupportsInt) -> None:
+        for name, value in (("batch_size", batch_size), ("max_len", max_len)):
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise CacheError(f"a cache needs a positive int {name}, got {value!r}; e.g. model.new_cache(batch_size=2, "
+                                 "max_len=256) (max_len=None means the model's n_ctx).")
+        batch_size, max_len = int(batch_size), int(max_len)
         if max_len > model.config.n_ctx:
             raise CacheError(f"max_len {max_len} exceeds the model's context n_ctx={model.config.n_ctx}.")
         param = model.unembed.weight
+        self.dtype, self.device = param.dtype, param.device
+        self._owner = weakref.ref(model)
         self.batch_size, self.max_len = batch_size, max_len
         self.layers = [LayerCache(b.attn, batch_size, max_len, param.dtype, param.device) for b in model.blocks]
         self.length = 0
         self._busy = False
+
+    def check_model(self, model: CompressedTransformer) -> None:
+        """Refuse a model other than the one this cache was made for, or one whose dtype or device changed."""
+        if self._owner() is not model:
+            raise CacheError("this cache was made by another model; make one with model.new_cache(...) for this model.")
+        param = model.unembed.weight
+        if param.dtype != self.dtype or param.device != self.device:
+            raise CacheError(
+                f"this cache holds {self.dtype} on {self.device}, but the model is now {param.dtype} on "
+                f"{param.device} (converted after the cache was made); make a new cache with model.new_cache(...)."
+            )
 
     def begin(self, tokens: Tensor) -> list[LayerCache]:
         """Called by the model before appending ``tokens`` ``[B, n]``; returns the per-layer pasts."""

@@ -9,7 +9,7 @@ documented in ``docs/hooks.md``.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, SupportsInt
 
 import torch
 import torch.nn.functional as F
@@ -23,9 +23,16 @@ from phaselens.geometry import PhaseSpec
 from phaselens.models.attention import Attention, NoPast, Past
 from phaselens.models.compressor import default_init_, rms_norm
 from phaselens.models.config import CompressedConfig
+from phaselens.models.hooking import ContextHooks, query_start
 
 if TYPE_CHECKING:
     from phaselens.models.cache import CompressedKVCache
+
+
+def _is_int(x: Any) -> bool:
+    import numbers
+
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 class RMSNorm(nn.Module):
@@ -70,7 +77,7 @@ class Block(nn.Module):
         return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
 
 
-class CompressedTransformer(HookedRootModule):
+class CompressedTransformer(ContextHooks, HookedRootModule):
     """A decoder-only transformer whose compressed layers attend to a local window plus pooled entries.
 
     Args:
@@ -87,6 +94,7 @@ class CompressedTransformer(HookedRootModule):
     """
 
     default_task: Any = None
+    name: str = ""
 
     def __init__(self, cfg: CompressedConfig) -> None:
         super().__init__()
@@ -102,6 +110,67 @@ class CompressedTransformer(HookedRootModule):
         default_init_(self, cfg.init_std, generator)
         self.setup()
         self.eval()
+
+    def setup(self) -> None:
+        """TransformerLens's name tables, with lookups of missing names explained (``HookNameError``)."""
+        from phaselens.hooknames import HookDict
+
+        super().setup()
+        self.mod_dict = HookDict(self.mod_dict)
+        self.hook_dict = HookDict(self.hook_dict)
+
+    # ---- TransformerLens-shaped weight views (copies; the parameters live in blocks[l].attn) ---------
+    def _per_head(self, name: str) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """``[n_layers, n_heads, d_model, d_head]`` of W_Q / W_K / W_V, KV heads repeated over their query
+        heads (GQA, KV-major as TransformerLens repeats them); tied K=V layers give W_KV for both."""
+        cfg = self.config
+        H, Hkv, d, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
+        out = []
+        for block in self.blocks:
+            attn = block.attn
+            w = attn.W_Q if name == "Q" else attn.W_KV if attn.tied else getattr(attn, f"W_{name}")
+            heads = H if name == "Q" else Hkv
+            w = w.view(D, heads, d).permute(1, 0, 2)  # [heads, D, d]
+            out.append(w if heads == H else w.repeat_interleave(H // Hkv, dim=0))
+        return torch.stack(out)
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Query weights as TransformerLens shapes them (applied to the RMS-normed residual, before RoPE)."""
+        return self._per_head("Q")
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Key weights, KV heads repeated to ``n_heads`` (before RoPE; W_KV on tied K=V layers)."""
+        return self._per_head("K")
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Value weights, KV heads repeated to ``n_heads`` (W_KV on tied K=V layers, where RoPE is undone at z)."""
+        return self._per_head("V")
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        """Output weights per head: ``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l])`` (no bias)."""
+        cfg = self.config
+        return torch.stack([b.attn.W_O.view(cfg.n_heads, cfg.d_head, cfg.d_model) for b in self.blocks])
+
+    @property
+    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        return torch.stack([b.mlp.W_in for b in self.blocks])
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
+        return torch.stack([b.mlp.W_out for b in self.blocks])
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed.weight
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        """Unembedding as TransformerLens shapes it (the transpose of ``unembed.weight``)."""
+        return self.unembed.weight.T
 
     # ---- protocol ------------------------------------------------------------------------------------
     @property
@@ -122,6 +191,30 @@ class CompressedTransformer(HookedRootModule):
         """The geometry used to define phases: the smallest compressed stride (stride 1 for the control)."""
         specs = [s for s in self.phase_specs if s is not None]
         return min(specs, key=lambda s: s.stride) if specs else PhaseSpec(1)
+
+    @property
+    def analysis_metadata(self) -> dict[str, Any]:
+        """What a result must carry to be read correctly: nothing beyond the model's name for this model."""
+        return {}
+
+    @property
+    def returns_query_logits(self) -> bool:
+        """False: all logits of a forward fit in memory at this model's sizes."""
+        return False
+
+    # ---- capabilities (see phaselens.protocol.CAPABILITIES) -------------------------------------------
+    def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096) -> Any:
+        """The query-suffix engine over ``tokens`` ``[N, T]`` with query slots ``query_pos`` ``[N]``."""
+        from phaselens.engine import QueryEngine
+
+        return QueryEngine(self, tokens, query_pos, rows_per_pass=rows_per_pass)
+
+    def cycle_gates(self, delta: int) -> CompressedTransformer:
+        """A copy whose offset-specific gate parameters are rolled by ``delta`` (see
+        :func:`phaselens.interventions.cycling.cycle_gates`)."""
+        from phaselens.interventions.cycling import roll_offset_gates
+
+        return roll_offset_gates(self, delta)
 
     def to_tokens(self, tokens: Any, *args: Any, **kwargs: Any) -> Tensor:
         """Token ids as a ``[batch, pos]`` long tensor. This model has no tokenizer: text is an error."""
@@ -152,6 +245,8 @@ class CompressedTransformer(HookedRootModule):
         *,
         cache: CompressedKVCache | None = None,
         return_type: Literal["logits", "loss", "both", None] = "logits",
+        logits: Literal["all", "query"] = "all",
+        query_len: int | None = None,
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]`` for token ids ``tokens`` ``[batch, pos]`` (or ``[pos]``).
 
@@ -159,9 +254,19 @@ class CompressedTransformer(HookedRootModule):
 
         With ``cache``, ``tokens`` continue the cached sequence at slot ``cache.length`` and the cache is
         advanced; the logits equal those of a parallel forward over the whole sequence.
+
+        With ``logits="query"`` only the last ``query_len`` rows are unembedded: ``[batch, query_len, d_vocab]``
+        (the analyses score query rows only, and the unembedding is most of a small model's cost).
         """
+        if logits not in ("all", "query"):
+            raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
         tokens = self._check_tokens(tokens)
         B, n = tokens.shape
+        if B == 0 or n == 0:  # checked before the cache is touched, so the cache stays usable
+            raise InputError(
+                f"tokens have shape {tuple(tokens.shape)}: a forward needs at least one sequence of at least one "
+                "token; drop empty batches before calling the model."
+            )
         if cache is None:
             if n > self.config.n_ctx:
                 raise InputError(
@@ -170,29 +275,40 @@ class CompressedTransformer(HookedRootModule):
                 )
             pasts: list[Past] = [NoPast() for _ in self.blocks]
         else:
+            cache.check_model(self)
             pasts = cache.begin(tokens)
-        resid = self.hook_embed(self.embed(tokens))
-        for block, past in zip(self.blocks, pasts):
-            resid = block(resid, past)
+        with query_start(0 if cache is None else cache.length):
+            resid = self.hook_embed(self.embed(tokens))
+            for block, past in zip(self.blocks, pasts):
+                resid = block(resid, past)
         if cache is not None:
             cache.end(n)
-        logits = self.unembed(self.ln_final(resid))
-        if return_type == "logits":
-            return logits
+        if logits == "query":
+            if return_type != "logits":
+                raise InputError("logits='query' returns logits only; use return_type='logits'.")
+            q = n if query_len is None else int(query_len)
+            if not 1 <= q <= n:
+                raise InputError(f"query_len must lie in 1..{n} (the call's length), got {query_len}.")
+            resid = resid[:, n - q :]
         if return_type is None:
             return None
-        loss = F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
-        return loss if return_type == "loss" else (logits, loss)
+        out = self.unembed(self.ln_final(resid))
+        if return_type == "logits":
+            return out
+        loss = F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), tokens[:, 1:].reshape(-1))
+        return loss if return_type == "loss" else (out, loss)
 
-    def new_cache(self, batch_size: int = 1, max_len: int | None = None) -> CompressedKVCache:
-        """An empty :class:`~phaselens.models.cache.CompressedKVCache` for ``batch_size`` sequences."""
+    def new_cache(self, batch_size: SupportsInt = 1, max_len: SupportsInt | None = None) -> CompressedKVCache:
+        """An empty :class:`~phaselens.models.cache.CompressedKVCache` for ``batch_size`` sequences of up to
+        ``max_len`` tokens (default ``n_ctx``). Both must be positive ints (numpy ints too); anything else
+        raises a :class:`~phaselens.errors.CacheError` (the annotation admits any number so that check runs)."""
         from phaselens.models.cache import CompressedKVCache
 
-        return CompressedKVCache(self, batch_size, max_len or self.config.n_ctx)
+        return CompressedKVCache(self, batch_size, self.config.n_ctx if max_len is None else max_len)
 
     @torch.no_grad()
     def generate(
-        self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, prefill_chunk: int | None = None
+        self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, prefill_chunk: SupportsInt | None = None
     ) -> Int[Tensor, "batch pos_plus_new"]:
         """Greedy decoding through the compressed cache; returns prompt + new tokens."""
         tokens = self._check_tokens(tokens)
@@ -206,11 +322,16 @@ class CompressedTransformer(HookedRootModule):
         return torch.cat(out, dim=1)
 
     def prefill(
-        self, tokens: Int[Tensor, "batch pos"], cache: CompressedKVCache, *, chunk: int | None = None
+        self, tokens: Int[Tensor, "batch pos"], cache: CompressedKVCache, *, chunk: SupportsInt | None = None
     ) -> Float[Tensor, "batch 1 d_vocab"]:
-        """Feed ``tokens`` through ``cache`` in chunks (bounded memory); return the last position's logits."""
+        """Feed ``tokens`` through ``cache`` in chunks of ``chunk`` tokens (a positive int; ``None``: one piece)
+        with bounded memory; return the last position's logits."""
         tokens = self._check_tokens(tokens)
-        chunk = chunk or tokens.shape[1]
+        if chunk is not None and (not _is_int(chunk) or chunk < 1):
+            raise InputError(f"chunk must be a positive int (tokens per prefill piece) or None, got {chunk!r}.")
+        if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise InputError(f"prefill needs at least one sequence of at least one token, got shape {tuple(tokens.shape)}.")
+        chunk = int(chunk) if chunk is not None else tokens.shape[1]
         logits = None
         for i in range(0, tokens.shape[1], chunk):
             logits = self(tokens[:, i : i + chunk], cache=cache)[:, -1:]
@@ -218,11 +339,16 @@ class CompressedTransformer(HookedRootModule):
         return logits
 
     # ---- persistence ---------------------------------------------------------------------------------
-    def save(self, path: Any, *, metadata: dict[str, Any] | None = None) -> None:
-        """Write ``model.safetensors`` and ``config.json`` into the directory ``path`` (atomically)."""
+    def save(self, path: Any, *, metadata: dict[str, Any] | None = None, overwrite: bool = False) -> None:
+        """Write ``model.safetensors`` and ``config.json`` (+ ``card.json`` from ``metadata``) into the directory
+        ``path``, atomically.
+
+        A directory holding other files is refused (:class:`~phaselens.errors.OutputError`) unless
+        ``overwrite=True``, which replaces only the checkpoint's own files and keeps the rest.
+        """
         from phaselens.models.io import save_model
 
-        save_model(self, path, metadata=metadata)
+        save_model(self, path, metadata=metadata, overwrite=overwrite)
 
     def __repr__(self) -> str:
         c = self.config

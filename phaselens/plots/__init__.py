@@ -3,14 +3,17 @@
 Plotting never computes: every number drawn comes from the result object it is given.
 """
 
-from phaselens.plots.mechanism import (
+from phaselens.plots.knockout import (
     attribution_heatmap,
-    gate_concentration,
-    gate_cycling_scatter,
-    gate_profiles,
     head_phase_heatmap,
     layer_knockout_map,
     patch_heatmap,
+)
+from phaselens.plots.mechanism import (
+    gate_concentration,
+    gate_cycling_scatter,
+    gate_profiles,
+    r2_note,
     read_side_attention,
 )
 from phaselens.plots.phase import accuracy_by_residue, periodicity_panel, phase_rose, repair_panel
@@ -30,6 +33,7 @@ __all__ = [
     "periodicity_panel",
     "phase_label",
     "phase_rose",
+    "r2_note",
     "read_side_attention",
     "repair_panel",
 ]

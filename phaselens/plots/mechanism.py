@@ -1,4 +1,4 @@
-"""Mechanism figures: knockout maps, read-side attention, gate profiles, gate cycling, patching."""
+"""Mechanism figures: read-side attention, gate profiles and concentration, gate cycling."""
 
 from __future__ import annotations
 
@@ -17,55 +17,8 @@ from phaselens.plots.theme import (
     TEMPLATE,
     figure,
     head_label,
+    mark_boundary,
 )
-
-
-def _mark_boundary(fig: go.Figure, stride: int, modulus: int, rows: int) -> None:
-    for r in range(stride - 1, modulus, stride):
-        for row in range(1, rows + 1):
-            fig.add_vrect(x0=r - 0.5, x1=r + 0.5, line=dict(color=BOUNDARY, width=1.5), fillcolor="rgba(0,0,0,0)",
-                          row=row, col=1)
-
-
-def head_phase_heatmap(pm: Any, *, quantity: str = "rel_change", title: str | None = None) -> go.Figure:
-    """Head x residue knockout effect of a ``PhaseMap``, one facet per layer, diverging colours centred at 0.
-
-    Hover shows the value, its 95% CI and McNemar p. Boundary-phase residues are outlined.
-    """
-    lab = pm.values("head", quantity)
-    p = pm.values("head", "pvalue").values
-    L, H, M = lab.values.shape
-    fig = make_subplots(rows=L, cols=1, shared_xaxes=True, vertical_spacing=0.06,
-                        subplot_titles=[f"layer {layer}" for layer in range(L)])
-    vmax = float(np.nanmax(np.abs(lab.values))) if np.isfinite(lab.values).any() else 1.0
-    lo = lab.ci_low if lab.ci_low is not None else np.full_like(lab.values, np.nan)
-    hi = lab.ci_high if lab.ci_high is not None else np.full_like(lab.values, np.nan)
-    for layer in range(L):
-        custom = np.stack([lo[layer], hi[layer], p[layer]], -1)
-        fig.add_trace(go.Heatmap(
-            z=lab.values[layer], x=list(range(M)), y=[head_label(layer, h) for h in range(H)],
-            zmid=0, zmin=-vmax, zmax=vmax, colorscale=DIVERGING, showscale=layer == 0, customdata=custom,
-            colorbar=dict(title="% change" if quantity == "rel_change" else quantity),
-            hovertemplate="%{y}, residue %{x}<br>" + quantity + " %{z:.1f} [%{customdata[0]:.1f}, %{customdata[1]:.1f}]"
-                          "<br>p=%{customdata[2]:.3g}<extra></extra>",
-        ), layer + 1, 1)
-    _mark_boundary(fig, pm.stride, M, L)
-    fig.update_xaxes(title_text="residue of the target key (outlined: boundary phase)", row=L, col=1)
-    fig.update_layout(template=TEMPLATE, height=220 + 160 * L,
-                      title=title or f"Per-head knockout ({pm.method}) by residue: relative accuracy change")
-    return fig
-
-
-def layer_knockout_map(pm: Any, *, title: str | None = None) -> go.Figure:
-    """Layer x residue map of whole-layer knockouts (the paper's DeepSeek-style map)."""
-    lab = pm.values("layer", "rel_change")
-    vmax = float(np.nanmax(np.abs(lab.values))) if np.isfinite(lab.values).any() else 1.0
-    fig = figure(title or f"Whole-layer knockout ({pm.method}) by residue",
-                 xaxis_title="residue of the target key", yaxis_title="layer")
-    fig.add_trace(go.Heatmap(z=lab.values, x=list(range(pm.modulus)), y=[f"L{i}" for i in range(lab.values.shape[0])],
-                             zmid=0, zmin=-vmax, zmax=vmax, colorscale=DIVERGING, colorbar=dict(title="% change"),
-                             hovertemplate="%{y}, residue %{x}: %{z:.1f}%<extra></extra>"))
-    return fig
 
 
 def read_side_attention(rec: Any, quantity: str = "key_entries", *, title: str | None = None) -> go.Figure:
@@ -79,30 +32,58 @@ def read_side_attention(rec: Any, quantity: str = "key_entries", *, title: str |
         fig.add_trace(go.Heatmap(z=lab.values[i], x=list(range(M)), y=[head_label(layer, h) for h in range(H)],
                                  colorscale=SEQUENTIAL, zmin=0, showscale=i == 0, colorbar=dict(title="mass"),
                                  hovertemplate="%{y}, residue %{x}: %{z:.3f}<extra></extra>"), i + 1, 1)
-    _mark_boundary(fig, rec.stride, M, L)
-    fig.update_xaxes(title_text="residue of the target key", row=L, col=1)
+    mark_boundary(fig, rec.stride, M, rows=range(1, L + 1))
+    fig.update_xaxes(title_text="residue of the target key (outlined: boundary phase)", row=L, col=1)
+    fig.update_yaxes(autorange="reversed")
     fig.update_layout(template=TEMPLATE, height=220 + 160 * L,
                       title=title or f"Read side: attention mass on {quantity.replace('_', ' ')}")
     return fig
 
 
 def gate_profiles(rec: Any, *, title: str | None = None) -> go.Figure:
-    """Mean gate weight E[alpha] per window offset: offset x KV-head heatmaps, one per (layer, path)."""
+    """Mean gate weight E[alpha] per window offset relative to uniform pooling (1/W): one panel per (layer, path).
+
+    Colour is log2(W * E[alpha]) on a diverging scale centred at uniform (white), labelled as multiples of
+    1/W, so gates that sit near 1/W read as near-white instead of one flat colour on a 0..1 scale. Each
+    panel uses its own layer's window W; hover shows E[alpha] itself.
+    """
     lab = rec.gate_profile
     if lab is None:
         return figure(title or "Gate profiles: no compressed layers")
     layers, paths = list(lab.coords["layer"]), list(lab.coords["path"])
-    panels = [(li, pi) for li in range(len(layers)) for pi in range(len(paths))]
     names = {"k": "key gates", "v": "value gates", "kv": "K=V gates"}
-    fig = make_subplots(rows=len(panels), cols=1, vertical_spacing=0.08,
-                        subplot_titles=[f"layer {layers[li]}, {names.get(paths[pi], paths[pi])}" for li, pi in panels])
-    for n, (li, pi) in enumerate(panels):
-        z = lab.values[li, pi]  # [kv_head, offset]
-        fig.add_trace(go.Heatmap(z=z, x=list(lab.coords["offset"]), y=[f"KV{k}" for k in lab.coords["kv_head"]],
-                                 colorscale=SEQUENTIAL, zmin=0, zmax=1, showscale=n == 0, colorbar=dict(title="E[alpha]"),
-                                 hovertemplate="%{y}, offset %{x}: %{z:.3f}<extra></extra>"), n + 1, 1)
-    fig.update_xaxes(title_text="offset inside the window", row=len(panels), col=1)
-    fig.update_layout(template=TEMPLATE, height=200 + 150 * len(panels), title=title or "Write side: gate profiles")
+    rows, cols = len(layers), len(paths)
+    height = 170 + 190 * rows
+    # room between panels for the upper panel's offset ticks and the lower panel's title (in pixels)
+    gap = min(0.4, 95 / (height - 130))
+    fig = make_subplots(rows=rows, cols=cols, vertical_spacing=gap, horizontal_spacing=0.08,
+                        subplot_titles=[f"layer {layers[li]}, {names.get(paths[pi], paths[pi])}"
+                                        for li in range(rows) for pi in range(cols)])
+    ratios = []
+    for li in range(rows):
+        for pi in range(cols):
+            z = lab.values[li, pi]  # [kv_head, offset]; offsets past this layer's window are NaN
+            W = int(np.isfinite(z).all(0).sum()) or z.shape[-1]
+            ratio = np.log2(np.clip(W * z[:, :W], 2.0**-6, None))  # log2 of E[alpha] / (1/W)
+            ratios.append(ratio)
+            offsets = [int(o) for o in lab.coords["offset"][:W]]
+            fig.add_trace(go.Heatmap(
+                z=ratio, x=offsets, y=[f"KV{k}" for k in lab.coords["kv_head"]], coloraxis="coloraxis",
+                customdata=np.stack([z[:, :W], np.full_like(z[:, :W], 1 / W)], -1),
+                hovertemplate="%{y}, offset %{x}: E[alpha] %{customdata[0]:.3f} (uniform 1/W = %{customdata[1]:.3f})"
+                              "<extra></extra>"), li + 1, pi + 1)
+            fig.update_xaxes(tickmode="array", tickvals=offsets, ticktext=[str(o) for o in offsets], row=li + 1, col=pi + 1)
+    span = max(1.0, float(np.ceil(max(np.nanmax(np.abs(r)) for r in ratios))))
+    ticks = np.arange(-span, span + 1)
+    text = ["1/W (uniform)" if t == 0 else f"{2.0 ** t:g}/W" for t in ticks]  # 0.5/W, 1/W, 2/W, ...
+    for pi in range(cols):
+        fig.update_xaxes(title_text="offset inside the window", row=rows, col=pi + 1)
+    fig.update_yaxes(autorange="reversed")
+    fig.update_layout(template=TEMPLATE, height=height,
+                      coloraxis=dict(colorscale=DIVERGING, cmid=0, cmin=-span, cmax=span,
+                                     colorbar=dict(title="E[alpha]<br>(log scale)", tickvals=ticks.tolist(),
+                                                   ticktext=text)),
+                      title=title or "Write side: gate profiles, mean gate weight per offset relative to uniform (1/W)")
     return fig
 
 
@@ -127,11 +108,27 @@ def gate_concentration(rec: Any, *, title: str | None = None) -> go.Figure:
     return fig
 
 
+def r2_note(r2: float) -> str:
+    """What an R^2 value says about gate cycling, in words (a negative R^2 is common and needs saying)."""
+    if not np.isfinite(r2):
+        return "R^2 undefined: the observed accuracies do not vary"
+    if r2 < 0:
+        return (f"R^2 = {r2:.2f} < 0: the cycled prediction fits worse than a flat line at the mean accuracy, "
+                "so the weak phases did not move with the gates")
+    return f"R^2 = {r2:.2f}: the cycled prediction explains {100 * r2:.0f}% of the variance of the observed accuracy"
+
+
 def gate_cycling_scatter(res: Any, *, title: str | None = None) -> go.Figure:
-    """Observed A_delta(p) against predicted A_0((p - delta) mod S), with R^2 (boundary phase separate)."""
+    """Observed A_delta(p) against predicted A_0((p - delta) mod S), with R^2 (boundary phase separate).
+
+    R^2 = 1 - SS_res / SS_tot around the identity line; it is negative when the prediction is worse than
+    the observed mean, which the title then says in words.
+    """
     f = res.frame
-    fig = figure(title or f"Gate cycling: R^2 = {res.r2:.2f} without the boundary phase ({res.r2_all:.2f} with it)",
-                 xaxis_title="predicted: A_0((p - delta) mod S)", yaxis_title="observed: A_delta(p)")
+    head = f"Gate cycling: R^2 = {res.r2:.2f} without the boundary phase ({res.r2_all:.2f} with it)"
+    if res.r2 < 0:
+        head += "<br><sup>R^2 < 0: predicting A_0((p - delta) mod S) fits worse than a flat line at the mean</sup>"
+    fig = figure(title or head, xaxis_title="predicted: A_0((p - delta) mod S)", yaxis_title="observed: A_delta(p)")
     for is_b, color, name in ((False, COMPRESSED, "non-boundary phases"), (True, BOUNDARY, "boundary phase")):
         sub = f[f["boundary"] == is_b]
         fig.add_trace(go.Scatter(x=sub["predicted"], y=sub["observed"], mode="markers", name=name,
@@ -141,31 +138,6 @@ def gate_cycling_scatter(res: Any, *, title: str | None = None) -> go.Figure:
     fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", line=dict(color=CONTROL, dash="dot"), name="identity"))
     fig.update_xaxes(range=[0, 1.02])
     fig.update_yaxes(range=[0, 1.02])
-    return fig
-
-
-def patch_heatmap(res: Any, *, title: str | None = None) -> go.Figure:
-    """Normalized recovery per head and residue from activation patching."""
-    lab = res.recovery
-    L, H, M = lab.values.shape
-    z = lab.values.reshape(L * H, M)
-    fig = figure(title or f"Activation patching ({res.direction}): normalized recovery",
-                 xaxis_title="residue of the target key", yaxis_title="head")
-    fig.add_trace(go.Heatmap(z=z, x=list(range(M)), y=[head_label(layer, h) for layer in range(L) for h in range(H)],
-                             zmid=0, colorscale=DIVERGING, colorbar=dict(title="recovery"),
-                             hovertemplate="%{y}, residue %{x}: %{z:.2f}<extra></extra>"))
-    return fig
-
-
-def attribution_heatmap(am: Any, *, title: str | None = None) -> go.Figure:
-    """Estimated change of the logit difference per head and residue (an ``AttributionMap``)."""
-    lab = am.estimate
-    L, H, M = lab.values.shape
-    rho = "" if am.spearman is None else f" (Spearman with the exact map: {am.spearman:.2f})"
-    fig = figure(title or f"Attribution screen ({am.method} knockout): estimated change of the logit difference{rho}",
-                 xaxis_title="residue of the target key", yaxis_title="head")
-    fig.add_trace(go.Heatmap(z=lab.values.reshape(L * H, M), x=list(range(M)),
-                             y=[head_label(layer, h) for layer in range(L) for h in range(H)], zmid=0,
-                             colorscale=DIVERGING, colorbar=dict(title="est. delta"),
-                             hovertemplate="%{y}, residue %{x}: %{z:.3f}<extra></extra>"))
+    if res.r2 < 0:
+        fig.update_layout(margin=dict(t=95))
     return fig

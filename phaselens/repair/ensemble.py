@@ -8,14 +8,15 @@ report run on the repaired model unchanged; ``repair_table`` compares shift sets
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+import numbers
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
-from phaselens.errors import ContextLengthError, PaddingError, PhaseLensError
+from phaselens.errors import ContextLengthError, InputError, PaddingError, PhaseLensError
+from phaselens.protocol import PhaseModel, call_state
 
 Combine = Literal["max_conf", "vote", "mean_logprob", "mean_prob"]
 COMBINES: tuple[str, ...] = ("max_conf", "vote", "mean_logprob", "mean_prob")
@@ -27,14 +28,21 @@ def resolve_shifts(shifts: Any, stride: int) -> tuple[int, ...]:
         return tuple(range(stride))
     if shifts == "opposite":
         return (0, stride // 2) if stride > 1 else (0,)
-    try:
-        out = tuple(int(k) for k in shifts)
-    except TypeError:
-        raise PhaseLensError(f"shifts must be 'all', 'opposite' or a list of ints, got {shifts!r}.") from None
+    if isinstance(shifts, str) or not all(isinstance(k, numbers.Integral) and not isinstance(k, bool)
+                                          for k in _iter(shifts)):
+        raise PhaseLensError(f"shifts must be 'all', 'opposite' or a list of ints, got {shifts!r}.")
+    out = tuple(int(k) for k in shifts)
     bad = [k for k in out if not 0 <= k < stride]
     if bad or not out:
         raise PhaseLensError(f"shifts {bad or out} must lie in 0..{stride - 1} (the stride is {stride}).")
     return tuple(sorted(set(out)))
+
+
+def _iter(x: Any) -> Any:
+    try:
+        return list(x)
+    except TypeError:
+        return [None]
 
 
 def default_pad_id(model: Any, tokenizer: Any = None, pad_unit: str | None = None) -> int:
@@ -66,16 +74,15 @@ def shifted_copies(tokens: Tensor, shifts: Sequence[int], pad_id: int, insert_at
     return out.view(len(shifts) * B, T + kmax)
 
 
-def align(logits: Tensor, shifts: Sequence[int], B: int, T: int, insert_at: int = 1) -> Tensor:
-    """Per-copy logits ``[K*B, T+kmax, V]`` back onto the original positions: ``[K, B, T, V]``."""
+def align(logits: Tensor, shifts: Sequence[int], B: int, rows: Tensor, insert_at: int = 1, first: int = 0) -> Tensor:
+    """Per-copy logits ``[K*B, n, V]`` (inner rows ``first..first+n-1``) back onto the original ``rows``:
+    ``[K, B, len(rows), V]``."""
     K = len(shifts)
     lg = logits.view(K, B, logits.shape[1], -1)
-    idx = torch.arange(T)
-    out = []
-    for i, k in enumerate(shifts):
-        src = torch.where(idx < insert_at, idx, idx + k)
-        out.append(lg[i][:, src])
-    return torch.stack(out)
+    shift = torch.as_tensor(shifts, device=lg.device)[:, None]  # [K, 1]
+    r = rows.to(lg.device)[None]
+    src = torch.where(r < insert_at, r, r + shift) - first  # [K, rows]
+    return torch.stack([lg[i][:, src[i]] for i in range(K)])
 
 
 def combine(per_copy: Tensor, rule: str) -> tuple[Tensor, Tensor]:
@@ -111,6 +118,8 @@ class PhaseEnsemble:
                  tokenizer: Any = None, pad_unit: str | None = None, insert_at: int = 1) -> None:
         if combine not in COMBINES:
             raise PhaseLensError(f"combine must be one of {COMBINES}, got {combine!r}.")
+        if isinstance(insert_at, bool) or not isinstance(insert_at, numbers.Integral) or insert_at < 0:
+            raise PhaseLensError(f"insert_at must be an int >= 0 (the slot the pads go before), got {insert_at!r}.")
         self.model = model
         self.shifts = resolve_shifts(shifts, model.analysis_spec.stride)
         self.rule = combine
@@ -138,24 +147,41 @@ class PhaseEnsemble:
 
     @property
     def analysis_metadata(self) -> dict[str, Any]:
-        return {"repair": {"shifts": list(self.shifts), "combine": self.rule, "forward_multiple": self.cost,
+        inner = dict(getattr(self.model, "analysis_metadata", None) or {})
+        return {**inner, "repair": {"shifts": list(self.shifts), "combine": self.rule, "forward_multiple": self.cost,
                            "pad_id": self.pad_id}}
 
     def max_input_length(self) -> int:
         return int(self.model.cfg.n_ctx) - max(self.shifts)
 
-    def __call__(self, tokens: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        """Combined log-probabilities ``[B, T, V]`` (usable as logits) for ``tokens`` ``[B, T]``."""
+    def __call__(self, tokens: Tensor, *, logits: str = "all", query_len: int | None = None) -> Tensor:
+        """Combined log-probabilities ``[B, T, V]`` (usable as logits) for ``tokens`` ``[B, T]``; with
+        ``logits="query"`` only the last ``query_len`` rows ``[B, query_len, V]`` (each copy is asked for the
+        rows it needs only)."""
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        if tokens.dim() != 2 or tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise InputError(f"tokens must be [batch, pos] with batch, pos >= 1, got {tuple(tokens.shape)}.")
+        if logits not in ("all", "query"):
+            raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
         B, T = tokens.shape
+        q = T if logits == "all" or query_len is None else int(query_len)
+        if not 1 <= q <= T:
+            raise InputError(f"query_len must lie in 1..{T}, got {query_len}.")
         if T + max(self.shifts) > int(self.model.cfg.n_ctx):
             raise ContextLengthError(
                 f"shifting by up to {max(self.shifts)} pads makes {T + max(self.shifts)} tokens, over the model's "
                 f"context {self.model.cfg.n_ctx}; inputs may be at most {self.max_input_length()} tokens."
             )
         copies = shifted_copies(tokens, self.shifts, self.pad_id, self.insert_at)
-        with self._announce_shifts(B, T):
-            logits = self.model(copies)
-        per_copy = align(logits, self.shifts, B, T, self.insert_at)
+        first = T - q
+        inner_first = first + min(self.shifts) if first >= self.insert_at else first
+        n_inner = copies.shape[1] - inner_first
+        shift = torch.as_tensor(self.shifts).repeat_interleave(B)
+        with call_state(row_shift=shift, original_length=T):
+            out_inner = self.model(copies, logits="query", query_len=n_inner)
+        per_copy = align(out_inner, self.shifts, B, torch.arange(first, T), self.insert_at, inner_first)
         out, chosen = combine(per_copy, self.rule)
         self.last_choice = chosen
         return out
@@ -169,30 +195,28 @@ class PhaseEnsemble:
         """The wrapped model's hook context; hooks see the ``[copies * batch, ...]`` rows of each call."""
         return self.model.hooks(*args, **kwargs)
 
-    def run_with_hooks(self, tokens: Tensor, *args: Any, fwd_hooks: Any = (), **kwargs: Any) -> Tensor:
+    def run_with_hooks(self, tokens: Tensor, *, fwd_hooks: Any = (), **kwargs: Any) -> Tensor:
+        """``self(tokens, **kwargs)`` with ``fwd_hooks`` on the wrapped model for that call (removed after)."""
         with self.model.hooks(fwd_hooks=list(fwd_hooks)):
-            return self(tokens)
+            return self(tokens, **kwargs)
 
-    @contextmanager
-    def _announce_shifts(self, B: int, T: int) -> Iterator[None]:
-        """Tell the wrapped model's hook points where each copy's rows were shifted (knockouts read it)."""
-        points = list(getattr(self.model, "hook_dict", {}).values())
-        shift = torch.as_tensor(self.shifts).repeat_interleave(B)
-        for hp in points:
-            hp.row_shift, hp.original_length = shift, T
-        try:
-            yield
-        finally:
-            for hp in points:
-                for attr in ("row_shift", "original_length"):
-                    if hasattr(hp, attr):
-                        delattr(hp, attr)
+    @property
+    def returns_query_logits(self) -> bool:
+        return bool(getattr(self.model, "returns_query_logits", False))
+
+    # ---- capabilities ------------------------------------------------------------------------------
+    def cycle_gates(self, delta: int) -> PhaseEnsemble:
+        """The same ensemble over the wrapped model with its gates cycled by ``delta``."""
+        from phaselens.protocol import require
+
+        inner = require(self.model, "cycle_gates", "the wrapped model's gates cannot be cycled.")(delta)
+        return PhaseEnsemble(inner, self.shifts, self.rule, self.pad_id, insert_at=self.insert_at)
 
     def __repr__(self) -> str:
         return f"PhaseEnsemble({self.name}, cost {self.cost}x forward)"
 
 
-def phase_ensemble(model: Any, shifts: Any = "all", combine: str = "max_conf", pad_id: int | None = None,
+def phase_ensemble(model: PhaseModel, shifts: Any = "all", combine: str = "max_conf", pad_id: int | None = None,
                    **kwargs: Any) -> PhaseEnsemble:
     """Wrap ``model`` so that every input runs as shifted copies combined by ``combine``.
 

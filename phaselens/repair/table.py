@@ -10,14 +10,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.evaluate import PhaseEval, eval_from_items
-from phaselens.protocol import build_items
+from phaselens.errors import NotApplicableError, PhaseLensError
+from phaselens.evaluate import PhaseEval, eval_from_items, items_from_logits
+from phaselens.items import build_items, check_options
+from phaselens.protocol import PhaseModel, metadata_of, model_name
 from phaselens.repair.ensemble import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
-from phaselens.scoring import answer_metrics
+from phaselens.results import Result
+from phaselens.scoring import answer_metrics, model_logits
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class RepairTable:
+class RepairTable(Result):
     """Repaired against unrepaired accuracy.
 
     Attributes:
@@ -43,10 +46,26 @@ class RepairTable:
         r = rep.sort_values(["worst", "mean"], ascending=False).iloc[0]
         return str(r["shifts"]), str(r["combine"])
 
-    def to_frame(self) -> pd.DataFrame:
+    LEVELS = ("residue", "phase", "rule")
+
+    def per_rule(self) -> pd.DataFrame:
+        """One row per (shift set, combining rule) and the baseline (the summary table)."""
         return self.rows.copy()
 
-    def __repr__(self) -> str:
+    def _stack(self, level: str) -> pd.DataFrame:
+        parts = [getattr(ev, "per_" + level)().assign(shifts=k[0], combine=k[1]) for k, ev in self.evals.items()]
+        out = pd.concat(parts, ignore_index=True)
+        return out[["shifts", "combine", *[c for c in out.columns if c not in ("shifts", "combine")]]]
+
+    def per_residue(self) -> pd.DataFrame:
+        """Accuracy per residue for every row (``shifts``, ``combine``; ``none`` is the unrepaired model)."""
+        return self._stack("residue")
+
+    def per_phase(self) -> pd.DataFrame:
+        """Accuracy per phase for every row, with Wilson CIs and ``boundary``."""
+        return self._stack("phase")
+
+    def summary(self) -> str:
         lines = [f"RepairTable (stride {self.stride}; accuracies in %)"]
         for r in self.rows.itertuples():
             lines.append(f"  {r.shifts:>8} {r.combine:>12} x{r.cost}: mean {100 * r.mean:.1f}, worst {100 * r.worst:.1f}, "
@@ -67,29 +86,31 @@ def copy_query_logits(model: Any, batch: Any, shifts: Sequence[int], pad_id: int
     out = []
     starts = range(0, len(batch), batch_size)
     if progress:
-        from tqdm.auto import tqdm
+        from phaselens.progress import progress_bar
 
-        starts = tqdm(starts, desc="repair", unit="batch", leave=False)
+        starts = progress_bar(starts, stage="repair", model=model)
     K = len(shifts)
     for i in starts:
         tokens = batch.tokens[i : i + batch_size]
         qp = batch.query_pos[i : i + batch_size]
         B = tokens.shape[0]
-        logits = model(shifted_copies(tokens, shifts, pad_id, insert_at)).view(K, B, -1, model.cfg.d_vocab)
         k = torch.as_tensor(shifts)[:, None]
         pos = torch.where(qp[None] < insert_at, qp[None], qp[None] + k)  # [K, B]
-        dev = logits.device
-        out.append(logits[torch.arange(K, device=dev)[:, None], torch.arange(B, device=dev)[None], pos.to(dev)].float().cpu())
+        copies = shifted_copies(tokens, shifts, pad_id, insert_at)
+        logits = model_logits(model, copies, pos.flatten())  # the query rows only: [K*B, T', V]
+        at = (pos.flatten() - (copies.shape[1] - logits.shape[1])).to(logits.device)
+        out.append(logits[torch.arange(K * B, device=logits.device), at].view(K, B, -1).float().cpu())
     return torch.cat(out, 1)
 
 
 def repair_table(
-    model: Any,
+    model: PhaseModel,
     task: Any = None,
     *,
     shift_sets: Sequence[Any] = ("all", "opposite"),
     combines: Sequence[str] = COMBINES,
     n_per_residue: int = 256,
+    residues: Sequence[int] | None = None,
     seed: int = 0,
     batch_size: int = 64,
     pad_id: int | None = None,
@@ -102,20 +123,25 @@ def repair_table(
 
     Each shifted copy runs once; every rule combines the same per-copy answers.
     """
-    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, seed=seed, stride=stride)
+    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
+    if "repair" in (getattr(model, "analysis_metadata", None) or {}):
+        raise NotApplicableError(
+            f"{model_name(model)} is already phase-repaired (it runs shifted copies); measure repair on the model "
+            "it wraps (ensemble.model)."
+        )
+    bad = [c for c in combines if c not in COMBINES]
+    if bad or not len(combines):
+        raise PhaseLensError(f"combines must be drawn from {COMBINES}, got {list(combines)!r}.")
+    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
+                                    stride=stride)
     S = spec.stride
     pad = pad_id if pad_id is not None else default_pad_id(model)
     all_shifts = tuple(range(S))
     per_copy = copy_query_logits(model, batch, all_shifts, pad, batch_size=batch_size, progress=progress)
-    frame = batch.frame.reset_index(drop=True)
 
     def as_eval(logp: torch.Tensor) -> PhaseEval:
-        items = frame.copy()
-        for k, v in answer_metrics(logp, batch.answer, batch.wrong).items():
-            items[k] = v
-        items["correct"] = items["correct"].astype(bool)
-        return eval_from_items(items, S, batch.modulus, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
-                               seed=seed)
+        return eval_from_items(items_from_logits(batch, logp), S, batch.modulus, n_permutations=n_permutations,
+                               n_bootstrap=n_bootstrap, seed=seed)
 
     copy_correct = np.stack([answer_metrics(c, batch.answer, batch.wrong)["correct"] for c in per_copy])  # [K, N]
     evals: dict[tuple[str, str], PhaseEval] = {("none", "none"): as_eval(per_copy[0])}
@@ -130,7 +156,10 @@ def repair_table(
             ev = as_eval(logp)
             evals[(label, rule)] = ev
             rows.append(_row(label, rule, len(ks), ev, any_right))
-    meta = {"n_per_residue": n_per_residue, "seed": seed, "pad_id": pad}
+    meta = metadata_of(model, shift_sets=list(shift_sets), combines=list(combines), n_per_residue=n_per_residue,
+                       residues=residues, seed=seed, batch_size=batch_size, pad_id=pad_id, stride=stride,
+                       n_permutations=n_permutations, n_bootstrap=n_bootstrap)
+    meta["pad_id"] = pad
     return RepairTable(pd.DataFrame(rows), evals, S, meta)
 
 

@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from phaselens.files import check_output_dir
+from phaselens.progress import progress_label
 from phaselens.reporting.compute import ModelResults, ReportSettings, compute_model
 from phaselens.reporting.render import html_page, sections
-from phaselens.reporting.write import export_static, write_report
+from phaselens.reporting.write import REPORT, export_static, write_report
 
 DEFAULT_MODELS = ("w8s4", "full")
 
@@ -43,12 +45,17 @@ def report(
     progress: bool = True,
     static: bool = True,
     command: str | None = None,
+    overwrite: bool = False,
 ) -> Path:
     """Build the report for ``models`` (zoo names, checkpoint paths, or model objects) into ``out``.
 
     With no models it runs on the embedded default: the DeepSeek-style zoo model ``w8s4`` beside the
     full-attention control ``full``. A model without compressed layers is treated as the control and
     folded by the smallest stride among the others.
+
+    ``out`` is checked before anything is computed: a file there, or a directory holding files other than a
+    previous report, raises :class:`~phaselens.errors.OutputError`; ``overwrite=True`` (``--force``) writes
+    into such a directory, replacing only the report's own files and keeping the others.
 
     Example:
         >>> phaselens.report(out="report")  # doctest: +SKIP
@@ -59,6 +66,7 @@ def report(
 
     import phaselens
 
+    check_output_dir(out, REPORT, overwrite=overwrite)  # fail now, not after minutes of computing
     settings = settings or ReportSettings()
     t0 = time.time()
     resolved = [_resolve(m) for m in (models or DEFAULT_MODELS)]
@@ -72,8 +80,9 @@ def report(
     results: list[ModelResults] = []
     for name, model, desc in resolved:
         control = _is_control(model)
-        results.append(compute_model(name, model, settings, stride=compare if control else None, progress=progress,
-                                     description=desc, is_control=control))
+        with progress_label(name):  # the bars read "w8s4: evaluate", "full: map", ...
+            results.append(compute_model(name, model, settings, stride=compare if control else None,
+                                         progress=progress, description=desc, is_control=control))
     secs = sections(results)
     meta = {
         "command": command or "phaselens.report(" + ", ".join(repr(n) for n, _, _ in resolved) + f", out={str(out)!r})",
@@ -85,7 +94,8 @@ def report(
     }
     meta["seconds"] = time.time() - t0
     page = html_page(results, secs, meta, plotly.offline.get_plotlyjs(), "__STATIC_NOTE__")
-    path = write_report(Path(out), page, results, secs, meta, static=static, static_note_fn=export_static)
+    path = write_report(Path(out), page, results, secs, meta, static=static, static_note_fn=export_static,
+                        overwrite=overwrite)
     return path
 
 

@@ -55,7 +55,10 @@ def compute_model(name: str, model: Any, settings: ReportSettings, *, stride: in
     out.map = specialization_map(model, n_per_residue=s.n_map, seed=s.seed, progress=progress, stride=stride,
                                  n_bootstrap=300)
     if not is_control:
-        out.recording = record(model, n_per_residue=s.n_record, seed=s.seed, progress=progress)
+        try:
+            out.recording = record(model, n_per_residue=s.n_record, seed=s.seed, progress=progress)
+        except NotApplicableError as err:
+            out.notes.append(f"Recording: {err}")
         try:
             out.cycling = gate_cycling_test(model, deltas=s.deltas, n_per_residue=s.n_cycle, seed=s.seed,
                                             progress=progress, batch_size=128)
@@ -64,6 +67,9 @@ def compute_model(name: str, model: Any, settings: ReportSettings, *, stride: in
         if s.repair:
             from phaselens.repair import repair_table
 
-            out.repair = repair_table(model, n_per_residue=s.n_repair, seed=s.seed, progress=progress,
-                                      combines=("max_conf",), shift_sets=("all",))
+            try:
+                out.repair = repair_table(model, n_per_residue=s.n_repair, seed=s.seed, progress=progress,
+                                          combines=("max_conf",), shift_sets=("all",))
+            except NotApplicableError as err:
+                out.notes.append(f"Phase repair: {err}")
     return out

@@ -44,34 +44,72 @@ def sections(results: list[ModelResults]) -> list[Section]:
                                "and residue (boundary-phase residues outlined).",
                                plots.read_side_attention(r.recording)))
             out.append(Section(f"{r.name}_gates", f"{r.name}: gate profiles",
-                               "Mean compressor gate weight per offset inside the window, per KV head: a bright cell means "
-                               "the head's entries mostly carry the token at that offset.",
+                               "Mean compressor gate weight per offset inside the window, per KV head, relative to uniform "
+                               "pooling (1/W, white): blue cells carry more than their share of the window, red cells less. "
+                               "The colour scale is logarithmic and symmetric around 1/W.",
                                plots.gate_profiles(r.recording)))
             out.append(Section(f"{r.name}_concentration", f"{r.name}: gate concentration",
                                "Static concentration exp(H(E[alpha])) against per-window E[exp(H(alpha))]; both are 1 when "
                                "a gate always picks one offset and W when it averages.",
                                plots.gate_concentration(r.recording)))
+        cmap = control.map if control is not None else None
+        names = (r.name, control.name if control is not None else "")
+        beside = f" The full-attention control {control.name} stands on the right on the same colour scale." if control else ""
         out.append(Section(f"{r.name}_head_map", f"{r.name}: per-head knockouts by residue",
                            f"Relative accuracy change when one head's output at the query is replaced by its calibration "
-                           f"mean ({r.map.method} knockout); red means damage. Phase-specific heads hurt only some residues.",
-                           plots.head_phase_heatmap(r.map)))
+                           f"mean ({r.map.method} knockout); red means damage. Phase-specific heads hurt only some "
+                           f"residues.{beside}{_undefined_note(r.map, cmap, 'head')}",
+                           plots.head_phase_heatmap(r.map, control=cmap, names=names)))
         out.append(Section(f"{r.name}_layer_map", f"{r.name}: whole-layer knockouts",
-                           "The same with every head of a layer knocked out at once, as in the paper's DeepSeek map.",
-                           plots.layer_knockout_map(r.map)))
+                           "The same with every head of a layer knocked out at once, as in the paper's DeepSeek map."
+                           f"{beside}{_undefined_note(r.map, cmap, 'layer')}",
+                           plots.layer_knockout_map(r.map, control=cmap, names=names)))
         if r.cycling is not None:
             out.append(Section(f"{r.name}_cycling", f"{r.name}: gate cycling",
                                "Rolling the offset-specific gate parameters by delta should move the weak phases with them: "
-                               "observed A_delta(p) against predicted A_0((p - delta) mod S).",
-                               plots.gate_cycling_scatter(r.cycling)))
+                               "observed A_delta(p) against predicted A_0((p - delta) mod S). R^2 = 1 - SS_res / SS_tot "
+                               "measures the fit to the identity line: 1 is a perfect prediction, 0 no better than the mean "
+                               f"observed accuracy, below 0 worse than that. Here {plots.r2_note(r.cycling.r2)} (boundary "
+                               "phase excluded).", plots.gate_cycling_scatter(r.cycling)))
         if r.repair is not None:
             out.append(Section(f"{r.name}_repair", f"{r.name}: phase repair",
                                "Accuracy by phase before and after test-time phase ensembling (shifted copies combined by "
                                "the most confident answer).", plots.repair_panel(r.repair)))
-    if control is not None:
+    if control is not None and all(r.is_control for r in results):  # only the control: its maps alone
         out.append(Section(f"{control.name}_head_map", f"{control.name}: per-head knockouts by residue",
                            "The full-attention control's knockout map: without compression no head should serve "
-                           "particular phases.", plots.head_phase_heatmap(control.map)))
+                           f"particular phases.{_undefined_note(control.map, None, 'head')}",
+                           plots.head_phase_heatmap(control.map, names=(control.name, ""))))
     return out
+
+
+def _undefined_note(pm: Any, control: Any, kind: str) -> str:
+    import numpy as np
+
+    if not any(np.isnan(m.values(kind).values).any() for m in (pm, control) if m is not None):
+        return ""
+    return (" Grey crosses mark undefined cells: the clean model's accuracy at that residue is below the "
+            "threshold, so a relative change has nothing to be relative to.")
+
+
+def headline_sentence(results: list[ModelResults]) -> str:
+    """One sentence for the top of the report: each compressed model's phase gap, and whether the control is flat."""
+    parts = []
+    for r in results:
+        c, (lo, hi) = r.eval.tests.counts, r.eval.gap_ci
+        ci = f"{100 * c.phase_gap:.1f} pp [95% CI {100 * lo:.1f}, {100 * hi:.1f}]"
+        p = c.gap_test.pvalue
+        if r.is_control:
+            flat = p >= 0.05
+            verdict = "flat across phases (no significant phase gap" if flat else "not flat (phase gap"
+            parts.append(f"the full-attention control {r.name} is {verdict}: {ci}, permutation p = {p:.2g})")
+        else:
+            S = r.eval.stride
+            where = f"phase {c.worst_phase}" + (" (the boundary phase)" if c.worst_phase == S - 1 else "")
+            parts.append(f"{r.name} loses {ci} at its worst {where} against its best phase "
+                         f"({100 * c.worst_accuracy:.1f}% against {100 * c.best_accuracy:.1f}%)")
+    text = "; ".join(parts)
+    return text + "." if text else ""  # model names keep their case, even first
 
 
 def headline_rows(results: list[ModelResults]) -> list[dict[str, Any]]:
@@ -79,14 +117,19 @@ def headline_rows(results: list[ModelResults]) -> list[dict[str, Any]]:
     for r in results:
         c = r.eval.tests.counts
         lo, hi = r.eval.gap_ci
-        si = r.map.specialization_index()
+        top = r.map.most_specialized(1)
+        best = top.iloc[0] if len(top) else None
         rows.append({
             "model": r.name, "description": r.description, "stride": r.eval.stride,
             "mean": c.mean_accuracy, "worst_phase": c.worst_phase, "worst": c.worst_accuracy,
             "boundary": c.boundary_accuracy, "gap": c.phase_gap, "gap_ci_low": lo, "gap_ci_high": hi,
             "period": c.period.period, "p_chi2": c.chi2.pvalue, "p_nested": c.nested.pvalue,
             "harmonic_fraction": c.harmonic.fraction, "p_gap": c.gap_test.pvalue,
-            "max_specialization": float(si["specialization"].max()) if si["specialization"].notna().any() else None,
+            "most_specialized_head": None if best is None else str(best["label"]),
+            "specialization": None if best is None else float(best["specialization"]),
+            "specialization_ci_low": None if best is None else float(best["ci_low"]),
+            "specialization_ci_high": None if best is None else float(best["ci_high"]),
+            "specialization_phase": None if best is None else int(best["worst_phase"]),
             "cycling_r2": None if r.cycling is None else r.cycling.r2,
         })
     return rows
@@ -104,7 +147,9 @@ def html_page(results: list[ModelResults], secs: list[Section], meta: dict[str, 
                                              "most specialized head"))
     body = []
     for r in rows:
-        spec = "n/a (none significant)" if r["max_specialization"] is None else f"{r['max_specialization']:.2f}"
+        spec = "none significant" if r["most_specialized_head"] is None else (
+            f"{r['most_specialized_head']} {r['specialization']:.2f} [{r['specialization_ci_low']:.2f}, "
+            f"{r['specialization_ci_high']:.2f}], phase {r['specialization_phase']}")
         body.append(
             f"<tr><td><b>{html.escape(r['model'])}</b><br><small>{html.escape(r['description'])}</small></td>"
             f"<td>{100 * r['mean']:.1f}</td><td>{r['worst_phase']}</td><td>{100 * r['worst']:.1f}</td>"
@@ -129,6 +174,7 @@ small {{ color: #666; }}
 <script type="text/javascript">{plotly_js}</script></head>
 <body>
 <h1>phaselens report</h1>
+<p id="headline" style="font-size: 1.25em"><b>{html.escape(headline_sentence(results))}</b></p>
 <p>Phase sensitivity (accuracy that depends on the target's slot modulo the compression stride) and phase
 specialization (heads that serve particular phases) of {", ".join(html.escape(r.name) for r in results)}.
 Accuracies use Wilson 95% intervals; the folded gap's interval is an item bootstrap; p-values come from

@@ -1,4 +1,6 @@
-"""Writing the report: files into a temporary directory, renamed into place at the end (atomic)."""
+"""Writing the report: files into a temporary directory, put into place at the end (atomic; see
+:mod:`phaselens.files`). A directory holding files that are not a previous report is refused unless
+``overwrite=True``, which replaces only the report's own files."""
 
 from __future__ import annotations
 
@@ -11,13 +13,29 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.models.io import atomic_write_dir
+from phaselens.files import DirKind, atomic_write_dir
 from phaselens.reporting.compute import ModelResults
 from phaselens.reporting.render import Section, headline_rows
 
+# Columns that count or index things. A column with missing cells (a recording's ``head`` is empty on
+# gate rows) comes out of pandas as float; written as such it reads "0.0". These become nullable integers.
+INTEGER_COLUMNS = frozenset({"layer", "head", "kv_head", "index", "residue", "phase", "offset", "period", "worst_phase",
+                             "best_phase", "delta", "n", "correct", "stride", "modulus", "cost", "entry", "step"})
+
+
+def integer_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with every float column in :data:`INTEGER_COLUMNS` whose values are whole as ``Int64``."""
+    out = frame.copy()
+    for col in out.columns:
+        if col in INTEGER_COLUMNS and pd.api.types.is_float_dtype(out[col]):
+            vals = out[col].dropna()
+            if np.isfinite(vals).all() and (vals == np.round(vals)).all():
+                out[col] = out[col].round().astype("Int64")
+    return out
+
 
 def tables(results: list[ModelResults]) -> dict[str, pd.DataFrame]:
-    """Every number the figures show, as tidy tables keyed by file stem."""
+    """Every number the figures show, as tidy tables keyed by file stem (integer columns as integers)."""
     out: dict[str, pd.DataFrame] = {"headline": pd.DataFrame(headline_rows(results))}
     for r in results:
         out[f"{r.name}_per_residue"] = r.eval.per_residue()
@@ -26,12 +44,13 @@ def tables(results: list[ModelResults]) -> dict[str, pd.DataFrame]:
         out[f"{r.name}_map"] = r.map.to_frame()
         out[f"{r.name}_specialization"] = r.map.specialization_index()
         if r.recording is not None:
-            out[f"{r.name}_recording"] = r.recording.to_frame()
+            out[f"{r.name}_recording"] = r.recording.to_frame("residue")
+            out[f"{r.name}_gates"] = r.recording.to_frame("model")
         if r.cycling is not None:
-            out[f"{r.name}_cycling"] = r.cycling.to_frame()
+            out[f"{r.name}_cycling"] = r.cycling.frame
         if r.repair is not None:
-            out[f"{r.name}_repair"] = r.repair.to_frame()
-    return out
+            out[f"{r.name}_repair"] = r.repair.to_frame("rule")
+    return {k: integer_columns(v) for k, v in out.items()}
 
 
 def _jsonable(x: Any) -> Any:
@@ -69,8 +88,26 @@ def export_static(secs: list[Section], folder: Path) -> str:
         return f"skipped: kaleido could not render ({type(err).__name__}: {err})."
 
 
+def _owned(folder: Path) -> frozenset[str]:
+    """The files a previous report wrote in ``folder``: those its ``results.json`` lists (none if it has none)."""
+    try:
+        data = json.loads((folder / "results.json").read_text())
+        tables = list(data["tables"])
+        data["meta"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return frozenset()
+    names = {"index.html", "results.json", *(f"{k}.csv" for k in tables)}
+    figures = folder / "figures"
+    if figures.is_dir() and all(p.suffix == ".png" and p.is_file() for p in figures.iterdir()):
+        names.add("figures")
+    return frozenset(names)
+
+
+REPORT = DirKind("report", _owned)
+
+
 def write_report(out: Path, page_html: str, results: list[ModelResults], secs: list[Section], meta: dict[str, Any],
-                 *, static: bool, static_note_fn: Any) -> Path:
+                 *, static: bool, static_note_fn: Any, overwrite: bool = False) -> Path:
     tabs = tables(results)
 
     def write(tmp: Path) -> None:
@@ -82,5 +119,5 @@ def write_report(out: Path, page_html: str, results: list[ModelResults], secs: l
                    "tables": {k: json.loads(v.to_json(orient="records")) for k, v in tabs.items()}}
         (tmp / "results.json").write_text(json.dumps(_jsonable(payload), indent=1))
 
-    atomic_write_dir(out, write)
+    atomic_write_dir(out, write, kind=REPORT, overwrite=overwrite)
     return out

@@ -11,24 +11,20 @@ from numpy.typing import ArrayLike
 from phaselens.errors import ResidueError
 from phaselens.stats._checks import (
     check_alpha,
-    check_counts,
     check_draws,
     check_level,
     check_stride,
     readonly,
 )
 from phaselens.stats.folding import fold
+from phaselens.stats.gapci import MIN_DRAWS, gap_ci
 from phaselens.stats.intervals import wilson_ci
 from phaselens.stats.omnibus import chi2_test, g_test
-from phaselens.stats.periodicity import (
-    HarmonicResult,
-    PeriodResult,
-    detect_period,
-    harmonic_fraction,
-    nested_fold_test,
-)
-from phaselens.stats.resampling import gap_bootstrap_ci, gap_permutation_test
-from phaselens.stats.results import BootstrapResult, PermutationResult, TestResult, fmt_p
+from phaselens.stats.period import PeriodResult, detect_period
+from phaselens.stats.periodicity import HarmonicResult, harmonic_fraction, nested_fold_test
+from phaselens.stats.published import counts_from_accuracy
+from phaselens.stats.resampling import gap_permutation_test
+from phaselens.stats.results import GapInterval, PermutationResult, TestResult, fmt_p
 
 
 def _pct(x: float) -> str:
@@ -52,16 +48,22 @@ class PhaseBattery:
         phase_correct, phase_n: ``(S,)`` counts folded mod S (summed over the M/S residues of a phase).
         phase_accuracy, phase_ci_low, phase_ci_high: ``(S,)`` accuracy per phase and its Wilson interval.
         mean_accuracy: pooled accuracy Σ correct / Σ n.
-        worst_phase, worst_accuracy, best_phase, best_accuracy: extremes of ``phase_accuracy``.
+        worst_phase, worst_accuracy, best_phase, best_accuracy: extremes of ``phase_accuracy`` (folded mod S;
+            also reachable as ``worst_phase_accuracy`` / ``best_phase_accuracy``).
+        worst_residue, worst_residue_accuracy, best_residue, best_residue_accuracy: extremes of ``accuracy``
+            over the M residues, not folded: the paper's "worst" and "best" (Flash-Base 29.69 / 69.92 %).
         boundary_accuracy: accuracy of the boundary phase S − 1.
         residue_gap: max − min of ``accuracy`` over the M residues (the paper's "gap across residues").
-        phase_gap: max − min of ``phase_accuracy``.
+        phase_gap: max − min of ``phase_accuracy`` (folded).
         chi2, g: omnibus tests on the 2 × M table.
         nested: nested fold test, mod M against mod S.
         harmonic: harmonic-energy fraction at period S, with its null and permutation p.
         gap_test: unpaired permutation test of ``phase_gap``.
-        gap_ci: within-residue bootstrap CI of ``phase_gap`` (``None`` when ``n_bootstrap=0``).
-        period: detected period (``period.period`` is ``None`` when the omnibus G test does not reject).
+        gap_ci: interval and one-sided equivalence bound of ``phase_gap`` (:func:`~phaselens.stats.gapci.gap_ci`;
+            ``None`` when ``n_bootstrap=0``).
+        period: detected period (:func:`~phaselens.stats.period.detect_period`; ``period.period`` is ``None``
+            when there is no effect or the data cannot single out a period, and ``period.status`` says which).
+        input_note: how the counts were made when accuracies were passed (``None`` for counts).
     """
 
     stride: int
@@ -91,11 +93,26 @@ class PhaseBattery:
     nested: TestResult
     harmonic: HarmonicResult
     gap_test: PermutationResult
-    gap_ci: BootstrapResult | None
+    gap_ci: GapInterval | None
     period: PeriodResult
+    worst_residue: int = -1
+    worst_residue_accuracy: float = float("nan")
+    best_residue: int = -1
+    best_residue_accuracy: float = float("nan")
+    input_note: str | None = None
 
     def __post_init__(self) -> None:
         readonly(*(v for v in vars(self).values() if isinstance(v, np.ndarray)))
+
+    @property
+    def worst_phase_accuracy(self) -> float:
+        """Accuracy of the worst phase (residues folded mod S); the same as ``worst_accuracy``."""
+        return self.worst_accuracy
+
+    @property
+    def best_phase_accuracy(self) -> float:
+        """Accuracy of the best phase (residues folded mod S); the same as ``best_accuracy``."""
+        return self.best_accuracy
 
     def residue_frame(self) -> pd.DataFrame:
         """One row per residue: counts, accuracy and Wilson bounds."""
@@ -165,6 +182,8 @@ class PhaseBattery:
         ci = self.gap_ci
         for name, value, idx in (
             ("mean_accuracy", self.mean_accuracy, None),
+            ("worst_residue_accuracy", self.worst_residue_accuracy, self.worst_residue),
+            ("best_residue_accuracy", self.best_residue_accuracy, self.best_residue),
             ("worst_phase_accuracy", self.worst_accuracy, self.worst_phase),
             ("best_phase_accuracy", self.best_accuracy, self.best_phase),
             ("boundary_phase_accuracy", self.boundary_accuracy, self.stride - 1),
@@ -195,25 +214,32 @@ class PhaseBattery:
             f"{p}: {_pct(a)} [{_pct(lo)}, {_pct(hi)}]"
             for p, (a, lo, hi) in enumerate(zip(self.phase_accuracy, self.phase_ci_low, self.phase_ci_high))
         )
-        ci = f", {pc}% CI [{_pct(self.gap_ci.ci_low)}, {_pct(self.gap_ci.ci_high)}]" if self.gap_ci else ""
+        g = self.gap_ci
+        ci = (f", {pc}% CI [{_pct(g.ci_low)}, {_pct(g.ci_high)}], one-sided upper {_pct(g.upper_bound)}"
+              if g else "")
         h = self.harmonic
         lines = [
             f"Phase battery: stride {self.stride}, modulus {self.modulus}, {int(self.n.sum())} trials",
+            *([f"  input: {self.input_note}"] if self.input_note else []),
             "  residue accuracy %: " + " ".join(_pct(a) for a in self.accuracy),
             f"  phase accuracy % [{pc}% Wilson]: {phases}",
-            f"  mean {_pct(self.mean_accuracy)}%, "
-            f"worst phase {self.worst_phase} ({_pct(self.worst_accuracy)}%), "
-            f"best phase {self.best_phase} ({_pct(self.best_accuracy)}%), "
-            f"boundary phase {self.stride - 1} ({_pct(self.boundary_accuracy)}%)",
-            f"  gap across residues {_pct(self.residue_gap)} pp; folded gap {_pct(self.phase_gap)} pp "
-            f"(permutation p={fmt_p(self.gap_test.pvalue)}, "
-            f"null mean {_pct(self.gap_test.null_mean)} pp{ci})",
+            f"  mean {_pct(self.mean_accuracy)}%; per residue: worst {self.worst_residue} "
+            f"({_pct(self.worst_residue_accuracy)}%), best {self.best_residue} ({_pct(self.best_residue_accuracy)}%), "
+            f"gap {_pct(self.residue_gap)} pp",
+            f"  per phase: worst {self.worst_phase} ({_pct(self.worst_accuracy)}%), "
+            f"best {self.best_phase} ({_pct(self.best_accuracy)}%), "
+            f"boundary {self.stride - 1} ({_pct(self.boundary_accuracy)}%), "
+            f"folded gap {_pct(self.phase_gap)} pp",
+            f"  folded gap: permutation p={fmt_p(self.gap_test.pvalue)}, "
+            f"null mean {_pct(self.gap_test.null_mean)} pp{ci}",
             f"  omnibus: chi2={self.chi2.statistic:.2f} (df {self.chi2.df}) p={fmt_p(self.chi2.pvalue)}; "
             f"G={self.g.statistic:.2f} p={fmt_p(self.g.pvalue)}",
             f"  nested mod {self.modulus} vs mod {self.stride}: G={self.nested.statistic:.3f} "
             f"(df {self.nested.df}) p={fmt_p(self.nested.pvalue)}",
             f"  harmonic fraction {h.fraction:.4f} (null {h.null_fraction:.4f}) p={fmt_p(h.pvalue)}",
-            f"  detected period: {self.period.period} (alpha {self.alpha})",
+            f"  detected period: {self.period.period} ({self.period.status}"
+            + (f"; candidates {list(self.period.candidates)}" if self.period.status == "ambiguous" else "")
+            + f"; alpha {self.alpha})",
         ]
         return "\n".join(lines)
 
@@ -232,29 +258,36 @@ def phase_battery(
     n_permutations: int = 9999,
     n_bootstrap: int = 2000,
     seed: int = 0,
+    scale: str = "auto",
 ) -> PhaseBattery:
-    """Run the whole battery on per-residue counts.
+    """Run the whole battery on per-residue counts (or published accuracies with n).
 
     Every random component uses ``np.random.default_rng(seed)`` afresh, so each p-value or interval equals the
     one its standalone function returns with the same seed.
 
     Args:
-        correct: ``(M,)`` correct answers per residue (residue r = (t − origin) mod M).
+        correct: ``(M,)`` correct answers per residue (residue r = (t − origin) mod M), or accuracies: values
+            with decimals are read as percentages (any above 1) or fractions and rounded to whole counts with
+            ``n``; every printed value must be reproduced (:func:`~phaselens.stats.published.counts_from_accuracy`).
         n: an int, or ``(M,)`` trials per residue.
         stride: S; M must be a multiple of S.
         modulus: M; defaults to ``len(correct)`` and, when given, must equal it.
         alpha: level for rejections and period detection.
         level: confidence level of the Wilson and bootstrap intervals.
         n_permutations: permutations for the gap and harmonic p-values.
-        n_bootstrap: bootstrap replicates for the gap CI; 0 skips it.
+        n_bootstrap: simulated vectors for the gap CI's lower bound (at least ``MIN_DRAWS`` = 20,000 are used);
+            0 skips the CI.
         seed: seed of every random draw.
+        scale: ``"auto"``, ``"counts"``, ``"percent"`` or ``"fraction"`` (how to read ``correct``).
 
     Example:
         >>> b = phase_battery([112, 178, 169, 76, 115, 179, 165, 84], 256, stride=4, n_permutations=999)
         >>> round(100 * b.residue_gap, 2), b.period.period, b.worst_phase
         (40.23, 4, 3)
+        >>> round(100 * b.worst_residue_accuracy, 2), round(100 * b.best_residue_accuracy, 2)
+        (29.69, 69.92)
     """
-    c, t = check_counts(correct, n)
+    c, t, note = counts_from_accuracy(correct, n, scale)
     if c.ndim != 1:
         raise ResidueError(f"correct must be 1-D, one count per residue, got shape {c.shape}.")
     m = c.size if modulus is None else modulus
@@ -302,6 +335,11 @@ def phase_battery(
         gap_test=gap_test,
         gap_ci=None
         if boot is None
-        else gap_bootstrap_ci(c, t, stride, level=level, n_bootstrap=boot, seed=seed),
+        else gap_ci(c, t, stride, level=level, n_draws=max(boot, MIN_DRAWS), seed=seed),
         period=detect_period(c, t, alpha=alpha),
+        worst_residue=int(np.argmin(c / t)),
+        worst_residue_accuracy=float((c / t).min()),
+        best_residue=int(np.argmax(c / t)),
+        best_residue_accuracy=float((c / t).max()),
+        input_note=note,
     )

@@ -10,10 +10,13 @@ import pandas as pd
 from phaselens.stats._checks import check_draws
 from phaselens.stats.battery import PhaseBattery, _pct, _row, phase_battery
 from phaselens.stats.continuous import ContinuousResult, continuous_phase_tests
+from phaselens.stats.gapci import MIN_DRAWS, item_gap_ci
 from phaselens.stats.items import DEFAULT_METRICS, item_table
 from phaselens.stats.omnibus import cochran_q
-from phaselens.stats.resampling import item_bootstrap_ci, within_item_permutation_test
-from phaselens.stats.results import BootstrapResult, PermutationResult, TestResult, fmt_p
+from phaselens.stats.paired import nested_cochran_q
+from phaselens.stats.period import PeriodResult, detect_period_paired
+from phaselens.stats.resampling import within_item_permutation_test
+from phaselens.stats.results import GapInterval, PermutationResult, TestResult, fmt_p
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -29,9 +32,14 @@ class ItemBattery:
         cochran_skipped: why Cochran's Q was not run.
         within_item: within-item permutation test of the folded gap (paired designs only).
         within_item_skipped: why it was not run.
-        gap_ci: item bootstrap CI of the folded gap (item-cluster when items cross residues, else
-            within-residue); ``None`` when ``n_bootstrap=0``.
+        gap_ci: interval and equivalence bound of the folded gap from the items
+            (:func:`~phaselens.stats.gapci.item_gap_ci`; item-cluster covariance when items cross residues);
+            ``None`` when ``n_bootstrap=0``.
         continuous: one :class:`ContinuousResult` per continuous metric present in the frame.
+        omnibus: the omnibus test the decisions use: Cochran's Q when paired, else the count battery's G.
+        nested: the nested test (mod M vs mod S) the decisions use: nested Cochran when paired, else nested G.
+        period: the period detection the decisions use (paired detector when paired, else the count
+            battery's).
     """
 
     counts: PhaseBattery
@@ -42,8 +50,11 @@ class ItemBattery:
     cochran_skipped: str | None
     within_item: PermutationResult | None
     within_item_skipped: str | None
-    gap_ci: BootstrapResult | None
+    gap_ci: GapInterval | None
     continuous: tuple[ContinuousResult, ...]
+    omnibus: TestResult
+    nested: TestResult
+    period: PeriodResult
 
     def metric(self, name: str) -> ContinuousResult:
         """The continuous result for metric ``name``."""
@@ -62,6 +73,12 @@ class ItemBattery:
             if q is None
             else _row("test", "cochran_q", statistic=q.statistic, df=q.df, pvalue=q.pvalue)
         )
+        paired = self.design == "paired"
+        if paired:
+            n = self.nested
+            extra.append(_row("test", n.name, statistic=n.statistic, df=n.df, pvalue=n.pvalue))
+        extra.append(_row("period", "detected_period (decision)", estimate=self.period.period,
+                          note=f"{self.period.status}; {'paired' if paired else 'count'} tests"))
         w = self.within_item
         name = "folded_gap permutation (within-item)"
         extra.append(
@@ -73,10 +90,11 @@ class ItemBattery:
             extra.append(
                 _row(
                     "summary",
-                    f"phase_gap {ci.scheme} bootstrap",
+                    f"phase_gap ({ci.scheme})",
                     estimate=ci.estimate,
                     ci_low=ci.ci_low,
                     ci_high=ci.ci_high,
+                    note=f"one-sided upper {ci.level:.0%} bound {ci.upper_bound:.6g}",
                 )
             )
         for r in self.continuous:
@@ -97,9 +115,11 @@ class ItemBattery:
         if self.pairing_note:
             lines[-1] += f" ({self.pairing_note})"
         if self.cochran is not None:
+            n = self.nested
             lines.append(
-                f"  Cochran's Q={self.cochran.statistic:.2f} (df {self.cochran.df}) "
-                f"p={fmt_p(self.cochran.pvalue)}"
+                f"  paired tests (these decide): Cochran's Q={self.cochran.statistic:.2f} (df {self.cochran.df}) "
+                f"p={fmt_p(self.cochran.pvalue)}; nested Cochran Q={n.statistic:.3f} (df {n.df}) "
+                f"p={fmt_p(n.pvalue)}; period {self.period.period} ({self.period.status})"
             )
         else:
             lines.append(f"  Cochran's Q skipped: {self.cochran_skipped}")
@@ -114,8 +134,8 @@ class ItemBattery:
         if self.gap_ci is not None:
             ci = self.gap_ci
             lines.append(
-                f"  folded gap {_pct(ci.estimate)} pp, {ci.scheme} bootstrap {ci.level:.0%} CI "
-                f"[{_pct(ci.ci_low)}, {_pct(ci.ci_high)}]"
+                f"  folded gap {_pct(ci.estimate)} pp, {ci.level:.0%} CI from items ({ci.scheme}) "
+                f"[{_pct(ci.ci_low)}, {_pct(ci.ci_high)}], one-sided upper {_pct(ci.upper_bound)} pp"
             )
         lines.extend(f"  {r!r}" for r in self.continuous)
         return "\n".join(lines)
@@ -146,9 +166,10 @@ def phase_battery_items(
         metrics: continuous columns to test when present (default ``nll`` and ``logit_diff``).
         alpha, level, n_permutations, n_bootstrap, seed: as in :func:`phase_battery`.
 
-    The count battery runs on the per-residue totals. Cochran's Q and the within-item permutation need a
-    paired design (every item exactly once at every residue); otherwise they are skipped and the result says
-    why.
+    The count battery runs on the per-residue totals. In a paired design (every item exactly once at every
+    residue) the decisions use tests that respect the pairing: Cochran's Q (omnibus), the nested Cochran test
+    (mod M vs mod S) and :func:`~phaselens.stats.period.detect_period_paired`; continuous metrics use Friedman.
+    Otherwise the paired tests are skipped, the result says why, and the decisions are the count battery's.
     """
     tab = item_table(frame, stride, modulus, metrics)
     b = check_draws(n_permutations, "n_permutations")
@@ -157,20 +178,23 @@ def phase_battery_items(
         c, n, tab.stride, tab.modulus, alpha=alpha, level=level, n_permutations=b, n_bootstrap=0, seed=seed
     )
     cochran = within = None
+    omnibus, nested, period = counts.g, counts.nested, counts.period
     if tab.paired:
         m = tab.matrix(tab.correct)
         cochran = cochran_q(m)
         within = within_item_permutation_test(m, tab.stride, n_permutations=b, seed=seed)
+        omnibus, nested = cochran, nested_cochran_q(m, tab.stride)
+        period = detect_period_paired(m, alpha=alpha)
     ci = None
     if n_bootstrap:
-        ci = item_bootstrap_ci(
+        ci = item_gap_ci(
             tab.item,
             tab.residue,
             tab.correct,
             tab.stride,
             tab.modulus,
             level=level,
-            n_bootstrap=n_bootstrap,
+            n_draws=max(n_bootstrap, MIN_DRAWS),
             seed=seed,
         )
     continuous = tuple(
@@ -197,4 +221,7 @@ def phase_battery_items(
         within_item_skipped=tab.pairing_note,
         gap_ci=ci,
         continuous=continuous,
+        omnibus=omnibus,
+        nested=nested,
+        period=period,
     )

@@ -4,7 +4,9 @@ Near ceiling accuracy the phase gap shrinks while the loss still differs by phas
 tested too:
 
 * Kruskal–Wallis across the S phases (rank-based; rows are independent observations);
-* Friedman across phases when items are paired (each item's values averaged within a phase first);
+* Friedman across phases when items are paired (each item's values averaged within a phase first), or the
+  Wilcoxon signed-rank test when S = 2. In a paired design this replaces Kruskal–Wallis as the decision
+  (``omnibus``): Kruskal–Wallis ignores that an item's values are correlated across phases;
 * a permutation test of the max−min of phase means: within items when paired, otherwise rows are permuted
   across phases (``scipy.stats.permutation_test``).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -38,9 +41,10 @@ class ContinuousResult:
         phase_means: ``(S,)`` mean per phase (all rows of the phase pooled).
         phase_n: ``(S,)`` rows per phase.
         kruskal: Kruskal–Wallis across phases.
-        friedman: Friedman across phases for paired items, else ``None``.
+        friedman: Friedman across phases for paired items (S ≥ 3), else ``None``.
         friedman_skipped: why Friedman was not run (``None`` when it was).
         permutation: permutation test of ``max(phase_means) − min(phase_means)``.
+        wilcoxon: Wilcoxon signed-rank test of the two phases for paired items when S = 2, else ``None``.
     """
 
     metric: str
@@ -50,9 +54,20 @@ class ContinuousResult:
     friedman: TestResult | None
     friedman_skipped: str | None
     permutation: PermutationResult
+    wilcoxon: TestResult | None = None
 
     def __post_init__(self) -> None:
         readonly(self.phase_means, self.phase_n)
+
+    @property
+    def paired(self) -> bool:
+        """Whether the items were paired (a paired test was run)."""
+        return self.friedman is not None or self.wilcoxon is not None
+
+    @property
+    def omnibus(self) -> TestResult:
+        """The test that decides: Friedman (or Wilcoxon for S = 2) when paired, else Kruskal–Wallis."""
+        return self.friedman or self.wilcoxon or self.kruskal
 
     def to_frame(self) -> pd.DataFrame:
         rows = [("kruskal", self.kruskal.statistic, self.kruskal.df, self.kruskal.pvalue, None)]
@@ -60,21 +75,27 @@ class ContinuousResult:
             rows.append(("friedman", self.friedman.statistic, self.friedman.df, self.friedman.pvalue, None))
         else:
             rows.append(("friedman", np.nan, np.nan, np.nan, self.friedman_skipped))
+        if self.wilcoxon is not None:
+            rows.append(("wilcoxon", self.wilcoxon.statistic, np.nan, self.wilcoxon.pvalue, None))
         p = self.permutation
         rows.append((f"gap permutation ({p.scheme})", p.statistic, np.nan, p.pvalue, None))
+        decides = self.omnibus.name
         return pd.DataFrame(
             [
-                {"metric": self.metric, "test": t, "statistic": s, "df": d, "pvalue": pv, "note": note}
+                {"metric": self.metric, "test": t, "statistic": s, "df": d, "pvalue": pv, "note": note,
+                 "decides": t == decides}
                 for t, s, d, pv, note in rows
             ]
         )
 
     def __repr__(self) -> str:
         means = " ".join(f"{m:.4g}" for m in self.phase_means)
-        fried = f"p={fmt_p(self.friedman.pvalue)}" if self.friedman else "skipped"
+        o = self.omnibus
+        tests = (f"{o.name.capitalize()} p={fmt_p(o.pvalue)} (paired; Kruskal p={fmt_p(self.kruskal.pvalue)} "
+                 "ignores the pairing)" if self.paired else f"Kruskal p={fmt_p(self.kruskal.pvalue)}")
         return (
-            f"ContinuousResult({self.metric}: phase means [{means}], Kruskal p={fmt_p(self.kruskal.pvalue)}, "
-            f"Friedman {fried}, gap {self.permutation.statistic:.4g} p={fmt_p(self.permutation.pvalue)})"
+            f"ContinuousResult({self.metric}: phase means [{means}], {tests}, "
+            f"gap {self.permutation.statistic:.4g} p={fmt_p(self.permutation.pvalue)})"
         )
 
 
@@ -88,6 +109,13 @@ def _guarded(name: str, df: int, fn: Callable[..., Any], *samples: np.ndarray) -
     if not np.isfinite(res.statistic):
         return TestResult(name, 0.0, df, 1.0)
     return TestResult(name, float(res.statistic), df, float(res.pvalue))
+
+
+def _wilcoxon(a: np.ndarray, b: np.ndarray) -> Any:
+    """Wilcoxon signed-rank test; with every difference zero there is nothing to rank (NaN, reported as p 1)."""
+    if np.all(a == b):
+        return SimpleNamespace(statistic=np.nan, pvalue=1.0)
+    return stats.wilcoxon(a, b)
 
 
 # scipy renamed permutation_test's random_state to rng in 1.15; support both.
@@ -138,12 +166,14 @@ def continuous_phase_tests(
     if item_ids is not None:
         item = item_codes(item_ids, r.size)
         note = pairing(item, r, modulus)
-    friedman, skipped = None, note
+    friedman, wilcoxon, skipped = None, None, note
     if note is None:
         m = paired_matrix(item, r, v, modulus)
         per_phase = fold(m, stride) / (modulus // stride)  # (items, S): each item's mean per phase
         if stride < 3:
-            skipped = f"Friedman needs at least 3 phases, stride is {stride}; see the permutation test"
+            skipped = f"Friedman needs at least 3 phases, stride is {stride}; the Wilcoxon test replaces it"
+            if stride == 2:
+                wilcoxon = _guarded("wilcoxon", 1, _wilcoxon, per_phase[:, 0], per_phase[:, 1])
         else:
             friedman = _guarded("friedman", stride - 1, stats.friedmanchisquare, *per_phase.T)
         perm = within_item_permutation_test(m, stride, n_permutations=b, seed=seed, name=metric)
@@ -162,4 +192,4 @@ def continuous_phase_tests(
         perm = PermutationResult(
             metric, float(res.statistic), float(res.pvalue), null.size, float(null.mean()), "unpaired"
         )
-    return ContinuousResult(metric, phase_means, phase_n, kruskal, friedman, skipped, perm)
+    return ContinuousResult(metric, phase_means, phase_n, kruskal, friedman, skipped, perm, wilcoxon)

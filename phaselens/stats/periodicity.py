@@ -5,10 +5,11 @@
   Not rejecting means mod M adds nothing to mod P.
 * :func:`harmonic_fraction`: the share of the non-DC DFT power of the M per-residue accuracies that sits at
   the frequencies of period S (bins that are nonzero multiples of M/S). A purely S-periodic profile gives 1;
-  with no structure each of the M − 1 non-DC bins holds the same power on average, so the null share is
-  (S − 1)/(M − 1).
-* :func:`detect_period`: the omnibus G test first; if it rejects, the smallest divisor P ≥ 2 of M whose nested
-  test does not reject.
+  with no structure each of the M − 1 non-DC bins holds the same power on average, so the reference share is
+  (S − 1)/(M − 1). The permutation null's own mean is near it but not equal to it (a mean of ratios is not the
+  ratio of means, and unequal n per residue shifts it further); the p-value uses the permutation null.
+
+The period detector that builds on these tests lives in :mod:`phaselens.stats.period`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from numpy.typing import ArrayLike
 from scipy import stats
 
 from phaselens.stats._checks import (
-    check_alpha,
     check_counts,
     check_draws,
     check_period,
@@ -29,7 +29,7 @@ from phaselens.stats._checks import (
     readonly,
 )
 from phaselens.stats.folding import fold
-from phaselens.stats.omnibus import g_statistic, g_test
+from phaselens.stats.omnibus import g_statistic
 from phaselens.stats.resampling import permutation_pvalue, permuted_correct
 from phaselens.stats.results import TestResult, fmt_p
 
@@ -101,8 +101,10 @@ class HarmonicResult:
 
     Attributes:
         fraction: observed share of non-DC power at period-S frequencies (NaN for a flat profile).
-        null_fraction: (S − 1)/(M − 1), its expectation with no structure.
-        null_mean: its mean over the permuted tables.
+        null_fraction: (S − 1)/(M − 1), the share of non-DC bins at period-S frequencies: the reference value
+            with no structure (each bin's expected power is equal), not the null's exact mean.
+        null_mean: the fraction's mean over the permuted tables (near ``null_fraction`` with equal n per
+            residue, further off with unequal n); the p-value comes from this null.
         pvalue: permutation p-value (outcomes permuted across residues, n per residue fixed).
         n_permutations: permutations drawn.
         stride, modulus: S and M.
@@ -175,78 +177,3 @@ def harmonic_fraction(
         modulus=m,
         power=np.abs(np.fft.fft(a)) ** 2,
     )
-
-
-@dataclass(frozen=True, repr=False)
-class PeriodResult:
-    """Outcome of :func:`detect_period`.
-
-    Attributes:
-        period: the detected period, or ``None`` when the omnibus test does not reject (no phase effect to
-            have a period). Equal to M when every smaller divisor is rejected (an aperiodic effect).
-        omnibus: the omnibus G test on the full table.
-        nested: the nested fold tests run, smallest divisor first; the last one is the first that did not
-            reject (empty when ``period`` is None).
-        alpha: the level used.
-        modulus: M.
-    """
-
-    period: int | None
-    omnibus: TestResult
-    nested: tuple[TestResult, ...]
-    alpha: float
-    modulus: int
-
-    def to_frame(self) -> pd.DataFrame:
-        rows = [(None, self.omnibus)] + [(int(t.name.rsplit("_", 1)[1]), t) for t in self.nested]
-        return pd.DataFrame(
-            [
-                {
-                    "candidate_period": p,
-                    "test": t.name,
-                    "statistic": t.statistic,
-                    "df": t.df,
-                    "pvalue": t.pvalue,
-                    "rejects": t.rejects(self.alpha),
-                }
-                for p, t in rows
-            ]
-        )
-
-    def __repr__(self) -> str:
-        steps = ", ".join(f"P={t.name.rsplit('_', 1)[1]}: p={fmt_p(t.pvalue)}" for t in self.nested)
-        return (
-            f"PeriodResult(period={self.period}, omnibus p={fmt_p(self.omnibus.pvalue)}"
-            + (f"; {steps}" if steps else "")
-            + f"; alpha={self.alpha})"
-        )
-
-
-def detect_period(correct: ArrayLike | int | float, n: ArrayLike | int | float, *, alpha: float = 0.05) -> PeriodResult:
-    """Find the period of a residue effect when the stride is unknown.
-
-    First the omnibus G test on the full 2 × M table. If it does not reject at ``alpha`` there is no effect
-    and no period (``None``, never a number). Otherwise try the divisors P ≥ 2 of M in increasing order and
-    return the first whose nested fold test (mod M vs mod P) does not reject; P = M always qualifies.
-
-    Args:
-        correct: ``(M,)`` correct answers per residue.
-        n: an int or ``(M,)`` trials per residue.
-        alpha: level of every test in the sequence.
-
-    Example:
-        >>> detect_period([112, 178, 169, 76, 115, 179, 165, 84], 256).period
-        4
-    """
-    c, t = check_counts(correct, n)
-    alpha = check_alpha(alpha)
-    m = c.shape[-1]
-    omnibus = g_test(c, t)
-    if not omnibus.rejects(alpha):
-        return PeriodResult(None, omnibus, (), alpha, m)
-    nested: list[TestResult] = []
-    for p in (d for d in range(2, m + 1) if m % d == 0):
-        nested.append(nested_fold_test(c, t, p))
-        if not nested[-1].rejects(alpha):
-            return PeriodResult(p, omnibus, tuple(nested), alpha, m)
-    raise AssertionError("unreachable: P = M never rejects")  # pragma: no cover

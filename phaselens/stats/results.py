@@ -96,7 +96,8 @@ class PermutationResult:
 
 @dataclass(frozen=True, repr=False)
 class BootstrapResult:
-    """A percentile bootstrap confidence interval.
+    """A percentile bootstrap confidence interval (kept for old pickled-free code paths; the gap intervals
+    now return :class:`GapInterval`).
 
     Attributes:
         name: the statistic (e.g. ``"folded_gap"``).
@@ -138,4 +139,59 @@ class BootstrapResult:
         return (
             f"BootstrapResult({self.name}, {self.scheme}: {self.estimate:.4g} "
             f"[{self.ci_low:.4g}, {self.ci_high:.4g}] at {self.level:.0%}, B={self.n_bootstrap})"
+        )
+
+
+@dataclass(frozen=True, repr=False)
+class GapInterval:
+    """Confidence bounds for a max − min gap (see :mod:`phaselens.stats.gapci` for the construction).
+
+    Attributes:
+        name: the statistic (``"folded_gap"``).
+        estimate: the gap on the data (unadjusted max − min of the phase accuracies or means).
+        ci_low, ci_high: two-sided interval at ``level``; each side holds with probability ≥ (1 + level)/2.
+        level: confidence level.
+        upper_bound: one-sided upper bound at ``level``: the equivalence margin ("the gap is below this").
+        scheme: ``"independent trials"`` (counts), ``"item-cluster"`` (items cross phases) or
+            ``"items, one phase each"``.
+        critical_low: simultaneous critical value used for ``ci_low`` (over all phase pairs).
+        critical_high: normal quantile used for ``ci_high`` (one pair suffices for an upper bound).
+        n_draws: simulated vectors behind ``critical_low``.
+    """
+
+    name: str
+    estimate: float
+    ci_low: float
+    ci_high: float
+    level: float
+    upper_bound: float
+    scheme: str
+    critical_low: float
+    critical_high: float
+    n_draws: int
+
+    method: ClassVar[str] = "pairwise differences: simultaneous lower bound, single-pair upper bound"
+
+    def to_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(
+            [
+                {
+                    "statistic": self.name,
+                    "estimate": self.estimate,
+                    "ci_low": self.ci_low,
+                    "ci_high": self.ci_high,
+                    "level": self.level,
+                    "upper_bound": self.upper_bound,
+                    "scheme": self.scheme,
+                    "critical_low": self.critical_low,
+                    "critical_high": self.critical_high,
+                }
+            ]
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"GapInterval({self.name}, {self.scheme}: {self.estimate:.4g} "
+            f"[{self.ci_low:.4g}, {self.ci_high:.4g}] at {self.level:.0%}, "
+            f"one-sided upper {self.upper_bound:.4g})"
         )

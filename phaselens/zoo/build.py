@@ -15,10 +15,11 @@ from safetensors.torch import save_file
 
 import phaselens
 from phaselens.evaluate import evaluate
-from phaselens.models.io import atomic_write_dir, save_model
+from phaselens.files import atomic_write_dir
+from phaselens.models.io import checkpoint_kind, save_model
 from phaselens.scoring import answer_metrics
 from phaselens.train import train
-from phaselens.zoo import sha256_file
+from phaselens.zoo import file_digests
 from phaselens.zoo.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, RECIPES, ZOO_EVAL_TASK, ZOO_TASK
 
 EVAL_BATCH_PER_RESIDUE = 4
@@ -41,11 +42,37 @@ def battery_summary(ev: Any) -> dict[str, Any]:
     }
 
 
-def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress: bool = True) -> dict[str, Any]:
-    """Train (or resume) ``name`` and write ``out/name``; returns the card."""
+def code_provenance() -> dict[str, Any]:
+    """The git commit of the phaselens source that trains (``dirty``: uncommitted changes), or why it is unknown."""
+    import subprocess
+
+    src = Path(__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(["git", "-C", str(src), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        status = subprocess.run(["git", "-C", str(src), "status", "--porcelain", "--untracked-files=no", "--", "."],
+                                capture_output=True, text=True, timeout=10, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None, "note": "not run from a git checkout (an installed package)"}
+    return {"commit": commit, "dirty": bool(status.strip())}
+
+
+def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress: bool = True,
+                    steps: int | None = None, threads: int | None = None) -> dict[str, Any]:
+    """Train (or resume) ``name`` and write ``out/name``; returns the card.
+
+    ``steps`` replaces the recipe's number of steps (the cosine schedule follows it, so it is another run);
+    ``threads`` the recipe's torch thread count (results are bit-identical only at the same count).
+    The card records the code's git commit (``card["code"]``), the torch build and the thread count.
+    """
     recipe = RECIPES[name]
     task = ZOO_EVAL_TASK
-    res = train(recipe.config, recipe.batch_fn(), recipe.settings, Path(run_dir) / name, progress=progress)
+    settings = recipe.settings
+    if steps is not None:
+        settings = dataclasses.replace(settings, steps=steps)
+    if threads is not None:
+        settings = dataclasses.replace(settings, threads=threads)
+    res = train(recipe.config, recipe.batch_fn(), settings, Path(run_dir) / name, progress=progress)
     model = res.model
     model.default_task = task
     stride = model.analysis_spec.stride if recipe.config.compression is not None else COMPARE_STRIDE
@@ -64,7 +91,10 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
         "phaselens_version": phaselens.__version__,
         "torch": torch.__version__,
         "machine": platform.machine(),
-        "training": {**dataclasses.asdict(recipe.settings), "seconds": None if res.seconds is None else round(res.seconds, 1),
+        "code": code_provenance(),
+        # resumed_from: the step this process started at (== steps: the weights were trained by an earlier
+        # run, perhaps at another commit; "code" is the commit that wrote this card)
+        "training": {**dataclasses.asdict(settings), "resumed_from": res.resumed_from, "seconds": None if res.seconds is None else round(res.seconds, 1),
                      "loss_curve_every_10": [float(np.mean(res.losses[i : i + 10])) for i in range(0, len(res.losses), 10)],
                      "final_loss": float(np.mean(res.losses[-50:]))},
         "task": task.to_dict(),
@@ -86,8 +116,8 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
                    "wrong": eval_batch.wrong.contiguous(), "query_pos": eval_batch.query_pos.contiguous(),
                    "residue": torch.as_tensor(eval_batch.frame["residue"].to_numpy().copy()).contiguous()},
                   str(tmp / "eval_batch.safetensors"))
-        card["weights_sha256"] = sha256_file(tmp / "model.safetensors")
+        card.update(file_digests(tmp))  # weights and config (with the default task)
         (tmp / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True))
 
-    atomic_write_dir(Path(out) / name, write)
+    atomic_write_dir(Path(out) / name, write, kind=checkpoint_kind(extra=("eval_batch.safetensors",)))
     return card

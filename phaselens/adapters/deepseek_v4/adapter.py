@@ -132,8 +132,11 @@ class DeepSeekV4Adapter:
 
     @property
     def hook_dict(self) -> dict[str, HookPoint]:
-        """Every hook name with its :class:`HookPoint` (shape, editability), in execution order."""
-        return dict(self._points)
+        """Every hook name with its :class:`HookPoint` (shape, editability), in execution order; a missing
+        name raises a :class:`~phaselens.errors.HookNameError` that says what exists instead."""
+        from phaselens.hooknames import HookDict
+
+        return HookDict(self._points)
 
     # ---- forward -----------------------------------------------------------------------------------
     def __call__(
@@ -150,15 +153,17 @@ class DeepSeekV4Adapter:
             tokens: ``[B, T]`` token ids (or ``[T]``), unpadded.
             chunk: prefill in pieces of this many tokens through the model's cache (default: the ``chunk``
                 given to :func:`from_hf`, else one uncached forward). Hooks fire only for the query chunk.
-            query_len: length of the query chunk, the hooked last tokens (default ``min(chunk, T)``).
-            logits: ``"query"`` to return (and compute) only the query chunk's logits.
+            query_len: the query rows: under chunked prefill the query chunk, the hooked last tokens (default
+                ``min(chunk, T)``); in an uncached forward only the rows whose logits ``logits="query"`` keeps.
+            logits: ``"query"`` to return (and compute) only the query rows' logits.
         """
         if logits not in ("all", "query"):
             raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
         tokens = self._tokens(tokens)
         check_eager(self.model.config)  # the config could have been switched since from_hf
         T = tokens.shape[1]
-        plan = plan_chunks(T, self.chunk if chunk is _UNSET else chunk, query_len)
+        chunk = self.chunk if chunk is _UNSET else chunk
+        plan = plan_chunks(T, chunk, query_len if chunk is not None else None)
         cached = bool(plan.prefix)
         if cached and self._remote:
             raise InputError(
@@ -168,6 +173,10 @@ class DeepSeekV4Adapter:
         prefix = run_prefix(self.model, tokens, plan, keep_logits=logits == "all") if cached else None
         query = tokens[:, plan.query_start :]
         kwargs = call_kwargs(query, plan.query_start, prefix.cache if prefix else None)
+        if logits == "query" and not cached and query_len is not None:
+            if not isinstance(query_len, int) or not 1 <= query_len <= T:
+                raise InputError(f"query_len must be an int in 1..{T}, got {query_len!r}.")
+            kwargs["logits_to_keep"] = query_len  # the lm_head runs on the query rows only
         out = self._hooked_call(kwargs, RunInfo(plan.query_start, cached), topk_layers)
         if logits == "query" or prefix is None:
             return out.logits
@@ -184,9 +193,11 @@ class DeepSeekV4Adapter:
             or tokens.is_floating_point()
             or tokens.dtype == torch.bool
             or tokens.shape[1] == 0
+            or tokens.shape[0] == 0
         ):
             raise InputError(
-                f"tokens must be integer ids of shape [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}."
+                f"tokens must be integer ids of shape [batch, pos] with batch, pos >= 1, got {tuple(tokens.shape)} "
+                f"{tokens.dtype}."
             )
         V = self._cfg.d_vocab
         if int(tokens.min()) < 0 or int(tokens.max()) >= V:
@@ -304,9 +315,12 @@ class DeepSeekV4Adapter:
         names_filter: Any = None,
         device: torch.device | str | None = None,
         **forward_kwargs: Any,
-    ) -> tuple[Tensor, dict[str, Tensor]]:
-        """``(logits, {name: activation})`` for the names selected by ``names_filter`` (all if ``None``:
-        always filter in sweeps). Activations are detached copies, moved to ``device`` if given."""
+    ) -> tuple[Tensor, Any]:
+        """``(logits, cache)``: a TransformerLens ``ActivationCache`` of the names selected by ``names_filter``
+        (all if ``None``: always filter in sweeps). Activations are detached copies, moved to ``device`` if
+        given. ``cache["pattern_entry", 1]`` and ``cache["blocks.1.attn.hook_z"]`` both work."""
+        from transformer_lens import ActivationCache
+
         store: dict[str, Tensor] = {}
 
         def keep(tensor: Tensor, *, hook: Any) -> None:
@@ -315,7 +329,7 @@ class DeepSeekV4Adapter:
 
         names = match(self._points, names_filter)
         logits = self.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], **forward_kwargs)
-        return logits, store
+        return logits, ActivationCache(store, self)
 
     def __repr__(self) -> str:
         kinds = "".join({"csa": "C", "hca": "H", "sliding": "S"}[g.kind] for g in self._geometry)

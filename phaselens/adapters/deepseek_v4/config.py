@@ -115,6 +115,19 @@ def check_eager(config: Any) -> None:
         )
 
 
+def rope_dims(model: nn.Module, rope_type: str = "compress") -> int:
+    """The number of trailing channels RoPE rotates, read from the model's rotary embedding (two per frequency).
+
+    Not ``config.qk_rope_head_dim``: a config whose nested ``rope_parameters`` carry their own
+    ``partial_rotary_factor`` rotates that many channels whatever ``qk_rope_head_dim`` says.
+    """
+    rotary = model.model.rotary_emb
+    inv_freq = getattr(rotary, f"{rope_type}_inv_freq", None)
+    if inv_freq is None:
+        inv_freq = rotary.main_inv_freq
+    return 2 * int(inv_freq.shape[-1])
+
+
 def build_cfg(model: nn.Module, geometry: list[LayerGeometry]) -> DeepSeekV4Cfg:
     config = model.config
     embed = model.get_input_embeddings().weight
@@ -130,7 +143,7 @@ def build_cfg(model: nn.Module, geometry: list[LayerGeometry]) -> DeepSeekV4Cfg:
         local_window=int(config.sliding_window),
         o_groups=int(config.o_groups),
         q_lora_rank=int(config.q_lora_rank),
-        rope_dims=int(getattr(config, "qk_rope_head_dim", 0) or 0),
+        rope_dims=rope_dims(model),
         index_topk=int(config.index_topk),
         index_n_heads=int(config.index_n_heads),
         dtype=embed.dtype,

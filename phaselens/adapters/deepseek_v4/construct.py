@@ -1,4 +1,4 @@
-"""``from_hf``: check a transformers DeepSeek-V4 model, optionally widen its indexer, and wrap it."""
+"""``from_hf``: check a transformers DeepSeek-V4 model, set its numerics, optionally widen its indexer, and wrap it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from torch import nn
 from phaselens.adapters.deepseek_v4.adapter import Backend, DeepSeekV4Adapter
 from phaselens.adapters.deepseek_v4.config import check_model, unwrap
 from phaselens.adapters.deepseek_v4.geometry import LayerGeometry, resolve_analysis_stride
+from phaselens.adapters.deepseek_v4.numerics import Numerics, Quantize, configure
 from phaselens.errors import InputError
 
 
@@ -20,6 +21,8 @@ def from_hf(
     backend: Backend = "torch",
     remote: bool = False,
     chunk: int | None = None,
+    numerics: Numerics | None = None,
+    quantize: Quantize = None,
 ) -> DeepSeekV4Adapter:
     """Wrap a transformers ``DeepseekV4ForCausalLM`` (eager attention) as a phaselens model.
 
@@ -32,16 +35,32 @@ def from_hf(
         backend: ``"torch"`` (torch hooks) or ``"nnsight"`` (module-site interventions through nnsight).
         remote: run traces on NDIF (``backend="nnsight"`` only). **Untested**: no network here.
         chunk: default prefill chunk for ``adapter(tokens)``.
+        numerics: ``"reference"`` (default; ``"transformers"`` with ``remote=True``) computes the compressors'
+            projections, gating and pooling and the RoPE tables in fp32, as DeepSeek's reference inference
+            does, when the model is bf16 or fp16 (an fp32 model already does); ``"transformers"`` leaves
+            transformers' own computation (the model dtype throughout).
+        quantize: ``"fp8"`` simulates the reference's quantization steps (FP8 on the non-RoPE dims of the window
+            KV and the compressed entries, Hadamard + FP4 on the indexer's queries and keys); ``None``
+            (default) does not, as transformers does not.
 
-    The model is put in ``eval()`` mode.
+    The model is put in ``eval()`` mode. ``numerics`` and ``quantize`` change the transformers model in place
+    (module classes are swapped, weights untouched; see :mod:`.numerics`) and are recorded in
+    ``analysis_metadata``; a later ``from_hf`` on the same model sets them afresh.
     """
     hf_model, envoy = unwrap(model)
     if backend not in ("torch", "nnsight"):
         raise InputError(f"backend must be 'torch' or 'nnsight', got {backend!r}.")
     if remote and backend != "nnsight":
         raise InputError("remote=True runs through NDIF, which needs backend='nnsight'.")
+    if remote and (numerics == "reference" or quantize is not None):
+        raise InputError(
+            "numerics='reference' and quantize='fp8' change the local transformers model, but with remote=True "
+            "NDIF runs its own copy: pass numerics='transformers' (the default remotely) and quantize=None."
+        )
     geometry = check_model(hf_model)
     stride = resolve_analysis_stride(geometry, analysis_stride)
+    numerics = numerics or ("transformers" if remote else "reference")
+    numerics_changes = configure(hf_model, geometry, numerics=numerics, quantize=quantize)
     changed = _set_index_topk(hf_model, geometry, index_topk) if index_topk is not None else []
     # Kept on the model, so a later adapter of the same (already changed) model still reports the change.
     modifications = [*getattr(hf_model, "_phaselens_modifications", []), *changed]
@@ -71,6 +90,9 @@ def from_hf(
         "index_topk": int(config.index_topk),
         "model_modified": bool(modifications),
         "modifications": modifications,
+        "numerics": numerics,
+        "quantize": quantize,
+        "numerics_changes": numerics_changes,
         "index_topk_binding": False,
         "max_entries_seen": 0,
         "chunk": chunk,

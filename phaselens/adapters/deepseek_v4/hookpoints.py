@@ -7,7 +7,6 @@ shape replaces the activation (pattern hooks are read-only).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +14,8 @@ from typing import Any
 from torch import Tensor
 
 from phaselens.adapters.deepseek_v4.geometry import LayerGeometry
-from phaselens.errors import InputError
+from phaselens.errors import HookNameError, InputError
+from phaselens.protocol import HookContext, hook_context, hook_pairs
 
 HookFn = Callable[..., Tensor | None]
 NameFilter = str | Callable[[str], bool]
@@ -63,26 +63,15 @@ class HookPoint:
         return (-1 if self.layer is None else self.layer, sites.index(self.site))
 
 
-@dataclass(frozen=True)
-class Hook:
-    """What a hook function receives as ``hook``: the point, plus where this call sits.
+def context_for(point: HookPoint, query_start: int = 0, first_entry: int | None = None) -> HookContext:
+    """What a hook function receives as ``hook``: a :class:`~phaselens.protocol.HookContext` for ``point``.
 
     ``query_start`` is the cache slot of position 0 of this call (0 for an unchunked forward; the first
     slot of the query chunk under chunked prefill). ``first_entry`` is the index of the first new entry
-    for ``hook_gate`` / ``hook_payload`` / ``hook_entry`` (``None`` elsewhere).
+    for ``hook_gate`` / ``hook_payload`` / ``hook_entry`` (``None`` elsewhere). A wrapper's row shift
+    (phase repair) comes from :func:`phaselens.protocol.call_state`.
     """
-
-    point: HookPoint
-    query_start: int = 0
-    first_entry: int | None = None
-
-    @property
-    def name(self) -> str:
-        return self.point.name
-
-    @property
-    def layer(self) -> int | None:
-        return self.point.layer
+    return hook_context(point, point.name, point.layer, query_start=query_start, first_entry=first_entry)
 
 
 def hook_points(geometry: list[LayerGeometry]) -> dict[str, HookPoint]:
@@ -102,13 +91,7 @@ def resolve(
 ) -> dict[str, list[HookFn]]:
     """Match ``(name_or_filter, fn)`` pairs against the hook points: ``{name: [fn, ...]}`` in call order."""
     out: dict[str, list[HookFn]] = {}
-    for item in fwd_hooks:
-        try:
-            target, fn = item
-        except (TypeError, ValueError):
-            raise InputError(f"fwd_hooks entries are (name_or_filter, fn) pairs, got {item!r}.") from None
-        if not callable(fn):
-            raise InputError(f"the hook for {target!r} is not callable: {fn!r}.")
+    for target, fn in hook_pairs(fwd_hooks):
         for name in match(points, target):
             out.setdefault(name, []).append(fn)
     return out
@@ -120,11 +103,11 @@ def match(points: dict[str, HookPoint], target: Any) -> list[str]:
         return list(points)
     if isinstance(target, str):
         if target not in points:
-            close = difflib.get_close_matches(target, list(points), n=3)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise InputError(
-                f"{target!r} is not a hook point of this model.{hint} List them with adapter.hook_dict "
-                "(compressed-layer hooks exist only on CSA/HCA layers, hook_indexer_topk only on CSA layers)."
+            from phaselens.hooknames import explain_missing
+
+            raise HookNameError(
+                explain_missing(target, points) + " On the DeepSeek-V4 adapter, compressed-layer hooks exist only "
+                "on CSA/HCA layers and hook_indexer_topk only on CSA layers."
             )
         return [target]
     if callable(target):
@@ -134,7 +117,7 @@ def match(points: dict[str, HookPoint], target: Any) -> list[str]:
     raise InputError(f"a hook target is a name, a list of names or a predicate, got {target!r}.")
 
 
-def call_hooks(fns: list[HookFn], tensor: Tensor, hook: Hook) -> tuple[Tensor, bool]:
+def call_hooks(fns: list[HookFn], tensor: Tensor, hook: HookContext) -> tuple[Tensor, bool]:
     """Run ``fns`` in order on ``tensor``; each may return a replacement of the same shape.
 
     Returns ``(tensor, replaced)``. A hook that returns the tensor it was given counts as a replacement on

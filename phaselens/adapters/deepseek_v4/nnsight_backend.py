@@ -27,7 +27,7 @@ from typing import Any
 
 from torch import nn
 
-from phaselens.adapters.deepseek_v4.hookpoints import MODULE_SITES, Hook, HookFn, HookPoint, call_hooks
+from phaselens.adapters.deepseek_v4.hookpoints import MODULE_SITES, HookFn, HookPoint, call_hooks, context_for
 from phaselens.adapters.deepseek_v4.torch_hooks import RunInfo
 from phaselens.errors import InputError
 
@@ -88,7 +88,7 @@ def _intervene(envoy: Any, point: HookPoint, fns: list[HookFn], run: RunInfo, n_
     target = envoy
     for part in path.format(l=point.layer).split("."):  # paths start at the root (the causal-LM module)
         target = target[int(part)] if part.isdigit() else getattr(target, part)
-    hook = Hook(point, run.query_start)
+    hook = context_for(point, run.query_start)
     if handle == "input":
         x = target.input
         view = x.reshape(*x.shape[:2], n_heads, -1) if point.site == "z" else x

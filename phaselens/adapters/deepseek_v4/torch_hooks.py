@@ -34,10 +34,10 @@ from phaselens.adapters.deepseek_v4 import gates
 from phaselens.adapters.deepseek_v4.hookpoints import (
     COMPRESSOR_SITES,
     PATTERN_SITES,
-    Hook,
     HookFn,
     HookPoint,
     call_hooks,
+    context_for,
 )
 from phaselens.adapters.deepseek_v4.patterns import attention_tap, split
 
@@ -97,7 +97,7 @@ class CompressorTap:
             if site not in self.fns:
                 return tensor, False
             point, fns = self.fns[site]
-            return call_hooks(fns, tensor, Hook(point, self.run.query_start, w.first_entry))
+            return call_hooks(fns, tensor, context_for(point, self.run.query_start, w.first_entry))
 
         alpha, edited_alpha = run("gate", w.alpha)
         payload, edited_payload = run("payload", w.payload)
@@ -122,7 +122,7 @@ def _forward_hook(
     """A forward hook that shows ``get(output)`` to ``fns`` and writes the result back with ``put``."""
 
     def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
-        value, _ = call_hooks(fns, get(out), Hook(point, run.query_start))
+        value, _ = call_hooks(fns, get(out), context_for(point, run.query_start))
         return put(out, value)
 
     return hook
@@ -140,7 +140,7 @@ def _module_site(model: nn.Module, point: HookPoint, fns: list[HookFn], run: Run
     if site == "resid_mid":  # the streams after attention are the input of the MLP's hyper-connection
 
         def pre_mid(_m: nn.Module, args: tuple) -> tuple:
-            value, _ = call_hooks(fns, args[0], Hook(point, run.query_start))
+            value, _ = call_hooks(fns, args[0], context_for(point, run.query_start))
             return (value, *args[1:])
 
         return layer.ffn_hc.register_forward_pre_hook(pre_mid)
@@ -148,9 +148,9 @@ def _module_site(model: nn.Module, point: HookPoint, fns: list[HookFn], run: Run
 
         def pre(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             if args:
-                value, _ = call_hooks(fns, args[0], Hook(point, run.query_start))
+                value, _ = call_hooks(fns, args[0], context_for(point, run.query_start))
                 return (value, *args[1:]), kwargs
-            value, _ = call_hooks(fns, kwargs["hidden_states"], Hook(point, run.query_start))
+            value, _ = call_hooks(fns, kwargs["hidden_states"], context_for(point, run.query_start))
             return args, {**kwargs, "hidden_states": value}
 
         return layer.register_forward_pre_hook(pre, with_kwargs=True)
@@ -159,7 +159,7 @@ def _module_site(model: nn.Module, point: HookPoint, fns: list[HookFn], run: Run
         def pre_z(_m: nn.Module, args: tuple) -> tuple:
             x = args[0]  # [B, n, groups, heads_per_group * d]: heads are contiguous within a group
             B, n = x.shape[:2]
-            z, _ = call_hooks(fns, x.reshape(B, n, n_heads, -1), Hook(point, run.query_start))
+            z, _ = call_hooks(fns, x.reshape(B, n, n_heads, -1), context_for(point, run.query_start))
             return (z.reshape(x.shape), *args[1:])
 
         return attn.o_a_proj.register_forward_pre_hook(pre_z)
@@ -248,7 +248,7 @@ def _pattern_tap(
         for site, value in (("pattern_local", s.local), ("pattern_entry", s.entry), ("pattern_sink", s.sink)):
             if site in patterns:
                 point, fns = patterns[site]
-                call_hooks(fns, value, Hook(point, run.query_start))
+                call_hooks(fns, value, context_for(point, run.query_start))
 
     return tap
 
