@@ -296,3 +296,21 @@ def test_truncated_model_matches_the_full_models_first_layers(ckpt, model_all):
     _, a = small.run_with_cache(tokens(), names_filter=name)
     _, b = model_all.run_with_cache(tokens(), names_filter=name)
     assert torch.equal(a[name], b[name])
+
+
+def test_hook_context_in_decoding(model_all):
+    """Hooks get the call's first slot and, at compressor hooks, the index of the first new entry (per ratio)."""
+    seen = {}
+
+    def keep(t, hook):
+        seen[hook.name] = (hook.query_start, hook.first_entry, hook.layer(), t.shape[1])
+
+    cache = model_all.new_cache(2)
+    model_all(tokens()[:, :9], cache=cache)
+    names = ["blocks.2.attn.hook_gate", "blocks.2.attn.hook_entry", "blocks.4.attn.hook_entry", "blocks.6.attn.hook_z"]
+    model_all.run_with_hooks(tokens()[:, 9:14], cache=cache, fwd_hooks=[(n, keep) for n in names])
+    # slots 9..13: ratio 2 completes entries 4 (slots 8, 9), 5 and 6; ratio 1 adds entries 9..13
+    assert seen == {"blocks.2.attn.hook_gate": (9, 4, 2, 3), "blocks.2.attn.hook_entry": (9, 4, 2, 3),
+                    "blocks.4.attn.hook_entry": (9, 9, 4, 5), "blocks.6.attn.hook_z": (9, None, 6, 5)}
+    with pytest.raises(phaselens.errors.HookNameError, match="hook_pattern_local"):
+        model_all.run_with_hooks(tokens(), fwd_hooks=[("blocks.3.attn.hook_pattern", keep)])

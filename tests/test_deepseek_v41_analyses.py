@@ -11,7 +11,7 @@ from conftest import tiny_task
 from deepseek_v41 import write_tiny_checkpoint
 
 import phaselens
-from phaselens.protocol import build_items
+from phaselens.items import build_items
 
 
 @pytest.fixture(scope="module")
@@ -91,3 +91,23 @@ def test_record(setup):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert rec.gate_profile.sel(layer=2).values.shape[-1] == 2  # W = 2 slots
+
+
+def test_record_reads_ratio1_entries_per_token(setup):
+    """On a ratio-1 layer the key's entry is the key's own token: key_entries is the query's probability on
+    entry t_K, read here straight from hook_pattern_entry."""
+    model, task = setup
+    rec = phaselens.record(model, task=task, n_per_residue=1, progress=False)
+    _, _, batch = build_items(model, task, n_per_residue=1, seed=0)
+    rows = torch.arange(len(batch.query_pos))
+    t_k = torch.as_tensor(batch.frame["t_K"].to_numpy().copy())
+    kept = {}
+
+    def keep(p, hook):
+        kept[hook.layer()] = p[rows, :, batch.query_pos][rows, :, t_k]  # [N, H]
+
+    with torch.no_grad():
+        model.run_with_hooks(batch.tokens, fwd_hooks=[(f"blocks.{i}.attn.hook_pattern_entry", keep) for i in (4, 6)])
+    for layer in (4, 6):
+        np.testing.assert_allclose(rec.items["key_entries"][:, layer], kept[layer].numpy(), atol=1e-6)
+        assert kept[layer].max() > 0  # the needle's entry is visible and picked (index_topk="all")

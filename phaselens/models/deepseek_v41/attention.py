@@ -11,8 +11,6 @@ Layers with a compression ratio use ``compress_rope_theta`` with YaRN, sliding l
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -160,7 +158,6 @@ class V41Attention(nn.Module):
         B, n, _ = x.shape
         if r == 1:
             payload, _ = comp.project(x)
-            self.hook_payload.first_entry = start
             payload = self.hook_payload(payload[:, :, None, None, :]).flatten(2)
             latent = comp.norm(payload)
             first = start
@@ -176,7 +173,6 @@ class V41Attention(nn.Module):
             payload = kv_new[:, : G * r].unflatten(1, (G, r))
             alpha = score_new[:, : G * r].unflatten(1, (G, r)).softmax(dim=2)
             first = start // r
-            self.hook_gate.first_entry = self.hook_payload.first_entry = first
             alpha = self.hook_gate(alpha.unsqueeze(3)).squeeze(3)
             payload = self.hook_payload(payload.unsqueeze(3)).squeeze(3)
             latent = comp.norm((alpha * payload).sum(2).to(x.dtype))
@@ -187,7 +183,6 @@ class V41Attention(nn.Module):
         if self.numerics.kv:
             k = fp4_round_trip(k, 32, "ue8m0")
             entry = fp4_round_trip(entry, 16, "e4m3")
-        self.hook_entry.first_entry = first
         entry = self.hook_entry(entry.unsqueeze(2)).squeeze(2)
         if old is not None:
             entry = torch.cat([old.entries, entry.to(old.entries.dtype)], dim=1)
@@ -229,8 +224,3 @@ class V41Attention(nn.Module):
         return (f"layer={r.layer}, ratio={r.ratio}, kv_source={r.kv_source}, index_source={r.index_source}, "
                 f"candidate_source={r.is_candidate_source}")
 
-
-def hook_context(points: Any, start: int) -> None:
-    """Tell every hook point where this call starts (``hook.query_start``)."""
-    for hp in points:
-        hp.query_start = start

@@ -26,7 +26,7 @@ from transformer_lens.hook_points import HookPoint
 
 from phaselens.errors import InputError, PhaseGeometryError
 from phaselens.geometry import PhaseSpec
-from phaselens.models.deepseek_v41.attention import V41Attention, hook_context
+from phaselens.models.deepseek_v41.attention import V41Attention
 from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
 from phaselens.models.deepseek_v41.layers import (
@@ -40,6 +40,8 @@ from phaselens.models.deepseek_v41.layers import (
 )
 from phaselens.models.deepseek_v41.moe import MoE
 from phaselens.models.deepseek_v41.notices import IndexTopKWarning
+from phaselens.models.hooking import ContextHooks, query_start
+from phaselens.protocol import HookContext, hook_context
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ class Block(nn.Module):
         return self.hook_resid_post(hc_post(out, x, f_post, f_comb)), f_pre
 
 
-class DeepSeekV41(HookedRootModule):
+class DeepSeekV41(ContextHooks, HookedRootModule):
     """The DeepSeek-V4.1 text model (no Engram, no vision tower, no draft layers).
 
     Build it with :func:`phaselens.models.deepseek_v41.load_v41` (``phaselens.load("hf:DIR")``).
@@ -228,15 +230,15 @@ class DeepSeekV41(HookedRootModule):
         q = n if logits == "all" else int(query_len or n)
         if not 1 <= q <= n:
             raise InputError(f"query_len must lie in 1..{n}, got {query_len!r}.")
-        hook_context(self.hook_dict.values(), start)
         rt = StackRuntime()
         try:
-            h = self.hook_embed(self.embed(tokens))
-            x = h.unsqueeze(2).repeat(1, 1, self.config.hc_mult, 1)
-            pre = torch.zeros(B, n, self.config.hc_mult, dtype=compute_dtype(h.dtype), device=h.device)
-            pre[..., 0] = 1.0  # one-hot: the first block's attention reads stream 0
-            for block in self.blocks:
-                x, pre = block(x, pre, start, run, rt)
+            with query_start(start):
+                h = self.hook_embed(self.embed(tokens))
+                x = h.unsqueeze(2).repeat(1, 1, self.config.hc_mult, 1)
+                pre = torch.zeros(B, n, self.config.hc_mult, dtype=compute_dtype(h.dtype), device=h.device)
+                pre[..., 0] = 1.0  # one-hot: the first block's attention reads stream 0
+                for block in self.blocks:
+                    x, pre = block(x, pre, start, run, rt)
         except BaseException:
             run.discard()
             raise
@@ -244,6 +246,16 @@ class DeepSeekV41(HookedRootModule):
         self._note_binding(rt, start + n)
         final = self.norm(hc_pre(x[:, n - q :], pre[:, n - q :]))
         return F.linear(final.to(self.head.weight.dtype), self.head.weight)
+
+    def _context(self, point: Any) -> HookContext:
+        """The hook context; ``first_entry`` of compressor hooks counts entries of the layer's own ratio (ratio-1
+        layers have entries but no phase spec)."""
+        ctx = super()._context(point)
+        layer = ctx.layer_index
+        if ctx.name.rsplit(".", 1)[-1] in ("hook_gate", "hook_payload", "hook_entry") and layer is not None:
+            return hook_context(point, ctx.name, layer, query_start=ctx.query_start,
+                                first_entry=ctx.query_start // self.roles[layer].ratio)
+        return ctx
 
     def _check_tokens(self, tokens: Any) -> Tensor:
         tokens = torch.as_tensor(tokens)
