@@ -14,10 +14,12 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
 
     Args:
         source: ``"zoo:NAME"`` (a model shipped in the package; a bare zoo name works too), ``"hf:PATH"``
-            (a local transformers checkpoint directory, e.g. DeepSeek-V4 weights; never downloads), or a
+            (a local checkpoint directory, never downloaded: DeepSeek-V4 through transformers, or
+            DeepSeek-V4.1, ``model_type`` ``deepseek_v41``, through phaselens' own implementation), or a
             directory written by ``model.save``.
         device: where to put the model.
-        kwargs: only for ``hf:`` (``dtype``, ``device_map``, ``layer_types``, ``index_topk``, ``chunk``, ...).
+        kwargs: only for ``hf:`` (V4: ``dtype``, ``device_map``, ``layer_types``, ``index_topk``, ``chunk``, ...;
+            V4.1: ``dtype``, ``quantize``, ``index_topk``, ``analysis_stride``, ``engram``).
 
     Example:
         >>> model = phaselens.load("zoo:w8s4")  # doctest: +SKIP
@@ -44,6 +46,10 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
 
         return load_zoo_model(text[4:], device=device)
     if text.startswith("hf:"):
+        from phaselens.models.deepseek_v41 import is_v41_checkpoint, load_v41
+
+        if is_v41_checkpoint(text[3:]):  # transformers has no deepseek_v41: phaselens' own implementation
+            return load_v41(text[3:], device=device, **kwargs)
         from phaselens.adapters.deepseek_v4 import load_hf
 
         return load_hf(text[3:], device=device, **kwargs)

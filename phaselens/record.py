@@ -213,7 +213,11 @@ def record(
         for layer in range(L):
             spec = specs[layer]
             full = f"blocks.{layer}.attn.hook_pattern" in model.hook_dict
-            hooks += _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full)
+            # a layer with entries but no phase (DeepSeek-V4.1's ratio-1 layers: one entry per token) is read
+            # with stride-1 geometry: the key's entry is the key's own token
+            entry_spec = spec if spec is not None or f"blocks.{layer}.attn.hook_pattern_entry" not in model.hook_dict \
+                else PhaseSpec(1)
+            hooks += _read_hooks(acc, layer, entry_spec, rows, qp, t_k, t_v, full)
             if spec is not None:
                 for path, hname in _gate_path_hooks(model, layer):
                     hooks.append((f"blocks.{layer}.attn.{hname}", _gate_hook(acc, layer, path, spec, t_k, t_v)))

@@ -22,8 +22,10 @@ from phaselens.scoring import answer_metrics
 from phaselens.tasks import KVRecall
 from tests.conftest import LAYOUTS, task_model
 from tests.deepseek import tiny_v4_model
+from tests.deepseek_v41 import write_tiny_checkpoint
 
-KINDS = ["zoo", "control", "uncompressed-layer", "ensemble-zoo", "v4", "v4-nnsight", "v4-chunked", "ensemble-v4"]
+KINDS = ["zoo", "control", "uncompressed-layer", "ensemble-zoo", "v4", "v4-nnsight", "v4-chunked", "ensemble-v4",
+         "v41"]
 ANALYSES = ["evaluate", "record", "knockout", "ablate", "patch", "map", "plan", "attribution", "cycling", "repair",
             "report"]
 # cells expected to raise NotApplicableError, with the reason they must name
@@ -38,6 +40,7 @@ NOT_APPLICABLE = {
     ("repair", "ensemble-zoo"): "already phase-repaired",
     ("repair", "ensemble-v4"): "already phase-repaired",
     ("attribution", "v4-nnsight"): "gradient",
+    ("cycling", "v41"): "cycle_gates",
 }
 V4_TASK = KVRecall(n_records=6, block_filler=4, n_demos=2, min_distance=8, modulus=8)
 TOL = 1e-5
@@ -94,7 +97,7 @@ def zero_heads(layer: int, heads: list[int]):
 
 
 @pytest.fixture(scope="module")
-def kinds():
+def kinds(tmp_path_factory):
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     zoo = phaselens.load("zoo:w4s4")
@@ -108,6 +111,8 @@ def kinds():
     unc = task_model(LAYOUTS["w8s4-deepseek"], compressed_layers=(1,), n_layers=2)
     ens_zoo = phaselens.phase_ensemble(zoo)
     ens_v4 = phaselens.phase_ensemble(v4)
+    v41 = phaselens.load(f"hf:{write_tiny_checkpoint(tmp_path_factory.mktemp('v41') / 'tiny-v41')}", dtype=torch.float32)
+    v41.default_task = V4_TASK  # vocabulary 128 = the task's
     out = [
         Kind("zoo", zoo),
         Kind("control", phaselens.load("zoo:full"), stride=4),
@@ -117,6 +122,7 @@ def kinds():
         Kind("v4-nnsight", nn, ref=v4, n=2),
         Kind("v4-chunked", ch, ref=v4, n=2),
         Kind("ensemble-v4", ens_v4, shifts=ens_v4.shifts, inner_ref=v4, n=2),
+        Kind("v41", v41),
     ]
     return {k.name: k for k in out}
 
@@ -301,8 +307,14 @@ CHECKS = {"evaluate": check_evaluate, "record": check_record, "knockout": check_
           "cycling": check_cycling, "repair": check_repair, "report": check_report}
 
 
-@pytest.mark.parametrize("analysis", ANALYSES)
-@pytest.mark.parametrize("kind", KINDS)
+# cells too slow for the 5-minute suite on 2 cores (run them with `make test-all`)
+SLOW = {("v41", "report"), ("v41", "map")}
+
+
+@pytest.mark.parametrize(("kind", "analysis"), [
+    pytest.param(kind, analysis, marks=[pytest.mark.slow] if (kind, analysis) in SLOW else [], id=f"{kind}-{analysis}")
+    for kind in KINDS for analysis in ANALYSES
+])
 def test_matrix(kinds, kind, analysis, tmp_path):
     k = kinds[kind]
     fn = CHECKS[analysis]

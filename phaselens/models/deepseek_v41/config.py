@@ -1,0 +1,242 @@
+"""``V41Config``: the text model of a DeepSeek-V4.1 checkpoint, read from ``config.json`` (``text_config``).
+
+Facts checked against DeepSeek's reference ``inference/model.py`` (revision dba1be0a of DeepSeek-V4.1-Flash):
+
+* ``compress_ratios`` has one entry per layer *including* the draft (DSpark / next-token-prediction) layers
+  appended after the backbone; only the first ``num_hidden_layers`` belong to the text model.
+* ratio 0: sliding window only; ratio ``r >= 2``: ``r`` tokens pooled into one entry by a softmax gate (no
+  overlap, no position bias); ratio 1: one normed projection per token (no gate).
+* only ``kv_source_layer_ids`` compute compressed KV; every other compressed layer reads the cache of the
+  latest source at or before it. Only ``index_source_layer_ids`` run an indexer; the others reuse the picks
+  of the latest index source. Index keys are produced at KV sources only.
+* ``candidate_source_layer_id`` (``-1``: off) publishes a block mask that later index sources apply.
+
+:meth:`V41Config.topology` turns those lists into per-layer roles and refuses configs the reference would
+compute something ill-defined for (see ``docs/deepseek_v41.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from phaselens.errors import CheckpointError, UnsupportedModelError
+
+
+@dataclass(frozen=True)
+class LayerRole:
+    """What one backbone layer computes and where it reads shared state from.
+
+    ``kv_source`` / ``index_source`` are the layers whose compressed KV and indexer picks this layer uses
+    (itself when it is a source; ``None`` for sliding layers).
+    """
+
+    layer: int
+    ratio: int
+    kv_source: int | None
+    index_source: int | None
+    is_kv_source: bool
+    is_index_source: bool
+    is_candidate_source: bool
+    uses_candidates: bool
+
+    @property
+    def compressed(self) -> bool:
+        return self.ratio > 0
+
+
+@dataclass(frozen=True)
+class V41Config:
+    """The text model's hyperparameters (names follow ``text_config``; see the module docstring)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    head_dim: int
+    qk_rope_head_dim: int
+    q_lora_rank: int
+    o_lora_rank: int
+    o_groups: int
+    sliding_window: int
+    compress_ratios: tuple[int, ...]
+    kv_source_layer_ids: tuple[int, ...]
+    index_source_layer_ids: tuple[int, ...]
+    index_n_heads: int
+    index_head_dim: int
+    index_topk: int
+    moe_intermediate_size: int
+    n_routed_experts: int
+    num_experts_per_tok: int
+    n_shared_experts: int = 1
+    candidate_source_layer_id: int = -1
+    candidate_topk_blocks: int = 0
+    candidate_block_size: int = 0
+    rms_norm_eps: float = 1e-20
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    rope_factor: float = 1.0
+    rope_original_max_position: int = 0
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    max_position_embeddings: int = 1 << 20
+    scoring_func: str = "sqrtsoftplus"
+    norm_topk_prob: bool = True
+    routed_scaling_factor: float = 1.0
+    gate_temp: float = 1.0
+    swiglu_limit: float = 0.0
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    engram_layer_ids: tuple[int, ...] = ()
+    num_nextn_predict_layers: int = 0
+    weight_block_size: tuple[int, int] = (32, 32)
+    name: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    # ---- parsing -------------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], *, name: str = "") -> V41Config:
+        """Parse a ``config.json`` dict: ``model_type`` ``deepseek_v41`` with the text model in ``text_config``."""
+        if raw.get("model_type") != "deepseek_v41":
+            raise UnsupportedModelError(
+                f"config.json has model_type {raw.get('model_type')!r}; this loader reads DeepSeek-V4.1 "
+                "('deepseek_v41') checkpoints."
+            )
+        text = raw.get("text_config")
+        if not isinstance(text, dict):
+            raise CheckpointError(
+                "config.json of a DeepSeek-V4.1 checkpoint must hold the text model under 'text_config' "
+                "(a dict); this one has none."
+            )
+        need = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
+                "qk_rope_head_dim", "q_lora_rank", "o_lora_rank", "o_groups", "sliding_window",
+                "compress_ratios", "kv_source_layer_ids", "index_source_layer_ids", "index_n_heads",
+                "index_head_dim", "index_topk", "moe_intermediate_size", "n_routed_experts",
+                "num_experts_per_tok"]
+        missing = [k for k in need if k not in text]
+        if missing:
+            raise CheckpointError(f"config.json text_config lacks {missing}; the checkpoint is incomplete.")
+        kv_heads = int(text.get("num_key_value_heads", 1))
+        if kv_heads != 1:
+            raise UnsupportedModelError(
+                f"num_key_value_heads={kv_heads}: DeepSeek-V4.1 attends over one shared K = V latent (1)."
+            )
+        rope = dict(text.get("rope_scaling") or text.get("rope_parameters") or {})
+        yarn = rope.get("rope_type", rope.get("type")) == "yarn"
+        quant = raw.get("quantization_config") or text.get("quantization_config") or {}
+        block = tuple(int(b) for b in quant.get("weight_block_size", (32, 32)))
+        n = int(text["num_hidden_layers"])
+        ratios = tuple(int(r) for r in text["compress_ratios"])
+        if len(ratios) < n:
+            raise CheckpointError(
+                f"compress_ratios has {len(ratios)} entries for {n} layers; it needs one per layer."
+            )
+        cfg = cls(
+            vocab_size=int(text["vocab_size"]),
+            hidden_size=int(text["hidden_size"]),
+            num_hidden_layers=n,
+            num_attention_heads=int(text["num_attention_heads"]),
+            head_dim=int(text["head_dim"]),
+            qk_rope_head_dim=int(text["qk_rope_head_dim"]),
+            q_lora_rank=int(text["q_lora_rank"]),
+            o_lora_rank=int(text["o_lora_rank"]),
+            o_groups=int(text["o_groups"]),
+            sliding_window=int(text["sliding_window"]),
+            compress_ratios=ratios[:n],
+            kv_source_layer_ids=tuple(int(x) for x in text["kv_source_layer_ids"]),
+            index_source_layer_ids=tuple(int(x) for x in text["index_source_layer_ids"]),
+            index_n_heads=int(text["index_n_heads"]),
+            index_head_dim=int(text["index_head_dim"]),
+            index_topk=int(text["index_topk"]),
+            moe_intermediate_size=int(text["moe_intermediate_size"]),
+            n_routed_experts=int(text["n_routed_experts"]),
+            num_experts_per_tok=int(text["num_experts_per_tok"]),
+            n_shared_experts=int(text.get("n_shared_experts", 1)),
+            candidate_source_layer_id=int(text.get("candidate_source_layer_id", -1)),
+            candidate_topk_blocks=int(text.get("candidate_topk_blocks", 0)),
+            candidate_block_size=int(text.get("candidate_block_size", 0)),
+            rms_norm_eps=float(text.get("rms_norm_eps", 1e-20)),
+            rope_theta=float(text.get("rope_theta", 10000.0)),
+            compress_rope_theta=float(text.get("compress_rope_theta", 160000.0)),
+            rope_factor=float(rope.get("factor", 1.0)) if yarn else 1.0,
+            rope_original_max_position=int(rope.get("original_max_position_embeddings", 0)) if yarn else 0,
+            beta_fast=float(rope.get("beta_fast", 32)),
+            beta_slow=float(rope.get("beta_slow", 1)),
+            max_position_embeddings=int(text.get("max_position_embeddings", 1 << 20)),
+            scoring_func=str(text.get("scoring_func", "sqrtsoftplus")),
+            norm_topk_prob=bool(text.get("norm_topk_prob", True)),
+            routed_scaling_factor=float(text.get("routed_scaling_factor", 1.0)),
+            gate_temp=float(text.get("gate_temp", 1.0)),
+            swiglu_limit=float(text.get("swiglu_limit", 0.0)),
+            hc_mult=int(text.get("hc_mult", 4)),
+            hc_sinkhorn_iters=int(text.get("hc_sinkhorn_iters", 20)),
+            hc_eps=float(text.get("hc_eps", 1e-6)),
+            engram_layer_ids=tuple(int(x) for x in text.get("engram_layer_ids", ()) or ()),
+            num_nextn_predict_layers=int(text.get("num_nextn_predict_layers", 0)),
+            weight_block_size=(int(block[0]), int(block[-1])),
+            name=name,
+            extra={"text_config": text, "quantization_config": quant},
+        )
+        cfg.topology()  # validate now: a bad config fails at load, not mid-forward
+        return cfg
+
+    # ---- derived -------------------------------------------------------------------------------------
+    @property
+    def n_heads(self) -> int:
+        return self.num_attention_heads
+
+    @property
+    def candidates_on(self) -> bool:
+        return self.candidate_source_layer_id >= 0
+
+    def topology(self) -> list[LayerRole]:
+        """Per-layer roles (raises :class:`UnsupportedModelError` on a sharing map the reference cannot run)."""
+        n = self.num_hidden_layers
+        kv_src, idx_src = set(self.kv_source_layer_ids), set(self.index_source_layer_ids)
+        bad = sorted(i for i in kv_src | idx_src if not 0 <= i < n or self.compress_ratios[i] == 0)
+        if bad:
+            raise UnsupportedModelError(
+                f"layers {bad} are listed as KV or index sources but are not compressed backbone layers "
+                f"(compress_ratios {list(self.compress_ratios)})."
+            )
+        if self.candidates_on:
+            c = self.candidate_source_layer_id
+            if c not in idx_src:
+                raise UnsupportedModelError(f"candidate_source_layer_id {c} is not an index source.")
+            if self.candidate_block_size < 1 or (self.candidate_topk_blocks - 1) * self.candidate_block_size + 1 < self.index_topk:
+                # fewer kept entries than picks: the reference then picks among -inf scores, an order torch
+                # leaves unspecified, and such picks can land outside the candidate blocks
+                raise UnsupportedModelError(
+                    f"candidate_topk_blocks={self.candidate_topk_blocks} x candidate_block_size="
+                    f"{self.candidate_block_size} can keep fewer entries than index_topk={self.index_topk}; "
+                    "the reference's picks are then ill-defined (see docs/deepseek_v41.md)."
+                )
+        roles: list[LayerRole] = []
+        kv_cur: int | None = None
+        idx_cur: int | None = None
+        for layer in range(n):
+            r = self.compress_ratios[layer]
+            if layer in kv_src:
+                kv_cur = layer
+            if layer in idx_src:
+                idx_cur = layer
+            if r == 0:
+                roles.append(LayerRole(layer, 0, None, None, False, False, False, False))
+                continue
+            if kv_cur is None or self.compress_ratios[kv_cur] != r:
+                raise UnsupportedModelError(
+                    f"layer {layer} (ratio {r}) would read the compressed KV of "
+                    f"{'no source' if kv_cur is None else f'layer {kv_cur} (ratio {self.compress_ratios[kv_cur]})'};"
+                    " every compressed layer needs an earlier KV source of its own ratio."
+                )
+            if idx_cur is None or idx_cur < kv_cur:
+                raise UnsupportedModelError(
+                    f"layer {layer} would reuse indexer picks of {'no layer' if idx_cur is None else idx_cur}, "
+                    f"made over another source's entries than its KV source {kv_cur}; every KV source must "
+                    "also be an index source."
+                )
+            cand = self.candidates_on and layer == self.candidate_source_layer_id
+            uses = self.candidates_on and layer in idx_src and 0 <= self.candidate_source_layer_id < layer
+            roles.append(LayerRole(layer, r, kv_cur, idx_cur, layer in kv_src, layer in idx_src, cand, uses))
+        return roles

@@ -1,0 +1,139 @@
+"""Building blocks of the V4.1 text model: linear layers, RMSNorm, RoPE and hyper-connections.
+
+Numerics follow DeepSeek's reference: RMSNorm, the hyper-connection mixes and the Sinkhorn projection run in
+fp32 (``ct`` below: at least fp32) and are cast back; linear layers run in the model dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor, nn
+
+from phaselens.models.compressor import rms_norm
+from phaselens.models.deepseek_v41.quant import fp8_round_trip
+from phaselens.models.rope import apply_rope
+
+Quantize = Literal["kv", "fp8"] | None
+
+
+@dataclass
+class Numerics:
+    """Model-wide numeric options, shared by reference by every module of one model.
+
+    ``quantize``: ``None`` (no round trips), ``"kv"`` (the reference's round trips on the window KV, the
+    compressed KV and the indexer's queries and keys) or ``"fp8"`` (``"kv"`` plus FP8 activations into every
+    GEMM whose weight the checkpoint stores in FP8 or FP4: the reference's full numerics).
+    """
+
+    quantize: Quantize = None
+
+    @property
+    def kv(self) -> bool:
+        return self.quantize in ("kv", "fp8")
+
+    @property
+    def activations(self) -> bool:
+        return self.quantize == "fp8"
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """At least fp32 (fp64 stays fp64)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+class Linear(nn.Module):
+    """``y = x W^T`` in the weight's dtype. ``quantized`` marks layers whose checkpoint weight is FP8/FP4: the
+    reference quantizes their input to FP8 (groups of 32), which ``Numerics(quantize="fp8")`` simulates."""
+
+    def __init__(self, d_in: int, d_out: int, numerics: Numerics, *, quantized: bool, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(d_out, d_in, dtype=dtype))
+        self.quantized = quantized
+        self.numerics = numerics
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x.to(self.weight.dtype)
+        if self.quantized and self.numerics.activations:
+            x = fp8_round_trip(x, 32)
+        return F.linear(x, self.weight)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d, dtype=dtype))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rope_frequencies(dims: int, theta: float, *, factor: float = 1.0, original: int = 0,
+                     beta_fast: float = 32.0, beta_slow: float = 1.0) -> Float[Tensor, " pairs"]:
+    """Inverse frequencies ``[dims // 2]`` as the reference computes them: YaRN (no magnitude scaling) when
+    ``original > 0``, else plain RoPE."""
+    inv = 1.0 / (theta ** (torch.arange(0, dims, 2, dtype=torch.float32) / dims))
+    if original <= 0:
+        return inv
+
+    def corrected(rotations: float) -> float:
+        return dims * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low = max(math.floor(corrected(beta_fast)), 0)
+    high = min(math.ceil(corrected(beta_slow)), dims - 1)
+    ramp = ((torch.arange(dims // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    return inv / factor * ramp + inv * (1 - ramp)
+
+
+def rope(x: Tensor, positions: Tensor, inv_freq: Tensor, *, inverse: bool = False) -> Tensor:
+    """Rotate the trailing ``2 * len(inv_freq)`` channels of ``x`` ``[B, n, (H,) d]`` at ``positions`` ``[n]``
+    (adjacent channel pairs, as the reference's complex multiply)."""
+    if x.dim() == 3:
+        return apply_rope(x.unsqueeze(-2), positions, inv_freq, inverse=inverse).squeeze(-2)
+    return apply_rope(x, positions, inv_freq, inverse=inverse)
+
+
+# ---- hyper-connections -----------------------------------------------------------------------------
+def hc_mixes(
+    x: Float[Tensor, "batch pos hc d"], fn: Tensor, scale: Tensor, base: Tensor, *, iters: int, eps: float,
+    norm_eps: float,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(pre [B, n, hc], post [B, n, hc], comb [B, n, hc, hc])`` from one projection of the flattened streams.
+
+    ``pre = sigmoid(.) + eps``, ``post = 2 sigmoid(.)``; ``comb`` is a row softmax (+ eps) made doubly
+    stochastic by alternating column and row normalisation (``iters`` column steps in all).
+    """
+    hc = x.shape[2]
+    ct = compute_dtype(x.dtype)
+    flat = x.flatten(2).to(ct)
+    mixes = F.linear(flat, fn.to(ct)) * torch.rsqrt(flat.square().mean(-1, keepdim=True) + norm_eps)
+    scale, base = scale.to(ct), base.to(ct)
+    pre = torch.sigmoid(mixes[..., :hc] * scale[0] + base[:hc]) + eps
+    post = 2 * torch.sigmoid(mixes[..., hc : 2 * hc] * scale[1] + base[hc : 2 * hc])
+    comb = (mixes[..., 2 * hc :] * scale[2] + base[2 * hc :]).unflatten(-1, (hc, hc))
+    comb = comb.softmax(-1) + eps
+    comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    for _ in range(iters - 1):  # Sinkhorn iterations (sequential by nature), each vectorised over tokens
+        comb = comb / (comb.sum(-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    return pre, post, comb
+
+
+def hc_pre(x: Float[Tensor, "batch pos hc d"], pre: Float[Tensor, "batch pos hc"]) -> Float[Tensor, "batch pos d"]:
+    """Collapse the streams into one sublayer input, weighted by ``pre`` (in fp32, cast back)."""
+    return torch.einsum("bnh,bnhd->bnd", pre, x.to(pre.dtype)).to(x.dtype)
+
+
+def hc_post(
+    out: Float[Tensor, "batch pos d"], residual: Float[Tensor, "batch pos hc d"], post: Tensor, comb: Tensor
+) -> Float[Tensor, "batch pos hc d"]:
+    """Expand a sublayer output back to the streams: ``post_j out + sum_i comb_ij residual_i``."""
+    ct = post.dtype
+    y = post.unsqueeze(-1) * out.to(ct).unsqueeze(-2) + torch.einsum("bnij,bnid->bnjd", comb, residual.to(ct))
+    return y.to(out.dtype)

@@ -1,0 +1,303 @@
+"""``DeepSeekV41``: phaselens' own implementation of the DeepSeek-V4.1 text model.
+
+A TransformerLens ``HookedRootModule``: ``run_with_hooks``, ``run_with_cache``, ``hooks(...)`` and ``hook_dict``
+work as on :class:`~phaselens.models.CompressedTransformer`. Hook names and shapes follow the DeepSeek-V4
+adapter (``docs/hooks.md``, ``docs/deepseek_v41.md``): residual hooks carry the ``hc_mult`` hyper-connection
+streams ``[B, n, hc, D]``.
+
+Hyper-connections as in V4.1's reference (they differ from V4): each sublayer's mixing coefficients are
+computed from the streams it sees, but its ``pre`` (collapse) weights are used by the *next* sublayer. So a
+block's attention collapses its input with the ``pre`` that the previous block's FFN mix produced (one-hot on
+stream 0 before the first block), its FFN with the ``pre`` of its own attention mix, and the final collapse
+before the norm and head uses the last FFN mix's ``pre``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from phaselens.errors import InputError, PhaseGeometryError
+from phaselens.geometry import PhaseSpec
+from phaselens.models.deepseek_v41.attention import V41Attention
+from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
+from phaselens.models.deepseek_v41.config import LayerRole, V41Config
+from phaselens.models.deepseek_v41.layers import (
+    Numerics,
+    Quantize,
+    RMSNorm,
+    compute_dtype,
+    hc_mixes,
+    hc_post,
+    hc_pre,
+)
+from phaselens.models.deepseek_v41.moe import MoE
+from phaselens.models.deepseek_v41.notices import IndexTopKWarning
+from phaselens.models.hooking import ContextHooks, query_start
+from phaselens.protocol import HookContext, hook_context
+
+
+@dataclass(frozen=True)
+class V41Cfg:
+    """TransformerLens-style names the analyses read (``n_key_value_heads = 1``: one K = V latent)."""
+
+    n_layers: int
+    n_heads: int
+    n_key_value_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    device: str
+    dtype: str
+    hc_mult: int
+    local_window: int
+    compress_ratios: tuple[int, ...]
+    kv_source_layer_ids: tuple[int, ...]
+    index_source_layer_ids: tuple[int, ...]
+    candidate_source_layer_id: int
+    index_topk: int | str
+    rope_dims: int
+
+
+class Block(nn.Module):
+    """One layer: hyper-connected attention and MoE sublayers (checkpoint names ``hc_attn_fn``, ...)."""
+
+    def __init__(self, cfg: V41Config, role: LayerRole, numerics: Numerics, dtype: torch.dtype,
+                 index_topk: int | None) -> None:
+        super().__init__()
+        hc, D = cfg.hc_mult, cfg.hidden_size
+        ct = compute_dtype(dtype)
+        mix = (2 + hc) * hc
+        self.attn_norm = RMSNorm(D, cfg.rms_norm_eps, dtype)
+        self.ffn_norm = RMSNorm(D, cfg.rms_norm_eps, dtype)
+        self.attn = V41Attention(cfg, role, numerics, dtype, index_topk=index_topk)
+        self.ffn = MoE(cfg, numerics, dtype)
+        for part in ("attn", "ffn"):
+            setattr(self, f"hc_{part}_fn", nn.Parameter(torch.empty(mix, hc * D, dtype=ct)))
+            setattr(self, f"hc_{part}_base", nn.Parameter(torch.empty(mix, dtype=ct)))
+            setattr(self, f"hc_{part}_scale", nn.Parameter(torch.empty(3, dtype=ct)))
+        self.hc_kw = dict(iters=cfg.hc_sinkhorn_iters, eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
+        self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint(), HookPoint()
+        self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint()
+
+    def forward(self, x: Tensor, pre: Tensor, start: int, cache: V41Cache, rt: StackRuntime) -> tuple[Tensor, Tensor]:
+        """``x`` ``[B, n, hc, D]``, ``pre`` ``[B, n, hc]`` -> (new streams, the ``pre`` for the next block)."""
+        x = self.hook_resid_pre(x)
+        a_pre, a_post, a_comb = hc_mixes(x, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, **self.hc_kw)
+        out = self.hook_attn_out(self.attn(self.attn_norm(hc_pre(x, pre)), start, cache, rt))
+        x = self.hook_resid_mid(hc_post(out, x, a_post, a_comb))
+        f_pre, f_post, f_comb = hc_mixes(x, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, **self.hc_kw)
+        out = self.hook_mlp_out(self.ffn(self.ffn_norm(hc_pre(x, a_pre))))
+        return self.hook_resid_post(hc_post(out, x, f_post, f_comb)), f_pre
+
+
+class DeepSeekV41(ContextHooks, HookedRootModule):
+    """The DeepSeek-V4.1 text model (no Engram, no vision tower, no draft layers).
+
+    Build it with :func:`phaselens.models.deepseek_v41.load_v41` (``phaselens.load("hf:DIR")``).
+
+    Args:
+        config: the parsed :class:`V41Config`.
+        dtype: parameter dtype (``torch.bfloat16`` as the reference, or ``torch.float32``).
+        quantize: ``None``, ``"kv"`` or ``"fp8"`` (see :class:`~phaselens.models.deepseek_v41.layers.Numerics`).
+        index_topk: ``None`` (the config's), an int, or ``"all"`` (every visible entry; lifts the candidate filter).
+        analysis_stride: the stride that defines phases (default: the smallest compression ratio >= 2).
+    """
+
+    default_task: Any = None
+
+    def __init__(self, config: V41Config, *, dtype: torch.dtype = torch.bfloat16, quantize: Quantize = None,
+                 index_topk: int | str | None = None, analysis_stride: int | None = None,
+                 metadata: dict[str, Any] | None = None) -> None:
+        super().__init__()
+        if quantize not in (None, "kv", "fp8"):
+            raise InputError(f"quantize must be None, 'kv' or 'fp8', got {quantize!r}.")
+        if index_topk == "all":
+            topk: int | None = None
+        elif index_topk is None:
+            topk = config.index_topk
+        elif isinstance(index_topk, int) and not isinstance(index_topk, bool) and index_topk >= 1:
+            topk = index_topk
+        else:
+            raise InputError(f"index_topk must be None, a positive int or 'all', got {index_topk!r}.")
+        self.config, self.numerics, self.default_task = config, Numerics(quantize), None
+        self.roles = config.topology()
+        self._index_topk = topk
+        D, V, ct = config.hidden_size, config.vocab_size, compute_dtype(dtype)
+        self.embed = nn.Embedding(V, D, dtype=dtype)
+        self.hook_embed = HookPoint()
+        self.blocks = nn.ModuleList([Block(config, r, self.numerics, dtype, topk) for r in self.roles])
+        self.norm = RMSNorm(D, config.rms_norm_eps, dtype)
+        self.head = nn.Linear(D, V, bias=False, dtype=ct)
+        strides = sorted({r.ratio for r in self.roles if r.ratio >= 2})
+        if analysis_stride is not None and analysis_stride not in strides:
+            raise PhaseGeometryError(
+                f"analysis_stride={analysis_stride!r} is not a compression ratio of this model ({strides})."
+            )
+        self._stride = analysis_stride or (strides[0] if strides else 1)
+        self._metadata: dict[str, Any] = dict(metadata or {})
+        self._warned: set[str] = set()
+        self.setup()
+        self.eval()
+
+    # ---- the model contract ------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.config.name or "deepseek_v41"
+
+    @property
+    def cfg(self) -> V41Cfg:
+        c = self.config
+        return V41Cfg(
+            n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads, n_key_value_heads=1, d_head=c.head_dim,
+            d_model=c.hidden_size, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings,
+            device=str(self.embed.weight.device), dtype=str(self.embed.weight.dtype).replace("torch.", ""),
+            hc_mult=c.hc_mult, local_window=c.sliding_window, compress_ratios=c.compress_ratios,
+            kv_source_layer_ids=c.kv_source_layer_ids, index_source_layer_ids=c.index_source_layer_ids,
+            candidate_source_layer_id=c.candidate_source_layer_id,
+            index_topk="all" if self._index_topk is None else self._index_topk, rope_dims=c.qk_rope_head_dim,
+        )
+
+    @property
+    def phase_specs(self) -> list[PhaseSpec | None]:
+        """``PhaseSpec(r)`` for layers of ratio ``r >= 2``; ``None`` for ratio-1 and sliding layers (no phase)."""
+        return [PhaseSpec(r.ratio) if r.ratio >= 2 else None for r in self.roles]
+
+    @property
+    def analysis_spec(self) -> PhaseSpec:
+        """``PhaseSpec(analysis_stride)`` (2 for V4.1), origin 0: BOS and any template count as slots."""
+        return PhaseSpec(self._stride)
+
+    @property
+    def returns_query_logits(self) -> bool:
+        """Analyses ask for the query rows' logits only: all ``[B, T, 129280]`` rows would not fit at length."""
+        return True
+
+    @property
+    def sharing(self) -> dict[int, dict[str, int | None]]:
+        """Per compressed layer: the layers whose compressed KV and indexer picks it reads."""
+        return {r.layer: {"kv_source": r.kv_source, "index_source": r.index_source} for r in self.roles if r.compressed}
+
+    @property
+    def analysis_metadata(self) -> dict[str, Any]:
+        """What a result must carry to be read correctly (a copy)."""
+        c = self.config
+        md = {
+            "model": self.name, "architecture": "deepseek_v41", "analysis_stride": self._stride,
+            "geometry": {str(i): (f"PhaseSpec({s.stride})" if s else None) for i, s in enumerate(self.phase_specs)},
+            "kv_source_layer_ids": list(c.kv_source_layer_ids), "index_source_layer_ids": list(c.index_source_layer_ids),
+            "candidate_source_layer_id": c.candidate_source_layer_id,
+            "dtype": self.cfg.dtype, "numerics": "reference", "quantize": self.numerics.quantize,
+            "index_topk": self.cfg.index_topk, "index_topk_binding": False, "candidate_filter_binding": False,
+            "model_modified": False, "modifications": [],
+        }
+        md.update(self._metadata)
+        if self._index_topk is None or self._index_topk != c.index_topk:
+            md["model_modified"] = True
+            md["modifications"] = [*md["modifications"], f"index_topk={self.cfg.index_topk} (config: {c.index_topk})"]
+        return md
+
+    # ---- forward -----------------------------------------------------------------------------------
+    def new_cache(self, batch_size: int = 1) -> V41Cache:
+        """An empty :class:`V41Cache` for ``batch_size`` sequences."""
+        return V41Cache(self, batch_size)
+
+    def forward(self, tokens: Tensor, *, cache: V41Cache | None = None,
+                logits: Literal["all", "query"] = "all", query_len: int | None = None) -> Tensor:
+        """Logits ``[B, n, vocab]`` (fp32) for token ids ``[B, n]`` (or ``[n]``).
+
+        Args:
+            cache: continue the cached sequence at slot ``cache.length`` (and advance it).
+            logits: ``"query"`` computes only the last ``query_len`` rows' logits (``[B, query_len, vocab]``).
+        """
+        if logits not in ("all", "query"):
+            raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
+        tokens = self._check_tokens(tokens)
+        B, n = tokens.shape
+        run = cache if cache is not None else V41Cache(self, B)
+        run.check(self, B)
+        start = run.length
+        if start + n > self.config.max_position_embeddings:
+            raise InputError(f"{start + n} slots exceed max_position_embeddings={self.config.max_position_embeddings}.")
+        q = n if logits == "all" else int(query_len or n)
+        if not 1 <= q <= n:
+            raise InputError(f"query_len must lie in 1..{n}, got {query_len!r}.")
+        rt = StackRuntime()
+        try:
+            with query_start(start):
+                h = self.hook_embed(self.embed(tokens))
+                x = h.unsqueeze(2).repeat(1, 1, self.config.hc_mult, 1)
+                pre = torch.zeros(B, n, self.config.hc_mult, dtype=compute_dtype(h.dtype), device=h.device)
+                pre[..., 0] = 1.0  # one-hot: the first block's attention reads stream 0
+                for block in self.blocks:
+                    x, pre = block(x, pre, start, run, rt)
+        except BaseException:
+            run.discard()
+            raise
+        run.commit(n)
+        self._note_binding(rt, start + n)
+        final = self.norm(hc_pre(x[:, n - q :], pre[:, n - q :]))
+        return F.linear(final.to(self.head.weight.dtype), self.head.weight)
+
+    def _context(self, point: Any) -> HookContext:
+        """The hook context; ``first_entry`` of compressor hooks counts entries of the layer's own ratio (ratio-1
+        layers have entries but no phase spec)."""
+        ctx = super()._context(point)
+        layer = ctx.layer_index
+        if ctx.name.rsplit(".", 1)[-1] in ("hook_gate", "hook_payload", "hook_entry") and layer is not None:
+            return hook_context(point, ctx.name, layer, query_start=ctx.query_start,
+                                first_entry=ctx.query_start // self.roles[layer].ratio)
+        return ctx
+
+    def _check_tokens(self, tokens: Any) -> Tensor:
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        if tokens.dim() != 2 or tokens.is_floating_point() or tokens.dtype == torch.bool or tokens.shape[1] == 0:
+            raise InputError(f"tokens must be integer ids shaped [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}.")
+        V = self.config.vocab_size
+        if int(tokens.min()) < 0 or int(tokens.max()) >= V:
+            raise InputError(f"token ids must lie in 0..{V - 1}, got {int(tokens.min())}..{int(tokens.max())}.")
+        return tokens.long().to(self.embed.weight.device)
+
+    def _note_binding(self, rt: StackRuntime, length: int) -> None:
+        md = self._metadata
+        if rt.topk_binding:
+            md["index_topk_binding"] = True
+        if rt.candidate_binding:
+            md["candidate_filter_binding"] = True
+        if not (rt.topk_binding or rt.candidate_binding):
+            return
+        what = []
+        if rt.topk_binding:
+            what.append(f"index_topk={self._index_topk} dropped visible entries in index-source layers {sorted(rt.topk_binding)}")
+        if rt.candidate_binding:
+            what.append(f"the candidate filter dropped visible entries in layers {sorted(rt.candidate_binding)}")
+        msg = "; ".join(what)
+        if msg not in self._warned:
+            self._warned.add(msg)
+            warnings.warn(IndexTopKWarning(
+                f"at length {length}: {msg}. The layers reusing those picks attend to the same subset. Load with "
+                "index_topk='all' to keep every visible entry (recorded as a modification of the model)."
+            ), stacklevel=3)
+
+    def with_metadata(self, **entries: Any) -> DeepSeekV41:
+        self._metadata.update(entries)
+        return self
+
+    def __repr__(self) -> str:
+        kinds = "".join("S" if r.ratio == 0 else str(r.ratio) for r in self.roles)
+        return (f"DeepSeekV41({self.name!r}, layers={kinds}, kv_sources={list(self.config.kv_source_layer_ids)}, "
+                f"index_sources={list(self.config.index_source_layer_ids)}, analysis_stride={self._stride}, "
+                f"dtype={self.cfg.dtype}, quantize={self.numerics.quantize})")
+
+
+__all__ = ["Block", "DeepSeekV41", "V41Cfg"]
