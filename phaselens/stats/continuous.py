@@ -26,10 +26,10 @@ from scipy import stats
 
 from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_draws, check_values, readonly, resolve_residues
-from phaselens.stats.folding import fold
 from phaselens.stats.items import item_codes, paired_matrix, pairing
 from phaselens.stats.resampling import within_item_permutation_test
 from phaselens.stats.results import PermutationResult, TestResult, fmt_p
+from phaselens.stats.subset import residue_subset
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -162,21 +162,25 @@ def continuous_phase_tests(
     groups = [v[phase == p] for p in range(stride) if phase_n[p]]
     kruskal = _guarded("kruskal", len(groups) - 1, stats.kruskal, *groups)
 
+    sub = residue_subset(np.unique(r), stride, modulus)  # pairing is judged over the residues with rows
     note = "no item_ids given" if item_ids is None else None
     if item_ids is not None:
         item = item_codes(item_ids, r.size)
-        note = pairing(item, r, modulus)
+        note = pairing(item, sub.column(r), sub.residues.size, sub.residues)
     friedman, wilcoxon, skipped = None, None, note
     if note is None:
-        m = paired_matrix(item, r, v, modulus)
-        per_phase = fold(m, stride) / (modulus // stride)  # (items, S): each item's mean per phase
-        if stride < 3:
-            skipped = f"Friedman needs at least 3 phases, stride is {stride}; the Wilcoxon test replaces it"
-            if stride == 2:
+        m = paired_matrix(item, sub.column(r), v, sub.residues.size)
+        per_phase = sub.fold(m) / sub.residues_per_phase  # (items, k): each item's mean per phase present
+        k = sub.phases.size
+        if k < 3:
+            tested = f"stride is {stride}" if sub.complete else f"{k} phases tested"
+            skipped = f"Friedman needs at least 3 phases, {tested}; the Wilcoxon test replaces it"
+            if k == 2:
                 wilcoxon = _guarded("wilcoxon", 1, _wilcoxon, per_phase[:, 0], per_phase[:, 1])
         else:
-            friedman = _guarded("friedman", stride - 1, stats.friedmanchisquare, *per_phase.T)
-        perm = within_item_permutation_test(m, stride, n_permutations=b, seed=seed, name=metric)
+            friedman = _guarded("friedman", k - 1, stats.friedmanchisquare, *per_phase.T)
+        perm = within_item_permutation_test(m, stride, n_permutations=b, seed=seed, name=metric,
+                                            phases=None if sub.complete else sub.phase_of)
     else:
         res = stats.permutation_test(
             groups,
