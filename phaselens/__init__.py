@@ -33,6 +33,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.labelled": ("Labelled",),
     "phaselens.loading": ("load",),
     "phaselens.maps": ("PhaseMap", "specialization_map"),
+    "phaselens.plan": ("MapPlan",),
     "phaselens.models": ("CompressedConfig", "CompressedKVCache", "CompressedTransformer", "Compressor",
                          "CompressorSpec", "RopeSpec", "YarnSpec"),
     "phaselens.protocol": ("CAPABILITIES", "HookContext", "PhaseModel", "call_state", "capability"),
@@ -75,6 +76,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time these resolve l
         RopeSpec,
         YarnSpec,
     )
+    from phaselens.plan import MapPlan
     from phaselens.protocol import CAPABILITIES, HookContext, PhaseModel, call_state, capability
     from phaselens.record import Recording, record
     from phaselens.repair import PhaseEnsemble, RepairTable, phase_ensemble, repair_table
@@ -127,6 +129,7 @@ __all__ = [
     "HookContext",
     "Knockout",
     "Labelled",
+    "MapPlan",
     "PatchResult",
     "PhaseEval",
     "PhaseMap",

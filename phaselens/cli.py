@@ -219,6 +219,8 @@ def map_cmd(
                                                    help="Resumable file of finished cells (rerun to resume).")] = None,
     out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the tidy map as CSV.")] = None,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
+    plan: Annotated[bool, typer.Option("--plan", help="Print what the map would run (cells, forwards, token passes, "
+                                                      "a memory estimate) and exit without running it.")] = False,
 ) -> None:
     """Knock out every head, KV head and layer at the query; effects per residue, specialization index.
 
@@ -227,6 +229,11 @@ def map_cmd(
     import phaselens
 
     kind_tuple = _parse_kinds(kinds)
+    if plan:
+        typer.echo(repr(phaselens.specialization_map(_load_for_phases(model, stride), method=method,
+                                                     n_per_residue=n_per_residue, seed=seed, kinds=kind_tuple,
+                                                     stride=stride, plan=True)))
+        return
     path = check_out(out, kind="file")
     with _label(model):
         pm = phaselens.specialization_map(_load_for_phases(model, stride), method=method, n_per_residue=n_per_residue, seed=seed,

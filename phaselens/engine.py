@@ -12,7 +12,7 @@ same streaming compressor as decoding does (it reads the open block's projection
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,23 +178,33 @@ class SuffixEngine:
 class QueryEngine:
     """The query-suffix engine for items whose query positions may differ.
 
-    Rows are grouped by query slot; each group gets one :class:`SuffixEngine` (one clean prefix pass), and
-    every cell runs on every group. Results come back in the items' order, so callers never see the groups.
+    Rows are grouped by query slot (and a slot's rows split into pieces of at most ``batch_size``); each group
+    gets one :class:`SuffixEngine` (one clean prefix pass), and every cell runs on every group. Results come
+    back in the items' order, so callers never see the groups.
 
     Args:
-        model: a :class:`~phaselens.models.CompressedTransformer`.
+        model: a :class:`~phaselens.models.CompressedTransformer` (or another model with a per-slot engine).
         tokens: ``[N, T]``; query_pos: ``[N]`` the slot whose logits are scored in each row.
+        slot_engine: builds the engine of one slot, ``slot_engine(model, tokens [n, T], q, rows_per_pass=...)``
+            with ``clean_logits [n, V]``, ``clean_z[layer] [n, H, d]`` and ``run(cells) -> [C, n, V]``
+            (default :class:`SuffixEngine`; the DeepSeek-V4 adapter passes its own).
+        batch_size: at most this many rows per group, so per prefill call (``None``: a slot's rows together).
     """
 
-    def __init__(self, model: Any, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096) -> None:
+    def __init__(self, model: Any, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
+                 slot_engine: Callable[..., Any] = SuffixEngine, batch_size: int | None = None) -> None:
         qp = torch.as_tensor(query_pos).long().cpu()
         if qp.dim() != 1 or len(qp) != tokens.shape[0]:
             raise InputError(f"query_pos must be [N] = [{tokens.shape[0]}], got {tuple(qp.shape)}.")
         self.N = len(qp)
-        self.groups: list[tuple[Tensor, SuffixEngine]] = []
+        self.groups: list[tuple[Tensor, Any]] = []
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
+            raise InputError(f"batch_size must be a positive int or None, got {batch_size!r}.")
         for q in torch.unique(qp).tolist():
-            rows = torch.nonzero(qp == q).flatten()
-            self.groups.append((rows, SuffixEngine(model, tokens[rows], int(q), rows_per_pass=rows_per_pass)))
+            slot_rows = torch.nonzero(qp == q).flatten()
+            step = batch_size or len(slot_rows)
+            for rows in slot_rows.split(step):
+                self.groups.append((rows, slot_engine(model, tokens[rows], int(q), rows_per_pass=rows_per_pass)))
         if not bool(torch.isfinite(self.clean_logits).all()):  # a NaN/inf weight: never a map of NaN effects
             from phaselens.finite import raise_nonfinite
 

@@ -18,6 +18,7 @@ from phaselens.interventions.knockout import Knockout, calibrate, check_method
 from phaselens.interventions.run import engine_metrics, full_metrics
 from phaselens.items import as_int, build_items, check_options
 from phaselens.labelled import Labelled
+from phaselens.plan import MapPlan, plan_map
 from phaselens.protocol import PhaseModel, choose_engine, metadata_of, model_name
 from phaselens.results import Result
 from phaselens.specialization import specialization
@@ -225,7 +226,8 @@ def specialization_map(
     progress: bool = True,
     stride: int | None = None,
     engine: str = "auto",
-) -> PhaseMap:
+    plan: bool = False,
+) -> PhaseMap | MapPlan:
     """Knock out every head (and KV head, and layer) at each item's query position; effects per residue.
 
     Args:
@@ -239,6 +241,8 @@ def specialization_map(
         engine: ``"auto"`` (the fastest exact engine the model offers), ``"suffix"`` (the query-suffix engine:
             the clean prefix once, then only the query rows per cell) or ``"full"`` (one full forward per cell,
             the reference way); ``metadata["engine"]`` names the one used.
+        plan: a dry run: return a :class:`~phaselens.plan.MapPlan` (cells, forwards, token passes, a memory
+            estimate) for this model, task and settings without running the model (items are built).
 
     Example:
         >>> pm = phaselens.specialization_map(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
@@ -251,8 +255,13 @@ def specialization_map(
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
                                     stride=stride)
     cells = map_cells(model.cfg, tuple(kinds))
+    if not isinstance(plan, bool):
+        raise InputError(f"plan must be True or False, got {plan!r}.")
+    if plan:
+        return plan_map(model, batch, cells, engine=used, method=method, calibration=calibration,
+                        batch_size=batch_size, rows_per_pass=rows_per_pass)
     layers = sorted(set(cells["layer"]))
-    cal = None if method == "zero" else calibrate(model, calibration, layers, task=task)
+    cal = None if method == "zero" else calibrate(model, calibration, layers, task=task, batch_size=batch_size)
     kos = [Knockout(model, tuple(_heads(row)), method, "last", cal, seed + i) for i, row in cells.iterrows()]
     fp = None
     if checkpoint is not None:  # hashing every parameter is cheap here, but only needed to resume
@@ -270,7 +279,7 @@ def specialization_map(
                            model=model)
     try:
         if used == "suffix":
-            eng = model.query_engine(batch.tokens, batch.query_pos, rows_per_pass=rows_per_pass)
+            eng = model.query_engine(batch.tokens, batch.query_pos, rows_per_pass=rows_per_pass, batch_size=batch_size)
             clean = items_from_logits(batch, eng.clean_logits)
 
             def done(idx: list[int], metrics: list[dict[str, np.ndarray]]) -> None:

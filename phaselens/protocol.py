@@ -31,9 +31,11 @@ FwdHooks = Iterable[tuple[Any, HookFn]]
 
 # name -> what the capability does (docs/api.md lists them)
 CAPABILITIES: dict[str, str] = {
-    "query_engine": "model.query_engine(tokens [N, T], query_pos [N]) -> QueryEngine: runs many query-row "
-                    "interventions over one cached clean prefix (engine='suffix')",
+    "query_engine": "model.query_engine(tokens [N, T], query_pos [N], rows_per_pass=, batch_size=) -> QueryEngine: "
+                    "runs many query-row interventions over one cached clean prefix (engine='suffix')",
     "cycle_gates": "model.cycle_gates(delta) -> a copy with its offset-specific gate parameters rolled by delta",
+    "estimate_memory": "model.estimate_memory(tokens, batch=, query_len=, logits=) -> MemoryEstimate: bytes of a "
+                       "forward from the model's sizes (used by specialization_map(plan=True))",
 }
 ENGINES = ("auto", "suffix", "full")
 
@@ -171,6 +173,20 @@ class HookContext:
                 "(chunked prefill hooks see only the query chunk); use a longer query_len or chunk=None."
             )
         return rows
+
+
+def hook_pairs(hooks: Any) -> list[tuple[Any, HookFn]]:
+    """``hooks`` as checked ``(name_or_filter, fn)`` pairs: a clear :class:`InputError` for anything else."""
+    out = []
+    for item in hooks or ():
+        try:
+            name, fn = item
+        except (TypeError, ValueError):
+            raise InputError(f"hooks are (name_or_filter, fn) pairs, got {item!r}.") from None
+        if not callable(fn):
+            raise InputError(f"the hook for {name!r} is not callable: {fn!r}.")
+        out.append((name, fn))
+    return out
 
 
 def hook_context(point: Any, name: str, layer: int | None, *, query_start: int = 0,

@@ -95,6 +95,44 @@ Goals on the 4 x 8 model: at least 20x faster, identical numbers, within 2x of t
 
 {chr(10).join(rows)}
 """)
+    vm = load("bench_v4_maps")
+    if vm:
+        rows = ["| tokens | cells | map s | of which prefill s | full forward s | map / forward (full engine: cells + 1) "
+                "| forward / marginal cell | physical limit s | map / limit | peak MiB: map / forward / model |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in vm["runs"]:
+            rows.append(f"| {r['tokens']} | {r['cells']} | {f(r['map_s'], 1)} | {f(r['engine_build_s'], 1)} | "
+                        f"{f(r['forward_s'], 1)} | **{f(r['map_over_forward'])}** ({r['cells'] + 1}) | "
+                        f"**{f(r['forward_over_marginal'], 0)}x** | {f(r['physical_limit_s'], 1)} | "
+                        f"**{f(r['map_over_limit'])}** | {f(r['peak_map_mib'], 0)} / {f(r['peak_forward_mib'], 0)} / "
+                        f"{f(r['rss_model_mib'], 0)} |")
+        first = vm["runs"][0] if vm["runs"] else {}
+        check, picks = first.get("check", {}), first.get("index_topk_picks", {})
+        asked = [a for a in vm.get("lengths_asked", []) if a not in {r["tokens"] for r in vm["runs"]}
+                 and not any(abs(a - r["tokens"]) < 64 for r in vm["runs"])]
+        missing = f" Not measured: {', '.join(map(str, asked))} tokens (see docs/deepseek_v4.md)." if asked else ""
+        goal = vm.get("goal_marginal_50x_at_4k")
+        parts.append(f"""## Per-head maps on DeepSeek-V4 (the adapter's query-suffix engine)
+`nice -n 15 .venv/bin/python benchmarks/bench_v4_maps.py` ({vm['config']}; 8 KVRecall items, one per residue
+mod 8, prefilled in chunks of {first.get('chunk', '?')}). Times are **CPU seconds** of the measuring process
+(one thread; a shared machine's load inflates wall time, not CPU time; wall seconds are in the JSON). The
+full engine pays one full forward per cell, so its map costs about cells + 1 forwards; the query-suffix
+engine pays one prefill, then per cell only the query rows' pass. The marginal cost per cell is (map -
+prefill) / cells. The physical limit is one full forward plus, per cell, a lone pass of the 8 query rows
+through the layers at and above the cell's layer; batched passes can beat lone ones (a ratio below 1).
+Goals: marginal cost per cell at least 50x below a full forward at 4K tokens
+({'met' if goal else 'not measured' if goal is None else 'missed'}) and growing with length; the whole map
+within 2x of the limit ({'met' if vm['goal_map_within_2x_of_limit'] else 'missed'}).{missing}
+
+{chr(10).join(rows)}
+
+At {first.get('tokens', '?')} tokens two cells were checked against full forwards with a hand-written hook:
+max |Δ logit difference| {check.get('max_abs_diff_logit_diff', float('nan')):.1e}. With a binding
+`index_topk` of {picks.get('index_topk', '?')} (of {picks.get('entries', '?')} entries), the query row's indexer picks
+differ from the uncached forward's in {100 * picks.get('differ_vs_uncached', float('nan')):.2f}% of
+{picks.get('picks_compared', '?')} picks (CSA layers {picks.get('csa_layers', '?')}), and from the chunked forward
+with the same pieces in {100 * picks.get('differ_vs_chunked_same_pieces', float('nan')):.2f}%.
+""")
     rp = load("bench_report")
     if rp:
         parts.append(f"""## The report

@@ -193,3 +193,13 @@ def test_train_steps_reach_the_settings(tmp_path, monkeypatch):
     res = runner.invoke(app, ["train", "--recipe", "w4s4", "--steps", "7", "--threads", "1", "--out",
                               str(tmp_path), "--runs", str(tmp_path / "runs")])
     assert res.exit_code == 3 and seen == {"steps": 7, "threads": 1}
+
+
+def test_map_plan_prints_the_dry_run_without_running():
+    res = runner.invoke(app, ["map", "w4s4", "--plan", "--n-per-residue", "4", "--kinds", "head"])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.startswith("MapPlan(w4s4, engine 'suffix'") and "8 head" in res.stdout
+    for word in ("forwards", "token passes", "GiB"):
+        assert word in res.stdout
+    plan = phaselens.specialization_map(phaselens.load("zoo:w4s4"), n_per_residue=4, kinds=("head",), plan=True)
+    assert res.stdout.strip() == repr(plan)

@@ -24,7 +24,8 @@ from tests.conftest import LAYOUTS, task_model
 from tests.deepseek import tiny_v4_model
 
 KINDS = ["zoo", "control", "uncompressed-layer", "ensemble-zoo", "v4", "v4-nnsight", "v4-chunked", "ensemble-v4"]
-ANALYSES = ["evaluate", "record", "knockout", "ablate", "patch", "map", "attribution", "cycling", "repair", "report"]
+ANALYSES = ["evaluate", "record", "knockout", "ablate", "patch", "map", "plan", "attribution", "cycling", "repair",
+            "report"]
 # cells expected to raise NotApplicableError, with the reason they must name
 NOT_APPLICABLE = {
     ("record", "ensemble-zoo"): "shifted copies",
@@ -176,7 +177,22 @@ def check_map(k: Kind):
         m = answer_metrics(k.query_logits(b.tokens, b.query_pos, zero_heads(int(row.layer), list(row.heads))),
                            b.answer, b.wrong)
         assert close(pm.ko_logit_diff[i], m["logit_diff"]), row.label
-    assert "engine" in pm.metadata and repr(pm)
+    # engine="auto" takes the query-suffix engine wherever the model offers one (the adapter's kinds, locally)
+    expected = "suffix" if phaselens.protocol.capability(k.model, "query_engine") else "full"
+    assert pm.metadata["engine"] == expected and repr(pm)
+    if k.name in ("zoo", "v4", "v4-nnsight", "v4-chunked"):
+        assert expected == "suffix"
+
+
+def check_plan(k: Kind):
+    """The dry run of the same map (tests/test_plan.py holds its counts against counted runs)."""
+    plan = phaselens.specialization_map(k.model, method="zero", kinds=("head", "layer"), plan=True, **k.opts)
+    b = k.batch()
+    cells = phaselens.maps.map_cells(k.model.cfg, ("head", "layer"))
+    assert (plan.items, plan.tokens, plan.n_cells) == (len(b), b.tokens.shape[1], len(cells))
+    assert plan.engine == phaselens.protocol.choose_engine(k.model, "auto")
+    assert plan.forwards >= (1 if plan.engine == "suffix" else len(cells) + 1)
+    assert plan.full_forwards >= 1 and plan.memory["weights"] > 0 and repr(plan).startswith("MapPlan(")
 
 
 def check_patch(k: Kind):
@@ -281,8 +297,8 @@ def check_report(k: Kind, tmp_path):
 
 
 CHECKS = {"evaluate": check_evaluate, "record": check_record, "knockout": check_knockout, "ablate": check_ablate,
-          "patch": check_patch, "map": check_map, "attribution": check_attribution, "cycling": check_cycling,
-          "repair": check_repair, "report": check_report}
+          "patch": check_patch, "map": check_map, "plan": check_plan, "attribution": check_attribution,
+          "cycling": check_cycling, "repair": check_repair, "report": check_report}
 
 
 @pytest.mark.parametrize("analysis", ANALYSES)

@@ -41,7 +41,7 @@ def test_evaluate_record_ablate_map_pipeline(adapter):
     res = phaselens.ablate(adapter, "L1", phase=3, n_per_residue=2, method="zero", progress=False)
     assert len(res.per_residue()) == 2
     pm = phaselens.specialization_map(adapter, n_per_residue=1, progress=False, kinds=("layer",), n_bootstrap=0)
-    assert pm.metadata["engine"] == "full" and pm.values("layer").shape == (4, 8)
+    assert pm.metadata["engine"] == "suffix" and pm.values("layer").shape == (4, 8)
 
 
 def test_report_smoke_on_the_adapter(adapter, tmp_path):

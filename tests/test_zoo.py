@@ -84,9 +84,9 @@ def test_cards_state_the_phenomenon():
 
 @pytest.mark.parametrize("name, stride", [("w8s4", 4), ("full", 4)])
 def test_remeasured_subset_agrees_with_the_card(name, stride):
-    """A fast re-measurement in CI (fresh items, 96 per residue) lands where the card says."""
+    """A fast re-measurement in CI (fresh items, 48 per residue) lands where the card says."""
     model = phaselens.load(f"zoo:{name}")
-    ev = phaselens.evaluate(model, n_per_residue=96, seed=7, progress=False, stride=stride, batch_size=256,
+    ev = phaselens.evaluate(model, n_per_residue=48, seed=7, progress=False, stride=stride, batch_size=256,
                             n_permutations=499, n_bootstrap=0)
     card = entry(name).card["battery"]
     assert abs(ev.mean - card["mean"]) < 0.03

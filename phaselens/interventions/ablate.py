@@ -124,7 +124,7 @@ def ablate(
     if used == "suffix" and engine == "auto" and len({h.layer for h in ko.heads}) > 1:
         used = "full"  # the engine intervenes at one layer per cell
     if used == "suffix":
-        eng = model.query_engine(batch.tokens, batch.query_pos)
+        eng = model.query_engine(batch.tokens, batch.query_pos, batch_size=batch_size)
         clean = items_from_logits(batch, eng.clean_logits)
         got: list[dict[str, np.ndarray]] = []
         engine_metrics(eng, batch, [ko], per_pass=1, on_chunk=lambda _i, m: got.extend(m))

@@ -26,7 +26,7 @@ from torch import Tensor
 from phaselens.errors import InputError, PhaseLensError
 from phaselens.heads import Head, by_layer, parse_heads
 from phaselens.items import is_batch, resolve_task
-from phaselens.protocol import HookContext
+from phaselens.protocol import HookContext, PhaseModel
 from phaselens.scoring import model_logits
 
 Method = Literal["mean", "zero", "resample"]
@@ -75,8 +75,10 @@ class Calibration:
         return self.z[layer].mean(0)
 
 
-def calibrate(model: Any, calibration: Any, layers: list[int], *, task: Any = None, n: int = 256) -> Calibration:
-    """Collect calibration ``z`` from a TaskBatch, a ``[N, T]`` token tensor (last position), or the task."""
+def calibrate(model: Any, calibration: Any, layers: list[int], *, task: Any = None, n: int = 256,
+              batch_size: int = 64) -> Calibration:
+    """Collect calibration ``z`` from a TaskBatch, a ``[N, T]`` token tensor (last position), or the task
+    (``n`` items), ``batch_size`` items per forward."""
     if isinstance(calibration, Calibration):
         missing = sorted(set(layers) - set(calibration.z))
         if missing:
@@ -103,7 +105,7 @@ def calibrate(model: Any, calibration: Any, layers: list[int], *, task: Any = No
     else:
         raise InputError(f"calibration must be a TaskBatch, a [N, T] token tensor or a Calibration, got "
                          f"{type(calibration).__name__}.")
-    z = capture_z(model, tokens, qp, layers)
+    z = capture_z(model, tokens, qp, layers, batch_size=batch_size)
     return Calibration({layer: v.flatten(0, 1) for layer, v in z.items()}, source)
 
 
@@ -228,7 +230,7 @@ def _check_positions(pos: Any) -> Any:
 
 
 def knockout(
-    model: Any,
+    model: PhaseModel,
     heads: Any,
     method: Method = "mean",
     positions: Any = "last",

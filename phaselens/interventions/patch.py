@@ -209,7 +209,7 @@ def patch(
 def _patched_metrics(model, base, qp, heads, src_z, batch, batch_size, engine) -> np.ndarray:
     """Logit differences ``[heads, N]`` of ``base`` with each head's query ``z`` replaced from ``src_z``."""
     if engine == "suffix":
-        eng = model.query_engine(base, qp)
+        eng = model.query_engine(base, qp, batch_size=batch_size)
         cells = [Cell(h.layer, [h.head], src_z[h.layer][:, 0, [h.head]]) for h in heads]
         logits = eng.run(cells)
         return np.stack([answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"] for lg in logits])

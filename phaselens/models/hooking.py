@@ -14,7 +14,7 @@ import contextvars
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from phaselens.protocol import hook_context
+from phaselens.protocol import hook_context, hook_pairs
 
 _START: contextvars.ContextVar[int] = contextvars.ContextVar("phaselens_query_start", default=0)
 _FIRST_ENTRY_SITES = ("hook_gate", "hook_payload", "hook_entry")
@@ -62,8 +62,8 @@ class ContextHooks:
     def hooks(self, fwd_hooks: Any = (), bwd_hooks: Any = (), reset_hooks_end: bool = True,
               clear_contexts: bool = False) -> Iterator[Any]:
         """TransformerLens's ``hooks`` context (hooks removed in ``finally``), with hook contexts."""
-        fwd = [(self._check_name(name), self._with_context(fn)) for name, fn in _pairs(fwd_hooks)]
-        bwd = [(self._check_name(name), self._with_context(fn)) for name, fn in _pairs(bwd_hooks)]
+        fwd = [(self._check_name(name), self._with_context(fn)) for name, fn in hook_pairs(fwd_hooks)]
+        bwd = [(self._check_name(name), self._with_context(fn)) for name, fn in hook_pairs(bwd_hooks)]
         with super().hooks(fwd, bwd, reset_hooks_end, clear_contexts) as model:  # type: ignore[misc]
             yield model
 
@@ -75,18 +75,3 @@ class ContextHooks:
         from phaselens.hooknames import explain_missing
 
         raise HookNameError(explain_missing(name, self.hook_dict))  # type: ignore[attr-defined]
-
-
-def _pairs(hooks: Any) -> list[tuple[Any, Callable[..., Any]]]:
-    from phaselens.errors import InputError
-
-    out = []
-    for item in hooks or ():
-        try:
-            name, fn = item
-        except (TypeError, ValueError):
-            raise InputError(f"hooks are (name_or_filter, fn) pairs, got {item!r}.") from None
-        if not callable(fn):
-            raise InputError(f"the hook for {name!r} is not callable: {fn!r}.")
-        out.append((name, fn))
-    return out

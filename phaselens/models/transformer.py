@@ -203,11 +203,13 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         return False
 
     # ---- capabilities (see phaselens.protocol.CAPABILITIES) -------------------------------------------
-    def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096) -> Any:
-        """The query-suffix engine over ``tokens`` ``[N, T]`` with query slots ``query_pos`` ``[N]``."""
+    def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
+                     batch_size: int | None = None) -> Any:
+        """The query-suffix engine over ``tokens`` ``[N, T]`` with query slots ``query_pos`` ``[N]`` (at most
+        ``batch_size`` rows per cached prefix)."""
         from phaselens.engine import QueryEngine
 
-        return QueryEngine(self, tokens, query_pos, rows_per_pass=rows_per_pass)
+        return QueryEngine(self, tokens, query_pos, rows_per_pass=rows_per_pass, batch_size=batch_size)
 
     def cycle_gates(self, delta: int) -> CompressedTransformer:
         """A copy whose offset-specific gate parameters are rolled by ``delta`` (see

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from phaselens.errors import ContextLengthError, InputError, PaddingError, PhaseLensError
-from phaselens.protocol import call_state
+from phaselens.protocol import PhaseModel, call_state
 
 Combine = Literal["max_conf", "vote", "mean_logprob", "mean_prob"]
 COMBINES: tuple[str, ...] = ("max_conf", "vote", "mean_logprob", "mean_prob")
@@ -216,7 +216,7 @@ class PhaseEnsemble:
         return f"PhaseEnsemble({self.name}, cost {self.cost}x forward)"
 
 
-def phase_ensemble(model: Any, shifts: Any = "all", combine: str = "max_conf", pad_id: int | None = None,
+def phase_ensemble(model: PhaseModel, shifts: Any = "all", combine: str = "max_conf", pad_id: int | None = None,
                    **kwargs: Any) -> PhaseEnsemble:
     """Wrap ``model`` so that every input runs as shifted copies combined by ``combine``.
 

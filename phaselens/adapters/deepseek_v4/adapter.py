@@ -13,7 +13,7 @@ Hook names and shapes follow ``docs/hooks.md``; ``docs/deepseek_v4.md`` says whe
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, Literal
@@ -23,6 +23,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from phaselens.adapters.deepseek_v4.config import DeepSeekV4Cfg, build_cfg, check_eager
+from phaselens.adapters.deepseek_v4.engine import PASS_BYTES, V4SuffixEngine
 from phaselens.adapters.deepseek_v4.geometry import LayerGeometry
 from phaselens.adapters.deepseek_v4.hookpoints import (
     MODULE_SITES,
@@ -33,10 +34,12 @@ from phaselens.adapters.deepseek_v4.hookpoints import (
     match,
     resolve,
 )
+from phaselens.adapters.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.adapters.deepseek_v4.nnsight_backend import run_traced
 from phaselens.adapters.deepseek_v4.notices import IndexTopKWarning
 from phaselens.adapters.deepseek_v4.prefill import call_kwargs, plan_chunks, run_prefix
 from phaselens.adapters.deepseek_v4.torch_hooks import RunInfo, torch_sites
+from phaselens.engine import QueryEngine
 from phaselens.errors import InputError
 from phaselens.geometry import PhaseSpec
 
@@ -265,6 +268,43 @@ class DeepSeekV4Adapter:
             topk_layers=topk_layers,
         ):
             return run_traced(self.model, self._envoy, kwargs, module_plan, run, n_heads=n_heads)
+
+    # ---- capabilities (see phaselens.protocol.CAPABILITIES) ----------------------------------------
+    @property
+    def query_engine(self) -> Callable[..., Any] | None:
+        """The ``query_engine`` capability: ``adapter.query_engine(tokens [N, T], query_pos [N],
+        rows_per_pass=4096, batch_size=None, pass_bytes=2**30)`` returns a :class:`~phaselens.engine.QueryEngine`
+        over the cached clean prefix (see :mod:`.engine`): one cache per query slot and piece of at most
+        ``batch_size`` rows, prefilled in the adapter's ``chunk``. ``None`` with ``remote=True``: the engine
+        needs a local cache.
+        """
+        return None if self._remote else self._query_engine
+
+    def _query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
+                      batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
+        if self._active:
+            raise InputError(
+                "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
+                "active on the adapter (adapter.hooks(...) or a knockout context); pass engine='full'."
+            )
+        check_eager(self.model.config)
+        tokens = self._tokens(tokens)
+        qp = torch.as_tensor(query_pos).long().cpu()
+        if qp.dim() != 1 or len(qp) != tokens.shape[0] or int(qp.min()) < 0 or int(qp.max()) >= tokens.shape[1]:
+            raise InputError(f"query_pos must be [{tokens.shape[0]}] slots in 0..{tokens.shape[1] - 1}, got "
+                             f"{tuple(qp.shape)} {qp.tolist()[:8]}.")
+        self._check_topk(int(qp.max()) + 1)
+
+        def slot(model: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> V4SuffixEngine:
+            return V4SuffixEngine(model, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
+
+        return QueryEngine(self, tokens, qp, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
+
+    def estimate_memory(self, tokens: int, *, batch: int = 1, query_len: int | None = None,
+                        logits: Literal["all", "query"] = "all") -> MemoryEstimate:
+        """The ``estimate_memory`` capability: :func:`~phaselens.adapters.deepseek_v4.estimate_memory` of a call
+        on ``batch`` sequences of ``tokens`` tokens, prefilled in this adapter's ``chunk``."""
+        return estimate_memory(self, tokens, batch=batch, chunk=self.chunk, query_len=query_len, logits=logits)
 
     # ---- hooks -------------------------------------------------------------------------------------
     def _merged_hooks(self) -> dict[str, list[HookFn]]:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from phaselens.adapters.deepseek_v4.geometry import LayerGeometry
 from phaselens.errors import HookNameError, InputError
-from phaselens.protocol import HookContext, hook_context
+from phaselens.protocol import HookContext, hook_context, hook_pairs
 
 HookFn = Callable[..., Tensor | None]
 NameFilter = str | Callable[[str], bool]
@@ -91,13 +91,7 @@ def resolve(
 ) -> dict[str, list[HookFn]]:
     """Match ``(name_or_filter, fn)`` pairs against the hook points: ``{name: [fn, ...]}`` in call order."""
     out: dict[str, list[HookFn]] = {}
-    for item in fwd_hooks:
-        try:
-            target, fn = item
-        except (TypeError, ValueError):
-            raise InputError(f"fwd_hooks entries are (name_or_filter, fn) pairs, got {item!r}.") from None
-        if not callable(fn):
-            raise InputError(f"the hook for {target!r} is not callable: {fn!r}.")
+    for target, fn in hook_pairs(fwd_hooks):
         for name in match(points, target):
             out.setdefault(name, []).append(fn)
     return out
