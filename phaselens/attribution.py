@@ -48,7 +48,7 @@ class AttributionMap(Result):
         """Tidy rows per (layer, head, residue): ``value`` with ``ci_low`` / ``ci_high``."""
         out = self.estimate.to_frame()
         out.insert(out.columns.get_loc("residue") + 1, "phase", out["residue"] % self.stride)
-        return out
+        return out[out["residue"].isin(np.unique(self.residue))].reset_index(drop=True)  # residues with items
 
     def per_phase(self) -> pd.DataFrame:
         """The same per (layer, head, phase): residues folded mod S."""
@@ -58,7 +58,7 @@ class AttributionMap(Result):
                                                        "phase": np.arange(self.stride)}, lo, hi, name=self.estimate.name)
         out = lab.to_frame()
         out["boundary"] = out["phase"] == self.stride - 1
-        return out
+        return out[out["phase"].isin(np.unique(self.residue % self.stride))].reset_index(drop=True)
 
     def plot(self, **kwargs: Any):
         from phaselens import plots

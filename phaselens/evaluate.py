@@ -125,8 +125,14 @@ class PhaseEval(Result):
 
     @property
     def period(self) -> int | None:
-        """Detected period (paired tests when items are paired); ``None`` for no effect or an ambiguous one."""
-        return self.tests.period.period
+        """Detected period (paired tests when items are paired); ``None`` for no effect, an ambiguous one, or a
+        subset of residues (period detection needs the whole cycle: ``tests.skipped["period"]``)."""
+        return None if self.tests.period is None else self.tests.period.period
+
+    @property
+    def residues(self) -> np.ndarray:
+        """The residues evaluated (all of 0..M-1 unless ``residues=`` was passed)."""
+        return self.tests.counts.residues
 
     def per_residue(self) -> pd.DataFrame:
         """One row per residue: ``n``, ``correct``, ``acc``, Wilson 95% ``ci_low`` / ``ci_high``, mean NLL."""
@@ -134,7 +140,9 @@ class PhaseEval(Result):
         n = group_counts(res, self.modulus)
         correct = np.rint(group_mean(self.items["correct"].to_numpy(float), res, self.modulus) * n)
         correct = np.nan_to_num(correct).astype(int)
-        lo, hi = wilson_ci(correct, n)
+        lo, hi = np.full(self.modulus, np.nan), np.full(self.modulus, np.nan)
+        has = n > 0
+        lo[has], hi[has] = wilson_ci(correct[has], n[has])
         out = pd.DataFrame({"residue": np.arange(self.modulus), "phase": np.arange(self.modulus) % self.stride,
                             "n": n, "correct": correct, "acc": np.where(n > 0, correct / np.maximum(n, 1), np.nan),
                             "ci_low": lo, "ci_high": hi,
@@ -151,19 +159,31 @@ class PhaseEval(Result):
 
     def summary(self) -> str:
         lo, hi = self.gap_ci
-        c = self.tests.counts
+        c, t = self.tests.counts, self.tests
         md = self.metadata
+        boundary = (f"boundary phase {self.stride - 1}: {100 * self.boundary:.1f}%" if c.phase_n[-1]
+                    else f"boundary phase {self.stride - 1} not evaluated")
+        tests = [f"folded gap {100 * self.gap:.1f} pp [95% CI {100 * lo:.1f}, {100 * hi:.1f}]"
+                 if np.count_nonzero(c.phase_n) > 1 else "one phase evaluated: no folded gap"]
+        if c.gap_test is not None:
+            tests[0] += f", permutation p={c.gap_test.pvalue:.3g}"
+        if t.omnibus is not None:
+            tests.append(f"omnibus {t.omnibus.name} p={t.omnibus.pvalue:.3g}")
+        if t.nested is not None:
+            what = f"mod {self.modulus} vs {self.stride}" if c.complete else "residues vs phases"
+            tests.append(f"nested {what} p={t.nested.pvalue:.3g}")
+        tests.append(f"period {self.period}" if t.period is not None else "period not tested (needs every residue)")
         return "\n".join([
             f"PhaseEval: {md.get('model', 'model')} on {md.get('task', 'task')}: {len(self.items)} items, "
-            f"stride {self.stride}, residues mod {self.modulus}",
+            f"stride {self.stride}, residues mod {self.modulus}"
+            + ("" if c.complete else f"; evaluated {c.subset.describe()}"),
             f"  mean {100 * self.mean:.1f}%  worst phase {self.worst_phase}: {100 * self.worst:.1f}%  "
-            f"boundary phase {self.stride - 1}: {100 * self.boundary:.1f}%  best {100 * self.best:.1f}%",
+            f"{boundary}  best {100 * self.best:.1f}%",
             f"  per residue: worst {self.worst_residue}: {100 * self.worst_residue_accuracy:.1f}%  "
             f"best {self.best_residue}: {100 * self.best_residue_accuracy:.1f}%  gap {100 * self.residue_gap:.1f} pp",
-            f"  folded gap {100 * self.gap:.1f} pp [95% CI {100 * lo:.1f}, {100 * hi:.1f}], "
-            f"permutation p={c.gap_test.pvalue:.3g}; omnibus {self.tests.omnibus.name} p={self.tests.omnibus.pvalue:.3g}; "
-            f"nested mod {self.modulus} vs {self.stride} p={self.tests.nested.pvalue:.3g}; period {self.period}",
-            "  accuracy by phase %: " + " ".join(f"{100 * a:.1f}" for a in c.phase_accuracy),
+            "  " + "; ".join(tests),
+            "  accuracy by phase %: " + " ".join(f"{p}: {100 * c.phase_accuracy[p]:.1f}"
+                                                 for p in np.flatnonzero(c.phase_n)),
         ])
 
     def plot(self, control: PhaseEval | None = None, **kwargs: Any):
@@ -225,8 +245,9 @@ def evaluate(
                         stride=stride, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
                         checkpoint=None if checkpoint is None else str(checkpoint)),
           **task_metadata(task)}
-    return eval_from_items(items, spec.stride, batch.modulus, metadata=md,
-                           n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed)
+    covered = None if residues is None else np.unique(batch.frame["residue"].to_numpy())
+    return eval_from_items(items, spec.stride, batch.modulus, metadata=md, n_permutations=n_permutations,
+                           n_bootstrap=n_bootstrap, seed=seed, residues=covered)
 
 
 def score_items(model: Any, batch: Any, *, batch_size: int = 64, progress: bool = False, forward: Any = None,
@@ -255,11 +276,12 @@ def items_from_metrics(batch: Any, metrics: dict[str, np.ndarray]) -> pd.DataFra
 
 def eval_from_items(
     items: pd.DataFrame, stride: int, modulus: int, *, metadata: dict[str, Any] | None = None,
-    n_permutations: int = 2000, n_bootstrap: int = 1000, seed: int = 0,
+    n_permutations: int = 2000, n_bootstrap: int = 1000, seed: int = 0, residues: Any = None,
 ) -> PhaseEval:
-    """A :class:`PhaseEval` (battery included) from a per-item frame."""
+    """A :class:`PhaseEval` (battery included) from a per-item frame; ``residues``: the residues covered when
+    only some of 0..M-1 were evaluated (see :func:`phaselens.stats.phase_battery_items`)."""
     tests = phase_battery_items(items, stride, modulus, n_permutations=n_permutations,
-                                n_bootstrap=n_bootstrap, seed=seed)
+                                n_bootstrap=n_bootstrap, seed=seed, residues=residues)
     return PhaseEval(items, tests, stride, modulus, dict(metadata or {}))
 
 

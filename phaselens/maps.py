@@ -124,7 +124,7 @@ class PhaseMap(Result):
             "ci_low": e.ci_low.ravel(), "ci_high": e.ci_high.ravel(), "pvalue": e.pvalue.ravel(),
             "delta_logit_diff": e.delta_logit_diff.ravel(), "undefined": e.undefined.ravel(),
             "boundary": np.tile(np.arange(S) == S - 1, C),
-        })
+        }).query("n > 0").reset_index(drop=True)  # phases with items (all, unless residues=... was passed)
 
     def per_phase(self, kind: str | None = None) -> pd.DataFrame:
         """:meth:`by_phase` for one ``kind`` of cell, or every kind present (``None``)."""
@@ -191,7 +191,8 @@ class PhaseMap(Result):
         out.update(residue=res, phase=res % self.stride, n=np.tile(e.n, C), clean_acc=np.tile(e.clean_acc, C))
         for name in ("ko_acc", "rel_change", "ci_low", "ci_high", "pvalue", "delta_logit_diff", "undefined"):
             out[name] = getattr(e, name).ravel()
-        return pd.DataFrame(out)
+        frame = pd.DataFrame(out)
+        return frame[frame["n"] > 0].reset_index(drop=True)  # residues with items (all, unless residues=...)
 
     def summary(self) -> str:
         kinds = self.cells["kind"].value_counts().to_dict()

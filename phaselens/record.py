@@ -70,6 +70,8 @@ class Recording(Result):
         parts += [lab.to_frame() for lab in (self.gate_key, self.gate_value) if lab is not None]
         out = pd.concat(parts, ignore_index=True)
         out.insert(out.columns.get_loc("residue") + 1, "phase", out["residue"] % self.stride)
+        if self.residue.size:  # only the residues recorded (all, unless residues=... was passed)
+            out = out[out["residue"].isin(np.unique(self.residue))].reset_index(drop=True)
         return out
 
     def per_phase(self) -> pd.DataFrame:
@@ -84,6 +86,8 @@ class Recording(Result):
             parts.append(Labelled(m, dims, coords, lo, hi, name=lab.name).to_frame())
         out = pd.concat(parts, ignore_index=True)
         out["boundary"] = out["phase"] == self.stride - 1
+        if phase.size:  # only the phases recorded
+            out = out[out["phase"].isin(np.unique(phase))].reset_index(drop=True)
         return out
 
     def per_model(self) -> pd.DataFrame:

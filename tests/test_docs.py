@@ -38,10 +38,12 @@ def test_readme_links_resolve():
     assert missing == []
 
 
-def test_readme_quickstart_runs():
-    """The README's Python blocks run as written, in order, in one namespace."""
+def test_readme_quickstart_runs(tmp_path, monkeypatch):
+    """The README's Python blocks run as written, in order, in one namespace (in an empty directory: the
+    figure is written there)."""
     import re
 
+    monkeypatch.chdir(tmp_path)
     readme = (DOCS.parent / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
     assert len(blocks) >= 2
@@ -49,3 +51,19 @@ def test_readme_quickstart_runs():
     for code in blocks:
         exec(compile(code, "README.md", "exec"), namespace)
     assert "worst" in repr(namespace["ev"]) and namespace["pm"].values("head").shape == (2, 4, 24)
+    assert (tmp_path / "map.html").stat().st_size > 10_000  # the script writes its figure, not fig.show()
+
+
+@pytest.mark.slow
+def test_quickstart_runs_as_written(tmp_path, monkeypatch):
+    """docs/quickstart.md's Python block runs at the sizes it states and writes its figure (not fig.show())."""
+    import re
+
+    monkeypatch.chdir(tmp_path)
+    text = (DOCS / "quickstart.md").read_text()
+    (code,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    namespace: dict = {}
+    exec(compile(code, "quickstart.md", "exec"), namespace)
+    assert (tmp_path / "accuracy.html").stat().st_size > 10_000
+    pm = namespace["pm"]
+    assert pm.values("head").shape == (2, 4, 24) and "L0H3" in pm.most_specialized()["label"].tolist()

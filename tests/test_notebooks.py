@@ -39,10 +39,13 @@ def test_notebook_executes(path, monkeypatch, tmp_path):
     monkeypatch.setenv("OMP_NUM_THREADS", os.environ.get("OMP_NUM_THREADS", "2"))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     nb = nbformat.read(path, as_version=4)
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
-    errors = [o for o in outputs if o.get("output_type") == "error"]
-    assert not errors
+    # allow_errors: every cell runs and its error is kept, so the assertion below (not nbclient) fails the
+    # test, naming the cell and the error
+    NotebookClient(nb, timeout=600, kernel_name="python3", allow_errors=True,
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [(c.source, o) for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert errors == [], "\n\n".join(f"cell:\n{src}\n-> {o['ename']}: {o['evalue']}" for src, o in errors)
     for cell in (c for c in nb.cells if c.cell_type == "code"):
         text = "\n".join(_text(o) for o in cell.get("outputs", []))
         if "import torch, transformers" in cell.source and not HAS_IPYWIDGETS:

@@ -57,14 +57,24 @@ def test_single_unshifted_copy_is_the_model_itself():
 
 
 def test_wrapper_satisfies_the_protocol_and_records_cost():
+    """The wrapper passes the protocol's members through (not just has them), hooks see every copy's rows,
+    and analyses record the cost."""
     model = task_model(LAYOUTS["w4s4-scalar"])
     fixed = phaselens.phase_ensemble(model, shifts="opposite", combine="vote")
-    assert isinstance(fixed, phaselens.PhaseModel)
+    assert fixed.cfg is model.cfg and fixed.phase_specs == model.phase_specs
+    assert fixed.analysis_spec == model.analysis_spec and fixed.default_task is model.default_task
+    assert fixed.hook_dict is model.hook_dict and fixed.cost == 2 and list(fixed.shifts) == [0, 2]
+    tokens = model.default_task.build(model.analysis_spec, n_per_residue=1).tokens[:3]
+    seen = []
+    out = fixed.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", lambda z, hook: seen.append(z.shape[0]))])
+    assert seen == [2 * 3]  # one call over both copies of the 3 rows
+    with torch.no_grad():
+        assert torch.equal(out, fixed(tokens)) and all(not h._forward_hooks for h in model.hook_dict.values())
+    assert fixed.last_choice.shape == tokens.shape and set(fixed.last_choice.unique().tolist()) <= {0, 1}
     ev = phaselens.evaluate(fixed, n_per_residue=2, progress=False, n_permutations=9, n_bootstrap=0)
     assert ev.metadata["repair"]["forward_multiple"] == 2 and ev.metadata["repair"]["combine"] == "vote"
-    assert fixed.last_choice is not None
     res = phaselens.ablate(fixed, "L1H0", phase=0, n_per_residue=2, method="zero", progress=False)
-    assert len(res.per_residue()) == 2
+    assert res.per_residue()["residue"].tolist() == [0, 4] and res.metadata["repair"]["forward_multiple"] == 2
 
 
 def test_context_overflow_and_pad_errors():

@@ -28,6 +28,8 @@ def accuracy_by_residue(ev: Any, control: Any = None, *, title: str | None = Non
     ticks = [phase_label(p, S) for p in range(S)]
     for c in range(ev.modulus // S):
         sub = pr[(pr["residue"] // S) == c]
+        if sub.empty:  # a cycle with no residue evaluated (evaluate(..., residues=[...]))
+            continue
         fig.add_trace(go.Scatter(
             x=[ticks[p] for p in sub["phase"]], y=sub["acc"], mode="lines+markers",
             name=f"residues {c * S}-{c * S + S - 1}", line=dict(color=CYCLE_COLORS[c % len(CYCLE_COLORS)], width=1.5),
@@ -73,6 +75,11 @@ def periodicity_panel(ev: Any, *, title: str | None = None) -> go.Figure:
     """Harmonic-energy bars (DFT power of the residue profile; period-S bins highlighted) and battery p-values."""
     counts = ev.tests.counts if hasattr(ev, "tests") else ev
     h = counts.harmonic
+    if h is None:
+        from phaselens.errors import NotApplicableError
+
+        raise NotApplicableError(f"no periodicity panel: {counts.skipped.get('harmonic', 'no harmonic fraction')} "
+                                 "(evaluate with residues=None).")
     M, S = h.modulus, h.stride
     k = np.arange(1, M // 2 + 1)
     power = np.asarray(h.power)[1 : M // 2 + 1]

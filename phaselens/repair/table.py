@@ -147,9 +147,11 @@ def repair_table(
     all_shifts = tuple(range(S))
     per_copy = copy_query_logits(model, batch, all_shifts, pad, batch_size=batch_size, progress=progress)
 
+    covered = None if residues is None else np.unique(batch.frame["residue"].to_numpy())
+
     def as_eval(logp: torch.Tensor) -> PhaseEval:
         return eval_from_items(items_from_logits(batch, logp), S, batch.modulus, n_permutations=n_permutations,
-                               n_bootstrap=n_bootstrap, seed=seed)
+                               n_bootstrap=n_bootstrap, seed=seed, residues=covered)
 
     copy_correct = np.stack([answer_metrics(c, batch.answer, batch.wrong)["correct"] for c in per_copy])  # [K, N]
     evals: dict[tuple[str, str], PhaseEval] = {("none", "none"): as_eval(per_copy[0])}
@@ -176,5 +178,6 @@ def _row(shifts: str, rule: str, cost: int, ev: PhaseEval, any_right: float) -> 
     lo, hi = ev.gap_ci
     return dict(shifts=shifts, combine=rule, cost=cost, mean=c.mean_accuracy, worst=c.worst_accuracy,
                 worst_phase=c.worst_phase, boundary=c.boundary_accuracy, gap=c.phase_gap, gap_ci_low=lo, gap_ci_high=hi,
-                any_copy_right=float(any_right), p_chi2=c.chi2.pvalue, p_g=c.g.pvalue, period=c.period.period,
+                any_copy_right=float(any_right), p_chi2=c.chi2.pvalue if c.chi2 else np.nan,
+                p_g=c.g.pvalue if c.g else np.nan, period=ev.period,
                 phase_accuracy=np.round(c.phase_accuracy, 6).tolist())

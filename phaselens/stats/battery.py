@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -15,8 +16,8 @@ from phaselens.stats._checks import (
     check_level,
     check_stride,
     readonly,
+    resolve_residues,
 )
-from phaselens.stats.folding import fold
 from phaselens.stats.gapci import MIN_DRAWS, gap_ci
 from phaselens.stats.intervals import wilson_ci
 from phaselens.stats.omnibus import chi2_test, g_test
@@ -25,6 +26,7 @@ from phaselens.stats.periodicity import HarmonicResult, harmonic_fraction, neste
 from phaselens.stats.published import counts_from_accuracy
 from phaselens.stats.resampling import gap_permutation_test
 from phaselens.stats.results import GapInterval, PermutationResult, TestResult, fmt_p
+from phaselens.stats.subset import ResidueSubset, count_tests, residue_subset
 
 
 def _pct(x: float) -> str:
@@ -43,20 +45,22 @@ class PhaseBattery:
     Attributes:
         stride, modulus: S and M.
         alpha, level: test level and confidence level used.
-        correct, n: ``(M,)`` counts per residue.
-        accuracy, ci_low, ci_high: ``(M,)`` accuracy per residue and its Wilson interval.
-        phase_correct, phase_n: ``(S,)`` counts folded mod S (summed over the M/S residues of a phase).
-        phase_accuracy, phase_ci_low, phase_ci_high: ``(S,)`` accuracy per phase and its Wilson interval.
+        correct, n: ``(K,)`` counts at each residue of ``residues`` (K = M unless a subset was tested).
+        accuracy, ci_low, ci_high: ``(K,)`` accuracy per residue and its Wilson interval.
+        phase_correct, phase_n: ``(S,)`` counts folded mod S (summed over the residues of a phase; 0 for a
+            phase with no residue tested).
+        phase_accuracy, phase_ci_low, phase_ci_high: ``(S,)`` accuracy per phase and its Wilson interval
+            (NaN for a phase with no residue tested).
         mean_accuracy: pooled accuracy Σ correct / Σ n.
         worst_phase, worst_accuracy, best_phase, best_accuracy: extremes of ``phase_accuracy`` (folded mod S;
             also reachable as ``worst_phase_accuracy`` / ``best_phase_accuracy``).
         worst_residue, worst_residue_accuracy, best_residue, best_residue_accuracy: extremes of ``accuracy``
             over the M residues, not folded: the paper's "worst" and "best" (Flash-Base 29.69 / 69.92 %).
-        boundary_accuracy: accuracy of the boundary phase S − 1.
+        boundary_accuracy: accuracy of the boundary phase S − 1 (NaN when it was not tested).
         residue_gap: max − min of ``accuracy`` over the M residues (the paper's "gap across residues").
         phase_gap: max − min of ``phase_accuracy`` (folded).
-        chi2, g: omnibus tests on the 2 × M table.
-        nested: nested fold test, mod M against mod S.
+        chi2, g: omnibus tests on the 2 × K table.
+        nested: nested fold test, mod M against mod S (residues tested against their phases for a subset).
         harmonic: harmonic-energy fraction at period S, with its null and permutation p.
         gap_test: unpaired permutation test of ``phase_gap``.
         gap_ci: interval and one-sided equivalence bound of ``phase_gap`` (:func:`~phaselens.stats.gapci.gap_ci`;
@@ -64,6 +68,9 @@ class PhaseBattery:
         period: detected period (:func:`~phaselens.stats.period.detect_period`; ``period.period`` is ``None``
             when there is no effect or the data cannot single out a period, and ``period.status`` says which).
         input_note: how the counts were made when accuracies were passed (``None`` for counts).
+        residues: ``(K,)`` the residues tested (all of 0..M−1 unless a subset was passed).
+        skipped: test name → why it is ``None`` (on a subset of residues: the harmonic fraction and the period
+            need the whole cycle; see :mod:`phaselens.stats.subset`).
     """
 
     stride: int
@@ -88,21 +95,30 @@ class PhaseBattery:
     boundary_accuracy: float
     residue_gap: float
     phase_gap: float
-    chi2: TestResult
-    g: TestResult
-    nested: TestResult
-    harmonic: HarmonicResult
-    gap_test: PermutationResult
+    chi2: TestResult | None
+    g: TestResult | None
+    nested: TestResult | None
+    harmonic: HarmonicResult | None
+    gap_test: PermutationResult | None
     gap_ci: GapInterval | None
-    period: PeriodResult
+    period: PeriodResult | None
     worst_residue: int = -1
     worst_residue_accuracy: float = float("nan")
     best_residue: int = -1
     best_residue_accuracy: float = float("nan")
     input_note: str | None = None
+    residues: np.ndarray = None  # type: ignore[assignment]  # set to 0..M-1 when not given
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.residues is None:
+            object.__setattr__(self, "residues", np.arange(self.modulus))
         readonly(*(v for v in vars(self).values() if isinstance(v, np.ndarray)))
+
+    @property
+    def complete(self) -> bool:
+        """Whether every residue 0..M−1 was tested."""
+        return self.residues.size == self.modulus
 
     @property
     def worst_phase_accuracy(self) -> float:
@@ -118,8 +134,8 @@ class PhaseBattery:
         """One row per residue: counts, accuracy and Wilson bounds."""
         return pd.DataFrame(
             {
-                "residue": np.arange(self.modulus),
-                "phase": np.arange(self.modulus) % self.stride,
+                "residue": self.residues,
+                "phase": self.residues % self.stride,
                 "correct": self.correct,
                 "n": self.n,
                 "accuracy": self.accuracy,
@@ -129,8 +145,8 @@ class PhaseBattery:
         )
 
     def phase_frame(self) -> pd.DataFrame:
-        """One row per phase (residues folded mod S)."""
-        return pd.DataFrame(
+        """One row per phase tested (residues folded mod S)."""
+        frame = pd.DataFrame(
             {
                 "phase": np.arange(self.stride),
                 "correct": self.phase_correct,
@@ -141,34 +157,36 @@ class PhaseBattery:
                 "boundary": np.arange(self.stride) == self.stride - 1,
             }
         )
+        return frame[frame["n"] > 0].reset_index(drop=True)
 
     def tests_frame(self) -> pd.DataFrame:
-        """One row per test: name, statistic, df (NaN for permutation tests), p-value."""
+        """One row per test run: name, statistic, df (NaN for permutation tests), p-value (see ``skipped``
+        for those not run)."""
         rows: list[tuple[str, float, float, float]] = [
-            (t.name, t.statistic, t.df, t.pvalue) for t in (self.chi2, self.g, self.nested)
+            (t.name, t.statistic, t.df, t.pvalue) for t in (self.chi2, self.g, self.nested) if t is not None
         ]
-        rows.append(("harmonic_fraction", self.harmonic.fraction, np.nan, self.harmonic.pvalue))
-        rows.append(
-            ("folded_gap permutation (unpaired)", self.gap_test.statistic, np.nan, self.gap_test.pvalue)
-        )
+        if (h := self.harmonic) is not None:
+            rows.append(("harmonic_fraction", h.fraction, np.nan, h.pvalue))
+        if (g := self.gap_test) is not None:
+            rows.append(("folded_gap permutation (unpaired)", g.statistic, np.nan, g.pvalue))
         return pd.DataFrame(rows, columns=["test", "statistic", "df", "pvalue"])
 
     def to_frame(self) -> pd.DataFrame:
         """Everything in one tidy long frame: ``section``, ``quantity``, ``index``, ``estimate``, ``ci_low``,
         ``ci_high``, ``statistic``, ``df``, ``pvalue`` (columns that do not apply are NaN)."""
         rows: list[dict[str, object]] = []
-        for i in range(self.modulus):
+        for k, i in enumerate(self.residues.tolist()):
             rows.append(
                 _row(
                     "residue",
                     "accuracy",
                     index=i,
-                    estimate=self.accuracy[i],
-                    ci_low=self.ci_low[i],
-                    ci_high=self.ci_high[i],
+                    estimate=self.accuracy[k],
+                    ci_low=self.ci_low[k],
+                    ci_high=self.ci_high[k],
                 )
             )
-        for p in range(self.stride):
+        for p in np.flatnonzero(self.phase_n).tolist():
             rows.append(
                 _row(
                     "phase",
@@ -197,13 +215,14 @@ class PhaseBattery:
                 estimate=self.phase_gap,
                 ci_low=ci.ci_low if ci else np.nan,
                 ci_high=ci.ci_high if ci else np.nan,
-                statistic=self.gap_test.statistic,
-                pvalue=self.gap_test.pvalue,
+                statistic=self.gap_test.statistic if self.gap_test else np.nan,
+                pvalue=self.gap_test.pvalue if self.gap_test else np.nan,
             )
         )
         for t in self.tests_frame().itertuples():
             rows.append(_row("test", t.test, statistic=t.statistic, df=t.df, pvalue=t.pvalue))
-        rows.append(_row("period", "detected_period", estimate=self.period.period))
+        if self.period is not None:
+            rows.append(_row("period", "detected_period", estimate=self.period.period))
         cols = ["section", "quantity", "index", "estimate", "ci_low", "ci_high", "statistic", "df", "pvalue"]
         return pd.DataFrame(rows).reindex(columns=cols).astype({"index": "Int64", "df": "Int64"})
 
@@ -211,37 +230,49 @@ class PhaseBattery:
         """A few readable lines; accuracies and gaps in percent."""
         pc = int(round(100 * self.level))
         phases = ", ".join(
-            f"{p}: {_pct(a)} [{_pct(lo)}, {_pct(hi)}]"
-            for p, (a, lo, hi) in enumerate(zip(self.phase_accuracy, self.phase_ci_low, self.phase_ci_high))
+            f"{p}: {_pct(self.phase_accuracy[p])} [{_pct(self.phase_ci_low[p])}, {_pct(self.phase_ci_high[p])}]"
+            for p in np.flatnonzero(self.phase_n)
         )
         g = self.gap_ci
         ci = (f", {pc}% CI [{_pct(g.ci_low)}, {_pct(g.ci_high)}], one-sided upper {_pct(g.upper_bound)}"
               if g else "")
-        h = self.harmonic
+        boundary = (f"boundary {self.stride - 1} ({_pct(self.boundary_accuracy)}%)" if self.phase_n[-1]
+                    else f"boundary {self.stride - 1} not tested")
         lines = [
             f"Phase battery: stride {self.stride}, modulus {self.modulus}, {int(self.n.sum())} trials",
             *([f"  input: {self.input_note}"] if self.input_note else []),
+            *([f"  tested: {self.subset.describe()}"] if not self.complete else []),
             "  residue accuracy %: " + " ".join(_pct(a) for a in self.accuracy),
             f"  phase accuracy % [{pc}% Wilson]: {phases}",
             f"  mean {_pct(self.mean_accuracy)}%; per residue: worst {self.worst_residue} "
             f"({_pct(self.worst_residue_accuracy)}%), best {self.best_residue} ({_pct(self.best_residue_accuracy)}%), "
             f"gap {_pct(self.residue_gap)} pp",
             f"  per phase: worst {self.worst_phase} ({_pct(self.worst_accuracy)}%), "
-            f"best {self.best_phase} ({_pct(self.best_accuracy)}%), "
-            f"boundary {self.stride - 1} ({_pct(self.boundary_accuracy)}%), "
+            f"best {self.best_phase} ({_pct(self.best_accuracy)}%), {boundary}, "
             f"folded gap {_pct(self.phase_gap)} pp",
-            f"  folded gap: permutation p={fmt_p(self.gap_test.pvalue)}, "
-            f"null mean {_pct(self.gap_test.null_mean)} pp{ci}",
-            f"  omnibus: chi2={self.chi2.statistic:.2f} (df {self.chi2.df}) p={fmt_p(self.chi2.pvalue)}; "
-            f"G={self.g.statistic:.2f} p={fmt_p(self.g.pvalue)}",
-            f"  nested mod {self.modulus} vs mod {self.stride}: G={self.nested.statistic:.3f} "
-            f"(df {self.nested.df}) p={fmt_p(self.nested.pvalue)}",
-            f"  harmonic fraction {h.fraction:.4f} (null {h.null_fraction:.4f}) p={fmt_p(h.pvalue)}",
-            f"  detected period: {self.period.period} ({self.period.status}"
-            + (f"; candidates {list(self.period.candidates)}" if self.period.status == "ambiguous" else "")
-            + f"; alpha {self.alpha})",
         ]
+        if (gt := self.gap_test) is not None:
+            lines.append(f"  folded gap: permutation p={fmt_p(gt.pvalue)}, null mean {_pct(gt.null_mean)} pp{ci}")
+        if self.chi2 is not None and self.g is not None:
+            lines.append(f"  omnibus: chi2={self.chi2.statistic:.2f} (df {self.chi2.df}) p={fmt_p(self.chi2.pvalue)}; "
+                         f"G={self.g.statistic:.2f} p={fmt_p(self.g.pvalue)}")
+        if (n := self.nested) is not None:
+            what = (f"mod {self.modulus} vs mod {self.stride}" if self.complete
+                    else f"{self.residues.size} residues vs their {np.count_nonzero(self.phase_n)} phases")
+            lines.append(f"  nested {what}: G={n.statistic:.3f} (df {n.df}) p={fmt_p(n.pvalue)}")
+        if (h := self.harmonic) is not None:
+            lines.append(f"  harmonic fraction {h.fraction:.4f} (null {h.null_fraction:.4f}) p={fmt_p(h.pvalue)}")
+        if (pr := self.period) is not None:
+            lines.append(f"  detected period: {pr.period} ({pr.status}"
+                         + (f"; candidates {list(pr.candidates)}" if pr.status == "ambiguous" else "")
+                         + f"; alpha {self.alpha})")
+        lines.extend(f"  not run: {name}: {why}" for name, why in self.skipped.items())
         return "\n".join(lines)
+
+    @property
+    def subset(self) -> ResidueSubset:
+        """The residues tested, as a :class:`~phaselens.stats.subset.ResidueSubset`."""
+        return ResidueSubset(np.array(self.residues), self.stride, self.modulus)
 
     def __repr__(self) -> str:
         return self.summary()
@@ -253,6 +284,7 @@ def phase_battery(
     stride: int,
     modulus: int | None = None,
     *,
+    residues: ArrayLike | None = None,
     alpha: float = 0.05,
     level: float = 0.95,
     n_permutations: int = 9999,
@@ -269,9 +301,14 @@ def phase_battery(
         correct: ``(M,)`` correct answers per residue (residue r = (t − origin) mod M), or accuracies: values
             with decimals are read as percentages (any above 1) or fractions and rounded to whole counts with
             ``n``; every printed value must be reproduced (:func:`~phaselens.stats.published.counts_from_accuracy`).
-        n: an int, or ``(M,)`` trials per residue.
+            With ``residues``, one entry per listed residue.
+        n: an int, or ``(M,)`` trials per residue (``(K,)`` with ``residues``).
         stride: S; M must be a multiple of S.
-        modulus: M; defaults to ``len(correct)`` and, when given, must equal it.
+        modulus: M; defaults to ``len(correct)`` and, when given, must equal it (with ``residues``: defaults
+            to ``max(residues) + 1`` rounded up to a multiple of S).
+        residues: the residues the counts belong to, when only some of 0..M−1 were tested. The tests then run
+            on the residues present (:mod:`phaselens.stats.subset`); those that need the whole cycle are
+            ``None`` and ``skipped`` says why.
         alpha: level for rejections and period detection.
         level: confidence level of the Wilson and bootstrap intervals.
         n_permutations: permutations for the gap and harmonic p-values.
@@ -286,33 +323,69 @@ def phase_battery(
         (40.23, 4, 3)
         >>> round(100 * b.worst_residue_accuracy, 2), round(100 * b.best_residue_accuracy, 2)
         (29.69, 69.92)
+        >>> sub = phase_battery([112, 178, 169, 76], 256, stride=4, modulus=8, residues=[0, 1, 2, 3],
+        ...                     n_permutations=999)
+        >>> sub.nested is None, sub.period is None, sorted(sub.skipped)
+        (True, True, ['harmonic', 'nested', 'period'])
     """
     c, t, note = counts_from_accuracy(correct, n, scale)
     if c.ndim != 1:
         raise ResidueError(f"correct must be 1-D, one count per residue, got shape {c.shape}.")
-    m = c.size if modulus is None else modulus
-    stride, m = check_stride(stride, m)
-    if m != c.size:
-        raise ResidueError(
-            f"modulus {m} but correct has {c.size} residues; pass one count per residue 0..{m - 1} "
-            "(use fold_counts to fold a longer table first)."
-        )
+    if residues is None:
+        m = c.size if modulus is None else modulus
+        stride, m = check_stride(stride, m)
+        if m != c.size:
+            raise ResidueError(
+                f"modulus {m} but correct has {c.size} residues; pass one count per residue 0..{m - 1} "
+                "(use fold_counts to fold a longer table first, or residues= for a subset)."
+            )
+        sub = residue_subset(None, stride, m)
+    else:
+        r = np.asarray(residues)
+        if r.ndim != 1 or r.size != c.size:
+            raise ResidueError(f"residues has {r.size} entries but correct has {c.size}; pass one residue per count.")
+        if modulus is None:
+            _, stride, modulus = resolve_residues(r, stride, None)
+        sub = residue_subset(r, stride, modulus)
+        order = np.argsort(r, kind="stable")
+        c, t = c[order], t[order]
     alpha, level = check_alpha(alpha), check_level(level)
     b = check_draws(n_permutations, "n_permutations")
-    boot = None if n_bootstrap == 0 else check_draws(n_bootstrap, "n_bootstrap")
+    boot = None if n_bootstrap == 0 else max(check_draws(n_bootstrap, "n_bootstrap"), MIN_DRAWS)
+    return count_battery(c, t, sub, alpha=alpha, level=level, n_permutations=b, n_draws=boot, seed=seed,
+                         input_note=note)
+
+
+def count_battery(c: np.ndarray, t: np.ndarray, sub: ResidueSubset, *, alpha: float, level: float,
+                  n_permutations: int, n_draws: int | None, seed: int, input_note: str | None = None) -> PhaseBattery:
+    """:func:`phase_battery` on validated counts ``(K,)`` at ``sub.residues`` (``n_draws=None``: no gap CI)."""
+    stride, b = sub.stride, n_permutations
     lo, hi = wilson_ci(c, t, level)
-    pc, pn = fold(c, stride), fold(t, stride)
-    pa = pc / pn
-    plo, phi = wilson_ci(pc, pn, level)
-    gap_test = gap_permutation_test(c, t, stride, n_permutations=b, seed=seed)
+    pc, pn = sub.fold_all(c), sub.fold_all(t)
+    tested = pn > 0
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pa = np.where(tested, pc / np.maximum(pn, 1), np.nan)
+    plo, phi = np.full(stride, np.nan), np.full(stride, np.nan)
+    plo[tested], phi[tested] = wilson_ci(pc[tested], pn[tested], level)
+    acc = c / t
+    if sub.complete:
+        gap_test = gap_permutation_test(c, t, stride, n_permutations=b, seed=seed)
+        tests: dict[str, Any] = dict(
+            chi2=chi2_test(c, t), g=g_test(c, t), nested=nested_fold_test(c, t, stride),
+            harmonic=harmonic_fraction(c, t, stride, n_permutations=b, seed=seed), gap_test=gap_test,
+            gap_ci=None if n_draws is None else gap_ci(c, t, stride, level=level, n_draws=n_draws, seed=seed),
+            period=detect_period(c, t, alpha=alpha), skipped={},
+        )
+    else:
+        tests = count_tests(c, t, sub, n_permutations=b, seed=seed, level=level, n_draws=n_draws)
     return PhaseBattery(
         stride=stride,
-        modulus=m,
+        modulus=sub.modulus,
         alpha=alpha,
         level=level,
         correct=c,
         n=t,
-        accuracy=c / t,
+        accuracy=acc,
         ci_low=lo,
         ci_high=hi,
         phase_correct=pc,
@@ -321,25 +394,18 @@ def phase_battery(
         phase_ci_low=plo,
         phase_ci_high=phi,
         mean_accuracy=float(c.sum() / t.sum()),
-        worst_phase=int(np.argmin(pa)),
-        worst_accuracy=float(pa.min()),
-        best_phase=int(np.argmax(pa)),
-        best_accuracy=float(pa.max()),
+        worst_phase=int(np.nanargmin(pa)),
+        worst_accuracy=float(np.nanmin(pa)),
+        best_phase=int(np.nanargmax(pa)),
+        best_accuracy=float(np.nanmax(pa)),
         boundary_accuracy=float(pa[-1]),
-        residue_gap=float(np.ptp(c / t)),
-        phase_gap=gap_test.statistic,
-        chi2=chi2_test(c, t),
-        g=g_test(c, t),
-        nested=nested_fold_test(c, t, stride),
-        harmonic=harmonic_fraction(c, t, stride, n_permutations=b, seed=seed),
-        gap_test=gap_test,
-        gap_ci=None
-        if boot is None
-        else gap_ci(c, t, stride, level=level, n_draws=max(boot, MIN_DRAWS), seed=seed),
-        period=detect_period(c, t, alpha=alpha),
-        worst_residue=int(np.argmin(c / t)),
-        worst_residue_accuracy=float((c / t).min()),
-        best_residue=int(np.argmax(c / t)),
-        best_residue_accuracy=float((c / t).max()),
-        input_note=note,
+        residue_gap=float(np.ptp(acc)),
+        phase_gap=float(np.nanmax(pa) - np.nanmin(pa)),
+        worst_residue=int(sub.residues[np.argmin(acc)]),
+        worst_residue_accuracy=float(acc.min()),
+        best_residue=int(sub.residues[np.argmax(acc)]),
+        best_residue_accuracy=float(acc.max()),
+        input_note=input_note,
+        residues=np.array(sub.residues),
+        **tests,
     )

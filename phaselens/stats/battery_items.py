@@ -3,20 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
-from phaselens.stats._checks import check_draws
-from phaselens.stats.battery import PhaseBattery, _pct, _row, phase_battery
+from phaselens.stats._checks import check_alpha, check_draws, check_level
+from phaselens.stats.battery import PhaseBattery, _pct, _row, count_battery
 from phaselens.stats.continuous import ContinuousResult, continuous_phase_tests
-from phaselens.stats.gapci import MIN_DRAWS, item_gap_ci
+from phaselens.stats.gapci import MIN_DRAWS, item_interval
 from phaselens.stats.items import DEFAULT_METRICS, item_table
 from phaselens.stats.omnibus import cochran_q
 from phaselens.stats.paired import nested_cochran_q
 from phaselens.stats.period import PeriodResult, detect_period_paired
 from phaselens.stats.resampling import within_item_permutation_test
 from phaselens.stats.results import GapInterval, PermutationResult, TestResult, fmt_p
+from phaselens.stats.subset import paired_tests
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -28,7 +29,7 @@ class ItemBattery:
         n_items: distinct item ids.
         design: ``"paired"`` (every item once at every residue) or ``"unpaired"``.
         pairing_note: why the design is not paired (``None`` when it is).
-        cochran: Cochran's Q over the M residues (paired designs only).
+        cochran: Cochran's Q over the residues tested (paired designs only).
         cochran_skipped: why Cochran's Q was not run.
         within_item: within-item permutation test of the folded gap (paired designs only).
         within_item_skipped: why it was not run.
@@ -37,9 +38,11 @@ class ItemBattery:
             ``None`` when ``n_bootstrap=0``.
         continuous: one :class:`ContinuousResult` per continuous metric present in the frame.
         omnibus: the omnibus test the decisions use: Cochran's Q when paired, else the count battery's G.
-        nested: the nested test (mod M vs mod S) the decisions use: nested Cochran when paired, else nested G.
+        nested: the nested test (mod M vs mod S) the decisions use: nested Cochran when paired, else nested G
+            (``None`` on a subset of residues where each phase tested holds one residue).
         period: the period detection the decisions use (paired detector when paired, else the count
-            battery's).
+            battery's); ``None`` on a subset of residues (it needs the whole cycle).
+        skipped: test name → why it is ``None`` (the count battery's reasons included).
     """
 
     counts: PhaseBattery
@@ -52,9 +55,10 @@ class ItemBattery:
     within_item_skipped: str | None
     gap_ci: GapInterval | None
     continuous: tuple[ContinuousResult, ...]
-    omnibus: TestResult
-    nested: TestResult
-    period: PeriodResult
+    omnibus: TestResult | None
+    nested: TestResult | None
+    period: PeriodResult | None
+    skipped: dict[str, str] = field(default_factory=dict)
 
     def metric(self, name: str) -> ContinuousResult:
         """The continuous result for metric ``name``."""
@@ -74,11 +78,12 @@ class ItemBattery:
             else _row("test", "cochran_q", statistic=q.statistic, df=q.df, pvalue=q.pvalue)
         )
         paired = self.design == "paired"
-        if paired:
-            n = self.nested
+        if paired and (n := self.nested) is not None:
             extra.append(_row("test", n.name, statistic=n.statistic, df=n.df, pvalue=n.pvalue))
-        extra.append(_row("period", "detected_period (decision)", estimate=self.period.period,
-                          note=f"{self.period.status}; {'paired' if paired else 'count'} tests"))
+        if self.period is not None:
+            extra.append(_row("period", "detected_period (decision)", estimate=self.period.period,
+                              note=f"{self.period.status}; {'paired' if paired else 'count'} tests"))
+        extra.extend(_row("not run", name, note=why) for name, why in self.skipped.items())
         w = self.within_item
         name = "folded_gap permutation (within-item)"
         extra.append(
@@ -115,11 +120,12 @@ class ItemBattery:
         if self.pairing_note:
             lines[-1] += f" ({self.pairing_note})"
         if self.cochran is not None:
-            n = self.nested
+            n, pr = self.nested, self.period
             lines.append(
                 f"  paired tests (these decide): Cochran's Q={self.cochran.statistic:.2f} (df {self.cochran.df}) "
-                f"p={fmt_p(self.cochran.pvalue)}; nested Cochran Q={n.statistic:.3f} (df {n.df}) "
-                f"p={fmt_p(n.pvalue)}; period {self.period.period} ({self.period.status})"
+                f"p={fmt_p(self.cochran.pvalue)}"
+                + ("" if n is None else f"; nested Cochran Q={n.statistic:.3f} (df {n.df}) p={fmt_p(n.pvalue)}")
+                + ("" if pr is None else f"; period {pr.period} ({pr.status})")
             )
         else:
             lines.append(f"  Cochran's Q skipped: {self.cochran_skipped}")
@@ -155,6 +161,7 @@ def phase_battery_items(
     n_permutations: int = 9999,
     n_bootstrap: int = 2000,
     seed: int = 0,
+    residues: Sequence[int] | None = None,
 ) -> ItemBattery:
     """Run the battery on per-item rows.
 
@@ -162,41 +169,45 @@ def phase_battery_items(
         frame: one row per (item, residue) outcome with columns ``item_id``, ``residue`` (0..M−1) and
             ``correct`` (0/1 or bool); optional continuous columns named in ``metrics``.
         stride: S.
-        modulus: M; default ``max(residue) + 1`` rounded up to a multiple of S. Every residue needs rows.
+        modulus: M; default ``max(residue) + 1`` rounded up to a multiple of S. Every residue needs rows,
+            unless ``residues`` lists the ones the design covers.
         metrics: continuous columns to test when present (default ``nll`` and ``logit_diff``).
         alpha, level, n_permutations, n_bootstrap, seed: as in :func:`phase_battery`.
+        residues: the residues the design covers when it covers only some of 0..M−1 (each needs rows, and
+            no row may lie outside them). The tests then run over the residues present
+            (:mod:`phaselens.stats.subset`): pairing means every item once at every listed residue; the
+            nested test and period detection are ``None`` where undefined, with the reason in ``skipped``.
 
     The count battery runs on the per-residue totals. In a paired design (every item exactly once at every
     residue) the decisions use tests that respect the pairing: Cochran's Q (omnibus), the nested Cochran test
     (mod M vs mod S) and :func:`~phaselens.stats.period.detect_period_paired`; continuous metrics use Friedman.
     Otherwise the paired tests are skipped, the result says why, and the decisions are the count battery's.
     """
-    tab = item_table(frame, stride, modulus, metrics)
+    tab = item_table(frame, stride, modulus, metrics, residues)
+    sub = tab.subset
     b = check_draws(n_permutations, "n_permutations")
+    alpha, level = check_alpha(alpha), check_level(level)
     c, n = tab.counts()
-    counts = phase_battery(
-        c, n, tab.stride, tab.modulus, alpha=alpha, level=level, n_permutations=b, n_bootstrap=0, seed=seed
-    )
+    counts = count_battery(c, n, sub, alpha=alpha, level=level, n_permutations=b, n_draws=None, seed=seed)
+    skipped = dict(counts.skipped)
     cochran = within = None
     omnibus, nested, period = counts.g, counts.nested, counts.period
     if tab.paired:
         m = tab.matrix(tab.correct)
-        cochran = cochran_q(m)
-        within = within_item_permutation_test(m, tab.stride, n_permutations=b, seed=seed)
-        omnibus, nested = cochran, nested_cochran_q(m, tab.stride)
-        period = detect_period_paired(m, alpha=alpha)
+        if sub.complete:
+            cochran = cochran_q(m)
+            within = within_item_permutation_test(m, tab.stride, n_permutations=b, seed=seed)
+            nested = nested_cochran_q(m, tab.stride)
+            period = detect_period_paired(m, alpha=alpha)
+        else:
+            paired = paired_tests(m, sub, n_permutations=b, seed=seed)
+            cochran, within, nested = paired["cochran"], paired["within_item"], paired["nested"]
+            skipped.update(paired["skipped"])
+        omnibus = cochran
     ci = None
-    if n_bootstrap:
-        ci = item_gap_ci(
-            tab.item,
-            tab.residue,
-            tab.correct,
-            tab.stride,
-            tab.modulus,
-            level=level,
-            n_draws=max(n_bootstrap, MIN_DRAWS),
-            seed=seed,
-        )
+    if n_bootstrap and sub.phases.size >= 2:
+        ci = item_interval(tab.item, tab.residue, tab.correct, tab.stride, sub.phases, level=level,
+                           n_draws=max(check_draws(n_bootstrap, "n_bootstrap"), MIN_DRAWS), seed=seed)
     continuous = tuple(
         continuous_phase_tests(
             v,
@@ -209,19 +220,23 @@ def phase_battery_items(
             seed=seed,
         )
         for name, v in tab.metrics.items()
+        if sub.phases.size >= 2
     )
+    if sub.phases.size < 2:
+        skipped["continuous"] = "one phase tested: nothing to compare across phases"
     return ItemBattery(
         counts=counts,
         n_items=tab.n_items,
         design="paired" if tab.paired else "unpaired",
         pairing_note=tab.pairing_note,
         cochran=cochran,
-        cochran_skipped=tab.pairing_note,
+        cochran_skipped=tab.pairing_note or skipped.get("cochran"),
         within_item=within,
-        within_item_skipped=tab.pairing_note,
+        within_item_skipped=tab.pairing_note or skipped.get("within_item"),
         gap_ci=ci,
         continuous=continuous,
         omnibus=omnibus,
         nested=nested,
         period=period,
+        skipped=skipped,
     )

@@ -26,10 +26,10 @@ from scipy import stats
 
 from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_draws, check_values, readonly, resolve_residues
-from phaselens.stats.folding import fold
 from phaselens.stats.items import item_codes, paired_matrix, pairing
 from phaselens.stats.resampling import within_item_permutation_test
 from phaselens.stats.results import PermutationResult, TestResult, fmt_p
+from phaselens.stats.subset import residue_subset
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -126,6 +126,24 @@ def _ptp_of_means(*samples: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.ptp(np.stack([s.mean(axis=axis) for s in samples]), axis=0)
 
 
+def ptp_permutation(groups: list[np.ndarray], n_permutations: int, seed: int) -> tuple[float, float, np.ndarray]:
+    """Unpaired Monte Carlo permutation test of ``max - min`` of the group means, for any group sizes.
+
+    scipy's ``permutation_test`` refuses a group of one observation (a residue subset with one item per
+    residue); this draws the same null: the pooled values ``[N]`` shuffled ``n_permutations`` times with the
+    group sizes fixed, all at once as ``[n_permutations, N]``. Returns ``(statistic, p-value, null)``, the
+    p-value ``(1 + #{null >= observed}) / (n_permutations + 1)`` with scipy's relative tolerance for ties.
+    """
+    v = np.concatenate(groups).astype(float)
+    labels = np.repeat(np.arange(len(groups)), [g.size for g in groups])
+    one_hot = (labels[:, None] == np.arange(len(groups))[None, :]) / np.bincount(labels)  # [N, k]
+    observed = float(np.ptp(v @ one_hot))
+    rng = np.random.default_rng(seed)
+    null = np.ptp(rng.permuted(np.broadcast_to(v, (n_permutations, v.size)), axis=1) @ one_hot, axis=1)
+    tol = observed * 1e-14 if observed else 1e-14
+    return observed, float((1 + np.count_nonzero(null >= observed - tol)) / (n_permutations + 1)), null
+
+
 def continuous_phase_tests(
     values: ArrayLike | int | float,
     residues: ArrayLike | int | float,
@@ -162,21 +180,28 @@ def continuous_phase_tests(
     groups = [v[phase == p] for p in range(stride) if phase_n[p]]
     kruskal = _guarded("kruskal", len(groups) - 1, stats.kruskal, *groups)
 
+    sub = residue_subset(np.unique(r), stride, modulus)  # pairing is judged over the residues with rows
     note = "no item_ids given" if item_ids is None else None
     if item_ids is not None:
         item = item_codes(item_ids, r.size)
-        note = pairing(item, r, modulus)
+        note = pairing(item, sub.column(r), sub.residues.size, sub.residues)
     friedman, wilcoxon, skipped = None, None, note
     if note is None:
-        m = paired_matrix(item, r, v, modulus)
-        per_phase = fold(m, stride) / (modulus // stride)  # (items, S): each item's mean per phase
-        if stride < 3:
-            skipped = f"Friedman needs at least 3 phases, stride is {stride}; the Wilcoxon test replaces it"
-            if stride == 2:
+        m = paired_matrix(item, sub.column(r), v, sub.residues.size)
+        per_phase = sub.fold(m) / sub.residues_per_phase  # (items, k): each item's mean per phase present
+        k = sub.phases.size
+        if k < 3:
+            tested = f"stride is {stride}" if sub.complete else f"{k} phases tested"
+            skipped = f"Friedman needs at least 3 phases, {tested}; the Wilcoxon test replaces it"
+            if k == 2:
                 wilcoxon = _guarded("wilcoxon", 1, _wilcoxon, per_phase[:, 0], per_phase[:, 1])
         else:
-            friedman = _guarded("friedman", stride - 1, stats.friedmanchisquare, *per_phase.T)
-        perm = within_item_permutation_test(m, stride, n_permutations=b, seed=seed, name=metric)
+            friedman = _guarded("friedman", k - 1, stats.friedmanchisquare, *per_phase.T)
+        perm = within_item_permutation_test(m, stride, n_permutations=b, seed=seed, name=metric,
+                                            phases=None if sub.complete else sub.phase_of)
+    elif min(g.size for g in groups) < 2:
+        stat, pvalue, null = ptp_permutation(groups, b, seed)
+        perm = PermutationResult(metric, stat, pvalue, null.size, float(null.mean()), "unpaired")
     else:
         res = stats.permutation_test(
             groups,

@@ -21,6 +21,17 @@ def fold(x: np.ndarray, period: int) -> np.ndarray:
     return x.reshape(*x.shape[:-1], m // period, period).sum(axis=-2)
 
 
+def fold_by(x: np.ndarray, codes: np.ndarray, k: int) -> np.ndarray:
+    """Sum ``(..., K)`` along the last axis into ``(..., k)``: entry j sums the columns whose code is j.
+
+    The general form of :func:`fold` for columns that are any subset of residues (``codes`` ``(K,)`` in
+    0..k−1, e.g. each present residue's phase). Integer inputs stay exact (integer matmul).
+    """
+    dtype = np.int64 if x.dtype.kind in "biu" else np.float64
+    onehot = (np.asarray(codes)[:, None] == np.arange(k)[None, :]).astype(dtype)
+    return np.asarray(x, dtype=dtype) @ onehot
+
+
 def fold_counts(correct: ArrayLike | int | float, n: ArrayLike | int | float, period: int) -> tuple[np.ndarray, np.ndarray]:
     """Fold per-residue counts mod ``period``.
 

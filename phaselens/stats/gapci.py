@@ -160,21 +160,27 @@ def item_gap_ci(
     r, stride, modulus = resolve_residues(residues, stride, modulus)
     v = check_values(values, "values", r.size)
     item = item_codes(item_ids, r.size)
-    level = check_level(level)
-    b = check_draws(n_draws, "n_draws")
+    return item_interval(item, r, v, stride, np.arange(stride), level=check_level(level),
+                         n_draws=check_draws(n_draws, "n_draws"), seed=seed)
+
+
+def item_interval(item: np.ndarray, r: np.ndarray, v: np.ndarray, stride: int, phases: np.ndarray, *,
+                  level: float, n_draws: int, seed: int) -> GapInterval:
+    """:func:`item_gap_ci` on validated rows, over the given ``phases`` (all S, or those of a residue subset);
+    each of them needs rows."""
     n_items = int(item.max()) + 1
     idx = item * stride + r % stride
-    sums = np.bincount(idx, weights=v, minlength=n_items * stride).reshape(n_items, stride)
-    counts = np.bincount(idx, minlength=n_items * stride).reshape(n_items, stride).astype(np.float64)
+    sums = np.bincount(idx, weights=v, minlength=n_items * stride).reshape(n_items, stride)[:, phases]
+    counts = np.bincount(idx, minlength=n_items * stride).reshape(n_items, stride).astype(np.float64)[:, phases]
     rows = counts.sum(axis=0)
     if np.any(rows == 0):
-        empty = np.flatnonzero(rows == 0).tolist()
+        empty = np.asarray(phases)[rows == 0].tolist()
         raise StatsInputError(f"phases {empty} (mod {stride}) have no rows; every phase needs data for a gap.")
     binary = bool(np.all((v == 0) | (v == 1)))
     est, cov = item_moments(sums, counts, binary)
     crossed = bool(np.any((counts > 0).sum(axis=1) > 1))
     scheme = "item-cluster" if crossed else "items, one phase each"
-    return _interval(float(gap(sums.sum(axis=0) / rows)), est, cov, level, b, seed, scheme)
+    return _interval(float(gap(sums.sum(axis=0) / rows)), est, cov, level, n_draws, seed, scheme)
 
 
 def gap_bootstrap_ci(

@@ -16,6 +16,7 @@ from numpy.typing import ArrayLike
 
 from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_values, readonly, resolve_residues
+from phaselens.stats.subset import ResidueSubset, residue_subset
 
 REQUIRED_COLUMNS = ("item_id", "residue", "correct")
 DEFAULT_METRICS = ("nll", "logit_diff")
@@ -29,15 +30,18 @@ def item_codes(item_ids: ArrayLike | int | float, length: int) -> np.ndarray:
     return np.unique(ids, return_inverse=True)[1].ravel()
 
 
-def pairing(item: np.ndarray, residues: np.ndarray, modulus: int) -> str | None:
-    """``None`` when every item appears exactly once at every residue; otherwise the reason it does not."""
+def pairing(item: np.ndarray, residues: np.ndarray, modulus: int, names: np.ndarray | None = None) -> str | None:
+    """``None`` when every item appears exactly once at every residue; otherwise the reason it does not.
+
+    ``residues`` may be columns 0..K−1 of a residue subset, with ``names`` ``(K,)`` the residues they stand for.
+    """
     n_items = int(item.max()) + 1
     cells = np.zeros((n_items, modulus), dtype=np.int64)
     np.add.at(cells, (item, residues), 1)
     if np.any(cells > 1):
         i, r = np.argwhere(cells > 1)[0]
         return (
-            f"not paired: an item appears {cells[i, r]} times at residue {r}; "
+            f"not paired: an item appears {cells[i, r]} times at residue {r if names is None else names[r]}; "
             "each item needs one row per residue"
         )
     if np.any(cells == 0):
@@ -64,6 +68,7 @@ class ItemTable:
         metrics: continuous metrics present, name → ``(N,)`` floats.
         stride, modulus: S and M.
         pairing_note: ``None`` for a paired design, else why it is not paired.
+        subset: the residues the design covers (all of 0..M−1 unless ``residues=`` was passed).
     """
 
     item: np.ndarray
@@ -73,6 +78,7 @@ class ItemTable:
     stride: int
     modulus: int
     pairing_note: str | None
+    subset: ResidueSubset
 
     def __post_init__(self) -> None:
         readonly(self.item, self.residue, self.correct, *self.metrics.values())
@@ -85,31 +91,33 @@ class ItemTable:
     def n_items(self) -> int:
         return int(self.item.max()) + 1
 
+    @property
+    def column(self) -> np.ndarray:
+        """``(N,)`` each row's column among the residues covered (its residue when all are)."""
+        return self.subset.column(self.residue)
+
     def counts(self) -> tuple[np.ndarray, np.ndarray]:
-        """Per-residue ``(correct, n)``, each ``(M,)`` int64; residues without rows raise."""
-        n = np.bincount(self.residue, minlength=self.modulus)
-        if np.any(n == 0):
-            missing = np.flatnonzero(n == 0).tolist()
-            raise StatsInputError(
-                f"residues {missing} have no rows; every residue 0..{self.modulus - 1} needs items "
-                "(or pass a smaller modulus)."
-            )
-        c = np.bincount(self.residue, weights=self.correct, minlength=self.modulus)
+        """``(correct, n)`` at each residue covered (``subset.residues``), each ``(K,)`` int64."""
+        k = self.subset.residues.size
+        n = np.bincount(self.column, minlength=k)
+        c = np.bincount(self.column, weights=self.correct, minlength=k)
         return np.rint(c).astype(np.int64), n.astype(np.int64)
 
     def matrix(self, values: np.ndarray) -> np.ndarray:
-        """``(items, M)`` matrix of ``values`` for a paired design."""
+        """``(items, K)`` matrix of ``values`` for a paired design, one column per residue covered."""
         if not self.paired:
             raise StatsInputError(f"design is {self.pairing_note}")
-        return paired_matrix(self.item, self.residue, values, self.modulus)
+        return paired_matrix(self.item, self.column, values, self.subset.residues.size)
 
 
 def item_table(
-    frame: pd.DataFrame, stride: int, modulus: int | None = None, metrics: Sequence[str] = DEFAULT_METRICS
+    frame: pd.DataFrame, stride: int, modulus: int | None = None, metrics: Sequence[str] = DEFAULT_METRICS,
+    residues: ArrayLike | None = None,
 ) -> ItemTable:
     """Validate a per-item frame with columns ``item_id``, ``residue``, ``correct`` (+ optional metrics).
 
-    ``modulus`` defaults to ``max(residue) + 1`` rounded up to a multiple of ``stride``.
+    ``modulus`` defaults to ``max(residue) + 1`` rounded up to a multiple of ``stride``. Every residue
+    0..M−1 needs rows, or, with ``residues``, exactly the residues listed do (a design over a subset).
     """
     if not isinstance(frame, pd.DataFrame):
         raise StatsInputError(f"expected a pandas DataFrame, got {type(frame).__name__}.")
@@ -129,5 +137,21 @@ def item_table(
     found = {
         m: check_values(frame[m].to_numpy(), f"column {m!r}", residue.size) for m in metrics if m in frame
     }
+    sub = residue_subset(residues, stride, modulus)
+    has = np.zeros(modulus, bool)
+    has[residue] = True
+    listed = np.zeros(modulus, bool)
+    listed[sub.residues] = True
+    if np.any(has & ~listed):
+        extra = np.flatnonzero(has & ~listed).tolist()
+        raise StatsInputError(f"rows at residues {extra}, which residues={sub.residues.tolist()} leaves out; "
+                              "list every residue the rows cover.")
+    if np.any(listed & ~has):
+        missing = np.flatnonzero(listed & ~has).tolist()
+        hint = (f"pass residues={np.flatnonzero(has).tolist()} to test the residues present, or a smaller modulus"
+                if residues is None else "drop them from residues")
+        raise StatsInputError(f"residues {missing} have no rows; every residue "
+                              f"{'0..' + str(modulus - 1) if residues is None else 'listed'} needs items ({hint}).")
     item = item_codes(frame["item_id"].to_numpy(), residue.size)
-    return ItemTable(item, residue, correct, found, stride, modulus, pairing(item, residue, modulus))
+    note = pairing(item, sub.column(residue), sub.residues.size, sub.residues)
+    return ItemTable(item, residue, correct, found, stride, modulus, note, sub)

@@ -20,6 +20,7 @@ from scipy import stats
 
 from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_period
+from phaselens.stats.folding import fold_by
 from phaselens.stats.results import TestResult
 
 
@@ -44,20 +45,35 @@ def stratified_q(x: np.ndarray, period: int) -> tuple[np.ndarray, np.ndarray]:
         ``(q, informative)``: ``(..., P)`` statistics and whether the class had any discordant item (a class
         with none has Q = 0 and no degrees of freedom).
     """
-    m = x.shape[-1]
-    k = m // period
-    cls = x.reshape(*x.shape[:-1], k, period).astype(np.float64)  # (..., items, k, P)
-    col = cls.sum(axis=-3)  # (..., k, P) totals per residue
-    row = cls.sum(axis=-2)  # (..., items, P) each item's total within the class
-    total = col.sum(axis=-2)  # (..., P)
-    denom = k * total - (row**2).sum(axis=-2)
-    informative = denom > 0
-    num = (k - 1) * (k * (col**2).sum(axis=-2) - total**2)
-    q = np.where(informative, num / np.where(informative, denom, 1.0), 0.0)
+    q, informative, _ = stratified_q_by(x, np.arange(x.shape[-1]) % period, period)
     return q, informative
 
 
-def nested_cochran_q(matrix: ArrayLike | int | float, period: int) -> TestResult:
+def stratified_q_by(x: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Cochran's Q within each class of columns for classes of any sizes (columns of a residue subset).
+
+    Args:
+        x: ``(..., items, K)`` 0/1 outcomes.
+        codes: ``(K,)`` class of each column, in 0..k−1.
+        k: number of classes.
+
+    Returns:
+        ``(q, informative, size)``: ``(..., k)`` statistics, whether the class had a discordant item, and
+        ``(k,)`` columns per class (a one-column class is never informative).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    size = np.bincount(codes, minlength=k).astype(np.float64)
+    col = x.sum(axis=-2)  # (..., K) totals per column
+    row = fold_by(x, codes, k)  # (..., items, k) each item's total within the class
+    total = row.sum(axis=-2)  # (..., k)
+    denom = size * total - (row**2).sum(axis=-2)
+    informative = denom > 0
+    num = (size - 1) * (size * fold_by(col**2, codes, k) - total**2)
+    q = np.where(informative, num / np.where(informative, denom, 1.0), 0.0)
+    return q, informative, size
+
+
+def nested_cochran_q(matrix: ArrayLike | int | float, period: int, *, phases: ArrayLike | None = None) -> TestResult:
     """Paired nested test: do the M residues explain more than their phases mod ``period``?
 
     The paired counterpart of :func:`~phaselens.stats.periodicity.nested_fold_test`: the sum over the P classes
@@ -68,6 +84,9 @@ def nested_cochran_q(matrix: ArrayLike | int | float, period: int) -> TestResult
     Args:
         matrix: ``(items, M)`` 0/1 outcomes, item i at residue r.
         period: P dividing M. P = M leaves nothing to test (df 0, p 1).
+        phases: for a matrix over a subset of residues, ``(K,)`` the phase of each column: classes are the
+            phases present, of any sizes, with Σ(k_p − 1) df over the informative ones (default: the columns
+            are residues 0..M−1).
 
     Example:
         >>> x = np.array([[1, 0, 0, 0], [1, 1, 0, 1], [1, 0, 0, 0], [1, 0, 1, 0], [0, 1, 1, 0]])
@@ -76,6 +95,16 @@ def nested_cochran_q(matrix: ArrayLike | int | float, period: int) -> TestResult
     """
     x = binary_matrix(matrix)
     m = x.shape[1]
+    if phases is not None:
+        ph = np.asarray(phases).ravel()
+        if ph.size != m or ph.dtype.kind not in "iu":
+            raise StatsInputError(f"phases must give one integer phase per column ({m}), got {ph.tolist()!r}.")
+        present, codes = np.unique(ph, return_inverse=True)
+        q, informative, size = stratified_q_by(x, codes, present.size)
+        df = int(((size - 1) * informative).sum())
+        name = f"nested_cochran_{m}_vs_{present.size}"
+        stat = float(q.sum())
+        return TestResult(name, stat if df else 0.0, df, float(stats.chi2.sf(stat, df)) if df else 1.0)
     period = check_period(period, m)
     name = f"nested_cochran_{m}_vs_{period}"
     if period == m:

@@ -8,12 +8,14 @@ a stacked array.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from numpy.typing import ArrayLike
 
 from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_counts, check_draws, check_stride
-from phaselens.stats.folding import fold, folded_gap_from_counts, gap
+from phaselens.stats.folding import fold, fold_by, folded_gap_from_counts, gap
 from phaselens.stats.results import PermutationResult
 
 _CHUNK_ELEMENTS = 1 << 22  # cap on elements per batched draw (32 MB of float64)
@@ -41,8 +43,25 @@ def permuted_correct(
     return rng.multivariate_hypergeometric(t, int(c.sum()), size=n_permutations)
 
 
+def _folder(width: int, stride: int, phases: ArrayLike | None) -> tuple[Callable[[np.ndarray], np.ndarray], np.ndarray]:
+    """How to fold ``width`` columns onto phases, and how many columns each phase holds.
+
+    ``phases=None``: the columns are residues 0..M−1 (M = ``width``) and fold mod ``stride``. Otherwise
+    ``phases`` ``(width,)`` gives each column's phase (a subset of residues; see :mod:`phaselens.stats.subset`).
+    """
+    if phases is None:
+        stride, _ = check_stride(stride, width)
+        return (lambda x: fold(x, stride)), np.full(stride, width // stride)
+    ph = np.asarray(phases).ravel()
+    if ph.size != width or ph.dtype.kind not in "iu":
+        raise StatsInputError(f"phases must give one integer phase per column ({width}), got {ph.tolist()!r}.")
+    present, codes = np.unique(ph, return_inverse=True)
+    return (lambda x: fold_by(x, codes, present.size)), np.bincount(codes)
+
+
 def gap_permutation_test(
-    correct: ArrayLike | int | float, n: ArrayLike | int | float, stride: int, *, n_permutations: int = 9999, seed: int = 0
+    correct: ArrayLike | int | float, n: ArrayLike | int | float, stride: int, *, n_permutations: int = 9999,
+    seed: int = 0, phases: ArrayLike | None = None,
 ) -> PermutationResult:
     """Unpaired permutation test of the folded max−min gap.
 
@@ -52,6 +71,8 @@ def gap_permutation_test(
         stride: S; residues are folded mod S by summing counts.
         n_permutations: permuted tables.
         seed: seed for ``np.random.default_rng``.
+        phases: for counts over a subset of residues, ``(K,)`` the phase of each column; the gap is then
+            taken over the phases present (default: the columns are residues 0..M−1).
 
     Example:
         >>> r = gap_permutation_test([112, 178, 169, 76, 115, 179, 165, 84], 256, 4, n_permutations=999)
@@ -59,18 +80,18 @@ def gap_permutation_test(
         (0.3848, 0.001)
     """
     c, t = check_counts(correct, n)
-    stride, _ = check_stride(stride, c.shape[-1])
     b = check_draws(n_permutations, "n_permutations")
-    observed = float(folded_gap_from_counts(c, t, stride))
-    null = folded_gap_from_counts(permuted_correct(c, t, b, np.random.default_rng(seed)), t, stride)
+    if phases is None:
+        stride, _ = check_stride(stride, c.shape[-1])
+        observed = float(folded_gap_from_counts(c, t, stride))
+        null = folded_gap_from_counts(permuted_correct(c, t, b, np.random.default_rng(seed)), t, stride)
+    else:
+        f, _ = _folder(c.shape[-1], stride, phases)
+        observed = float(gap(f(c) / f(t)))
+        null = gap(f(permuted_correct(c, t, b, np.random.default_rng(seed))) / f(t))
     return PermutationResult(
         "folded_gap", observed, permutation_pvalue(observed, null), b, float(null.mean()), "unpaired"
     )
-
-
-def _phase_sum_gap(matrix: np.ndarray, stride: int) -> np.ndarray:
-    """Folded gap of ``(..., items, M)`` matrices, in sums: divide by the rows per phase for means."""
-    return gap(fold(matrix.sum(axis=-2), stride))
 
 
 def within_item_permutation_test(
@@ -80,6 +101,7 @@ def within_item_permutation_test(
     n_permutations: int = 9999,
     seed: int = 0,
     name: str = "folded_gap",
+    phases: ArrayLike | None = None,
 ) -> PermutationResult:
     """Paired permutation test of the folded max−min gap: each item's outcomes are shuffled across residues.
 
@@ -92,6 +114,8 @@ def within_item_permutation_test(
         n_permutations: permutations drawn.
         seed: seed for ``np.random.default_rng``.
         name: label of the statistic in the result.
+        phases: for a matrix over a subset of residues, ``(K,)`` the phase of each column; the gap is then
+            taken over the phases present (default: the columns are residues 0..M−1).
 
     Returns:
         A :class:`PermutationResult` whose statistic is the max−min of phase means.
@@ -101,17 +125,23 @@ def within_item_permutation_test(
         raise StatsInputError(f"matrix must be 2-D [items, residues] and non-empty, got shape {x.shape}.")
     if not np.all(np.isfinite(x)):
         raise StatsInputError("matrix contains NaN or inf; drop or impute those items first.")
-    stride, _ = check_stride(stride, x.shape[1])
+    f, per_phase = _folder(x.shape[1], stride, phases)
     b = check_draws(n_permutations, "n_permutations")
     rng = np.random.default_rng(seed)
-    scale = x.shape[0] * (x.shape[1] // stride)  # rows per phase, to turn sums into means
-    observed = float(_phase_sum_gap(x, stride)) / scale
+    if phases is None:  # equal rows per phase: fold the sums, scale once
+        scale = x.shape[0] * (x.shape[1] // stride)
+
+        def stat(a: np.ndarray) -> np.ndarray:
+            return gap(f(a.sum(axis=-2))) / scale
+    else:
+        rows = x.shape[0] * per_phase  # rows per phase, to turn sums into means
+
+        def stat(a: np.ndarray) -> np.ndarray:
+            return gap(f(a.sum(axis=-2)) / rows)
+    observed = float(stat(x))
     chunk = max(1, _CHUNK_ELEMENTS // x.size)
     null = np.concatenate(
-        [
-            _phase_sum_gap(rng.permuted(np.broadcast_to(x, (k, *x.shape)), axis=-1), stride) / scale
-            for k in np.diff(np.r_[0:b:chunk, b])
-        ]
+        [stat(rng.permuted(np.broadcast_to(x, (k, *x.shape)), axis=-1)) for k in np.diff(np.r_[0:b:chunk, b])]
     )
     return PermutationResult(
         name, observed, permutation_pvalue(observed, null), b, float(null.mean()), "within-item"

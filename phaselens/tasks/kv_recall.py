@@ -22,21 +22,17 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from phaselens.errors import ResidueError, TaskError
+from phaselens.errors import ResidueError
 from phaselens.geometry import PhaseSpec
 from phaselens.tasks import layout
 from phaselens.tasks.base import TaskBatch, as_long
-from phaselens.tasks.design import PositionDesign
+from phaselens.tasks.placement import RecordsTask, check_records, draw_records, place_records
 from phaselens.tasks.registry import SerializableTask, register_task
 from phaselens.tasks.residues import (
-    check_count,
     check_modulus,
     check_positive,
-    check_residues,
     check_seed,
     check_target_records,
-    expand_items,
-    geometry_frame,
     set_flag,
     set_ints,
 )
@@ -47,7 +43,7 @@ PAD_ID, BOS_ID, QUERY_ID = 0, 1, 2
 
 @register_task
 @dataclass(frozen=True)
-class KVRecall(SerializableTask):
+class KVRecall(RecordsTask, SerializableTask):
     """Single-token key -> value recall among R records, with demonstrations.
 
     Args:
@@ -91,18 +87,7 @@ class KVRecall(SerializableTask):
             raise ResidueError(f"modulus must be a positive integer, got {self.modulus!r}.")
         object.__setattr__(self, "modulus", int(self.modulus))
         set_flag(self, "paired")
-        if self.padding not in layout.SCHEMES:
-            raise TaskError(f"padding must be one of {layout.SCHEMES}, got {self.padding!r}.")
-        if self.n_records > min(self.n_keys, self.n_values):
-            raise TaskError(
-                f"n_records={self.n_records} needs as many distinct keys and values; "
-                f"n_keys={self.n_keys}, n_values={self.n_values}."
-            )
-        if self.n_demos > self.n_records - 2:
-            raise TaskError(
-                f"n_demos={self.n_demos} exceeds n_records - 2 = {self.n_records - 2} (demos skip the target "
-                "and the distractor record)."
-            )
+        check_records(self.padding, self.n_records, self.n_keys, self.n_values, self.n_demos)
         object.__setattr__(self, "target_records", check_target_records(self.target_records))
         self.plan()  # validates target_records' range
 
@@ -160,14 +145,6 @@ class KVRecall(SerializableTask):
         plan = self.plan(spec)
         return plan.end + self._tail(plan) + 3 * self.n_demos + 2
 
-    def design(self, spec: PhaseSpec | None = None) -> PositionDesign:
-        """The target-key design (slots of t_K per residue)."""
-        return self.plan(spec).design
-
-    def design_pmf(self, residue: int, spec: PhaseSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Exact pmf of t_K at ``residue``: ``(support [n] int64, probabilities [n] float64)``."""
-        return self.design(spec).pmf(residue)
-
     # ---- assembly ----------------------------------------------------------------------------------
     def _assemble(
         self,
@@ -178,30 +155,16 @@ class KVRecall(SerializableTask):
         n_base: int,
     ) -> dict[str, np.ndarray]:
         """Token arrays for rows ``base [N]`` (base item per row) placed at ``residues [N]``."""
-        r, d = self.n_records, self.n_demos
+        d = self.n_demos
         tail = self._tail(plan)
         # Base content: everything that a paired design keeps fixed across residues.
-        keys = np.argsort(rng.random((n_base, self.n_keys)), axis=1)[:, :r] + self.key_ids.start
-        values = np.argsort(rng.random((n_base, self.n_values)), axis=1)[:, :r] + self.value_ids.start
-        target = rng.integers(plan.target_lo, plan.target_hi + 1, n_base)
-        neighbour = np.where(target < r - 1, target + 1, target - 1)
-        pick = rng.random((n_base, r))
-        pick[np.arange(n_base), target] = 2.0
-        pick[np.arange(n_base), neighbour] = 2.0
-        demos = np.argsort(pick, axis=1)[:, :d]
+        rec = draw_records(rng, n_base, plan, self.n_keys, self.n_values, d)
+        keys, values = rec.keys + self.key_ids.start, rec.values + self.value_ids.start
         stream = rng.integers(self.filler_ids.start, self.filler_ids.stop, (n_base, plan.n_filler + tail))
-        blocks = layout.random_blocks(rng, n_base, plan) if self.padding == "prefix" else None
-        z, v = plan.design.draw(rng, n_base)
-
         # Rows: place each base item's target at its residue.
-        t_key = plan.design.place(residues, z[base], v[base])
-        tgt = target[base]
-        if blocks is not None:
-            is_record, in_block = layout.arrange_prefix(plan, blocks[base], tgt, t_key)
-        else:
-            is_record, in_block = layout.arrange_in_sequence(plan, rng, tgt, t_key)
-        starts, fill_slots = layout.unit_slots(plan, is_record)
-        fill_idx = layout.filler_order(plan, is_record, in_block)
+        pl = place_records(rng, plan, self.padding, n_base, base, residues, rec.target)
+        t_key, tgt, starts, fill_slots = pl.t_key, pl.target, pl.starts, pl.fill_slots
+        fill_idx = layout.filler_order(plan, pl.is_record, pl.in_block)
 
         n = base.size
         t = plan.end + tail + 3 * d + 2
@@ -214,19 +177,17 @@ class KVRecall(SerializableTask):
         tokens[rows, starts + 1] = values[base]
         demo_at = plan.end + tail + 3 * np.arange(d)
         tokens[:, demo_at] = QUERY_ID
-        tokens[:, demo_at + 1] = np.take_along_axis(keys, demos, 1)[base]
-        tokens[:, demo_at + 2] = np.take_along_axis(values, demos, 1)[base]
+        tokens[:, demo_at + 1] = np.take_along_axis(keys, rec.demos, 1)[base]
+        tokens[:, demo_at + 2] = np.take_along_axis(values, rec.demos, 1)[base]
         tokens[:, t - 2] = QUERY_ID
         tokens[:, t - 1] = keys[base, tgt]
-        if not np.array_equal(starts[np.arange(n), tgt], t_key):
-            raise TaskError("internal: the target record is not at its designed slot; please report this.")
         return {
             "tokens": tokens,
             "t_key": t_key,
             "target": tgt,
             "key": keys[base, tgt],
             "answer": values[base, tgt],
-            "wrong": values[base, neighbour[base]],
+            "wrong": values[base, rec.neighbour[base]],
             "demo_pos": np.broadcast_to(demo_at + 1, (n, d)),
         }
 
@@ -238,26 +199,13 @@ class KVRecall(SerializableTask):
         Returns a :class:`TaskBatch` with ``N = n_per_residue * len(residues)`` rows, all of length
         :meth:`seq_len`. Paired: ``n_per_residue`` base items, each at every residue (rows item-major).
         """
-        modulus = check_modulus(spec, self.modulus)
-        res = check_residues(residues, modulus)
-        n = check_count(n_per_residue)
-        seed = check_seed(seed)
-        plan = self.plan(spec)
-        base, row_res, n_base = expand_items(n, res, self.paired)
-        a = self._assemble(plan, np.random.default_rng(seed), base, row_res, n_base)
+        rows = self._rows(spec, n_per_residue, residues)
+        base = rows.base
+        a = self._assemble(rows.plan, np.random.default_rng(check_seed(seed)), base, rows.residues, rows.n_base)
         t = a["tokens"].shape[1]
         corrupted = a["tokens"].copy()
         corrupted[np.arange(base.size), a["t_key"] + 1] = a["wrong"]
-        frame = geometry_frame(
-            spec,
-            modulus,
-            item_id=base,
-            t_key=a["t_key"],
-            t_value=a["t_key"] + 1,
-            query_pos=np.full(base.size, t - 1),
-        )
-        frame["target_index"] = a["target"]
-        frame["distance"] = t - 1 - a["t_key"]
+        frame = self._frame(spec, rows, a["t_key"], a["t_key"] + 1, a["target"], t)
         frame["key"] = a["key"]
         frame["answer"] = a["answer"]
         frame["wrong"] = a["wrong"]
@@ -270,7 +218,7 @@ class KVRecall(SerializableTask):
             corrupted=as_long(corrupted),
             frame=frame,
             spec=spec,
-            modulus=modulus,
+            modulus=rows.modulus,
             pad_id=PAD_ID,
             task=f"kv_recall/{self.padding}{'/paired' if self.paired else ''}",
         )

@@ -28,18 +28,14 @@ from phaselens.errors import TaskError
 from phaselens.geometry import PhaseSpec
 from phaselens.tasks import layout
 from phaselens.tasks.base import TaskBatch, as_long
-from phaselens.tasks.design import PositionDesign
+from phaselens.tasks.placement import RecordsTask, check_records, draw_records, place_records
 from phaselens.tasks.records import DEFAULT_KEYS, DEFAULT_VALUES, CompiledRecords, split_template, word_pool
 from phaselens.tasks.registry import SerializableTask, register_task
 from phaselens.tasks.residues import (
-    check_count,
     check_ids,
     check_modulus,
-    check_residues,
     check_seed,
     check_target_records,
-    expand_items,
-    geometry_frame,
     set_flag,
     set_ints,
 )
@@ -56,7 +52,7 @@ from phaselens.tasks.text import (
 
 @register_task
 @dataclass(frozen=True)
-class Needle(SerializableTask):
+class Needle(RecordsTask, SerializableTask):
     """Needle-in-a-haystack lookup over fixed-length text records.
 
     Args:
@@ -110,15 +106,7 @@ class Needle(SerializableTask):
         if self.pad_id is not None:
             set_ints(self, {"pad_id": 0})
         set_flag(self, "paired")
-        if self.padding not in layout.SCHEMES:
-            raise TaskError(f"padding must be one of {layout.SCHEMES}, got {self.padding!r}.")
-        if self.n_records > min(len(self.keys), len(self.values)):
-            raise TaskError(
-                f"n_records={self.n_records} exceeds the key or value pool ({len(self.keys)}, "
-                f"{len(self.values)})."
-            )
-        if self.n_demos > self.n_records - 2:
-            raise TaskError(f"n_demos={self.n_demos} exceeds n_records - 2 = {self.n_records - 2}.")
+        check_records(self.padding, self.n_records, len(self.keys), len(self.values), self.n_demos)
         split_template(self.record_template)
 
     # ---- tokenised pieces --------------------------------------------------------------------------
@@ -176,45 +164,22 @@ class Needle(SerializableTask):
         plan = self.plan(spec)
         return plan.end + self._tail(plan) + self.n_demos * self._c.demo_len + self._c.query_len
 
-    def design(self, spec: PhaseSpec | None = None) -> PositionDesign:
-        return self.plan(spec).design
-
-    def design_pmf(self, residue: int, spec: PhaseSpec | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Exact pmf of t_K at ``residue``: ``(support [n] int64, probabilities [n] float64)``."""
-        return self.design(spec).pmf(residue)
-
     # ---- build -------------------------------------------------------------------------------------
     def build(
         self, spec: PhaseSpec, *, n_per_residue: int, residues: Sequence[int] | None = None, seed: int = 0
     ) -> TaskBatch:
         """Items at each requested residue; ``N = n_per_residue * len(residues)`` rows of equal length."""
-        c, r, d = self._c, self.n_records, self.n_demos
-        modulus = check_modulus(spec, self.modulus)
-        res = check_residues(residues, modulus)
-        n_items = check_count(n_per_residue)
-        plan = self.plan(spec)
+        c, d = self._c, self.n_demos
+        rows_ = self._rows(spec, n_per_residue, residues)
+        plan, base, row_res, n_base = rows_.plan, rows_.base, rows_.residues, rows_.n_base
         tail = self._tail(plan)
         rng = np.random.default_rng(check_seed(seed))
-        base, row_res, n_base = expand_items(n_items, res, self.paired)
         n = base.size
 
-        keys = np.argsort(rng.random((n_base, len(c.keys))), axis=1)[:, :r]
-        vals = np.argsort(rng.random((n_base, len(c.values))), axis=1)[:, :r]
-        target = rng.integers(plan.target_lo, plan.target_hi + 1, n_base)
-        neighbour = np.where(target < r - 1, target + 1, target - 1)
-        pick = rng.random((n_base, r))
-        pick[np.arange(n_base), target] = pick[np.arange(n_base), neighbour] = 2.0
-        demos = np.argsort(pick, axis=1)[:, :d]
-        blocks = layout.random_blocks(rng, n_base, plan) if self.padding == "prefix" else None
-        z, v = plan.design.draw(rng, n_base)
-
-        t_key = plan.design.place(row_res, z[base], v[base])
-        tgt = target[base]
-        if blocks is not None:
-            is_record, _ = layout.arrange_prefix(plan, blocks[base], tgt, t_key)
-        else:
-            is_record, _ = layout.arrange_in_sequence(plan, rng, tgt, t_key)
-        starts, fill_slots = layout.unit_slots(plan, is_record)
+        drawn = draw_records(rng, n_base, plan, len(c.keys), len(c.values), d)
+        keys, vals, demos = drawn.keys, drawn.values, drawn.demos
+        pl = place_records(rng, plan, self.padding, n_base, base, row_res, drawn.target)
+        t_key, tgt, is_record, starts, fill_slots = pl.t_key, pl.target, pl.is_record, pl.starts, pl.fill_slots
 
         key_ids = np.array([p.ids for p in c.keys], dtype=np.int64)
         val_ids = np.array([p.ids for p in c.values], dtype=np.int64)
@@ -253,20 +218,14 @@ class Needle(SerializableTask):
 
         t_value = t_key - c.key_offset + c.value_offset
         answer = val_ids[vals[base, tgt], 0]
-        wrong_val = vals[base, neighbour[base]]
+        wrong_val = vals[base, drawn.neighbour[base]]
         corrupted = tokens.copy()
         corrupted[rows[:, None], t_value[:, None] + np.arange(c.n_value)] = val_ids[wrong_val]
-        if not np.array_equal(starts[rows, tgt] + c.key_offset, t_key):
-            raise TaskError("internal: the target record is not at its designed slot; please report this.")
         self._verify(
             tokens[0], is_record[0], keys[base[0]], vals[base[0]], demos[base[0]], tgt[0], plan, tail
         )
 
-        frame = geometry_frame(
-            spec, modulus, item_id=base, t_key=t_key, t_value=t_value, query_pos=np.full(n, t_len - 1)
-        )
-        frame["target_index"] = tgt
-        frame["distance"] = t_len - 1 - t_key
+        frame = self._frame(spec, rows_, t_key, t_value, tgt, t_len)
         frame["key"] = [self.keys[i] for i in keys[base, tgt]]
         frame["value"] = [self.values[i] for i in vals[base, tgt]]
         frame["answer"] = answer
@@ -281,7 +240,7 @@ class Needle(SerializableTask):
             corrupted=as_long(corrupted),
             frame=frame,
             spec=spec,
-            modulus=modulus,
+            modulus=rows_.modulus,
             pad_id=int(pad),
             task=f"needle/{self.padding}{'/paired' if self.paired else ''}",
         )
