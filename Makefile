@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_SPEC ?= torch==2.13.0
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist, one thread each); CI has 2 cores. PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 export OMP_NUM_THREADS ?= 2
 
 .PHONY: venv test test-all report zoo lint bench docs clean
@@ -22,10 +24,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 test: venv
-	$(BIN)/python -m pytest -m "not slow" $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow" -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-all: venv
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 report: venv
 	$(BIN)/phaselens report --out report

@@ -10,7 +10,8 @@ from hypothesis import settings
 
 from phaselens.models import CompressedConfig, CompressedTransformer, CompressorSpec
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+# Under pytest-xdist (`make test` runs one worker per core) each worker uses one thread.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 # No per-example time limit: speed is measured in benchmarks/, and a loaded 2-core machine would make
 # hypothesis' default 200 ms deadline fail tests whose results are right.
