@@ -24,7 +24,16 @@ def f(x: float, nd: int = 2) -> str:
 def _loaded(dd: dict) -> str:
     """A caveat when the machine was busier than its CPUs: then the ratios measure contention, not the split."""
     if dd["load_average_before"][0] <= dd["cpus"] and dd["load_average_after"][0] <= dd["cpus"]:
-        return ""
+        full = next((r for r in dd["rows"] if r["engine"] == "full"), None)
+        if full is None:
+            return ""
+        threads = full["one_process_one_thread_s"] / full["one_process_two_threads_s"]
+        return (f"On a quiet machine torch's own two threads already speed one process up {threads:.2f}x, so two "
+                f"ranks gain {full['speedup']:.2f}x over them (goal 1.6x: "
+                f"{'met' if full['speedup'] >= 1.6 else 'not met'}) and {full['speedup_over_one_thread']:.2f}x over "
+                "one thread: on CPUs the split pays where threads do not scale (larger machines, many GPUs), "
+                "not on 2 cores. With the suffix engine each rank repeats the prefill, so a map this small is "
+                "slower split.")
     slower = all(r["speedup_over_one_thread"] < 1 for r in dd["rows"])
     return ("**Read with care:** the load exceeded the CPU count, so a process with 2 threads lost time to "
             "contention" + (" and 2 processes ran slower than 1 process with 1 thread" if slower else "") +
