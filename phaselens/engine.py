@@ -127,20 +127,8 @@ class SuffixEngine:
     @torch.no_grad()
     def run(self, cells: Sequence[Cell], *, progress: Any = None) -> Tensor:
         """Logits at the query position under each cell: ``[C, N, V]``."""
-        out: list[Tensor | None] = [None] * len(cells)
-        by_layer: dict[int, list[int]] = {}
-        for i, c in enumerate(cells):
-            by_layer.setdefault(c.layer, []).append(i)
         per_pass = max(1, self.rows_per_pass // max(1, self.N))
-        for layer, idxs in sorted(by_layer.items()):
-            for j in range(0, len(idxs), per_pass):
-                chunk = idxs[j : j + per_pass]
-                logits = self._pass(layer, [cells[i] for i in chunk])
-                for k, i in enumerate(chunk):
-                    out[i] = logits[k]
-                if progress is not None:
-                    progress.update(len(chunk))
-        return torch.stack(out)  # type: ignore[arg-type]
+        return run_by_layer(cells, lambda _layer: per_pass, self._pass, progress)
 
     def _past(self, layer: int, copies: int) -> FrozenPast:
         key = (layer, copies)
@@ -173,6 +161,26 @@ class SuffixEngine:
             for i in range(layer, len(model.blocks)):
                 resid = model.blocks[i](resid, self._past(i, C))
         return model.unembed(model.ln_final(resid))[:, 0].view(C, N, -1)
+
+
+def run_by_layer(cells: Sequence[Cell], per_pass: Callable[[int], int],
+                 run: Callable[[int, list[Cell]], Tensor], progress: Any = None) -> Tensor:
+    """Run ``cells`` grouped by layer, at most ``per_pass(layer)`` cells per ``run(layer, cells)`` call (which
+    returns ``[c, N, V]``); a query engine's shared loop. Returns ``[C, N, V]`` in the cells' order."""
+    out: list[Tensor | None] = [None] * len(cells)
+    by_layer: dict[int, list[int]] = {}
+    for i, c in enumerate(cells):
+        by_layer.setdefault(int(c.layer), []).append(i)
+    for layer, idxs in sorted(by_layer.items()):
+        step = per_pass(layer)
+        for j in range(0, len(idxs), step):
+            chunk = idxs[j : j + step]
+            logits = run(layer, [cells[i] for i in chunk])
+            for k, i in enumerate(chunk):
+                out[i] = logits[k]
+            if progress is not None:
+                progress.update(len(chunk))
+    return torch.stack(out)  # type: ignore[arg-type]
 
 
 class QueryEngine:

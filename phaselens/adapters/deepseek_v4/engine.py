@@ -46,7 +46,7 @@ from torch import Tensor
 from phaselens.adapters.deepseek_v4.hookpoints import HookFn
 from phaselens.adapters.deepseek_v4.prefill import plan_chunks, run_prefix
 from phaselens.adapters.deepseek_v4.torch_hooks import RunInfo, torch_sites
-from phaselens.engine import Cell
+from phaselens.engine import Cell, run_by_layer
 from phaselens.errors import UnsupportedModelError
 
 # The per-row state of transformers' DeepSeek-V4 cache layers (sliding, CSA, HCA): tensors [B, ...] and
@@ -241,21 +241,11 @@ class V4SuffixEngine:
     @torch.no_grad()
     def run(self, cells: Sequence[Cell], *, progress: Any = None) -> Tensor:
         """Logits at the query slot under each cell: ``[C, n, V]``."""
-        out: list[Tensor | None] = [None] * len(cells)
-        by_layer: dict[int, list[int]] = {}
-        for i, c in enumerate(cells):
-            by_layer.setdefault(int(c.layer), []).append(i)
-        for layer, idxs in sorted(by_layer.items()):
+        def per_pass(layer: int) -> int:  # rows bounded by rows_per_pass and the pass's memory budget
             rows = min(self.rows_per_pass, self.pass_bytes // max(self._row_bytes[layer], 1))
-            per_pass = max(1, rows // max(self.n, 1))
-            for j in range(0, len(idxs), per_pass):
-                chunk = idxs[j : j + per_pass]
-                logits = self._pass(layer, [cells[i] for i in chunk])
-                for k, i in enumerate(chunk):
-                    out[i] = logits[k]
-                if progress is not None:
-                    progress.update(len(chunk))
-        return torch.stack(out)  # type: ignore[arg-type]
+            return max(1, rows // max(self.n, 1))
+
+        return run_by_layer(cells, per_pass, self._pass, progress)
 
     def _pass(self, layer: int, cells: Sequence[Cell]) -> Tensor:
         n, C = self.n, len(cells)
