@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,12 +10,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.distributed import sharded
+from phaselens.checkpointing import check_checkpoint_path
+from phaselens.distributed import open_checkpoint, sharded
 from phaselens.effects import Effects, relative_effects
-from phaselens.evaluate import score_items
 from phaselens.heads import Head
 from phaselens.interventions.knockout import knockout
-from phaselens.interventions.run import full_metrics, suffix_blocks
+from phaselens.interventions.run import KO_FIELDS, ablate_blocks
 from phaselens.items import build_items, check_options
 from phaselens.protocol import PhaseModel, choose_engine, metadata_of
 from phaselens.results import Result
@@ -103,6 +104,7 @@ def ablate(
     progress: bool = True,
     stride: int | None = None,
     engine: str = "auto",
+    checkpoint: str | os.PathLike | None = None,
 ) -> AblationResult:
     """Evaluate ``task`` with and without knocking out ``heads`` at each item's query position.
 
@@ -113,23 +115,37 @@ def ablate(
         method: ``"mean"`` (calibration mean, the paper's choice), ``"zero"`` or ``"resample"``.
         engine: ``"auto"`` (the query-suffix engine when the model offers it and the heads sit in one layer),
             ``"suffix"`` or ``"full"``; ``metadata["engine"]`` names the one used.
+        checkpoint: a file path: finished blocks of ``batch_size`` items (clean and knocked out) are written
+            there atomically and a rerun (with any number of processes) resumes. The fingerprint covers the
+            model, the items, the heads, method, calibration, seed, batch size and engine: a checkpoint of
+            another run is refused.
 
     Example:
         >>> res = phaselens.ablate(phaselens.load("zoo:w8s4"), "L0H3", phase=3, n_per_residue=32)  # doctest: +SKIP
         >>> res.per_phase()  # doctest: +SKIP
     """
     check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
+    check_checkpoint_path(checkpoint)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, residues=residues,
                                     seed=seed, stride=stride)
     used = choose_engine(model, engine)  # a bad engine is refused before the calibration runs
     ko = knockout(model, heads, method=method, calibration=calibration, task=task, seed=seed)
     if used == "suffix" and engine == "auto" and len({h.layer for h in ko.heads}) > 1:
         used = "full"  # the engine intervenes at one layer per cell
-    if used == "suffix":  # one engine per block of batch_size items: the blocks are split across ranks
-        clean, ablated = suffix_blocks(model, batch, ko, batch_size=batch_size, progress=progress)
-    else:
-        clean = score_items(model, batch, batch_size=batch_size, progress=progress, desc="clean")
-        ablated = full_metrics(model, batch, ko, batch_size=batch_size, progress=progress, desc="ablate")
+    store = None
+    if checkpoint is not None:
+        from phaselens.fingerprint import analysis_fingerprint
+        from phaselens.scoring import METRICS
+
+        cal = ko.calibration
+        fp = analysis_fingerprint(model, analysis="ablate", items=batch.tokens, query_pos=batch.query_pos,
+                                  answers=batch.answer, wrong=batch.wrong, heads=[str(h) for h in ko.heads],
+                                  method=method, calibration=None if cal is None else cal.z, seed=seed,
+                                  batch_size=batch_size, engine=used)
+        store = open_checkpoint(checkpoint, fp, (*METRICS, *KO_FIELDS))
+    # one unit per block of batch_size items (clean and knocked out): the blocks are split across ranks
+    clean, ablated = ablate_blocks(model, batch, ko, engine=used, batch_size=batch_size, progress=progress,
+                                   store=store)
     items = clean.copy()
     items["correct_ko"] = np.asarray(ablated["correct"], bool)
     items["logit_diff_ko"] = ablated["logit_diff"]
@@ -140,6 +156,6 @@ def ablate(
     )
     meta = metadata_of(model, heads=[str(h) for h in ko.heads], phase=phase, residues=residues, method=method,
                        n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, n_bootstrap=n_bootstrap,
-                       stride=stride, engine=engine)
+                       stride=stride, engine=engine, checkpoint=None if checkpoint is None else str(checkpoint))
     meta.update(engine=used, calibration=None if ko.calibration is None else ko.calibration.source)
     return AblationResult(ko.heads, method, eff, items, spec.stride, batch.modulus, meta)

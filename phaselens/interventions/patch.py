@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -12,7 +13,8 @@ import pandas as pd
 import torch
 
 from phaselens.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
-from phaselens.distributed import shard_map, sharded, world
+from phaselens.checkpointing import check_checkpoint_path
+from phaselens.distributed import open_checkpoint, shard_map, sharded, world
 from phaselens.engine import Cell
 from phaselens.errors import InputError
 from phaselens.heads import Head, parse_heads
@@ -155,6 +157,7 @@ def patch(
     engine: str = "auto",
     stride: int | None = None,
     progress: bool = False,
+    checkpoint: str | os.PathLike | None = None,
 ) -> PatchResult:
     """Patch each head's query-position ``z`` between clean items and their corrupted twins.
 
@@ -164,6 +167,9 @@ def patch(
         direction: ``"denoise"`` patches clean ``z`` into the corrupted run; ``"noise"`` the reverse.
         site: only ``"z"`` (the per-head input of the output projection) is supported.
         engine: ``"auto"``, ``"suffix"`` (query rows over a cached prefix) or ``"full"``.
+        checkpoint: a file path: finished cells (heads) are written there atomically and a rerun (with any
+            number of processes) resumes. The fingerprint covers the model, the clean and corrupted items, the
+            heads, direction, site, seed, batch size and engine: a checkpoint of another run is refused.
     """
     check_model(model)
     if site != "z":
@@ -173,6 +179,7 @@ def patch(
     eps = as_float("eps", eps, positive=True, fix="It is the smallest |clean - corrupt| metric gap that counts "
                    f"as defined (default {EPS_DENOM}).")
     check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
+    check_checkpoint_path(checkpoint)
     used = choose_engine(model, engine)
     parsed = parse_heads(heads if heads is not None else [f"L{i}" for i in range(model.cfg.n_layers)], model.cfg)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, residues=residues,
@@ -181,6 +188,14 @@ def patch(
     base, source = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
     qp = batch.query_pos
     layers = sorted({h.layer for h in parsed})
+    store = None
+    if checkpoint is not None:  # hashing every parameter is cheap here, but only needed to resume
+        from phaselens.fingerprint import analysis_fingerprint
+
+        fp = analysis_fingerprint(model, analysis="patch", items=clean, corrupted=corrupt, query_pos=qp,
+                                  answers=batch.answer, wrong=batch.wrong, heads=[str(h) for h in parsed],
+                                  direction=direction, site=site, seed=seed, batch_size=batch_size, engine=used)
+        store = open_checkpoint(checkpoint, fp, ("logit_diff",))
     src_z = capture_z(model, source, qp, layers, batch_size=batch_size)  # {layer: [N, copies, H, d]}
 
     def metric(tokens: torch.Tensor) -> np.ndarray:  # item blocks split across ranks under torch.distributed
@@ -188,7 +203,7 @@ def patch(
         return query_metrics(plain_forward(model), b, batch_size=batch_size, desc="patch")["logit_diff"]
 
     item_clean, item_corrupt = metric(clean), metric(corrupt)
-    patched = _patched_metrics(model, base, qp, parsed, src_z, batch, batch_size, used)  # [heads, N]
+    patched = _patched_metrics(model, base, qp, parsed, src_z, batch, batch_size, used, store)  # [heads, N]
     res = batch.frame["residue"].to_numpy()
     M = batch.modulus
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
@@ -206,30 +221,33 @@ def patch(
     lab = Labelled(grid(rec), ("layer", "head", "residue"), coords, grid(lo), grid(hi), name=f"{direction}_recovery")
     meta = metadata_of(model, heads=[str(h) for h in parsed], phase=phase, residues=residues, direction=direction,
                        site=site, n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, eps=eps,
-                       n_bootstrap=n_bootstrap, engine=engine, stride=stride)
+                       n_bootstrap=n_bootstrap, engine=engine, stride=stride,
+                       checkpoint=None if checkpoint is None else str(checkpoint))
     meta["engine"] = used
     return PatchResult(lab, grid(und_k, False), mc, mx, grid(mp_k), parsed, direction, spec.stride, M,
                        item_clean, item_corrupt, patched, res, meta)
 
 
-def _patched_metrics(model, base, qp, heads, src_z, batch, batch_size, engine) -> np.ndarray:
+def _patched_metrics(model, base, qp, heads, src_z, batch, batch_size, engine, store=None) -> np.ndarray:
     """Logit differences ``[heads, N]`` of ``base`` with each head's query ``z`` replaced from ``src_z``
-    (the heads split across ranks under torch.distributed)."""
+    (the heads split across ranks under torch.distributed; ``store``: a checkpoint of finished heads)."""
     if engine == "suffix":
         eng = model.query_engine(base, qp, batch_size=batch_size)
 
         def compute(idx: list[int]) -> list[np.ndarray]:
             cells = [Cell(heads[i].layer, [heads[i].head], src_z[heads[i].layer][:, 0, [heads[i].head]]) for i in idx]
-            return [answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"] for lg in eng.run(cells)]
+            return [(answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"],) for lg in eng.run(cells)]
     else:
         def compute(idx: list[int]) -> list[np.ndarray]:
-            return [answer_metrics(query_logits(_query_patch(model, heads[i], src_z[heads[i].layer]), base, qp,
-                                                batch_size=batch_size), batch.answer, batch.wrong)["logit_diff"]
+            return [(answer_metrics(query_logits(_query_patch(model, heads[i], src_z[heads[i].layer]), base, qp,
+                                                 batch_size=batch_size), batch.answer, batch.wrong)["logit_diff"],)
                     for i in idx]
-    # each rank's whole share in one call: no checkpoint or progress to report between cells
-    per_call = max(1, -(-len(heads) // world().size))
-    out = shard_map(compute, [str(h) for h in heads], per_call=per_call, unit="cell", stage="patch")
-    return np.stack(out)
+    if store is None:  # each rank's whole share in one call: nothing to write between cells
+        per_call = max(1, -(-len(heads) // world().size))
+    else:  # a round per engine pass (per head with full forwards): the checkpoint is written after each
+        per_call = max(1, 4096 // max(1, len(batch))) if engine == "suffix" else 1
+    out = shard_map(compute, [str(h) for h in heads], per_call=per_call, store=store, unit="cell", stage="patch")
+    return np.stack([o[0] for o in out])
 
 
 def _query_patch(model: Any, head: Head, source: torch.Tensor):

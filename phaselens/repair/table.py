@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,14 +11,15 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.distributed import block_labels, item_blocks, shard_map, sharded
+from phaselens.checkpointing import check_checkpoint_path
+from phaselens.distributed import block_labels, item_blocks, open_checkpoint, shard_map, sharded
 from phaselens.errors import InputError, NotApplicableError
-from phaselens.evaluate import PhaseEval, eval_from_items, items_from_logits
+from phaselens.evaluate import PhaseEval, eval_from_items, items_from_metrics
 from phaselens.items import as_int, as_names, build_items, check_battery_items, check_model, check_options
 from phaselens.protocol import PhaseModel, metadata_of, model_name
 from phaselens.repair.ensemble import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
 from phaselens.results import Result
-from phaselens.scoring import answer_metrics, model_logits
+from phaselens.scoring import METRICS, answer_metrics, model_logits
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -86,23 +88,37 @@ def copy_query_logits(model: Any, batch: Any, shifts: Sequence[int], pad_id: int
     """Query logits of every shifted copy: ``[K, N, V]`` (copy k reads position ``query_pos + k``).
 
     Under torch.distributed the blocks of ``batch_size`` items are split across ranks and gathered."""
-    K = len(shifts)
     blocks = item_blocks(len(batch), batch_size)
-
-    def one(i: int) -> torch.Tensor:  # [K, b, V] of the block of items starting at i
-        tokens = batch.tokens[i : i + batch_size]
-        qp = batch.query_pos[i : i + batch_size]
-        B = tokens.shape[0]
-        k = torch.as_tensor(shifts)[:, None]
-        pos = torch.where(qp[None] < insert_at, qp[None], qp[None] + k)  # [K, B]
-        copies = shifted_copies(tokens, shifts, pad_id, insert_at)
-        logits = model_logits(model, copies, pos.flatten())  # the query rows only: [K*B, T', V]
-        at = (pos.flatten() - (copies.shape[1] - logits.shape[1])).to(logits.device)
-        return logits[torch.arange(K * B, device=logits.device), at].view(K, B, -1).float().cpu()
-
-    out = shard_map(lambda idx: [one(blocks[b].start) for b in idx], block_labels(blocks), progress=progress,
-                    stage="repair", model=model)
+    out = shard_map(lambda idx: [block_copy_logits(model, batch, blocks[b], shifts, pad_id, insert_at) for b in idx],
+                    block_labels(blocks), progress=progress, stage="repair", model=model)
     return torch.cat(out, 1)
+
+
+@torch.no_grad()
+def block_copy_logits(model: Any, batch: Any, block: slice, shifts: Sequence[int], pad_id: int,
+                      insert_at: int = 1) -> torch.Tensor:
+    """Query logits ``[K, b, V]`` (CPU, float) of every shifted copy of the items in ``block`` (one forward)."""
+    tokens = batch.tokens[block]
+    qp = batch.query_pos[block]
+    K, B = len(shifts), tokens.shape[0]
+    k = torch.as_tensor(shifts)[:, None]
+    pos = torch.where(qp[None] < insert_at, qp[None], qp[None] + k)  # [K, B]
+    copies = shifted_copies(tokens, shifts, pad_id, insert_at)
+    logits = model_logits(model, copies, pos.flatten())  # the query rows only: [K*B, T', V]
+    at = (pos.flatten() - (copies.shape[1] - logits.shape[1])).to(logits.device)
+    return logits[torch.arange(K * B, device=logits.device), at].view(K, B, -1).float().cpu()
+
+
+def rule_metrics(per_copy: torch.Tensor, answer: torch.Tensor, wrong: torch.Tensor,
+                 rules: Sequence[tuple[tuple[int, ...], str]]) -> tuple[np.ndarray, ...]:
+    """Answer metrics of the unrepaired model (copy 0) and of each ``(copies, rule)``, from per-copy logits
+    ``[K, b, V]``: one array ``[1 + len(rules), b]`` per name in ``METRICS``, then ``copy_correct`` ``[K, b]``.
+
+    Every quantity is per item, so a block's metrics equal those of the whole batch's rows."""
+    rows = [answer_metrics(per_copy[0], answer, wrong)]
+    rows += [answer_metrics(combine(per_copy[list(ks)], rule)[0], answer, wrong) for ks, rule in rules]
+    copy_correct = np.stack([answer_metrics(c, answer, wrong)["correct"] for c in per_copy])
+    return (*(np.stack([r[k] for r in rows]) for k in METRICS), copy_correct)
 
 
 @sharded
@@ -121,13 +137,22 @@ def repair_table(
     stride: int | None = None,
     n_permutations: int = 2000,
     n_bootstrap: int = 1000,
+    checkpoint: str | os.PathLike | None = None,
 ) -> RepairTable:
     """Measure phase repair: every shift set x combining rule against the unrepaired model, same items.
 
-    Each shifted copy runs once; every rule combines the same per-copy answers.
+    Each shifted copy runs once; every rule combines the same per-copy answers, one block of ``batch_size``
+    items at a time (only a block's ``[K, b, V]`` logits are held).
+
+    Args:
+        checkpoint: a file path: the answer metrics of finished item blocks (every copy and rule) are written
+            there atomically and a rerun (with any number of processes) resumes. The fingerprint covers the
+            model, the items, the shift sets, combining rules, pad token, seed and batch size: a checkpoint of
+            another run is refused.
     """
     check_model(model)
     check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap, n_permutations=n_permutations)
+    check_checkpoint_path(checkpoint)
     if "repair" in (getattr(model, "analysis_metadata", None) or {}):
         raise NotApplicableError(
             f"{model_name(model)} is already phase-repaired (it runs shifted copies); measure repair on the model "
@@ -145,30 +170,50 @@ def repair_table(
         resolve_shifts(shifts, S)
     pad = as_int("pad_id", pad_id, minimum=0) if pad_id is not None else default_pad_id(model)
     all_shifts = tuple(range(S))
-    per_copy = copy_query_logits(model, batch, all_shifts, pad, batch_size=batch_size, progress=progress)
+    sets = [(shifts if isinstance(shifts, str) else ",".join(map(str, resolve_shifts(shifts, S))),
+             resolve_shifts(shifts, S)) for shifts in shift_sets]
+    rules = [(ks, rule) for _, ks in sets for rule in combines]
+    store = None
+    if checkpoint is not None:
+        from phaselens.fingerprint import analysis_fingerprint
+
+        fp = analysis_fingerprint(model, analysis="repair_table", items=batch.tokens, query_pos=batch.query_pos,
+                                  answers=batch.answer, wrong=batch.wrong, shifts=all_shifts,
+                                  rules=[[list(ks), rule] for ks, rule in rules], pad_id=pad, insert_at=1,
+                                  seed=seed, batch_size=batch_size)
+        store = open_checkpoint(checkpoint, fp, (*METRICS, "copy_correct"))
+    blocks = item_blocks(len(batch), batch_size)
+
+    def compute(idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+        return [rule_metrics(block_copy_logits(model, batch, blocks[b], all_shifts, pad), batch.answer[blocks[b]],
+                             batch.wrong[blocks[b]], rules) for b in idx]
+
+    # item blocks split across ranks under torch.distributed; finished blocks checkpointed after every round
+    parts = shard_map(compute, block_labels(blocks), store=store, progress=progress, stage="repair", model=model)
+    metrics = {k: np.concatenate([p[j] for p in parts], 1) for j, k in enumerate(METRICS)}  # [1 + rules, N]
+    copy_correct = np.concatenate([p[-1] for p in parts], 1)  # [K, N]
 
     covered = None if residues is None else np.unique(batch.frame["residue"].to_numpy())
 
-    def as_eval(logp: torch.Tensor) -> PhaseEval:
-        return eval_from_items(items_from_logits(batch, logp), S, batch.modulus, n_permutations=n_permutations,
-                               n_bootstrap=n_bootstrap, seed=seed, residues=covered)
+    def as_eval(r: int) -> PhaseEval:
+        items = items_from_metrics(batch, {k: v[r] for k, v in metrics.items()})
+        return eval_from_items(items, S, batch.modulus, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
+                               seed=seed, residues=covered)
 
-    copy_correct = np.stack([answer_metrics(c, batch.answer, batch.wrong)["correct"] for c in per_copy])  # [K, N]
-    evals: dict[tuple[str, str], PhaseEval] = {("none", "none"): as_eval(per_copy[0])}
+    evals: dict[tuple[str, str], PhaseEval] = {("none", "none"): as_eval(0)}
     rows = [_row("none", "none", 1, evals[("none", "none")], copy_correct[0].mean())]
-    for shifts in shift_sets:
-        ks = resolve_shifts(shifts, S)
-        label = shifts if isinstance(shifts, str) else ",".join(map(str, ks))
-        sub = per_copy[list(ks)]
+    r = 1
+    for label, ks in sets:
         any_right = copy_correct[list(ks)].any(0).mean()
         for rule in combines:
-            logp, _ = combine(sub, rule)
-            ev = as_eval(logp)
+            ev = as_eval(r)
             evals[(label, rule)] = ev
             rows.append(_row(label, rule, len(ks), ev, any_right))
+            r += 1
     meta = metadata_of(model, shift_sets=list(shift_sets), combines=list(combines), n_per_residue=n_per_residue,
                        residues=residues, seed=seed, batch_size=batch_size, pad_id=pad_id, stride=stride,
-                       n_permutations=n_permutations, n_bootstrap=n_bootstrap)
+                       n_permutations=n_permutations, n_bootstrap=n_bootstrap,
+                       checkpoint=None if checkpoint is None else str(checkpoint))
     meta["pad_id"] = pad
     return RepairTable(pd.DataFrame(rows), evals, S, meta)
 
