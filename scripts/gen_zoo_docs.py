@@ -130,8 +130,11 @@ def seeds_section() -> str:
                   f"slowest ({took} on one CPU thread by its card). `full-seed2` was trained once here "
                   "(`scripts/train_zoo.py full --seed 2`: 3,000 steps, 1,236 s): its training loss ended at "
                   "0.00037 like the shipped controls' (0.00016-0.00019), yet its card's evaluation gave a mean of "
-                  "26.8% (gap 1.4 pp, no period), against 99.5% for seeds 0 and 1. Until that gap between training "
-                  "loss and evaluation is understood, it is not shipped.")
+                  "26.8% (gap 1.4 pp, no period), against 99.5% for seeds 0 and 1. It solves the training layout "
+                  "(100% on 8 items per residue of `ZOO_TASK`) but not the evaluation layout (22.4% on "
+                  "`ZOO_EVAL_TASK`: the 12 records in one block with 40 filler tokens, prefix padding): this seed "
+                  "of the control did not generalise from the training layout, which seeds 0 and 1 did. As a "
+                  "control it would compare nothing, so it is not shipped.")
     return f"""## Seeds
 Shipped seeds (0 is the base model): {shipped}.{absent}
 
