@@ -177,7 +177,8 @@ small {{ color: #666; }}
 <p id="headline" style="font-size: 1.25em"><b>{html.escape(headline_sentence(results))}</b></p>
 <p>Phase sensitivity (accuracy that depends on the target's slot modulo the compression stride) and phase
 specialization (heads that serve particular phases) of {", ".join(html.escape(r.name) for r in results)}.
-Accuracies use Wilson 95% intervals; the folded gap's interval is an item bootstrap; p-values come from
+Accuracies use Wilson 95% intervals; the folded gap's interval bounds the largest phase difference from
+pairwise contrasts (simultaneous over the pairs; coverage by simulation in docs/statistics.md); p-values come from
 the phaselens statistics battery (chi2 on the residue table; nested fold test mod M against mod S).</p>
 <table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>
 {"".join(figs)}
