@@ -69,7 +69,7 @@ def test_fp4_expert_dequantization(ckpt):
         for i in range(0, packed.shape[0], 7):
             for j in range(0, 2 * packed.shape[1], 5):
                 expect = fp4_value(int(packed[i, j // 2]), high=j % 2 == 1) * float(s[i, j // 32].float())
-                assert float(param[i, j]) == expect
+                assert float(param.detach()[i, j]) == expect
     assert model.blocks[0].ffn.experts.w1.abs().sum() > 0
 
 
