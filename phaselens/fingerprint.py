@@ -128,7 +128,10 @@ def model_fingerprint(model: Any, *, full_limit: int = FULL_LIMIT, sample: int =
     feed(h, _config_dict(module, model))
     task = getattr(model, "default_task", None)
     feed(h, task.to_dict() if hasattr(task, "to_dict") else None)
-    feed(h, getattr(model, "analysis_metadata", None) or {})
+    from phaselens.protocol import OBSERVED_METADATA
+
+    md = getattr(model, "analysis_metadata", None) or {}
+    feed(h, {k: v for k, v in md.items() if k not in OBSERVED_METADATA})  # what the model is, not what it saw
     if module is not None:
         tensors = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
         total = sum(t.numel() * t.element_size() for _, t in tensors)

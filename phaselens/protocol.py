@@ -26,6 +26,11 @@ from torch import Tensor
 from phaselens.errors import InputError, NotApplicableError
 from phaselens.geometry import PhaseSpec
 
+# analysis_metadata keys that record what runs observed (they grow as a model runs), not what the model is:
+# results carry them, fingerprints leave them out (a checkpoint must resume on the same model after a run).
+OBSERVED_METADATA = frozenset({"max_entries_seen", "index_topk_binding", "candidate_filter_binding"})
+
+
 HookFn = Callable[..., Tensor | None]
 FwdHooks = Iterable[tuple[Any, HookFn]]
 
@@ -48,7 +53,9 @@ class PhaseModel(Protocol):
     * ``phase_specs``: per-layer :class:`PhaseSpec` (``None`` where a layer does not compress);
     * ``analysis_spec``: the geometry that defines phases for analysis;
     * ``default_task``: the task a model card's numbers came from, or ``None``;
-    * ``analysis_metadata``: what a result must carry to be read correctly (a dict; may be empty);
+    * ``analysis_metadata``: what a result must carry to be read correctly (a dict; may be empty); keys that
+      record what runs observed rather than what the model is (e.g. the longest input seen) are named in
+      :data:`OBSERVED_METADATA`, so a model's fingerprint does not change when it runs;
     * ``__call__(tokens [B, T], *, logits="all" | "query", query_len=n)``: logits ``[B, T, vocab]``, or only the
       last ``n`` rows ``[B, n, vocab]`` with ``logits="query"``; ``returns_query_logits`` says whether
       analyses should ask for the query rows only (a model that prefills in chunks);

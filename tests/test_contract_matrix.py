@@ -27,7 +27,7 @@ from tests.deepseek_v41 import write_tiny_checkpoint
 KINDS = ["zoo", "control", "uncompressed-layer", "ensemble-zoo", "v4", "v4-nnsight", "v4-chunked", "ensemble-v4",
          "v41"]
 ANALYSES = ["evaluate", "record", "knockout", "ablate", "patch", "map", "plan", "attribution", "cycling", "repair",
-            "report"]
+            "report", "resume"]
 # cells expected to raise NotApplicableError, with the reason they must name
 NOT_APPLICABLE = {
     ("record", "ensemble-zoo"): "shifted copies",
@@ -302,9 +302,27 @@ def check_report(k: Kind, tmp_path):
     assert np.allclose([r["acc"] for r in per_residue], ev.per_residue()["acc"].to_numpy(), atol=1e-12)
 
 
+def check_resume(k: Kind, tmp_path):
+    """A checkpoint resumes on the same model after it has run on a longer input (what runs observe, e.g. the
+    adapter's longest input, is not part of the model's fingerprint): every unit is read back, same items."""
+    path = tmp_path / "evaluate.ckpt"
+    first = phaselens.evaluate(k.model, **k.opts, n_permutations=1, n_bootstrap=0, checkpoint=path)
+    b = k.batch()
+    room = int(k.model.cfg.n_ctx) - max(getattr(k.model, "shifts", (0,)))  # an ensemble pads its copies
+    longer = torch.cat([b.tokens, b.tokens], dim=1)[:2, :room]
+    with torch.no_grad():
+        k.model(longer)
+    again = phaselens.evaluate(k.model, **k.opts, n_permutations=1, n_bootstrap=0, checkpoint=path)
+    (shard,) = again.metadata["shards"]
+    assert shard["units"] >= 1 and len(shard["resumed"]) == shard["units"]
+    cols = ["correct", "logit_diff"]
+    assert first.items[cols].equals(again.items[cols])
+
+
 CHECKS = {"evaluate": check_evaluate, "record": check_record, "knockout": check_knockout, "ablate": check_ablate,
           "patch": check_patch, "map": check_map, "plan": check_plan, "attribution": check_attribution,
-          "cycling": check_cycling, "repair": check_repair, "report": check_report}
+          "cycling": check_cycling, "repair": check_repair, "report": check_report,
+          "resume": check_resume}
 
 
 # cells too slow for the 5-minute suite on 2 cores (run them with `make test-all`)
@@ -318,7 +336,7 @@ SLOW = {("v41", "report"), ("v41", "map")}
 def test_matrix(kinds, kind, analysis, tmp_path):
     k = kinds[kind]
     fn = CHECKS[analysis]
-    args = (k, tmp_path) if analysis == "report" else (k,)
+    args = (k, tmp_path) if analysis in ("report", "resume") else (k,)
     reason = NOT_APPLICABLE.get((analysis, kind))
     if reason is not None:
         with pytest.raises(phaselens.NotApplicableError, match=reason):
