@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from phaselens.errors import CheckpointError
-from phaselens.files import atomic_write_file, atomic_write_text
+from phaselens.files import atomic_write_file, atomic_write_text, nearest_existing, writable
 
 CELLS_FORMAT = "phaselens.cells/1"
 
@@ -89,12 +89,10 @@ def check_checkpoint_path(path: Any) -> Path | None:
     if p.is_dir():
         raise CheckpointError(f"checkpoint={str(p)!r} is a directory; pass a file path such as "
                               f"{str(p / 'map.ckpt')!r}.")
-    where = p.parent
-    while not where.exists() and where != where.parent:
-        where = where.parent
+    where = nearest_existing(p.parent)
     if not where.is_dir():
         raise CheckpointError(f"checkpoint={str(p)!r} lies under the file {where}; pass a path in a folder.")
-    if not os.access(where, os.W_OK | os.X_OK):
+    if not writable(where):
         raise CheckpointError(f"checkpoint={str(p)!r}: the folder {where} is not writable; pass a path you can "
                               "write to.")
     return p

@@ -208,6 +208,19 @@ def _foreign_error(target: Path, kind: DirKind, foreign: list[str]) -> OutputErr
     )
 
 
+def nearest_existing(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists: where a file or folder at ``path`` would be created
+    (missing folders in between are made on the first write)."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def writable(folder: Path) -> bool:
+    """Whether new entries can be made in ``folder`` (write and search permission)."""
+    return os.access(folder, os.W_OK | os.X_OK)
+
+
 def check_output_dir(target: str | os.PathLike, kind: DirKind, *, overwrite: bool = False) -> Path:
     """Raise :class:`OutputError` now if :func:`atomic_write_dir` would refuse ``target`` (check before a
     long computation): a path that is a file, an unwritable location, or foreign files without ``overwrite``."""
@@ -220,12 +233,10 @@ def check_output_dir(target: str | os.PathLike, kind: DirKind, *, overwrite: boo
             raise _foreign_error(target, kind, foreign)
         where = target
     else:
-        where = target.parent
-        while not where.exists() and where != where.parent:
-            where = where.parent
+        where = nearest_existing(target.parent)
         if not where.is_dir():
             raise OutputError(f"{where} is a file, so {target} cannot be created; choose another path.")
-    if not os.access(where, os.W_OK | os.X_OK):
+    if not writable(where):
         raise OutputError(f"{where} is not writable, so the {kind.what} cannot be written to {target}; "
                           "choose a writable path.")
     return target
