@@ -14,17 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
-OVERLAPS = """
-() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(fig => {
-  const box = e => e.getBoundingClientRect();
-  const meet = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
-  const titles = Array.from(fig.querySelectorAll('.annotation-text, .legendtext')).map(box);
-  const ticks = Array.from(fig.querySelectorAll('.xtick text, .ytick text')).map(box);
-  let n = 0;
-  for (const t of titles) for (const k of ticks) if (meet(t, k)) n++;
-  return [fig.closest('section') ? fig.closest('section').id : '', n];
-})
-"""
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from phaselens.reporting.browser import OVERLAPS_JS  # noqa: E402
 
 
 def main() -> None:
@@ -47,7 +38,7 @@ def main() -> None:
             ids = wanted or page.evaluate("Array.from(document.querySelectorAll('section')).map(s => s.id)")
             for sid in ids:
                 page.locator(f"section#{sid}").screenshot(path=str(out / f"report_{sid}.png"))
-            print(json.dumps({"overlaps": page.evaluate(OVERLAPS), "shots": ["report_top", *ids]}, indent=1))
+            print(json.dumps({"overlaps": page.evaluate(OVERLAPS_JS), "shots": ["report_top", *ids]}, indent=1))
         finally:
             browser.close()
 

@@ -8,20 +8,8 @@ import shutil
 import pytest
 
 from phaselens.reporting import ReportSettings, report
+from phaselens.reporting.browser import OVERLAPS_JS
 from tests.conftest import LAYOUTS, task_model
-
-# boxes of subplot titles and legend entries that meet a tick label's box, per figure (as the browser lays them out)
-OVERLAPS = """
-() => Array.from(document.querySelectorAll('.js-plotly-plot')).map(fig => {
-  const box = e => e.getBoundingClientRect();
-  const meet = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
-  const titles = Array.from(fig.querySelectorAll('.annotation-text, .legendtext')).map(box);
-  const ticks = Array.from(fig.querySelectorAll('.xtick text, .ytick text')).map(box);
-  let n = 0;
-  for (const t of titles) for (const k of ticks) if (meet(t, k)) n++;
-  return [fig.closest('section') ? fig.closest('section').id : '', n];
-})
-"""
 
 TINY = ReportSettings(n_eval=4, n_record=2, n_map=2, n_cycle=2, n_repair=2)
 
@@ -135,7 +123,7 @@ def test_every_figure_renders_in_headless_chromium(built):
             rendered = page.evaluate(
                 "Array.from(document.querySelectorAll('.js-plotly-plot')).filter(d => d.querySelector('.main-svg')).length"
             )
-            overlaps = page.evaluate(OVERLAPS)
+            overlaps = page.evaluate(OVERLAPS_JS)
             headline_y = page.locator("#headline").bounding_box()["y"]
             first_fig_y = page.locator(".js-plotly-plot").first.bounding_box()["y"]
         finally:
