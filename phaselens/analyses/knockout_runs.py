@@ -70,8 +70,7 @@ def ablate_blocks(model: Any, batch: Any, ko: Knockout, *, engine: str, batch_si
     replacement is drawn for all items, then sliced per block. ``engine="full"`` runs a clean and a hooked
     forward per block, the knockout at each item's own query slot.
     """
-    from phaselens.analyses.evaluation import items_from_metrics
-    from phaselens.analyses.scoring import METRICS, block_logits
+    from phaselens.analyses.scoring import METRICS, block_logits, items_from_metrics
     from phaselens.runtime.distributed import block_labels, item_blocks, shard_map
 
     blocks = item_blocks(len(batch), batch_size)

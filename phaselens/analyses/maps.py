@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.analyses.evaluation import items_from_logits, score_items
 from phaselens.analyses.items import build_items, check_options
 from phaselens.analyses.knockout_runs import engine_metrics, full_metrics
 from phaselens.analyses.knockouts import Knockout, calibrate, check_method
+from phaselens.analyses.scoring import items_from_logits, score_items
 from phaselens.contract.protocol import PhaseModel, choose_engine, metadata_of, model_name
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError

@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.analyses.evaluation import PhaseEval, eval_from_items, items_from_metrics
+from phaselens.analyses.evaluation import PhaseEval, eval_from_items
 from phaselens.analyses.items import build_items, check_battery_items, check_options
-from phaselens.analyses.scoring import METRICS, answer_metrics, model_logits
+from phaselens.analyses.scoring import METRICS, answer_metrics, items_from_metrics, model_logits
 from phaselens.contract.protocol import PhaseModel, check_model, metadata_of, model_name
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError, NotApplicableError
