@@ -24,6 +24,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.protocol import HookContext, hook_context
 from phaselens.core.errors import InputError, PhaseGeometryError
 from phaselens.core.geometry import PhaseSpec
@@ -175,6 +176,19 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
     def analysis_spec(self) -> PhaseSpec:
         """``PhaseSpec(analysis_stride)`` (2 for V4.1), origin 0: BOS and any template count as slots."""
         return PhaseSpec(self._stride)
+
+    @property
+    def dims(self) -> ModelDims:
+        """Sizes and phase geometry as analyses read them (the model contract)."""
+        c, w = self.config, self.embed.weight
+        return ModelDims(n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads, n_key_value_heads=1,
+                         d_head=c.head_dim, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings,
+                         phase_specs=tuple(self.phase_specs), analysis_spec=self.analysis_spec,
+                         local_window=c.sliding_window, dtype=w.dtype, device=w.device)
+
+    def identity(self) -> ModelIdentity:
+        """The V4.1 config and this module's weights (fingerprints)."""
+        return ModelIdentity(type(self).__qualname__, config_dict(self.config), self)
 
     @property
     def returns_query_logits(self) -> bool:
