@@ -1,0 +1,176 @@
+"""``phaselens.ablate(model, heads, phase)``: accuracy with and without a knockout, per residue and phase."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from phaselens.analyses.knockout_runs import KO_FIELDS, ablate_block, knockout_cell
+from phaselens.analyses.knockouts import knockout
+from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.scoring import METRICS, items_from_metrics, stack_metrics
+from phaselens.contract.protocol import PhaseModel, choose_engine
+from phaselens.core.heads import Head
+from phaselens.results.base import Result
+from phaselens.stats.effects import Effects, relative_effects
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class AblationResult(Result):
+    """Clean against knocked-out accuracy for one set of heads.
+
+    ``effects`` holds ``[1, residues]`` arrays (see :class:`~phaselens.stats.effects.Effects`); ``items`` one row
+    per item with ``correct`` / ``correct_ko`` and ``logit_diff`` / ``logit_diff_ko``.
+    """
+
+    LEVELS = ("residue", "phase", "item")
+
+    heads: tuple[Head, ...]
+    method: str
+    effects: Effects
+    items: pd.DataFrame
+    stride: int
+    modulus: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def per_residue(self) -> pd.DataFrame:
+        """One row per residue with items: clean and KO accuracy, relative change with its bootstrap CI,
+        McNemar p, and the mean change of the logit difference."""
+        return _frame(self.effects, self.modulus, self.stride, "residue")
+
+    def per_phase(self) -> pd.DataFrame:
+        """Residues folded mod S: the same columns per phase, plus ``boundary``."""
+        it = self.items
+        eff = relative_effects(it["correct"].to_numpy(), it["correct_ko"].to_numpy()[None],
+                               it["residue"].to_numpy() % self.stride, self.stride,
+                               clean_ld=it["logit_diff"].to_numpy(), ko_ld=it["logit_diff_ko"].to_numpy()[None],
+                               n_bootstrap=int(self.metadata.get("arguments", {}).get("n_bootstrap", 1000)),
+                               seed=int(self.metadata.get("arguments", {}).get("seed", 0)))
+        out = _frame(eff, self.stride, self.stride, "phase")
+        out["boundary"] = out["phase"] == self.stride - 1
+        return out
+
+    def per_item(self) -> pd.DataFrame:
+        return self.items.copy()
+
+    def summary(self) -> str:
+        ph = self.per_phase()
+        heads = ", ".join(map(str, self.heads[:6])) + ("..." if len(self.heads) > 6 else "")
+        lines = [f"AblationResult: knock out {heads} ({self.method}) on {len(self.items)} items, stride {self.stride}"]
+        for row in ph.itertuples():
+            rc = "undefined (clean acc < 2%)" if row.undefined else (
+                f"{row.rel_change:+.1f}% [{row.ci_low:+.1f}, {row.ci_high:+.1f}], p={row.pvalue:.2g}")
+            lines.append(f"  phase {row.phase}{' (boundary)' if row.boundary else ''}: clean {100 * row.clean_acc:.1f}% "
+                         f"-> KO {100 * row.ko_acc:.1f}%  ({rc})")
+        return "\n".join(lines)
+
+    def plot(self, **kwargs: Any):
+        from phaselens import plots
+
+        return plots.phase_rose(self, **kwargs)
+
+
+def _frame(e: Effects, n_groups: int, stride: int, level: str) -> pd.DataFrame:
+    g = np.arange(n_groups)
+    df = pd.DataFrame({
+        level: g, **({"phase": g % stride} if level == "residue" else {}), "n": e.n,
+        "clean_acc": e.clean_acc, "ko_acc": e.ko_acc[0], "rel_change": e.rel_change[0],
+        "ci_low": e.ci_low[0], "ci_high": e.ci_high[0], "pvalue": e.pvalue[0],
+        "delta_logit_diff": e.delta_logit_diff[0], "undefined": e.undefined[0],
+    })
+    return df[df["n"] > 0].reset_index(drop=True)
+
+
+class Ablation(Analysis):
+    """Clean and knocked-out answers of every item, one block of items per unit."""
+
+    name = "ablate"
+    stage = "ablate"
+
+    def __init__(self, heads: Any, method: str, calibration: Any, engine: str) -> None:
+        self.heads, self.method, self.calibration, self.engine = heads, method, calibration, engine
+
+    def check(self, model: Any, options: Common) -> None:
+        self.used = choose_engine(model, self.engine)  # a bad engine is refused before the calibration runs
+
+    def prepare(self, run: Run) -> None:
+        o = run.options
+        ko = knockout(run.model, self.heads, method=self.method, calibration=self.calibration, task=run.task,
+                      seed=o.seed)
+        if self.used == "suffix" and self.engine == "auto" and len({h.layer for h in ko.heads}) > 1:
+            self.used = "full"  # the engine intervenes at one layer per cell
+        self.ko = ko
+        self.cell = knockout_cell(ko, len(run.batch)) if self.used == "suffix" else None
+        run.note.update(engine=self.used, calibration=None if ko.calibration is None else ko.calibration.source)
+
+    def fields(self, run: Run) -> tuple[str, ...]:
+        return (*METRICS, *KO_FIELDS)
+
+    def fingerprint(self, run: Run) -> dict[str, Any]:
+        cal = self.ko.calibration
+        return dict(heads=[str(h) for h in self.ko.heads], method=self.method,
+                    calibration=None if cal is None else cal.z, seed=run.options.seed, engine=self.used)
+
+    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+        return [ablate_block(run.model, run.batch, self.ko, self.cell, run.blocks[b],
+                             batch_size=run.options.batch_size) for b in idx]
+
+    def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> AblationResult:
+        m = stack_metrics(parts, (*METRICS, *KO_FIELDS))
+        items = items_from_metrics(run.batch, {k: m[k] for k in METRICS})
+        items["correct_ko"] = np.asarray(m["correct_ko"], bool)
+        items["logit_diff_ko"] = m["logit_diff_ko"]
+        o = run.options
+        eff = relative_effects(
+            items["correct"].to_numpy(), items["correct_ko"].to_numpy()[None], items["residue"].to_numpy(),
+            run.modulus, clean_ld=items["logit_diff"].to_numpy(), ko_ld=items["logit_diff_ko"].to_numpy()[None],
+            n_bootstrap=o.n_bootstrap, seed=o.seed,
+        )
+        return AblationResult(self.ko.heads, self.method, eff, items, run.stride, run.modulus, run.metadata())
+
+
+@public
+def ablate(
+    model: PhaseModel,
+    heads: Any,
+    phase: int | Sequence[int] | None = None,
+    *,
+    task: Any = None,
+    n_per_residue: int = 128,
+    residues: Sequence[int] | None = None,
+    seed: int = 0,
+    batch_size: int = 64,
+    stride: int | None = None,
+    progress: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    n_bootstrap: int = N_BOOTSTRAP,
+    method: str = "mean",
+    calibration: Any = None,
+    engine: str = "auto",
+) -> AblationResult:
+    """Evaluate ``task`` with and without knocking out ``heads`` at each item's query position.
+
+    Args:
+        model: a phaselens model (or adapter, or phase ensemble).
+        heads: ``(layer, head)``, ``"L2H3"``, ``"L2"``, ``"L2KV0"``, or a list of these.
+        phase: phases (residue mod S) to evaluate: an int, a list, or ``None`` for all (or pass ``residues``).
+        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
+            options (docs/api.md). A checkpoint holds finished blocks of ``batch_size`` items (clean and knocked
+            out); its fingerprint covers the model, the items, the heads, method, calibration, seed, batch size
+            and engine, so a checkpoint of another run is refused.
+        method: ``"mean"`` (calibration mean, the paper's choice), ``"zero"`` or ``"resample"``.
+        calibration: the calibration items for ``mean``/``resample`` (default: the task's own, another seed).
+        engine: ``"auto"`` (the query-suffix engine when the model offers it and the heads sit in one layer),
+            ``"suffix"`` or ``"full"``; ``metadata["engine"]`` names the one used.
+
+    Example:
+        >>> res = phaselens.ablate(phaselens.load("zoo:w8s4"), "L0H3", phase=3, n_per_residue=32)  # doctest: +SKIP
+        >>> res.per_phase()  # doctest: +SKIP
+    """
+    options = Common(n_per_residue, residues, phase, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
+    return run(Ablation(heads, method, calibration, engine), model, task, options, arguments_of(ablate, locals()))

@@ -1,0 +1,295 @@
+"""Per-phase activation patching of per-head ``z`` at the query position, with the tasks' corrupted twins."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Literal
+
+import numpy as np
+import pandas as pd
+import torch
+
+from phaselens.analyses.knockouts import capture_z, z_name
+from phaselens.analyses.runner import (
+    N_BOOTSTRAP,
+    Analysis,
+    Common,
+    Run,
+    arguments_of,
+    heads_or_task,
+    public,
+    run,
+)
+from phaselens.analyses.scoring import (
+    answer_metrics,
+    model_logits,
+    plain_forward,
+    query_logits,
+    query_metrics,
+)
+from phaselens.contract.protocol import HookContext, PhaseModel, choose_engine
+from phaselens.core.checks import as_float
+from phaselens.core.errors import InputError
+from phaselens.core.heads import Head, parse_heads
+from phaselens.core.labelled import Labelled
+from phaselens.results.base import Result
+from phaselens.runtime.engines import Cell
+from phaselens.runtime.world import world
+from phaselens.stats.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
+
+EPS_DENOM = 1e-3
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class PatchResult(Result):
+    """Normalized recovery per head and residue.
+
+    Denoising: ``(M_patched - M_corrupt) / (M_clean - M_corrupt)``; noising:
+    ``(M_clean - M_patched) / (M_clean - M_corrupt)``; each a ratio of means over a group's items (a
+    residue, or a phase), with ``M`` the answer-minus-wrong logit difference. NaN (and ``undefined``) where
+    ``|M_clean - M_corrupt|`` is below ``eps``.
+
+    Attributes:
+        recovery: ``Labelled[layer, head, residue]`` with 95% bootstrap CIs (items resampled per residue).
+        undefined: ``[layer, head, residue]`` bool; m_clean, m_corrupt: ``[residue]``; m_patched:
+            ``[layer, head, residue]`` (group means of the logit difference).
+        item_clean, item_corrupt: ``[N]``, item_patched: ``[heads, N]``, residue: ``[N]`` (per-item values).
+    """
+
+    recovery: Labelled
+    undefined: np.ndarray
+    m_clean: np.ndarray
+    m_corrupt: np.ndarray
+    m_patched: np.ndarray
+    heads: tuple[Head, ...]
+    direction: str
+    stride: int
+    modulus: int
+    item_clean: np.ndarray
+    item_corrupt: np.ndarray
+    item_patched: np.ndarray
+    residue: np.ndarray
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def _frame(self, groups: np.ndarray, n_groups: int, level: str) -> pd.DataFrame:
+        args = self.metadata.get("arguments", {})
+        rec, lo, hi, und, mc, mx, mp = recovery(self.item_clean, self.item_corrupt, self.item_patched, groups,
+                                                n_groups, self.direction, float(args.get("eps", EPS_DENOM)),
+                                                n_bootstrap=int(args.get("n_bootstrap", 500)),
+                                                seed=int(args.get("seed", 0)))
+        K = len(self.heads)
+        g = np.arange(n_groups)
+        out = pd.DataFrame({
+            "layer": np.repeat([h.layer for h in self.heads], n_groups),
+            "head": np.repeat([h.head for h in self.heads], n_groups),
+            level: np.tile(g, K), "n": np.tile(group_counts(groups, n_groups), K),
+            "recovery": rec.ravel(), "ci_low": lo.ravel(), "ci_high": hi.ravel(), "undefined": und.ravel(),
+            "m_clean": np.tile(mc, K), "m_corrupt": np.tile(mx, K), "m_patched": mp.ravel(),
+        })
+        if level == "residue":
+            out.insert(3, "phase", out["residue"] % self.stride)
+        else:
+            out["boundary"] = out["phase"] == self.stride - 1
+        return out[out["n"] > 0].reset_index(drop=True)
+
+    def per_residue(self) -> pd.DataFrame:
+        """Tidy rows per (layer, head, residue): recovery with its CI, ``undefined``, and the group means
+        M_clean / M_corrupt / M_patched."""
+        return self._frame(self.residue, self.modulus, "residue")
+
+    def per_phase(self) -> pd.DataFrame:
+        """The same per (layer, head, phase): residues folded mod S."""
+        return self._frame(self.residue % self.stride, self.stride, "phase")
+
+    def summary(self) -> str:
+        v = self.recovery.values
+        best = np.unravel_index(np.nanargmax(np.nan_to_num(v, nan=-np.inf)), v.shape) if np.isfinite(v).any() else None
+        where = f"; largest: L{best[0]}H{best[1]} residue {best[2]} ({v[best]:.2f})" if best else ""
+        return f"PatchResult({self.direction}, {len(self.heads)} heads x {self.modulus} residues{where})"
+
+    def plot(self, **kwargs: Any):
+        from phaselens import plots
+
+        return plots.patch_heatmap(self, **kwargs)
+
+
+def recovery(item_clean: np.ndarray, item_corrupt: np.ndarray, item_patched: np.ndarray, groups: np.ndarray,
+             n_groups: int, direction: str, eps: float, *, n_bootstrap: int = 0, seed: int = 0,
+             level: float = 0.95) -> tuple[np.ndarray, ...]:
+    """Normalized recovery per head and group from per-item logit differences.
+
+    Args:
+        item_clean, item_corrupt: ``[N]``; item_patched: ``[K, N]``; groups: ``[N]`` in ``0..G-1``.
+
+    Returns:
+        ``(recovery, ci_low, ci_high, undefined, m_clean, m_corrupt, m_patched)``: ``[K, G]`` except the
+        ``[G]`` means; the CI is a percentile bootstrap of the ratio (items resampled within groups).
+    """
+    def ratio(mc: np.ndarray, mx: np.ndarray, mp: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        den = mc - mx
+        und = np.abs(den) < eps
+        num = mp - mx if direction == "denoise" else mc - mp
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(und | np.isnan(mp), np.nan, num / np.where(und, 1.0, den)), und
+
+    mc, mx = residue_mean(item_clean, groups, n_groups), residue_mean(item_corrupt, groups, n_groups)
+    mp = residue_mean(np.atleast_2d(item_patched).T, groups, n_groups)  # [K, G]
+    rec, und = ratio(mc[None], mx[None], mp)
+    und = np.broadcast_to(und, rec.shape).copy()
+    lo = hi = np.full(rec.shape, np.nan)
+    if n_bootstrap:
+        counts = bootstrap_counts(groups, n_groups, n_bootstrap, np.random.default_rng(seed))
+        b = bootstrap_group_means(np.vstack([item_clean, item_corrupt, np.atleast_2d(item_patched)]), counts,
+                                  groups, n_groups)  # [2 + K, B, G]
+        r_b, _ = ratio(b[0][None], b[1][None], b[2:])  # [K, B, G]
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            q = np.nanquantile(r_b, [(1 - level) / 2, (1 + level) / 2], axis=1)
+        lo, hi = np.where(np.isnan(rec), np.nan, q[0]), np.where(np.isnan(rec), np.nan, q[1])
+    return rec, lo, hi, und, mc, mx, mp
+
+
+class Patching(Analysis):
+    """Clean and corrupted answers once, then one unit per head: its query ``z`` patched from the source run."""
+
+    name = "patch"
+    stage = "patch"
+    unit = "cell"
+    bar_unit = "cell"
+
+    def __init__(self, heads: Any, direction: str, site: str, eps: float, engine: str) -> None:
+        self.heads, self.direction, self.site, self.eps, self.engine = heads, direction, site, eps, engine
+
+    def check(self, model: Any, options: Common) -> None:
+        if self.site != "z":
+            raise InputError(f"site {self.site!r} is not supported; patching works on per-head 'z' (site='z').")
+        if self.direction not in ("denoise", "noise"):
+            raise InputError(f"direction must be 'denoise' or 'noise', got {self.direction!r}.")
+        self.eps = as_float("eps", self.eps, positive=True, fix="It is the smallest |clean - corrupt| metric gap "
+                            f"that counts as defined (default {EPS_DENOM}).")
+        self.used = choose_engine(model, self.engine)
+        cfg = model.cfg
+        self.parsed = parse_heads(self.heads if self.heads is not None else [f"L{i}" for i in range(cfg.n_layers)],
+                                  cfg)
+
+    def prepare(self, run: Run) -> None:
+        model, batch, bs = run.model, run.batch, run.options.batch_size
+        clean, corrupt = batch.tokens, batch.corrupted
+        self.base, source = (corrupt, clean) if self.direction == "denoise" else (clean, corrupt)
+        layers = sorted({h.layer for h in self.parsed})
+        self.src_z = capture_z(model, source, batch.query_pos, layers, batch_size=bs)  # {layer: [N, copies, H, d]}
+
+        def metric(tokens: torch.Tensor) -> np.ndarray:  # item blocks split across ranks under torch.distributed
+            b = SimpleNamespace(tokens=tokens, query_pos=batch.query_pos, answer=batch.answer, wrong=batch.wrong)
+            return query_metrics(plain_forward(model), b, batch_size=bs, desc="patch")["logit_diff"]
+
+        self.item_clean, self.item_corrupt = metric(clean), metric(corrupt)
+        self.eng = model.query_engine(self.base, batch.query_pos, batch_size=bs) if self.used == "suffix" else None
+        run.note["engine"] = self.used
+
+    def labels(self, run: Run) -> list[str]:
+        return [str(h) for h in self.parsed]
+
+    def fields(self, run: Run) -> tuple[str, ...]:
+        return ("logit_diff",)
+
+    def fingerprint(self, run: Run) -> dict[str, Any]:
+        return dict(corrupted=run.batch.corrupted, heads=[str(h) for h in self.parsed], direction=self.direction,
+                    site=self.site, seed=run.options.seed, engine=self.used)
+
+    def per_call(self, run: Run) -> int:
+        if run.options.checkpoint is None:  # each rank's whole share in one call: nothing to write between cells
+            return max(1, -(-len(self.parsed) // world().size))
+        # a round per engine pass (per head with full forwards): the checkpoint is written after each
+        return max(1, 4096 // max(1, len(run.batch))) if self.used == "suffix" else 1
+
+    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray]]:
+        batch, heads, src = run.batch, self.parsed, self.src_z
+        if self.eng is not None:
+            cells = [Cell(heads[i].layer, [heads[i].head], src[heads[i].layer][:, 0, [heads[i].head]]) for i in idx]
+            return [(answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"],) for lg in self.eng.run(cells)]
+        return [(answer_metrics(query_logits(_query_patch(run.model, heads[i], src[heads[i].layer]), self.base,
+                                             batch.query_pos, batch_size=run.options.batch_size),
+                                batch.answer, batch.wrong)["logit_diff"],) for i in idx]
+
+    def result(self, run: Run, parts: list[tuple[np.ndarray]]) -> PatchResult:
+        patched = np.stack([p[0] for p in parts])  # [heads, N]
+        res = run.batch.frame["residue"].to_numpy()
+        M, o = run.modulus, run.options
+        L, H = int(run.model.cfg.n_layers), int(run.model.cfg.n_heads)
+        rec, lo, hi, und_k, mc, mx, mp_k = recovery(self.item_clean, self.item_corrupt, patched, res, M,
+                                                     self.direction, self.eps, n_bootstrap=o.n_bootstrap, seed=o.seed)
+        li = np.array([h.layer for h in self.parsed], dtype=int)
+        hi_ = np.array([h.head for h in self.parsed], dtype=int)
+
+        def grid(values: np.ndarray, fill: Any = np.nan) -> np.ndarray:
+            out = np.full((L, H, M), fill, dtype=np.asarray(values).dtype if fill is False else float)
+            out[li, hi_] = values
+            return out
+
+        coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
+        lab = Labelled(grid(rec), ("layer", "head", "residue"), coords, grid(lo), grid(hi),
+                       name=f"{self.direction}_recovery")
+        return PatchResult(lab, grid(und_k, False), mc, mx, grid(mp_k), self.parsed, self.direction, run.stride, M,
+                           self.item_clean, self.item_corrupt, patched, res, run.metadata())
+
+
+@public
+def patch(
+    model: PhaseModel,
+    heads: Any = None,
+    phase: Any = None,
+    *,
+    task: Any = None,
+    n_per_residue: int = 64,
+    residues: Sequence[int] | None = None,
+    seed: int = 0,
+    batch_size: int = 64,
+    stride: int | None = None,
+    progress: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    n_bootstrap: int = N_BOOTSTRAP,
+    direction: Literal["denoise", "noise"] = "denoise",
+    site: str = "z",
+    eps: float = EPS_DENOM,
+    engine: str = "auto",
+) -> PatchResult:
+    """Patch each head's query-position ``z`` between clean items and their corrupted twins.
+
+    Args:
+        heads: which heads (default: all); any head spec ``parse_heads`` accepts.
+        phase: which phases' items (default all; or pass ``residues``).
+        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
+            options (docs/api.md). A checkpoint holds finished cells (heads); its fingerprint covers the model,
+            the clean and corrupted items, the heads, direction, site, seed, batch size and engine, so a
+            checkpoint of another run is refused.
+        direction: ``"denoise"`` patches clean ``z`` into the corrupted run; ``"noise"`` the reverse.
+        site: only ``"z"`` (the per-head input of the output projection) is supported.
+        eps: the smallest ``|M_clean - M_corrupt|`` for which recovery is defined.
+        engine: ``"auto"``, ``"suffix"`` (query rows over a cached prefix) or ``"full"``.
+    """
+    heads, task = heads_or_task(heads, task, "patch")
+    options = Common(n_per_residue, residues, phase, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
+    return run(Patching(heads, direction, site, eps, engine), model, task, options, arguments_of(patch, locals()))
+
+
+def _query_patch(model: Any, head: Head, source: torch.Tensor):
+    """A ``Forward`` that writes ``head``'s source ``z`` ``[N, copies, H, d]`` at each row's query slot (copy k's
+    rows from copy k of the source)."""
+
+    def run(tokens: torch.Tensor, query_pos: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        def hook(z: torch.Tensor, hook: HookContext) -> torch.Tensor:
+            z = z.clone()
+            src = source[items, :, head.head].transpose(0, 1).flatten(0, 1)  # copy-major rows [copies * b, d]
+            at = hook.rows(query_pos, z.shape[1]).to(z.device)
+            z[torch.arange(z.shape[0], device=z.device), at, head.head] = src.to(device=z.device, dtype=z.dtype)
+            return z
+
+        return model_logits(model, tokens, query_pos, [(z_name(head.layer), hook)])
+
+    return run
