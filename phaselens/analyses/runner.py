@@ -142,6 +142,10 @@ class Analysis:
     def check(self, model: Any, options: Common) -> None:
         """Check the analysis's own options (before any item is built)."""
 
+    def dry_run(self, run: Run) -> Any:
+        """What to return instead of running, once the items are built (a plan), or ``None`` to run."""
+        return None
+
     def prepare(self, run: Run) -> None:
         """Compute what every unit shares (default: nothing)."""
 
@@ -182,6 +186,9 @@ def run(analysis: Analysis, model: Any, task: Any, options: Common, arguments: d
 
         check_battery_items(spec, batch, options.stride, analysis.name)
     r = Run(analysis.name, model, task, spec, batch, options, arguments)
+    plan = analysis.dry_run(r)
+    if plan is not None:
+        return plan
     analysis.prepare(r)
     labels = analysis.labels(r)
     store = None
