@@ -114,7 +114,8 @@ def kinds(tmp_path_factory):
     unc = task_model(LAYOUTS["w8s4-deepseek"], compressed_layers=(1,), n_layers=2)
     ens_zoo = phaselens.phase_ensemble(zoo)
     ens_v4 = phaselens.phase_ensemble(v4)
-    v41 = phaselens.load(f"hf:{write_tiny_checkpoint(tmp_path_factory.mktemp('v41') / 'tiny-v41')}", dtype=torch.float32)
+    v41 = phaselens.load(f"hf:{write_tiny_checkpoint(tmp_path_factory.mktemp('v41') / 'tiny-v41', engram=True)}",
+                          dtype=torch.float32)  # with Engram, as the released model
     v41.default_task = V4_TASK  # vocabulary 128 = the task's
     out = [
         Kind("zoo", zoo),
