@@ -72,7 +72,7 @@ def build(seed: int, layers_hash: int = 1) -> tuple[torch.nn.Module, torch.nn.Mo
 
 
 def logit_metrics(a: torch.Tensor, r: torch.Tensor) -> dict[str, float]:
-    a, r = a.double(), r.double()
+    a, r = a.detach().double(), r.detach().double()
     return {"mean_rel": float((a - r).abs().mean() / r.abs().mean()),
             "max_rel": float((a - r).abs().max() / r.abs().max())}
 
@@ -107,6 +107,64 @@ def reference(ref: Any, hf: torch.nn.Module, tokens: torch.Tensor, *, fp32: bool
     return model, loader.reference_run(model, tokens)
 
 
+def run(reference_dir: Path, *, tokens: int = 256, batch: int = 2, binding_topk: int = 16, seed: int = 0
+        ) -> dict[str, Any]:
+    """Every comparison of the module docstring, as a dict."""
+    torch.manual_seed(seed)
+    ref = loader.import_reference(reference_dir)
+    fp32_model, bf16_model = build(seed)
+    ids = torch.randint(0, fp32_model.config.vocab_size, (batch, tokens), generator=torch.Generator().manual_seed(seed + 2))
+    out: dict[str, Any] = {"tokens": tokens, "batch": batch, "seed": seed, "reference": str(reference_dir),
+                           "entries_csa": tokens // 4, "binding_topk": binding_topk}
+    topks = (("all_entries", "all"), ("binding", binding_topk))
+
+    _, r32 = reference(ref, fp32_model, ids, fp32=True, quant="none")
+    out["fp32"] = {n: logit_metrics(adapter_run(fp32_model, ids, numerics=n)["logits"], r32["logits"])
+                   for n in ("transformers", "reference")}
+
+    out["bf16"] = {}
+    for label, topk in topks:
+        from_hf(bf16_model, index_topk=topk)  # sets config.index_topk, which the reference reads
+        ref_model, base = reference(ref, bf16_model, ids, quant="none")
+        section: dict[str, Any] = {}
+        for name, kw in (("floor_blocks_of_8", dict(block=8)), ("floor_fp32_probabilities", dict(round_probs=False))):
+            section[name] = compare(reference(ref, bf16_model, ids, quant="none", **kw)[1], base)
+        for numerics in ("transformers", "reference"):
+            section[numerics] = compare(adapter_run(bf16_model, ids, numerics=numerics, index_topk=topk), base)
+        out["bf16"][label] = section
+        if label == "all_entries":
+            record: list = []
+            loader.use_kernels(ref, quant="none", record=record)
+            cap = ops.capture(ref_model, ids, record)
+            out["ops"] = {"floor": ops.core_floor(cap)}
+            for numerics in ("transformers", "reference"):
+                from_hf(bf16_model, numerics=numerics)
+                out["ops"][numerics] = ops.op_errors(bf16_model, cap, ids,
+                                                     lambda s, m=ref_model: loader.head_logits(m, s))
+
+    out["quantize"] = {}
+    for label, topk in topks:
+        from_hf(bf16_model, index_topk=topk)
+        refs = {q: reference(ref, bf16_model, ids, quant=q)[1] for q in ("none", "published", "e4m3")}
+        floors = {q: reference(ref, bf16_model, ids, quant=q, block=8)[1] for q in ("published", "e4m3")}
+        runs = {q: adapter_run(bf16_model, ids, quantize=q, index_topk=topk) for q in (None, "published", "fp8")}
+        pairs = {
+            "adapter None vs reference without rounding": (runs[None], refs["none"]),
+            "adapter 'published' vs reference as published": (runs["published"], refs["published"]),
+            "floor as published (reference, blocks of 8)": (floors["published"], refs["published"]),
+            "adapter 'fp8' vs reference with e4m3": (runs["fp8"], refs["e4m3"]),
+            "floor with e4m3 (reference, blocks of 8)": (floors["e4m3"], refs["e4m3"]),
+            "adapter 'fp8' vs reference as published": (runs["fp8"], refs["published"]),
+            "adapter None vs reference as published": (runs[None], refs["published"]),
+            "effect of 'published' on the adapter (vs None)": (runs["published"], runs[None]),
+            "effect of 'fp8' on the adapter (vs None)": (runs["fp8"], runs[None]),
+            "reference: effect of e4m3 (vs as published)": (refs["e4m3"], refs["published"]),
+        }
+        out["quantize"][label] = {k: compare(x, y) for k, (x, y) in pairs.items()}
+    from_hf(bf16_model, index_topk="all")
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reference", type=Path, required=True, help="DeepSeek-V4's inference/ directory (model.py)")
@@ -116,54 +174,8 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="also write the JSON here")
     a = p.parse_args()
-    torch.manual_seed(a.seed)
-    ref = loader.import_reference(a.reference)
-    fp32_model, bf16_model = build(a.seed)
-    tokens = torch.randint(0, fp32_model.config.vocab_size, (a.batch, a.tokens),
-                           generator=torch.Generator().manual_seed(a.seed + 2))
-    out: dict[str, Any] = {"tokens": a.tokens, "batch": a.batch, "seed": a.seed, "reference": str(a.reference),
-                           "entries_csa": a.tokens // 4, "binding_topk": a.binding_topk}
-
-    _, r32 = reference(ref, fp32_model, tokens, fp32=True, quant="none")
-    out["fp32"] = {n: logit_metrics(adapter_run(fp32_model, tokens, numerics=n)["logits"], r32["logits"])
-                   for n in ("transformers", "reference")}
-
-    out["bf16"] = {}
-    for label, topk in (("all_entries", "all"), ("binding", a.binding_topk)):
-        from_hf(bf16_model, index_topk=topk)  # sets config.index_topk, which the reference reads
-        ref_model, base = reference(ref, bf16_model, tokens, quant="none")
-        section: dict[str, Any] = {}
-        for name, kw in (("floor_blocks_of_8", dict(block=8)), ("floor_fp32_probabilities", dict(round_probs=False))):
-            section[name] = compare(reference(ref, bf16_model, tokens, quant="none", **kw)[1], base)
-        for numerics in ("transformers", "reference"):
-            section[numerics] = compare(adapter_run(bf16_model, tokens, numerics=numerics, index_topk=topk), base)
-        out["bf16"][label] = section
-        if label == "all_entries":
-            record: list = []
-            loader.use_kernels(ref, quant="none", record=record)
-            cap = ops.capture(ref_model, tokens, record)
-            out["ops"] = {"floor": ops.core_floor(cap)}
-            for numerics in ("transformers", "reference"):
-                from_hf(bf16_model, numerics=numerics)
-                out["ops"][numerics] = ops.op_errors(bf16_model, cap, tokens,
-                                                     lambda s, m=ref_model: loader.head_logits(m, s))
-
-    out["quantize"] = {}
-    for label, topk in (("all_entries", "all"), ("binding", a.binding_topk)):
-        from_hf(bf16_model, index_topk=topk)
-        refs = {q: reference(ref, bf16_model, tokens, quant=q)[1] for q in ("none", "published", "e4m3")}
-        runs = {q: adapter_run(bf16_model, tokens, quantize=q, index_topk=topk) for q in (None, "published", "fp8")}
-        pairs = {
-            "adapter None vs reference without rounding": (runs[None], refs["none"]),
-            "adapter 'published' vs reference as published": (runs["published"], refs["published"]),
-            "adapter 'fp8' vs reference with e4m3": (runs["fp8"], refs["e4m3"]),
-            "adapter 'fp8' vs reference as published": (runs["fp8"], refs["published"]),
-            "adapter None vs reference as published": (runs[None], refs["published"]),
-            "effect of 'published' on the adapter (vs None)": (runs["published"], runs[None]),
-            "effect of 'fp8' on the adapter (vs None)": (runs["fp8"], runs[None]),
-            "reference: effect of e4m3 (vs as published)": (refs["e4m3"], refs["published"]),
-        }
-        out["quantize"][label] = {k: compare(x, y) for k, (x, y) in pairs.items()}
+    torch.set_num_threads(1)
+    out = run(a.reference, tokens=a.tokens, batch=a.batch, binding_topk=a.binding_topk, seed=a.seed)
     text = json.dumps(out, indent=2)
     print(text)
     if a.out:

@@ -9,10 +9,12 @@ from 65,536 tokens, β 32 / 1), interleaved pairs, no magnitude scaling. Every s
 the same formula gives the float64 truth, the reference's bf16 pipeline (fp32 projections and pooling, the
 pooled rows cast to bf16 before the norm, fp32 RoPE tables) and transformers' (everything in bf16).
 
-The quantization steps (``inference/kernel.py``'s ``act_quant`` / ``fp4_act_quant`` with ``inplace=True`` and
-the ``ue8m0`` scale format): each block of channels becomes ``q(clamp(x / s)) * s`` with one power-of-two
-scale ``s = 2**ceil(log2(amax / qmax))``, ``amax`` floored at 1e-4 (FP8) or 6 * 2**-126 (FP4), ``q`` rounding
-to nearest, ties to even, on the format's grid (decoded here from the formats' bit layouts).
+The quantization steps: each block of channels becomes ``q(clamp(x / s)) * s`` with one power-of-two scale
+``s = 2**ceil(log2(amax / qmax))`` (the ``ue8m0`` scale format), ``amax`` floored at 1e-4 (FP8) or 6 * 2**-126
+(FP4), ``q`` rounding to nearest, ties to even, on the format's grid (decoded here from the formats' bit
+layouts). That is what ``inference/kernel.py``'s ``fp4_act_quant(inplace=True)`` computes for FP4, and what an
+FP8 KV cache does for e4m3; the published ``act_quant(inplace=True)`` instead casts ``x / s`` through its
+input's own dtype (bf16), which changes nothing (:func:`act_quant_emulated`).
 """
 
 from __future__ import annotations

@@ -200,6 +200,23 @@ def unscaled_yarn(config: Any) -> list[str]:
     ]
 
 
+# The share of DeepSeek's reference's indexer picks that the adapter also makes with a binding index_topk, in
+# bf16, per numerics (and between two legitimate emulations of the reference's kernels: the floor). Measured by
+# scripts/v4_reference_parity.py on a tiny random V4 (index_topk 16 of 64 entries; docs/deepseek_v4.md,
+# "Binding index_topk"). In fp32 the picks were identical. A run's own index_topk_fragile_picks estimates the
+# disagreement on the model at hand.
+PICK_AGREEMENT_BF16 = {"reference": 0.998, "transformers": 0.996, "floor": (0.997, 0.999)}
+
+
+def pick_agreement(numerics: Numerics, dtype: torch.dtype) -> dict[str, Any]:
+    """What ``analysis_metadata["index_topk_pick_agreement"]`` says for a model of ``dtype`` (see above)."""
+    if dtype == torch.float32:
+        return {"measured": 1.0, "floor": None, "where": "fp32, adapter vs DeepSeek's reference (identical picks)"}
+    return {"measured": PICK_AGREEMENT_BF16[numerics], "floor": list(PICK_AGREEMENT_BF16["floor"]),
+            "where": "bf16, binding index_topk, adapter vs DeepSeek's reference on a tiny random V4 "
+                     "(docs/deepseek_v4.md, 'Binding index_topk'); index_topk_fragile_picks estimates it per run"}
+
+
 def configure(
     model: nn.Module, geometry: list[LayerGeometry], *, numerics: Numerics, quantize: Quantize
 ) -> list[str]:
