@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from v4_reference import loader, ops  # noqa: E402
 
-from phaselens.adapters.deepseek_v4 import IndexTopKWarning, from_hf  # noqa: E402
+from phaselens.models.deepseek_v4 import IndexTopKWarning, from_hf  # noqa: E402
 from tests.deepseek import QUANTIZABLE, tiny_v4_model  # noqa: E402
 
 

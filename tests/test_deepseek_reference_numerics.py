@@ -15,12 +15,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from phaselens.adapters.deepseek_v4 import IndexTopKWarning, from_hf
-from phaselens.adapters.deepseek_v4.numerics import restore, swapped, unscaled_yarn
-from phaselens.adapters.deepseek_v4.quantization import fp8_simulate
-from phaselens.adapters.deepseek_v4.reference_ops import mix_streams, reference_attention
-from phaselens.errors import ConfigError
-from phaselens.fingerprint import model_fingerprint
+from phaselens.core.errors import ConfigError
+from phaselens.models.deepseek_v4 import IndexTopKWarning, from_hf
+from phaselens.models.deepseek_v4.numerics import restore, swapped, unscaled_yarn
+from phaselens.models.deepseek_v4.quantization import fp8_simulate
+from phaselens.models.deepseek_v4.reference_ops import mix_streams, reference_attention
+from phaselens.runtime.fingerprints import model_fingerprint
 from tests.deepseek import (
     FLASH_CONFIG,
     QUANTIZABLE,

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phaselens.adapters.deepseek_v4 import reference_ops
+from phaselens.models.deepseek_v4 import reference_ops
 from tests import deepseek_reference as emu
 
 
