@@ -132,15 +132,14 @@ def run(reference_dir: Path, *, tokens: int = 256, batch: int = 2, binding_topk:
         for numerics in ("transformers", "reference"):
             section[numerics] = compare(adapter_run(bf16_model, ids, numerics=numerics, index_topk=topk), base)
         out["bf16"][label] = section
-        if label == "all_entries":
-            record: list = []
-            loader.use_kernels(ref, quant="none", record=record)
-            cap = ops.capture(ref_model, ids, record)
-            out["ops"] = {"floor": ops.core_floor(cap)}
-            for numerics in ("transformers", "reference"):
-                from_hf(bf16_model, numerics=numerics)
-                out["ops"][numerics] = ops.op_errors(bf16_model, cap, ids,
-                                                     lambda s, m=ref_model: loader.head_logits(m, s))
+        record: list = []
+        loader.use_kernels(ref, quant="none", record=record)
+        cap = ops.capture(ref_model, ids, record)
+        key = "ops" if label == "all_entries" else "ops_binding"
+        out[key] = {"floor": ops.core_floor(cap)}
+        for numerics in ("transformers", "reference"):
+            from_hf(bf16_model, numerics=numerics)
+            out[key][numerics] = ops.op_errors(bf16_model, cap, ids, lambda s, m=ref_model: loader.head_logits(m, s))
 
     out["quantize"] = {}
     for label, topk in topks:
@@ -165,6 +164,49 @@ def run(reference_dir: Path, *, tokens: int = 256, batch: int = 2, binding_topk:
     return out
 
 
+def _e(v: float | None) -> str:
+    return "–" if v is None else ("0" if v == 0 else f"{v:.1e}")
+
+
+def markdown(out: dict[str, Any]) -> str:
+    """The tables docs/deepseek_v4.md quotes, from :func:`run`'s output."""
+    b, lines = out["bf16"], []
+    lines += ["| logits against DeepSeek's reference | fp32 | bf16, every entry | bf16, binding `index_topk` "
+              "| picks agreeing (binding) |", "|---|---|---|---|---|"]
+    rows = (("floor: reference, blocks of 8", "floor_blocks_of_8"),
+            ("floor: reference, fp32 probabilities", "floor_fp32_probabilities"),
+            ('adapter, `numerics="transformers"`', "transformers"), ('adapter, `numerics="reference"`', "reference"))
+    for name, key in rows:
+        f32 = out["fp32"].get(key)
+        cells = [f"{_e(f32['mean_rel'])} / {_e(f32['max_rel'])}" if f32 else "–"]
+        cells += [f"{_e(b[t][key]['mean_rel'])} / {_e(b[t][key]['max_rel'])}" for t in ("all_entries", "binding")]
+        fragile = b["binding"][key].get("adapter_fragile_picks")
+        agree = f"{100 * b['binding'][key]['pick_agreement_mean']:.2f}%"
+        cells.append(agree + (f" (fragile: {100 * fragile:.2f}%)" if fragile is not None else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += ["", "| op (given the reference's input), layers 0 / 1 / 2 / 3 | `\"transformers\"` | `\"reference\"` "
+              "| floor |", "|---|---|---|---|"]
+    floor = out["ops"]["floor"]
+    for op, values in out["ops"]["reference"].items():
+        section, name = ("ops_binding", f"{op}, binding `index_topk`") if op.startswith("indexer") else ("ops", op)
+        plain, values = out[section]["transformers"][op], out[section]["reference"][op]
+        fmt = (lambda v: "–" if v is None else f"{100 * v:.2f}%") if "agreement" in op else _e
+        f = floor["attention core, floor (blocks of 8)"] if op == "attention core" else None
+        lines.append(f"| {name} | " + " / ".join(map(fmt, plain)) + " | " + " / ".join(map(fmt, values)) + " | "
+                     + (" / ".join(map(_e, f)) if f else "–") + " |")
+    lines += ["", "| residual streams after layer | " + " | ".join(str(i) for i in range(4)) + " |",
+              "|---|" + "---|" * 4]
+    for name, key in rows:
+        lines.append(f"| {name} | " + " | ".join(_e(v) for v in b["all_entries"][key]["streams_rel_per_layer"]) + " |")
+    lines += ["", "| quantize (bf16, `numerics=\"reference\"`) | every entry | binding `index_topk` "
+              "| picks agreeing (binding) |", "|---|---|---|---|"]
+    q = out["quantize"]
+    for name in q["binding"]:
+        cells = [f"{_e(q[t][name]['mean_rel'])} / {_e(q[t][name]['max_rel'])}" for t in ("all_entries", "binding")]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {100 * q['binding'][name]['pick_agreement_mean']:.2f}% |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--reference", type=Path, required=True, help="DeepSeek-V4's inference/ directory (model.py)")
@@ -173,11 +215,12 @@ def main() -> None:
     p.add_argument("--binding-topk", type=int, default=16, help="a binding index_topk (CSA entries: tokens / 4)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, help="also write the JSON here")
+    p.add_argument("--markdown", action="store_true", help="print the tables docs/deepseek_v4.md quotes instead")
     a = p.parse_args()
     torch.set_num_threads(1)
     out = run(a.reference, tokens=a.tokens, batch=a.batch, binding_topk=a.binding_topk, seed=a.seed)
     text = json.dumps(out, indent=2)
-    print(text)
+    print(markdown(out) if a.markdown else text)
     if a.out:
         a.out.write_text(text + "\n")
 

@@ -37,6 +37,25 @@ from torch import Tensor
 CORE_AWARE = "_phaselens_core_aware"
 
 
+_FUSED: dict[str, bool] = {}  # device type -> whether torch.bmm(..., out_dtype=float32) runs there
+
+
+def products(a: Float[Tensor, "B m k"], b: Float[Tensor, "B k n"]) -> Float[Tensor, "B m n"]:
+    """``a @ b`` in fp32 as a kernel multiplies half-precision operands: exact products, fp32 accumulation.
+
+    On CUDA, half-precision operands go through ``torch.bmm(..., out_dtype=torch.float32)`` (tensor cores, the
+    same arithmetic up to the order of the sums) when torch offers it and no gradient is needed; elsewhere both
+    are upcast first (exact: fp32 holds every product of two bf16 values).
+    """
+    half = a.dtype == b.dtype and a.dtype in (torch.bfloat16, torch.float16)
+    if half and a.is_cuda and not (a.requires_grad or b.requires_grad) and _FUSED.get("cuda", True):
+        try:
+            return torch.bmm(a, b, out_dtype=torch.float32)
+        except (RuntimeError, TypeError, NotImplementedError):
+            _FUSED["cuda"] = False
+    return torch.matmul(a.float(), b.float())
+
+
 def reference_attention(
     module: Any,
     query: Float[Tensor, "B H n d"],
@@ -56,16 +75,15 @@ def reference_attention(
     used here, which differs from it by less than its own choice of block size does (``docs/deepseek_v4.md``).
     """
     B, H, n, d = query.shape
-    k = key[:, 0].float()
     # in-place steps on fresh tensors only where autograd allows it: this runs at every layer of a long prefill
-    scores = torch.matmul(query.float().reshape(B, H * n, d), k.transpose(1, 2)).view(B, H, n, -1).mul_(scaling)
+    scores = products(query.reshape(B, H * n, d), key[:, 0].transpose(1, 2)).view(B, H, n, -1).mul_(scaling)
     if attention_mask is not None:
         scores = scores.add_(attention_mask.float())
     top = scores.amax(dim=-1, keepdim=True).detach()  # the kernel's max runs over the keys only; it cancels out
     p = scores.sub_(top).exp_()
     denominator = p.sum(dim=-1, keepdim=True) + torch.exp(module.sinks.float().view(1, H, 1, 1) - top)
-    rounded = p.to(value.dtype).float()
-    numerator = torch.matmul(rounded.reshape(B, H * n, -1), value[:, 0].float()).view(B, H, n, d)
+    rounded = p.to(value.dtype)
+    numerator = products(rounded.reshape(B, H * n, -1), value[:, 0]).view(B, H, n, d)
     del rounded
     out = (numerator / denominator).to(value.dtype)
     return out.transpose(1, 2).contiguous(), (p / denominator).to(value.dtype)
