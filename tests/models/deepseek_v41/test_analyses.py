@@ -7,11 +7,11 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_task
 
 import phaselens
 from phaselens.analyses.items import build_items
 from tests.support.deepseek_v41 import write_tiny_checkpoint
+from tests.support.models import tiny_task
 
 
 @pytest.fixture(scope="module")
