@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
@@ -29,6 +28,7 @@ from phaselens.geometry import PhaseSpec
 from phaselens.models.deepseek_v41.attention import V41Attention
 from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
+from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import (
     Numerics,
     Quantize,
@@ -40,6 +40,7 @@ from phaselens.models.deepseek_v41.layers import (
 )
 from phaselens.models.deepseek_v41.moe import MoE
 from phaselens.models.deepseek_v41.notices import IndexTopKWarning
+from phaselens.models.deepseek_v41.placement import input_device
 from phaselens.models.hooking import ContextHooks, query_start
 from phaselens.protocol import HookContext, hook_context
 
@@ -110,13 +111,14 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         quantize: ``None``, ``"kv"`` or ``"fp8"`` (see :class:`~phaselens.models.deepseek_v41.layers.Numerics`).
         index_topk: ``None`` (the config's), an int, or ``"all"`` (every visible entry; lifts the candidate filter).
         analysis_stride: the stride that defines phases (default: the smallest compression ratio >= 2).
+        kernels: how GEMMs on packed weights run (:mod:`~phaselens.models.deepseek_v41.kernels`).
     """
 
     default_task: Any = None
 
     def __init__(self, config: V41Config, *, dtype: torch.dtype = torch.bfloat16, quantize: Quantize = None,
                  index_topk: int | str | None = None, analysis_stride: int | None = None,
-                 metadata: dict[str, Any] | None = None) -> None:
+                 metadata: dict[str, Any] | None = None, kernels: Kernels = "auto") -> None:
         super().__init__()
         if quantize not in (None, "kv", "fp8"):
             raise InputError(f"quantize must be None, 'kv' or 'fp8', got {quantize!r}.")
@@ -128,7 +130,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
             topk = index_topk
         else:
             raise InputError(f"index_topk must be None, a positive int or 'all', got {index_topk!r}.")
-        self.config, self.numerics, self.default_task = config, Numerics(quantize), None
+        self.config, self.numerics, self.default_task = config, Numerics(quantize, kernels), None
         self.roles = config.topology()
         self._index_topk = topk
         D, V, ct = config.hidden_size, config.vocab_size, compute_dtype(dtype)
@@ -245,7 +247,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         run.commit(n)
         self._note_binding(rt, start + n)
         final = self.norm(hc_pre(x[:, n - q :], pre[:, n - q :]))
-        return F.linear(final.to(self.head.weight.dtype), self.head.weight)
+        return self.head(final.to(self.head.weight.dtype))  # a module call: a device map's hook sees it
 
     def _context(self, point: Any) -> HookContext:
         """The hook context; ``first_entry`` of compressor hooks counts entries of the layer's own ratio (ratio-1
@@ -266,7 +268,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         V = self.config.vocab_size
         if int(tokens.min()) < 0 or int(tokens.max()) >= V:
             raise InputError(f"token ids must lie in 0..{V - 1}, got {int(tokens.min())}..{int(tokens.max())}.")
-        return tokens.long().to(self.embed.weight.device)
+        return tokens.long().to(input_device(self))
 
     def _note_binding(self, rt: StackRuntime, length: int) -> None:
         md = self._metadata
