@@ -174,3 +174,40 @@ def test_bad_device_maps_raise_a_device_map_error_naming_the_fix(tiny):
     with pytest.raises(DeviceMapError, match="max_memory applies"):
         load_v41(tiny, device_map={"": "cpu"}, max_memory={"cpu": "1GiB"})
     assert issubclass(DeviceMapError, phaselens.errors.InputError)
+
+
+def test_chunked_prefill_equals_one_forward_and_hooks_only_the_query_piece(tiny):
+    """``chunk=``: the prefix runs in pieces through a cache with hooks silent; the query piece is hooked. fp32
+    logits agree with one forward to rounding (2e-5, the cache's bound in test_deepseek_v41)."""
+    model = load_v41(tiny, dtype=torch.float32, index_topk="all")
+    x = tokens(23)
+    full = model(x)
+    assert rel(model(x, chunk=5), full) < 2e-5  # every row, pieces 5, 5, 5, 3 then the query piece of 5
+    seen = []
+    with model.hooks(fwd_hooks=[("blocks.4.attn.hook_z", lambda t, hook: seen.append((hook.query_start, t.shape[1])))]):
+        q = model(x, chunk=4, logits="query", query_len=6)
+    assert seen == [(17, 6)]  # only the query piece: slots 17..22
+    assert rel(q, full[:, -6:]) < 2e-5
+    chunked = load_v41(tiny, dtype=torch.float32, index_topk="all", chunk=8)
+    assert chunked.chunk == 8 and rel(chunked(x, logits="query", query_len=3), full[:, -3:]) < 2e-5
+    with pytest.raises(phaselens.errors.InputError, match="query_len"):
+        model(x, chunk=4, query_len=30)
+
+
+def test_v41_in_torchrun_replicas(tiny):
+    """``--gpus-per-replica``: ``replica_device_map(meta_model(DIR), gpus)`` places V4.1 (packed, on the meta
+    device) in contiguous runs of layers; the map loads the same model (all on the CPU here)."""
+    from phaselens.replicas import _units, meta_model, replica_device_map
+
+    flash = meta_model(Path(__file__).parent / "data" / "configs" / "DeepSeek-V4.1-Flash")
+    assert flash.blocks[5].ffn.experts.w1.dtype == torch.uint8  # the release's packed layout
+    dm = replica_device_map(flash, [0, 1, 2, 3])
+    units = dict(_units(flash))
+    loads = [sum(b for n, b in units.items() if dm[n] == g) for g in range(4)]
+    assert dm["embed"] == 0 and dm["head"] == 3 and list(dm.values()) == sorted(dm.values())
+    assert max(loads) <= sum(loads) / 4 + max(units.values())  # a share plus at most one layer
+    assert 60 * 2**30 < max(loads) < 80 * 2**30  # ~70 GiB per GPU: fits 4 x H200 (141 GB), not 4 x H100
+    cpu_map = {k: "cpu" for k in replica_device_map(meta_model(tiny), [0, 1])}
+    ref = load_v41(tiny, dtype=torch.float32, index_topk="all")
+    spread = load_v41(tiny, dtype=torch.float32, index_topk="all", device_map=cpu_map)
+    assert torch.equal(spread(tokens()), ref(tokens()))

@@ -23,7 +23,12 @@ from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import Quantize
 from phaselens.models.deepseek_v41.model import DeepSeekV41
 from phaselens.models.deepseek_v41.notices import EngramDroppedWarning
-from phaselens.models.deepseek_v41.weights import load_weights, pack_from_headers, read_index
+from phaselens.models.deepseek_v41.weights import (
+    load_weights,
+    pack_as_released,
+    pack_from_headers,
+    read_index,
+)
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
            "fp64": torch.float64, "float64": torch.float64}
@@ -60,6 +65,7 @@ def load_v41(
     kernels: Kernels = "auto",
     device_map: Any = None,
     max_memory: Any = None,
+    chunk: int | None = None,
 ) -> DeepSeekV41:
     """Load the text model of a DeepSeek-V4.1 checkpoint directory.
 
@@ -90,6 +96,8 @@ def load_v41(
             :func:`phaselens.replicas.replica_device_map`) or one device (see
             :mod:`~phaselens.models.deepseek_v41.placement`).
         max_memory: the per-device budget of ``device_map="auto"``, e.g. ``{0: "70GiB", "cpu": "100GiB"}``.
+        chunk: prefill in pieces of this many tokens (hooks see the query piece only); what long contexts
+            need (``phaselens plan`` says which chunk fits).
 
     Example:
         >>> model = phaselens.load("hf:/data/DeepSeek-V4.1-Flash", device="cuda")  # doctest: +SKIP
@@ -100,6 +108,47 @@ def load_v41(
             f"no checkpoint at {root} (a directory with config.json and *.safetensors is needed); phaselens "
             "never downloads: fetch the weights first."
         )
+    model, index = _build(root, dtype=dtype, quantize=quantize, index_topk=index_topk,
+                          analysis_stride=analysis_stride, engram=engram, n_layers=n_layers, weights=weights,
+                          kernels=kernels, chunk=chunk, need_weights=True)
+    keep = {"skip_engram": engram == "drop", "n_layers": model.config.num_hidden_layers}
+    if device_map is None:
+        model.to_empty(device=device)
+    else:
+        placed = placement.resolve(model, device_map, max_memory=max_memory)
+        placement.materialize(model, placed)
+    _restore_buffers(model)  # non-persistent buffers come back uninitialised from the meta device
+    load_weights(model, root, index=index, **keep)
+    if device_map is not None:
+        placement.dispatch(model, placed)
+    return model.eval()
+
+
+def meta_v41(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.bfloat16,
+             weights: Literal["packed", "dequantized"] = "packed", engram: Literal["refuse", "drop"] = "drop",
+             n_layers: int | None = None, **model_kw: Any) -> DeepSeekV41:
+    """The model of the checkpoint directory ``path`` on the meta device (shapes and dtypes, no memory): what
+    :func:`phaselens.replicas.replica_device_map` and ``phaselens plan`` need before loading.
+
+    ``path`` may hold ``config.json`` alone: packed weights then take the release's formats
+    (:func:`~phaselens.models.deepseek_v41.weights.pack_as_released`); with shards, their headers decide.
+    """
+    root = Path(path).expanduser()
+    if not (root / "config.json").is_file():
+        raise CheckpointError(f"no config.json in {root}; pass a DeepSeek-V4.1 checkpoint directory.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EngramDroppedWarning)
+        model, _ = _build(root, dtype=dtype, weights=weights, engram=engram, n_layers=n_layers,
+                          need_weights=False, **model_kw)
+    return model
+
+
+def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n_layers: int | None,
+           need_weights: bool, quantize: Quantize = None, index_topk: int | str | None = None,
+           analysis_stride: int | None = None, kernels: Kernels = "auto",
+           chunk: int | None = None) -> tuple[DeepSeekV41, dict[str, Any] | None]:
+    """The model on the meta device, in its packed layout when ``weights="packed"``, and the checkpoint's
+    header index (``None`` without shards, unless ``need_weights``)."""
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
             raise InputError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}.")
@@ -125,27 +174,22 @@ def load_v41(
             raise UnsupportedModelError(f"{root} cannot be loaded faithfully: " + ENGRAM_REASON.format(
                 layers=layers, first=min(layers)))
         warnings.warn(EngramDroppedWarning(
-            f"Engram lookups at layers {layers} were dropped: results describe the model without them."), stacklevel=2)
+            f"Engram lookups at layers {layers} were dropped: results describe the model without them."), stacklevel=3)
         metadata.update(engram="dropped", model_modified=True,
                         modifications=[*metadata["modifications"], f"Engram dropped at layers {layers}"])
     metadata["weights"] = weights
     with torch.device("meta"):
         model = DeepSeekV41(config, dtype=dtype, quantize=quantize, index_topk=index_topk,
-                            analysis_stride=analysis_stride, metadata=metadata, kernels=kernels)
+                            analysis_stride=analysis_stride, metadata=metadata, kernels=kernels, chunk=chunk)
     keep = {"skip_engram": engram == "drop", "n_layers": config.num_hidden_layers}
-    index = read_index(root)
+    has_shards = any(root.glob("*.safetensors")) or (root / "model.safetensors.index.json").is_file()
+    index = read_index(root) if need_weights or has_shards else None
     if weights == "packed":
-        pack_from_headers(model, index, **keep)
-    if device_map is None:
-        model.to_empty(device=device)
-    else:
-        placed = placement.resolve(model, device_map, max_memory=max_memory)
-        placement.materialize(model, placed)
-    _restore_buffers(model)  # non-persistent buffers come back uninitialised from the meta device
-    load_weights(model, root, index=index, **keep)
-    if device_map is not None:
-        placement.dispatch(model, placed)
-    return model.eval()
+        if index is not None:
+            pack_from_headers(model, index, **keep)
+        else:
+            pack_as_released(model)
+    return model, index
 
 
 def truncate_config(raw: dict[str, Any], n_layers: int) -> dict[str, Any]:

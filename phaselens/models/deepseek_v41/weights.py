@@ -281,3 +281,24 @@ def _expected(params: dict[str, nn.Parameter]) -> Iterator[str]:
             yield from (f"{key}[{e}]" for e in range(p.shape[0]))
         else:
             yield key
+
+
+def pack_as_released(model: nn.Module) -> int:
+    """Without a checkpoint (a plan from ``config.json`` alone): switch every module to the format the release
+    stores it in (``module.stored``: FP8 projections with the config's weight blocks; routed experts in FP4,
+    or FP8 when ``quantization_config.expert_dtype`` says so). Returns the number of modules packed."""
+    cfg = model.config
+    block = tuple(cfg.weight_block_size)
+    quant = cfg.extra.get("quantization_config") or {}
+    experts = quant.get("expert_dtype", (cfg.extra.get("text_config") or {}).get("expert_dtype", "fp4"))
+    n = 0
+    for module in model.modules():
+        stored = getattr(module, "stored", None)
+        if stored not in ("fp8", "fp4") or not hasattr(module, "set_packed"):
+            continue
+        if stored == "fp4" and experts != "fp4":
+            stored = "fp8"
+        fmt = FP4_ROWS if stored == "fp4" else PackedFormat("fp8", getattr(module, "fp8_block", block))
+        module.set_packed(fmt, torch.uint8)
+        n += 1
+    return n
