@@ -13,11 +13,11 @@ import torch
 from deepseek_v41 import write_tiny_checkpoint
 from typer.testing import CliRunner
 
-from phaselens.capacity import gpu_bytes, plan_model
-from phaselens.cli import app
-from phaselens.errors import CheckpointError, InputError, UnsupportedModelError
+from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
+from phaselens.models.capacity import gpu_bytes, plan_model
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.memory import estimate_memory
+from phaselens.presentation.cli import app
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 GiB = 2**30

@@ -17,7 +17,7 @@ import torch
 from deepseek_v41 import E2M1, decode_stored, write_dequantized_copy, write_tiny_checkpoint
 
 import phaselens
-from phaselens.errors import DeviceMapError
+from phaselens.core.errors import DeviceMapError
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.kernels import CALLS
 from phaselens.models.deepseek_v41.packed import FP8_ROWS, dequantize_rows
@@ -173,7 +173,7 @@ def test_bad_device_maps_raise_a_device_map_error_naming_the_fix(tiny):
         load_v41(tiny, device_map="auto", max_memory={"cpu": "100KiB"})
     with pytest.raises(DeviceMapError, match="max_memory applies"):
         load_v41(tiny, device_map={"": "cpu"}, max_memory={"cpu": "1GiB"})
-    assert issubclass(DeviceMapError, phaselens.errors.InputError)
+    assert issubclass(DeviceMapError, phaselens.core.errors.InputError)
 
 
 def test_chunked_prefill_equals_one_forward_and_hooks_only_the_query_piece(tiny):
@@ -190,14 +190,15 @@ def test_chunked_prefill_equals_one_forward_and_hooks_only_the_query_piece(tiny)
     assert rel(q, full[:, -6:]) < 2e-5
     chunked = load_v41(tiny, dtype=torch.float32, index_topk="all", chunk=8)
     assert chunked.chunk == 8 and rel(chunked(x, logits="query", query_len=3), full[:, -3:]) < 2e-5
-    with pytest.raises(phaselens.errors.InputError, match="query_len"):
+    with pytest.raises(phaselens.core.errors.InputError, match="query_len"):
         model(x, chunk=4, query_len=30)
 
 
 def test_v41_in_torchrun_replicas(tiny):
     """``--gpus-per-replica``: ``replica_device_map(meta_model(DIR), gpus)`` places V4.1 (packed, on the meta
     device) in contiguous runs of layers; the map loads the same model (all on the CPU here)."""
-    from phaselens.replicas import _units, meta_model, replica_device_map
+    from phaselens.models.sources import meta_model
+    from phaselens.runtime.replicas import _units, replica_device_map
 
     flash = meta_model(Path(__file__).parent / "data" / "configs" / "DeepSeek-V4.1-Flash")
     assert flash.blocks[5].ffn.experts.w1.dtype == torch.uint8  # the release's packed layout

@@ -15,11 +15,11 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from phaselens.models.compressor import rms_norm
+from phaselens.models.compressed.compressor import rms_norm
+from phaselens.models.compressed.rope import apply_rope
 from phaselens.models.deepseek_v41.kernels import CALLS, Kernels, kernel_linear, wants_kernel
 from phaselens.models.deepseek_v41.packed import PackedFormat, dequantize
 from phaselens.models.deepseek_v41.quant import fp8_round_trip
-from phaselens.models.rope import apply_rope
 
 Quantize = Literal["kv", "fp8"] | None
 

@@ -23,8 +23,9 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from phaselens.errors import InputError, PhaseGeometryError
-from phaselens.geometry import PhaseSpec
+from phaselens.contract.protocol import HookContext, hook_context
+from phaselens.core.errors import InputError, PhaseGeometryError
+from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v41.attention import V41Attention
 from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
@@ -42,7 +43,6 @@ from phaselens.models.deepseek_v41.moe import MoE
 from phaselens.models.deepseek_v41.notices import IndexTopKWarning
 from phaselens.models.deepseek_v41.placement import input_device
 from phaselens.models.hooking import ContextHooks, query_start, silent_hooks
-from phaselens.protocol import HookContext, hook_context
 
 _UNSET = object()
 

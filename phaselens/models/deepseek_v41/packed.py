@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from phaselens.errors import CheckpointError
+from phaselens.core.errors import CheckpointError
 from phaselens.models.deepseek_v41.quant import E2M1_VALUES
 
 

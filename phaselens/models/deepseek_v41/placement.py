@@ -5,14 +5,14 @@
   ``max_memory`` (``{0: "70GiB", "cpu": "200GiB"}``) as its budget; ``"balanced"`` spreads evenly
   (``get_balanced_memory``), as transformers does for ``"auto"``.
 * a dict ``{module or parameter name: device}`` (``""`` is the whole model), e.g. from
-  :func:`phaselens.replicas.replica_device_map`; devices are GPU indices, ``"cuda:N"``, ``"cpu"`` or
+  :func:`phaselens.runtime.replicas.replica_device_map`; devices are GPU indices, ``"cuda:N"``, ``"cpu"`` or
   ``torch.device``. Every tensor needs a device, the longest matching name decides.
 * a single device (``"cpu"``, ``"cuda:1"``, ``0``).
 
 The model is built on the meta device, each tensor is allocated on its device (packed tensors at their packed
 size), filled from the shards, then accelerate's ``dispatch_model`` adds the hooks that move each layer's
 inputs to its device. As in accelerate, modules mapped to ``"cpu"`` next to GPUs are *offloaded*: they live in
-CPU memory and run on the first GPU. Anything wrong raises :class:`~phaselens.errors.DeviceMapError` naming the
+CPU memory and run on the first GPU. Anything wrong raises :class:`~phaselens.core.errors.DeviceMapError` naming the
 fix; ``"disk"`` is refused (the packed model is what fits, not a disk copy of it).
 """
 
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from phaselens.errors import DeviceMapError
+from phaselens.core.errors import DeviceMapError
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 NO_SPLIT = ["Block"]

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from phaselens.errors import CheckpointError
+from phaselens.core.errors import CheckpointError
 from phaselens.models.deepseek_v41.packed import (
     FP4_ROWS,
     PackedFormat,
