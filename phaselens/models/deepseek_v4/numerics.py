@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from phaselens.core.errors import InputError, UnsupportedModelError
 from phaselens.models.deepseek_v4.config import rope_dims
 from phaselens.models.deepseek_v4.geometry import LayerGeometry
+from phaselens.models.deepseek_v4.packed import dense_weight, weight_dtype
 from phaselens.models.deepseek_v4.quantization import FP4_BLOCK, FP8_BLOCK, fp8_simulate, indexer_simulate
 
 Numerics = Literal["reference", "transformers"]
@@ -59,11 +60,12 @@ def _round(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
 
 
 class Fp32Projection:
-    """For ``nn.Linear``: the product in fp32 (the reference's compressor ``wkv`` / ``wgate``)."""
+    """For ``nn.Linear``: the product in fp32 (the reference's compressor ``wkv`` / ``wgate``); a packed
+    FP8 weight (transformers' ``FP8Linear``) is decoded first, never read as numbers."""
 
     def forward(self, x: Tensor) -> Tensor:
         bias = None if self.bias is None else self.bias.float()
-        return F.linear(x.float(), self.weight.float(), bias)
+        return F.linear(x.float(), dense_weight(self, torch.float32), bias)
 
 
 class ReferenceNorm:
@@ -170,9 +172,9 @@ def configure(
     dtype = inner.embed_tokens.weight.dtype
     if numerics == "reference" and dtype != torch.float32:
         for module in compressors:
-            _swap(module, ReferenceCompressor, _phaselens_dtype=module.kv_proj.weight.dtype)
+            _swap(module, ReferenceCompressor, _phaselens_dtype=weight_dtype(module.kv_proj, dtype))
         for module in [*compressors, *indexers]:
-            _swap(module.kv_norm, ReferenceNorm, _phaselens_cast=module.kv_proj.weight.dtype)
+            _swap(module.kv_norm, ReferenceNorm, _phaselens_cast=weight_dtype(module.kv_proj, dtype))
             for proj in (module.kv_proj, module.gate_proj):
                 _swap(proj, Fp32Projection)
         for rotary in [inner.rotary_emb, *(m.rotary_emb for m in [*compressors, *indexers])]:

@@ -25,9 +25,11 @@ from __future__ import annotations
 import json
 import re
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -223,7 +225,14 @@ def load_weights(model: nn.Module, root: Path, *, skip_engram: bool, n_layers: i
                 unused.append(name)
             continue
         by_shard.setdefault(st.shard, []).append(name)
-    with torch.no_grad():
+    with torch.no_grad(), ExitStack() as stack:
+        handles: dict[Path, Any] = {}
+
+        def read(stored: Stored) -> Tensor:  # a scale from any shard (dequantizing at load), handles kept open
+            if stored.shard not in handles:
+                handles[stored.shard] = stack.enter_context(safe_open(str(stored.shard), framework="pt"))
+            return handles[stored.shard].get_tensor(stored.name)
+
         for shard, names in sorted(by_shard.items()):
             with safe_open(str(shard), framework="pt") as f:
                 for name in names:
@@ -235,7 +244,7 @@ def load_weights(model: nn.Module, root: Path, *, skip_engram: bool, n_layers: i
                     if fmt is not None:
                         value = as_bytes(value)
                     else:
-                        value = _dense(name, value, index, block, safe_open)
+                        value = _dense(name, value, index, block, read)
                     param = params[t.key]
                     dest = param[t.expert] if t.expert is not None else param
                     if tuple(value.shape) != tuple(dest.shape):
@@ -257,7 +266,8 @@ def load_weights(model: nn.Module, root: Path, *, skip_engram: bool, n_layers: i
         )
 
 
-def _dense(name: str, weight: Tensor, index: dict[str, Stored], block: tuple[int, int], safe_open) -> Tensor:
+def _dense(name: str, weight: Tensor, index: dict[str, Stored], block: tuple[int, int],
+           read: Callable[[Stored], Tensor]) -> Tensor:
     """One checkpoint tensor with numbers in it: dequantized (fp32, or the model dtype) when it has a scale."""
     kind = stored_kind(weight.dtype)
     scale_name = name[: -len("weight")] + "scale" if name.endswith(".weight") else None
@@ -268,9 +278,7 @@ def _dense(name: str, weight: Tensor, index: dict[str, Stored], block: tuple[int
         return weight
     if kind is None:
         raise CheckpointError(f"{name} has a scale but dtype {weight.dtype}; expected FP8 or packed FP4.")
-    stored = index[scale_name]
-    with safe_open(str(stored.shard), framework="pt") as f:
-        scale = as_bytes(f.get_tensor(stored.name))
+    scale = as_bytes(read(index[scale_name]))
     fmt = FP4_ROWS if kind == "fp4" else PackedFormat("fp8", block)
     return dequantize(as_bytes(weight), scale, fmt, torch.float32)
 
