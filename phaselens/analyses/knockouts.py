@@ -25,6 +25,7 @@ from torch import Tensor
 
 from phaselens.analyses.items import is_batch, resolve_task
 from phaselens.analyses.scoring import model_logits
+from phaselens.contract import hooknames
 from phaselens.contract.protocol import HookContext, PhaseModel
 from phaselens.core.errors import InputError
 from phaselens.core.heads import Head, by_layer, parse_heads
@@ -35,7 +36,8 @@ CALIBRATION_SEED = 7_919  # calibration items are built with this seed, disjoint
 
 
 def z_name(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_z"
+    """The per-head ``z`` hook of ``layer`` (the contract's hook table)."""
+    return hooknames.z(layer)
 
 
 def check_method(method: Any, allowed: tuple[str, ...] = METHODS) -> str:

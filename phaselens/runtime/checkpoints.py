@@ -99,7 +99,8 @@ def check_checkpoint_path(path: Any) -> Path | None:
 
 
 class CellCheckpoint:
-    """Finished cells of a long computation, each a tuple of arrays named ``fields``, kept in ONE file.
+    """Finished cells of a long computation, each a tuple of arrays named ``fields`` (or, with ``fields=None``,
+    a dict of named arrays whose names may differ by cell), kept in ONE file.
 
     The file at ``path`` (any name and suffix: nothing else is derived from it, so nothing can collide) is a
     safetensors file whose header holds the manifest (format, fingerprint, fields, cell order). It is
@@ -110,11 +111,11 @@ class CellCheckpoint:
             a damaged checkpoint, or one written for a different computation (another fingerprint).
     """
 
-    def __init__(self, path: str | os.PathLike | None, fingerprint: str, fields: tuple[str, ...]) -> None:
+    def __init__(self, path: str | os.PathLike | None, fingerprint: str, fields: tuple[str, ...] | None) -> None:
         self.path = check_checkpoint_path(path)
         self.fingerprint = str(fingerprint)
-        self.fields = tuple(fields)
-        self.done: dict[str, tuple[np.ndarray, ...]] = {}
+        self.fields = None if fields is None else tuple(fields)  # None: each cell is a dict of named arrays
+        self.done: dict[str, Any] = {}
         if self.path is None:
             return
         if self.path.exists():
@@ -132,7 +133,8 @@ class CellCheckpoint:
             )
         try:
             man = json.loads(meta["manifest"])
-            cells, fields, fp = list(man["cells"]), tuple(man["fields"]), str(man["fingerprint"])
+            cells, fp = list(man["cells"]), str(man["fingerprint"])
+            fields = None if man["fields"] is None else tuple(man["fields"])
         except (KeyError, ValueError, TypeError) as err:
             raise CheckpointError(f"{self.path} has a damaged manifest ({err}); {fix}") from None
         if fp != self.fingerprint or fields != self.fields:
@@ -142,12 +144,24 @@ class CellCheckpoint:
             )
         arrays = load_safetensors(self.path, fix=fix, framework="np")
         try:
-            self.done = {c: tuple(arrays[f"{c}/{f}"] for f in self.fields) for c in cells}
+            if self.fields is None:
+                names: dict[str, dict[str, np.ndarray]] = {c: {} for c in cells}
+                for key, value in arrays.items():
+                    cell, _, name = key.partition("/")
+                    names.setdefault(cell, {})[name] = value
+                self.done = {c: names[c] for c in cells}
+            else:
+                self.done = {c: tuple(arrays[f"{c}/{f}"] for f in self.fields) for c in cells}
         except KeyError as err:
             raise CheckpointError(f"{self.path} lacks the arrays of cell {err}; {fix}") from None
 
-    def add(self, label: str, *arrays: np.ndarray) -> None:
-        """Record a finished cell (one array per field); :meth:`flush` writes it."""
+    def add(self, label: str, *arrays: Any) -> None:
+        """Record a finished cell (one array per field, or one dict of named arrays); :meth:`flush` writes it."""
+        if self.fields is None:
+            if len(arrays) != 1 or not isinstance(arrays[0], dict):
+                raise ValueError("a cell of a checkpoint without fields is one dict of named arrays.")
+            self.done[str(label)] = {str(k): np.asarray(v) for k, v in arrays[0].items()}
+            return
         if len(arrays) != len(self.fields):
             raise ValueError(f"a cell needs {len(self.fields)} arrays ({self.fields}), got {len(arrays)}.")
         self.done[str(label)] = tuple(np.asarray(a) for a in arrays)
@@ -158,8 +172,10 @@ class CellCheckpoint:
             return
         from safetensors.numpy import save_file
 
-        tensors = {f"{c}/{f}": np.ascontiguousarray(a) for c, arrs in self.done.items() for f, a in zip(self.fields, arrs)}
-        manifest = {"fingerprint": self.fingerprint, "fields": list(self.fields), "cells": list(self.done)}
+        tensors = {f"{c}/{f}": np.ascontiguousarray(a) for c, arrs in self.done.items()
+                   for f, a in (arrs.items() if self.fields is None else zip(self.fields, arrs))}
+        manifest = {"fingerprint": self.fingerprint, "fields": None if self.fields is None else list(self.fields),
+                    "cells": list(self.done)}
         meta = {"format": CELLS_FORMAT, "manifest": json.dumps(manifest)}
         atomic_write_file(self.path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
