@@ -16,6 +16,14 @@ tensor, which would turn FP8 codes into numbers without their scales; ``uint8`` 
 
 Every product is exact in bf16 and fp32 (at most 4 significant bits times a power of two), so dequantizing
 here gives bit for bit the weights that dequantizing at load gives.
+
+A module holds a packed weight by offering ``set_packed(fmt, scale_dtype)`` (replace its ``weight`` parameter
+by empty ``uint8`` values and add a ``scale`` parameter, set ``self.fmt``), ``stored`` (``"fp8"`` / ``"fp4"``:
+the release's format, for plans made from ``config.json`` alone) and, for FP8 scales that are not the
+config's 32 x 32 blocks, ``fp8_block`` (e.g. ``(1, 32)``). The loader
+(:func:`~phaselens.models.deepseek_v41.weights.pack_from_headers`) then keeps the checkpoint's ``X.weight`` /
+``X.scale`` packed in it, and ``phaselens plan`` counts it packed: :class:`~.layers.Linear` and
+:class:`~.moe.RoutedExperts` do; an Engram table (``FP8_ROWS``, read with :func:`dequantize_rows`) would too.
 """
 
 from __future__ import annotations
