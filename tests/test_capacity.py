@@ -33,13 +33,25 @@ def v41_flash_dir(tmp_path_factory):
 
 
 def test_plan_json_gives_v41_flash_packed_size_not_the_dequantized_one(v41_flash_dir):
-    """Acceptance: ``phaselens plan DIR --json`` on config.json alone prints the packed size (~0.3 TB)."""
-    res = CliRunner().invoke(app, ["plan", str(v41_flash_dir), "--json"])
-    assert res.exit_code == 0, res.output
-    plan = json.loads(res.output)
-    assert plan["config_only"] and plan["model_type"] == "deepseek_v41"
-    assert 0.28e12 < plan["weights_bytes"] < 0.32e12  # ~0.3 TB packed
-    assert 1.08e12 < plan["weights_dequantized_bytes"] < 1.12e12  # the 1.1 TB of docs/deepseek_v41.md
+    """Acceptance: ``phaselens plan DIR --json`` on config.json alone prints the packed size: ~0.3 TB for the text
+    model (``--engram drop``), ~0.5 TB with Engram's FP8 tables (load's default, ``engram="run"``)."""
+    plans = {}
+    for extra in ([], ["--engram", "drop"]):
+        res = CliRunner().invoke(app, ["plan", str(v41_flash_dir), "--json", *extra])
+        assert res.exit_code == 0, res.output
+        plans[tuple(extra)] = json.loads(res.output)
+    drop, run = plans[("--engram", "drop")], plans[()]
+    assert drop["config_only"] and drop["model_type"] == "deepseek_v41"
+    assert 0.28e12 < drop["weights_bytes"] < 0.32e12  # ~0.3 TB packed
+    assert 1.08e12 < drop["weights_dequantized_bytes"] < 1.12e12  # the 1.1 TB of docs/deepseek_v41.md
+    # with Engram: its two FP8 tables as stored, plus its two FP8 wkv projections (packed, with block scales)
+    text = json.loads((v41_flash_dir / "config.json").read_text())["text_config"]
+    cols = (text["engram_max_ngram_size"] - 1) * text["engram_n_heads"] * text["engram_head_dim"]
+    out = text["hidden_size"] * (text["hc_mult"] + 1)
+    wkv = cols * out + math.ceil(cols / 32) * math.ceil(out / 32)
+    qk = 2 * text["hc_mult"] * text["hidden_size"] * 2  # q_weight, k_weight in bf16
+    assert run["weights_bytes"] - drop["weights_bytes"] == run["engram_stored_bytes"] + 2 * (wkv + qk)
+    assert 0.48e12 < run["weights_bytes"] < 0.52e12
 
 
 def test_v41_flash_saving_equals_a_hand_count(v41_flash_dir):
@@ -54,11 +66,13 @@ def test_v41_flash_saving_equals_a_hand_count(v41_flash_dir):
     per_layer = sum(o * i - blocks(o, i) for o, i in fp8)
     index = len(text["index_source_layer_ids"]) * (Hi * di * q - blocks(Hi * di, q))
     experts = L * text["n_routed_experts"] * 3 * F * D * (2 - 0.5 - 1 / 32)
-    plan = plan_model(str(v41_flash_dir))
+    plan = plan_model(str(v41_flash_dir), engram="drop")
     assert plan.weights_dequantized_bytes - plan.weights_bytes == L * per_layer + index + experts
     assert plan.engram_stored_bytes == 202_758_032_400  # 768,022,850 rows x (256 FP8 values + 8 UE8M0 scales)
     assert any("Engram" in n for n in plan.notes)
     assert plan.map_node_gpus is not None and plan.per_gpu_bytes <= 0.9 * 141e9
+    with_tables = plan_model(str(v41_flash_dir), gpu_memory="H100")  # a layer with a 101 GB table: no H100 holds it
+    assert with_tables.gpus is None and with_tables.map_node_gpus is None
 
 
 def test_v4_flash_and_pro_plans():

@@ -207,7 +207,9 @@ def test_v41_in_torchrun_replicas(tiny):
     loads = [sum(b for n, b in units.items() if dm[n] == g) for g in range(4)]
     assert dm["embed"] == 0 and dm["head"] == 3 and list(dm.values()) == sorted(dm.values())
     assert max(loads) <= sum(loads) / 4 + max(units.values())  # a share plus at most one layer
-    assert 60 * 2**30 < max(loads) < 80 * 2**30  # ~70 GiB per GPU: fits 4 x H200 (141 GB), not 4 x H100
+    # 468 GiB packed with Engram's FP8 tables (0.5 TB), whose layers 1 and 14 are the largest pieces (~101 GB)
+    assert 460 * 2**30 < sum(loads) < 475 * 2**30
+    assert sorted(units, key=units.get)[-2:] in (["blocks.1", "blocks.14"], ["blocks.14", "blocks.1"])
     cpu_map = {k: "cpu" for k in replica_device_map(meta_model(tiny), [0, 1])}
     ref = load_v41(tiny, dtype=torch.float32, index_topk="all")
     spread = load_v41(tiny, dtype=torch.float32, index_topk="all", device_map=cpu_map)

@@ -83,7 +83,7 @@ class Attribution(Analysis):
         self.method = check_method(self.method, ("mean", "zero"))
 
     def prepare(self, run: Run) -> None:
-        L, H = int(run.model.cfg.n_layers), int(run.model.cfg.n_heads)
+        L, H = run.model.dims.n_layers, run.model.dims.n_heads
         _check_exact(self.exact, L, H, run.modulus)
         self.cal = None if self.method == "zero" else calibrate(run.model, self.calibration, list(range(L)),
                                                                  task=run.task)
@@ -101,7 +101,7 @@ class Attribution(Analysis):
     def _block(self, run: Run, block: slice) -> torch.Tensor:
         """Estimates ``[b, L, H]`` of one block of items."""
         model, batch, cal = run.model, run.batch, self.cal
-        L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+        L, H = model.dims.n_layers, model.dims.n_heads
         tokens, qp = batch.tokens[block], batch.query_pos[block]
         b = len(qp)
         kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
@@ -140,7 +140,7 @@ class Attribution(Analysis):
 
     def result(self, run: Run, parts: list[tuple[np.ndarray]]) -> AttributionMap:
         model, batch = run.model, run.batch
-        L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+        L, H = model.dims.n_layers, model.dims.n_heads
         values = np.concatenate([p[0] for p in parts])  # [N, L, H]
         residue = batch.frame["residue"].to_numpy()
         M = run.modulus

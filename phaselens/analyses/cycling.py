@@ -225,7 +225,7 @@ class GateCycling(Analysis):
 
     def check(self, model: Any, options: Common) -> None:
         require(model, "cycle_gates", "gate cycling rolls offset-specific gate parameters.")
-        S = model.analysis_spec.stride if options.stride is None else int(options.stride)
+        S = model.dims.analysis_spec.stride if options.stride is None else int(options.stride)
         if S < 2:
             raise NotApplicableError(f"{model_name(model)} has no compressed layers (analysis stride {S}), so there "
                                      "are no gates to cycle; run the gate-cycling test on a compressed model.")

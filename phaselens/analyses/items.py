@@ -63,7 +63,7 @@ def resolve_task(model: Any, task: Any) -> Any:
     task = check_task(task)
     if task is not None:
         return task
-    default = getattr(model, "default_task", None)
+    default = model.default_task
     if default is None:
         raise NoDefaultTaskError(
             f"{type(model).__name__} has no default_task; pass a task, e.g. "
@@ -74,8 +74,8 @@ def resolve_task(model: Any, task: Any) -> Any:
 
 def check_fits(model: Any, task: Any) -> None:
     """Raise ContextLengthError if ``task`` needs more slots than the model's context."""
-    n_ctx = int(getattr(model.cfg, "n_ctx", 0) or 0)
-    need = int(task.seq_len(model.analysis_spec)) if callable(task.seq_len) else int(task.seq_len)
+    n_ctx = model.dims.n_ctx
+    need = int(task.seq_len(model.dims.analysis_spec)) if callable(task.seq_len) else int(task.seq_len)
     if n_ctx and need > n_ctx:
         raise ContextLengthError(
             f"the task needs {need} tokens but the model's context is {n_ctx}; shorten the task "
@@ -101,7 +101,7 @@ def check_battery_items(spec: PhaseSpec, batch: Any, stride: Any, what: str) -> 
 
 def analysis_geometry(model: Any, stride: int | None) -> PhaseSpec:
     """The model's analysis geometry, or the same origin with another ``stride``."""
-    spec = model.analysis_spec
+    spec = model.dims.analysis_spec
     return spec if stride is None else PhaseSpec(int(stride), origin=spec.origin)
 
 

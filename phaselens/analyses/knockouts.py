@@ -91,8 +91,8 @@ def calibrate(model: Any, calibration: Any, layers: list[int], *, task: Any = No
         from phaselens.tasks.residues import check_modulus
 
         task = resolve_task(model, task)
-        modulus = check_modulus(model.analysis_spec, getattr(task, "modulus", None))
-        calibration = task.build(model.analysis_spec, n_per_residue=max(1, n // modulus), seed=CALIBRATION_SEED)
+        modulus = check_modulus(model.dims.analysis_spec, getattr(task, "modulus", None))
+        calibration = task.build(model.dims.analysis_spec, n_per_residue=max(1, n // modulus), seed=CALIBRATION_SEED)
     if isinstance(calibration, Tensor):
         if calibration.dim() != 2 or calibration.shape[0] == 0 or calibration.shape[1] == 0:
             raise InputError(f"a calibration tensor is [N, T] token ids with N, T >= 1, got {tuple(calibration.shape)}.")
@@ -261,6 +261,6 @@ def knockout(
     check_model(model)
     method = check_method(method)
     seed = as_int("seed", seed, minimum=0)
-    parsed = parse_heads(heads, model.cfg)
+    parsed = parse_heads(heads, model.dims)
     cal = None if method == "zero" else calibrate(model, calibration, sorted(by_layer(parsed)), task=task)
     return Knockout(model, parsed, method, _check_positions(positions), cal, seed)

@@ -229,7 +229,7 @@ class Map(Analysis):
         if not isinstance(self.plan, bool):
             raise InputError(f"plan must be True or False, got {self.plan!r}.")
         self.used = choose_engine(model, self.engine)
-        self.cells = map_cells(model.cfg, tuple(self.kinds))
+        self.cells = map_cells(model.dims, tuple(self.kinds))
 
     def dry_run(self, run: Run) -> MapPlan | None:
         if not self.plan:
@@ -288,7 +288,7 @@ class Map(Analysis):
                                clean_ld=clean["logit_diff"].to_numpy(), ko_ld=ko_ld, n_bootstrap=o.n_bootstrap,
                                seed=o.seed)
         return PhaseMap(self.cells, eff, clean_correct, ko_correct, clean["logit_diff"].to_numpy(), ko_ld, residue,
-                        run.stride, run.modulus, self.method, int(run.model.cfg.n_layers), int(run.model.cfg.n_heads),
+                        run.stride, run.modulus, self.method, run.model.dims.n_layers, run.model.dims.n_heads,
                         run.metadata())
 
 

@@ -173,7 +173,7 @@ class Patching(Analysis):
         self.eps = as_float("eps", self.eps, positive=True, fix="It is the smallest |clean - corrupt| metric gap "
                             f"that counts as defined (default {EPS_DENOM}).")
         self.used = choose_engine(model, self.engine)
-        cfg = model.cfg
+        cfg = model.dims
         self.parsed = parse_heads(self.heads if self.heads is not None else [f"L{i}" for i in range(cfg.n_layers)],
                                   cfg)
 
@@ -221,7 +221,7 @@ class Patching(Analysis):
         patched = np.stack([p[0] for p in parts])  # [heads, N]
         res = run.batch.frame["residue"].to_numpy()
         M, o = run.modulus, run.options
-        L, H = int(run.model.cfg.n_layers), int(run.model.cfg.n_heads)
+        L, H = run.model.dims.n_layers, run.model.dims.n_heads
         rec, lo, hi, und_k, mc, mx, mp_k = recovery(self.item_clean, self.item_corrupt, patched, res, M,
                                                      self.direction, self.eps, n_bootstrap=o.n_bootstrap, seed=o.seed)
         li = np.array([h.layer for h in self.parsed], dtype=int)

@@ -209,7 +209,7 @@ class Record(Analysis):
         t_v = torch.as_tensor(fr["t_V"].to_numpy().copy())
         names = model.hook_dict
         hooks = []
-        for layer, spec in enumerate(model.phase_specs):
+        for layer, spec in enumerate(model.dims.phase_specs):
             full = hooknames.pattern(layer) in names
             # a layer with entries but no phase (DeepSeek-V4.1's ratio-1 layers: one entry per token) is read
             # with stride-1 geometry: the key's entry is the key's own token
@@ -224,8 +224,9 @@ class Record(Analysis):
     def result(self, run: Run, parts: list[dict[str, np.ndarray]]) -> Recording:
         model = run.model
         acc = _Accumulator.merged(parts)
-        return _assemble(acc, run.state["frame"], list(model.phase_specs), model.cfg.n_layers, model.cfg.n_heads,
-                         model.cfg, run.batch, run.stride, run.metadata())
+        dims = model.dims
+        return _assemble(acc, run.state["frame"], list(dims.phase_specs), dims.n_layers, dims.n_heads, dims,
+                         run.batch, run.stride, run.metadata())
 
 
 @public

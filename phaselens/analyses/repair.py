@@ -140,7 +140,7 @@ class Repair(Analysis):
 
     def check(self, model: Any, options: Common) -> None:
         check_options(n_permutations=self.n_permutations)
-        if "repair" in (getattr(model, "analysis_metadata", None) or {}):
+        if "repair" in model.analysis_metadata:
             raise NotApplicableError(
                 f"{model_name(model)} is already phase-repaired (it runs shifted copies); measure repair on the "
                 "model it wraps (ensemble.model)."

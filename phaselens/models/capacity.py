@@ -10,10 +10,9 @@ reports, in bytes:
   for comparison;
 * one forward at ``context`` tokens, prefilled in pieces of ``chunk``: the cache, the attention scores (the
   softmax holds about four copies), the other activations and the logits (each model's ``estimate_memory``);
-* how many GPUs of ``gpu_memory`` that takes: the layers placed as
-  :func:`phaselens.runtime.replicas.replica_device_map`
-  places them, the cache and one call's transients on top of the fullest GPU, 90% of each GPU usable (CUDA's
-  context, the allocator's fragmentation);
+* how many GPUs of ``gpu_memory`` that takes: the layers (whole, as accelerate never splits one) in contiguous
+  runs filled one GPU after another, as ``device_map="auto"`` fills them, with the cache and one call's
+  transients on every GPU, 90% of each GPU usable (CUDA's context, the allocator's fragmentation);
 * the smallest node (1, 2, 4 or 8 of those GPUs) that runs a per-head map at ``map_context`` tokens (one
   forward per cell and item, batch 1, as ``specialization_map(engine="full")`` runs it), and the largest
   prefill chunk that fits there.
@@ -79,7 +78,7 @@ class ModelPlan:
         lines = [f"{Path(self.source).name or self.source} ({self.model_type}"
                  + (", config.json only)" if self.config_only else ")"),
                  f"  weights as stored   {g(self.weights_stored_bytes)}"
-                 + (f" + Engram tables {g(self.engram_stored_bytes)}" if self.engram_stored_bytes else "")
+                 + (f" (Engram tables {g(self.engram_stored_bytes)})" if self.engram_stored_bytes else "")
                  + (f" (files: {g(self.files_bytes)})" if self.files_bytes else ""),
                  f"  weights as loaded   {g(self.weights_bytes)} (dequantized: {g(self.weights_dequantized_bytes)})",
                  f"  at {self.context:,} tokens, batch {self.batch}, "
@@ -120,8 +119,8 @@ def gpu_bytes(text: str | float) -> int:
 class _Sized:
     """A meta-device model and how to size one of its forwards."""
 
-    def __init__(self, root: Path, raw: dict[str, Any]) -> None:
-        self.root, self.raw = root, raw
+    def __init__(self, root: Path, raw: dict[str, Any], engram: str = "run") -> None:
+        self.root, self.raw, self.engram_mode = root, raw, engram
         self.model_type = str(raw.get("model_type"))
         self.notes: list[str] = []
         if self.model_type == "deepseek_v41":
@@ -135,29 +134,33 @@ class _Sized:
     def _v41(self) -> None:
         from phaselens.models.deepseek_v41.checkpoint import meta_v41
 
-        self.meta = meta_v41(self.root)
+        self.meta = meta_v41(self.root, engram=self.engram_mode)
         self.dense = _v41_dequantized(self.meta)
         self.stored = self._v41_stored()
         text = self.raw.get("text_config") or {}
         rows = sum(int(n) for n in text.get("engram_num_embeddings") or ())
         dim = int(text.get("engram_head_dim", 0) or 0)
         self.engram = rows * (dim + dim // 32)  # FP8 values + one UE8M0 scale per 32 (as stored)
-        if self.engram and not any(".engram" in n for n, _ in self.meta.named_modules()):
-            self.notes.append(f"Engram's tables ({self.engram / GiB:,.1f} GiB as stored, layers "
-                              f"{list(text.get('engram_layer_ids') or [])}) are not loaded: phaselens drops Engram "
-                              "(engram='drop'); weights as loaded leave them out.")
+        layers = list(text.get("engram_layer_ids") or [])
+        if self.engram and self.engram_mode == "drop":
+            self.notes.append(f"Engram's tables ({self.engram / GiB:,.1f} GiB as stored, layers {layers}) are not "
+                              "loaded (engram='drop', an ablation); weights as loaded leave them out.")
+        elif self.engram:
+            self.notes.append(f"weights include Engram's tables ({self.engram / GiB:,.1f} GiB, FP8 as stored, layers "
+                              f"{layers}); each sits whole in its layer's GPU. --engram drop plans the model "
+                              "without them.")
 
     def _v41_stored(self) -> int:
         """The text model's bytes in the checkpoint: shard headers when present, else the release's formats."""
         from phaselens.models.deepseek_v41.weights import read_index, target, wanted
 
         if any(self.root.glob("*.safetensors")):
-            keep = {"skip_engram": True, "n_layers": self.meta.config.num_hidden_layers}
+            keep = {"skip_engram": self.engram_mode == "drop", "n_layers": self.meta.config.num_hidden_layers}
             return sum(st.nbytes for name, st in read_index(self.root).items()
                        if wanted(name, **keep) and target(name).module != "")  # type: ignore[arg-type]
         total = 0
         for name, t in [*self.meta.named_parameters()]:
-            if t.dtype == torch.uint8:  # packed: stored as is
+            if t.element_size() == 1:  # packed bytes, or FP8 kept as stored (Engram's tables): as is
                 total += t.numel()
             else:
                 total += t.numel() * (4 if any(m in name for m in FP32_STORED) else 2)
@@ -193,17 +196,14 @@ class _Sized:
         streams = 6 * batch * rows * int(c.hc_mult) * int(c.hidden_size) * 4  # fp32 hyper-connection copies
         return {"cache": e.cache, "attention": e.attention, "activations": streams, "logits": e.logits}
 
-    def per_gpu_weights(self, k: int) -> int:
-        """The fullest GPU's weights when the layers are cut into ``k`` runs (as ``replica_device_map`` cuts)."""
-        from phaselens.runtime.fingerprints import torch_module
-        from phaselens.runtime.replicas import _units, split_units
+    def units(self) -> list[int]:
+        """Bytes of the pieces a device map places, in execution order (layers whole: accelerate's no-split)."""
+        from phaselens.contract.protocol import module_of
+        from phaselens.runtime.replicas import _units
 
         if not hasattr(self, "_sizes"):
-            self._sizes = [b for _, b in _units(torch_module(self.meta))]
-        per = [0] * k
-        for size, part in zip(self._sizes, split_units(self._sizes, k)):
-            per[part] += size
-        return max(per)
+            self._sizes = [b for _, b in _units(module_of(self.meta))]
+        return self._sizes
 
 
 def _v41_dequantized(model: Any) -> int:
@@ -220,10 +220,33 @@ def _v41_dequantized(model: Any) -> int:
     return total
 
 
-def _bytes(model: Any) -> int:
-    from phaselens.runtime.fingerprints import torch_module
+def gpus_for(sizes: list[int], room: float) -> int | None:
+    """GPUs that hold ``sizes`` (contiguous runs, in order) with ``room`` bytes of weights each: filled one after
+    another, as ``device_map="auto"`` fills GPUs (the fewest contiguous runs); ``None`` if a piece exceeds it."""
+    if room <= 0 or max(sizes) > room:
+        return None
+    n, used = 1, 0
+    for size in sizes:
+        if used + size > room:
+            n, used = n + 1, 0
+        used += size
+    return n
 
-    m = torch_module(model)
+
+def fullest(sizes: list[int], k: int) -> int:
+    """The fullest GPU's weights in the most even cut of ``sizes`` into at most ``k`` contiguous runs."""
+    lo, hi = max(sizes), sum(sizes)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        n = gpus_for(sizes, mid)
+        lo, hi = (lo, mid) if n is not None and n <= k else (mid + 1, hi)
+    return lo
+
+
+def _bytes(model: Any) -> int:
+    from phaselens.contract.protocol import module_of
+
+    m = module_of(model)
     return sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])
 
 
@@ -271,38 +294,42 @@ def _files_bytes(root: Path) -> int | None:
 
 
 def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = "141", chunk: int | None = None,
-               batch: int = 1, map_context: int = 131072) -> ModelPlan:
+               batch: int = 1, map_context: int = 131072, engram: str = "run") -> ModelPlan:
     """The :class:`ModelPlan` of the checkpoint directory ``source`` (``hf:DIR`` or ``DIR``; ``config.json``
-    alone is enough). ``chunk=None`` takes the chunk of the smallest node found for the map."""
+    alone is enough). ``chunk=None`` takes the chunk of the smallest node found for the map; ``engram``
+    (DeepSeek-V4.1) is ``load``'s: ``"run"`` (the tables on the GPUs) or ``"drop"``."""
+    if engram not in ("run", "drop"):
+        raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
     for name, value in (("context", context), ("batch", batch), ("map_context", map_context)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise InputError(f"{name} must be a positive int, got {value!r}.")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         raise InputError(f"chunk must be a positive int or None, got {chunk!r}.")
     root, raw = _read_config(source)
-    sized = _Sized(root, raw)
+    sized = _Sized(root, raw, engram)
     usable = USABLE * gpu_bytes(gpu_memory)
-    weights = sized.weights()
-    per_gpu = {k: sized.per_gpu_weights(k) for k in range(1, 65)}
+    weights, sizes = sized.weights(), sized.units()
 
     def transient(ctx: int, b: int, c: int | None) -> int:
         e = sized.estimate(ctx, b, c)
         return e["cache"] + 4 * e["attention"] + e["activations"] + e["logits"]
 
     fits = {c: transient(map_context, 1, c) for c in CHUNKS if c < map_context}  # a map: batch 1
-    node = next(((k, c) for k in NODE_SIZES for c, t in fits.items() if per_gpu[k] + t <= usable), (None, None))
+    node = next(((k, c) for k in NODE_SIZES for c, t in fits.items()
+                 if (n := gpus_for(sizes, usable - t)) is not None and n <= k), (None, None))
     use_chunk = chunk if chunk is not None else (node[1] or min(CHUNKS))
     use_chunk = None if use_chunk >= context else use_chunk
     e = sized.estimate(context, batch, use_chunk)
     peak = e["cache"] + 4 * e["attention"] + e["activations"] + e["logits"]
-    gpus = next((k for k in range(1, 65) if per_gpu[k] + peak <= usable), None)
+    gpus = gpus_for(sizes, usable - peak)
+    gpus = gpus if gpus is not None and gpus <= 64 else None
     return ModelPlan(
         source=str(source), model_type=sized.model_type, config_only=not any(root.glob("*.safetensors")),
         weights_stored_bytes=sized.stored, engram_stored_bytes=sized.engram, files_bytes=_files_bytes(root),
         weights_bytes=weights, weights_dequantized_bytes=sized.dense, context=context, batch=batch,
         chunk=use_chunk, cache_bytes=e["cache"], attention_bytes=e["attention"], activation_bytes=e["activations"],
         logits_bytes=e["logits"], peak_bytes=weights + peak, gpu_memory_bytes=gpu_bytes(gpu_memory), gpus=gpus,
-        per_gpu_bytes=None if gpus is None else per_gpu[gpus] + peak, map_context=map_context,
+        per_gpu_bytes=None if gpus is None else fullest(sizes, gpus) + peak, map_context=map_context,
         map_node_gpus=node[0], map_node_chunk=node[1], notes=sized.notes)
 
 

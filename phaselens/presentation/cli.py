@@ -202,7 +202,7 @@ def _load(model: str) -> Any:
 def _load_for_phases(model: str, stride: int | None) -> Any:
     """Load ``model``; a model without compressed layers needs ``--stride`` to fold residues into phases."""
     m = _load(model)
-    if stride is None and all(s is None for s in getattr(m, "phase_specs", [None])):
+    if stride is None and all(s is None for s in m.dims.phase_specs):
         raise InputError(f"{model} has no compressed layers, so it has no stride to fold residues by: pass "
                          "--stride S (the stride of the compressed model you compare it with, e.g. --stride 4).")
     return m
@@ -333,6 +333,9 @@ def plan_cmd(
         "--chunk", metavar="N", min=1,
         help="Prefill chunk (default: the largest that fits the smallest node found for a 128K map).")] = None,
     batch: Annotated[int, typer.Option("--batch", metavar="B", min=1, help="Sequences per forward.")] = 1,
+    engram: Annotated[str, typer.Option(
+        "--engram", metavar="run|drop", help="DeepSeek-V4.1: plan with Engram's tables (run, load's default) or "
+                                             "without them (drop).")] = "run",
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (bytes).")] = False,
 ) -> None:
     """What a DeepSeek-V4 / V4.1 checkpoint needs, from config.json alone (no weights read): weights as stored
@@ -344,7 +347,7 @@ def plan_cmd(
 
     from phaselens.models.capacity import plan_model
 
-    plan = plan_model(source, context=context, gpu_memory=gpu_memory, chunk=chunk, batch=batch)
+    plan = plan_model(source, context=context, gpu_memory=gpu_memory, chunk=chunk, batch=batch, engram=engram)
     say(json.dumps(plan.to_dict(), indent=2) if as_json else str(plan))
 
 

@@ -78,8 +78,8 @@ def plan_map(model: Any, batch: Any, cells: Any, *, engine: str, method: str, ca
              rows_per_pass: int) -> MapPlan:
     """The :class:`MapPlan` of ``specialization_map`` on ``batch`` with the ``cells`` frame (no model call)."""
     N, T = int(batch.tokens.shape[0]), int(batch.tokens.shape[1])
-    L = int(model.cfg.n_layers)
-    copies = int(getattr(model, "cost", 1) or 1)
+    L = model.dims.n_layers
+    copies = model.dims.copies
     qp = torch.as_tensor(batch.query_pos).long()
     slots, counts = torch.unique(qp, return_counts=True)
     layers = [int(x) for x in cells["layer"]]
@@ -149,19 +149,19 @@ def _memory(model: Any, engine: str, N: int, T: int, qp: torch.Tensor, groups: l
 def _forward_memory(model: Any, estimate: Any, T: int, b: int, query_rows: int) -> dict[str, int]:
     """Bytes of one scored forward of ``b`` items (as ``model_logits`` makes it: query rows' logits only)."""
     if estimate is not None:
-        query_len = None if getattr(model, "chunk", None) is None else query_rows  # hooked rows when chunked
+        query_len = None if model.dims.prefill_chunk is None else query_rows  # hooked rows when chunked
         e = estimate(T, batch=b, query_len=query_len, logits="query")
         out = {"weights": e.weights, "cache": e.cache, "attention": 4 * e.attention, "logits": e.logits}
         if getattr(e, "activations", 0):  # DeepSeek-V4.1 counts its other transients too
             out["activations"] = e.activations
         return out
-    from phaselens.runtime.fingerprints import torch_module
+    from phaselens.contract.protocol import module_of
 
-    module = torch_module(model)
+    module = module_of(model)
     weights = 0 if module is None else sum(t.numel() * t.element_size() for t in [*module.parameters(),
                                                                                   *module.buffers()])
-    cfg = model.cfg
-    b *= int(getattr(model, "cost", 1) or 1)
+    cfg = model.dims
+    b *= cfg.copies
     return {"weights": weights, "attention": b * int(cfg.n_heads) * T * T * 4,
             "logits": b * query_rows * int(cfg.d_vocab) * 4}
 
@@ -171,9 +171,9 @@ def _pass_bytes(model: Any, q: int, n: int, cache: int, rows_per_pass: int, n_ce
     score tensors ``[H, keys]`` per row), capped by the engine's ``pass_bytes`` budget."""
     from phaselens.runtime.engines import PASS_BYTES
 
-    cfg = model.cfg
-    strides = [s.stride for s in model.phase_specs if s is not None]
-    keys = int(cfg.local_window) + (q + 1) // min(strides, default=q + 1)
-    item = torch.empty((), dtype=getattr(cfg, "dtype", torch.float32)).element_size()
+    cfg = model.dims
+    strides = [s.stride for s in cfg.phase_specs if s is not None]
+    keys = int(cfg.local_window or 0) + (q + 1) // min(strides, default=q + 1)
+    item = torch.empty((), dtype=cfg.dtype).element_size()
     per_row = cache // max(n, 1) + keys * (int(cfg.d_head) + 4 * int(cfg.n_heads)) * item
     return min(PASS_BYTES, per_row * min(rows_per_pass, n * n_cells))

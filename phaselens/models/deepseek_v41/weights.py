@@ -17,7 +17,8 @@ with a ``.scale`` is either
   config's weight blocks, FP4 with one scale per row and 32 inputs, then cast to the parameter's dtype
   (exact in bf16).
 
-Anything else is copied and cast.
+A parameter a module keeps in FP8's own dtypes (Engram's tables: ``float8_e4m3fn`` values and a
+``float8_e8m0fnu`` ``.scale``) receives the stored tensors as they are. Anything else is copied and cast.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from phaselens.models.deepseek_v41.packed import (
 )
 
 SKIP_PREFIXES = ("mtp.", "vision.", "aligner.", "image_")
+_NATIVE = (torch.float8_e4m3fn, torch.float8_e8m0fnu)
 _EXPERT = re.compile(r"^blocks\.(\d+)\.ffn\.experts\.(\d+)\.(w[123])\.(weight|scale)$")
 _DTYPES = {"F8_E4M3": torch.float8_e4m3fn, "F8_E8M0": torch.float8_e8m0fnu, "BF16": torch.bfloat16,
            "F16": torch.float16, "F32": torch.float32, "F64": torch.float64, "I8": torch.int8, "U8": torch.uint8,
@@ -238,14 +240,19 @@ def load_weights(model: nn.Module, root: Path, *, skip_engram: bool, n_layers: i
                 for name in names:
                     t = target(name)
                     fmt = getattr(model.get_submodule(t.module), "fmt", None)
-                    if name.endswith(".scale") and fmt is None:
+                    param = params[t.key]
+                    native = param.dtype in _NATIVE  # kept as stored in FP8's own dtypes (Engram's tables)
+                    if name.endswith(".scale") and fmt is None and not native:
                         continue  # dequantized with its weight
                     value = f.get_tensor(index[name].name)
                     if fmt is not None:
                         value = as_bytes(value)
+                    elif native:
+                        if value.dtype not in _NATIVE:
+                            raise CheckpointError(f"{name} must be stored as FP8 (float8_e4m3fn, with a UE8M0 .scale); "
+                                                  f"got {value.dtype}.")
                     else:
                         value = _dense(name, value, index, block, read)
-                    param = params[t.key]
                     dest = param[t.expert] if t.expert is not None else param
                     if tuple(value.shape) != tuple(dest.shape):
                         raise CheckpointError(
