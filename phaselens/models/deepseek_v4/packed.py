@@ -40,3 +40,17 @@ def dense_weight(module: nn.Module, dtype: torch.dtype) -> Tensor:
             return (weight.to(torch.float32) * scale.float()).to(dtype)
         return dequantize(as_bytes(weight), as_bytes(scale), PackedFormat("fp8", tuple(block)), dtype)
     return dequantize(as_bytes(weight), as_bytes(scale), FP4_ROWS, dtype)
+
+
+def expert_weight(module: nn.Module, name: str, expert: int, dtype: torch.dtype) -> Tensor:
+    """Expert ``expert``'s ``name`` matrix (``gate_up_proj`` / ``down_proj``) of an experts module as numbers in
+    ``dtype``: decoded when ``FP8Experts`` keeps it packed (FP4 codes or FP8 blocks with ``{name}_scale_inv``)."""
+    weight = getattr(module, name)
+    scale = getattr(module, f"{name}_scale_inv", None)
+    if scale is None or weight.element_size() != 1:
+        return weight[expert].to(dtype)
+    if weight.dtype == torch.float8_e4m3fn:
+        fmt = PackedFormat("fp8", tuple(module.block_size))
+    else:
+        fmt = FP4_ROWS
+    return dequantize(as_bytes(weight[expert]), as_bytes(scale[expert]), fmt, dtype)
