@@ -22,7 +22,7 @@ from phaselens.core.errors import (
     PhaseLensError,
     UnsupportedModelError,
 )
-from tests.conftest import LAYOUTS, make_model
+from tests.support.models import LAYOUTS, make_model
 
 MODEL = make_model(LAYOUTS["w4s4-scalar"])
 NULL = object()  # an edit returning this writes the JSON literal null
@@ -159,7 +159,7 @@ def test_a_failed_zero_length_append_leaves_the_cache_usable():
 # ---- hf: directories (a tiny transformers DeepSeek-V4 written once per module) ------------------------------
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    from tests.deepseek import tiny_v4_model
+    from tests.support.deepseek import tiny_v4_model
 
     d = tmp_path_factory.mktemp("hf") / "ckpt"
     tiny_v4_model().save_pretrained(d)

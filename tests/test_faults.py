@@ -29,7 +29,7 @@ from phaselens.presentation.reporting.write import write_report
 from phaselens.runtime.checkpoints import ResultCache, safetensors_metadata
 from phaselens.runtime.files import recover_dir
 from phaselens.train.loop import TrainSettings, train
-from tests.conftest import LAYOUTS, make_model, task_model
+from tests.support.models import LAYOUTS, make_model, task_model
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fault tests fork a writer")
 
@@ -321,13 +321,13 @@ TRAIN = TrainSettings(steps=10, batch_size=4, lr=3e-3, warmup=2, checkpoint_ever
 
 
 def batch_fn(b, seed):
-    from tests.conftest import tiny_task
+    from tests.support.models import tiny_task
 
     return tiny_task().sample_training_batch(b, seed)
 
 
 def train_writer(run):
-    from tests.test_train import CFG
+    from tests.train.test_loop import CFG
 
     def work(tick):
         files.FAULT_HOOK = _chain(files.FAULT_HOOK, lambda p: tick() if p == "file:replaced" else None)
@@ -337,7 +337,7 @@ def train_writer(run):
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
-    from tests.test_train import CFG
+    from tests.train.test_loop import CFG
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -349,7 +349,7 @@ def reference_run(tmp_path_factory):
 
 @pytest.mark.parametrize("mode", ["random", "between"])
 def test_train_state_killed(tmp_path, reference_run, one_thread, mode):
-    from tests.test_train import CFG
+    from tests.train.test_loop import CFG
 
     run = tmp_path / "run"
     saved = user_files(run)
