@@ -3,7 +3,7 @@ load: memory and tokens per second, side by side, on the CPU.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_v41_packed.py [--experts 64] [--ff 256] [--tokens 256]
 
-A tiny random V4.1 checkpoint in the release's formats (``tests/deepseek_v41.py``: 7 layers of every kind),
+A tiny random V4.1 checkpoint in the release's formats (``tests/support/deepseek_v41.py``: 7 layers of every kind),
 with routed experts dominating its size as in the release (64 experts of d_ff 256 by default). Both models
 load the same files in bf16 and produce the same logits (checked here). Reported: the weights' bytes as
 held, the load time, prefill tokens/s (one forward over ``--tokens`` tokens) and decoding tokens/s (one
@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(Path(__file__).parent), str(ROOT / "tests")]
+sys.path[:0] = [str(Path(__file__).parent), str(ROOT)]
 from common import emit  # noqa: E402
-from deepseek_v41 import write_tiny_checkpoint  # noqa: E402
 
 from phaselens.models.deepseek_v41 import load_v41  # noqa: E402
+from tests.support.deepseek_v41 import write_tiny_checkpoint  # noqa: E402
 
 
 def main() -> None:

@@ -6,14 +6,14 @@ adapter on transformers' packed modules. Prints one JSON object (also written to
 
 Tiny random models only (no weights downloaded); about a minute on one H200. Parts:
 
-* ``v41``: a tiny V4.1 checkpoint in the release's formats, experts dominating (``tests/deepseek_v41.py``):
+* ``v41``: a tiny V4.1 checkpoint in the release's formats, experts dominating (``tests/support/deepseek_v41.py``):
   packed vs dequantized logits on CUDA (fp32, bf16) and against the CPU; ``quantize="fp8"`` with
   transformers' finegrained-fp8 kernels (``kernels="auto"``) against phaselens's dequantize-then-multiply
   (``kernels="torch"``), and which path ran; GPU memory of a packed and a dequantized load; prefill and
   decoding tokens/s of each; ``device_map`` ``"auto"``, a map that offloads the last layers to the CPU, and a
   two-GPU map when two GPUs are visible; chunked prefill.
 * ``v4``: needs transformers >= 5.24 (``DeepseekV4ForCausalLM``). A tiny V4 whose projections and experts are
-  transformers' own ``FP8Linear`` / ``FP8GroupedLinear`` / ``FP8Experts`` (``tests/deepseek_packed.py``), on
+  transformers' own ``FP8Linear`` / ``FP8GroupedLinear`` / ``FP8Experts`` (``tests/support/deepseek_packed.py``), on
   CUDA with transformers' kernels, against its dense twin on the CPU: logits, hooked ``hook_z``, under
   ``numerics`` reference / transformers and ``quantize`` None / fp8. transformers fetches the kernels through
   the ``kernels`` package (Hub); without them the part reruns with CPU-style stand-in kernels on the GPU and
@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path[:0] = [str(ROOT)]
 warnings.simplefilter("ignore")
-try:  # tests/deepseek.py declares a pytest fixture; a GPU machine without pytest needs only the decorator
+try:  # tests/support/deepseek.py declares a pytest fixture; a GPU machine without pytest needs only the decorator
     import pytest  # noqa: F401
 except ImportError:
     import types
@@ -74,10 +74,9 @@ def timed(fn, repeats: int = 3) -> float:
 
 
 def part_v41(tmp: Path) -> dict:
-    from deepseek_v41 import write_tiny_checkpoint
-
     from phaselens.models.deepseek_v41 import load_v41
     from phaselens.models.deepseek_v41.kernels import CALLS, kernel_status
+    from tests.support.deepseek_v41 import write_tiny_checkpoint
 
     out: dict = {}
     ckpt = write_tiny_checkpoint(tmp / "v41", seed=0, n_routed_experts=64, moe_intermediate_size=256)
@@ -175,9 +174,8 @@ def part_v4() -> dict:
         import transformers
 
         return {"skipped": f"transformers {transformers.__version__} has no DeepSeek-V4; install >= 5.24"}
-    from deepseek_packed import cpu_kernels, packed_tiny_v4
-
     import phaselens
+    from tests.support.deepseek_packed import cpu_kernels, packed_tiny_v4
 
     out: dict = {}
     dense, packed = packed_tiny_v4(0, dtype=torch.bfloat16, watch=False)

@@ -6,11 +6,9 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
-from deepseek_v41 import write_tiny_checkpoint
 from typer.testing import CliRunner
 
 from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
@@ -18,8 +16,10 @@ from phaselens.models.capacity import gpu_bytes, plan_model
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.memory import estimate_memory
 from phaselens.presentation.cli import app
+from tests.support.deepseek_v41 import write_tiny_checkpoint
+from tests.support.paths import DATA
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = DATA / "configs"
 GiB = 2**30
 
 

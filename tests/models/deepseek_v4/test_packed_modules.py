@@ -2,23 +2,22 @@
 
 On the CPU: the real ``FP8Linear`` / ``FP8GroupedLinear`` / ``FP8Experts`` modules from transformers' own
 quantizer, holding FP8 block codes and FP4 expert codes, with the GPU kernels replaced by CPU stand-ins
-(``tests/deepseek_packed.py``). Every packed tensor records who reads it: only transformers' FP8 modules
+(``tests/support/deepseek_packed.py``). Every packed tensor records who reads it: only transformers' FP8 modules
 themselves (their kernels) and phaselens's decoder (``models/deepseek_v4/packed.py``, which dequantizes with
 ``models/deepseek_v41/packed.py``) may.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
-from deepseek_packed import Watched, cpu_kernels, packed_tiny_v4
 
 import phaselens
 from phaselens.models.deepseek_v4.memory import estimate_memory
 from phaselens.models.deepseek_v4.packed import dense_weight, is_packed
-from tests.deepseek import one_thread  # noqa: F401  (single-thread fixture)
+from tests.support.deepseek import one_thread  # noqa: F401  (single-thread fixture)
+from tests.support.deepseek_packed import Watched, cpu_kernels, packed_tiny_v4
+from tests.support.paths import ROOT
 
 # transformers' FP8 modules (their kernels), and phaselens's decoder (V4's bridge and the shared dequantizer)
 ALLOWED = ("transformers/integrations/finegrained_fp8.py", "phaselens/models/deepseek_v4/packed.py",
@@ -73,5 +72,5 @@ def test_decoder_and_memory_estimate_on_packed_modules():
 
 
 def test_gpu_check_script_exists_and_prints_json():
-    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_packed_check.py"
+    script = ROOT / "scripts" / "gpu_packed_check.py"
     assert script.is_file() and "json" in script.read_text()

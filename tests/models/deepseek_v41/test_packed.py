@@ -14,15 +14,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from deepseek_v41 import E2M1, decode_stored, write_dequantized_copy, write_tiny_checkpoint
 
 import phaselens
 from phaselens.core.errors import DeviceMapError
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.kernels import CALLS
 from phaselens.models.deepseek_v41.packed import FP8_ROWS, dequantize_rows
+from tests.support.deepseek_v41 import E2M1, decode_stored, write_dequantized_copy, write_tiny_checkpoint
+from tests.support.paths import DATA, ROOT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT
 # experts dominate: 64 experts x 3 x 256 x 64 per layer = 3.1M of the 3.6M parameters of a layer
 EXPERT_HEAVY = {"n_routed_experts": 64, "moe_intermediate_size": 256}
 
@@ -200,7 +201,7 @@ def test_v41_in_torchrun_replicas(tiny):
     from phaselens.models.sources import meta_model
     from phaselens.runtime.replicas import _units, replica_device_map
 
-    flash = meta_model(Path(__file__).parent / "data" / "configs" / "DeepSeek-V4.1-Flash")
+    flash = meta_model(DATA / "configs" / "DeepSeek-V4.1-Flash")
     assert flash.blocks[5].ffn.experts.w1.dtype == torch.uint8  # the release's packed layout
     dm = replica_device_map(flash, [0, 1, 2, 3])
     units = dict(_units(flash))

@@ -19,8 +19,9 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
-from deepseek_v41 import E2M1, encode_fp4_rows, encode_fp8_blocks
 from torch import nn
+
+from tests.support.deepseek_v41 import E2M1, encode_fp4_rows, encode_fp8_blocks
 
 BLOCK = (32, 32)
 # transformers' grouped o_a_proj needs whole scale blocks per group: o_lora_rank a multiple of the block
@@ -114,7 +115,7 @@ def packed_tiny_v4(seed: int = 0, *, dtype: torch.dtype = torch.float32, pack_co
     from transformers.integrations.finegrained_fp8 import FP8Experts, FP8Linear
     from transformers.quantizers.auto import AutoHfQuantizer
 
-    from tests.deepseek import tiny_v4_model
+    from tests.support.deepseek import tiny_v4_model
 
     dense = tiny_v4_model(seed, **{**PACKABLE, **overrides}).to(dtype)
     dense.config._experts_implementation = "eager"
