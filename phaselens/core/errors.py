@@ -32,6 +32,11 @@ class InputError(PhaseLensError, ValueError):
     """Token ids or tensors with the wrong shape, dtype or range for the model."""
 
 
+class DeviceMapError(InputError):
+    """A ``device_map`` / ``max_memory`` that cannot place the model: an unknown module name, a GPU this machine
+    lacks, a module left without a device, or a model that does not fit (the message names the fix)."""
+
+
 class HookNameError(InputError, KeyError):
     """A hook name that the model does not have (e.g. ``hook_pattern`` on a compressed layer).
 
@@ -119,6 +124,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "ContextLengthError",
+    "DeviceMapError",
     "DistributedError",
     "HeadSpecError",
     "HookNameError",

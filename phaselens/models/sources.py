@@ -59,3 +59,21 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
     from phaselens.models.compressed.loader import load_model
 
     return load_model(path, device=device)
+
+
+def meta_model(path: str | os.PathLike) -> Any:
+    """The model of the local checkpoint directory ``path`` (``hf:`` prefix optional) on the meta device, as
+    ``load("hf:PATH")`` would build it (no weights read, no memory): what
+    :func:`phaselens.runtime.replicas.replica_device_map` needs before loading. DeepSeek-V4.1 comes in its
+    packed layout; anything else is transformers' model."""
+    text = str(path)
+    root = text[3:] if text.startswith("hf:") else text
+    from phaselens.models.deepseek_v41 import is_v41_checkpoint
+
+    if is_v41_checkpoint(root):
+        from phaselens.models.deepseek_v41.checkpoint import meta_v41
+
+        return meta_v41(root)
+    from phaselens.runtime.replicas import meta_model as transformers_meta
+
+    return transformers_meta(root)

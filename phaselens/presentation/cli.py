@@ -192,7 +192,8 @@ def _load(model: str) -> Any:
     k = int(_state["gpus_per_replica"])
     device = rank_device(k)
     if model.startswith("hf:") and k > 1 and device != "cpu":  # one copy spread over this rank's GPUs
-        from phaselens.runtime.replicas import meta_model, replica_device_map
+        from phaselens.models.sources import meta_model
+        from phaselens.runtime.replicas import replica_device_map
 
         return phaselens.load(model, device_map=replica_device_map(meta_model(model[3:]), replica_gpus(k)))
     return phaselens.load(model, device=device)
@@ -318,6 +319,36 @@ def map_cmd(
         say(pm.specialization_index().to_string(index=False))
     if path and main_rank():
         write_csv(pm.to_frame(), path)
+
+
+@app.command("plan", cls=_Command)
+@friendly_errors
+def plan_cmd(
+    source: Annotated[str, typer.Argument(
+        metavar="SOURCE", help="A checkpoint directory (or hf:DIR); one that holds only config.json is enough.")],
+    context: Annotated[int, typer.Option("--context", metavar="T", min=1, help="Tokens per sequence.")] = 131072,
+    gpu_memory: Annotated[str, typer.Option(
+        "--gpu-memory", metavar="GB", help="Memory of one GPU: GB (141), '80GiB', or H100 / H200 / B200.")] = "141",
+    chunk: Annotated[int | None, typer.Option(
+        "--chunk", metavar="N", min=1,
+        help="Prefill chunk (default: the largest that fits the smallest node found for a 128K map).")] = None,
+    batch: Annotated[int, typer.Option("--batch", metavar="B", min=1, help="Sequences per forward.")] = 1,
+    engram: Annotated[str, typer.Option(
+        "--engram", metavar="run|drop", help="DeepSeek-V4.1: plan with Engram's tables (run, load's default) or "
+                                             "without them (drop).")] = "run",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (bytes).")] = False,
+) -> None:
+    """What a DeepSeek-V4 / V4.1 checkpoint needs, from config.json alone (no weights read): weights as stored
+    and as loaded, cache and activations at --context, GPUs of --gpu-memory, the smallest node for a 128K map.
+
+    Example: phaselens plan hf:/data/DeepSeek-V4.1-Flash --gpu-memory H200 --json
+    """
+    import json
+
+    from phaselens.models.capacity import plan_model
+
+    plan = plan_model(source, context=context, gpu_memory=gpu_memory, chunk=chunk, batch=batch, engram=engram)
+    say(json.dumps(plan.to_dict(), indent=2) if as_json else str(plan))
 
 
 zoo_app = typer.Typer(help="The embedded zoo of tiny compressed models.", no_args_is_help=True, cls=_Group)

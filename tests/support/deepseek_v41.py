@@ -281,3 +281,43 @@ def write_tiny_checkpoint(path: str | Path, seed: int = 0, *, engram: bool = Fal
     (root / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return root
+
+
+def decode_stored(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The checkpoint's tensors with every FP8 / FP4 weight decoded to fp32 and its ``.scale`` dropped: the
+    same weights stored dequantized. Decoders written from the formats, independent of the loader's."""
+    out: dict[str, torch.Tensor] = {}
+    for name, t in stored.items():
+        scale_name = name[: -len("weight")] + "scale" if name.endswith(".weight") else None
+        if name.endswith(".scale") and name[: -len("scale")] + "weight" in stored:
+            continue
+        if scale_name not in stored:
+            out[name] = t
+            continue
+        s = stored[scale_name].float()
+        if t.dtype == torch.float8_e4m3fn:  # one scale per 32 x 32 block
+            rows = torch.arange(t.shape[0]) // 32
+            cols = torch.arange(t.shape[1]) // 32
+            out[name] = t.float() * s[rows][:, cols]
+        else:  # two E2M1 codes per byte, the first in the low nibble; one scale per row and 32 inputs
+            b = t.view(torch.uint8).long()
+            codes = torch.stack((b & 15, b >> 4), dim=-1).flatten(-2)
+            mag = E2M1[codes & 7]
+            value = torch.where(codes >= 8, -mag, mag)
+            out[name] = value * s[:, torch.arange(value.shape[1]) // 32]
+    return out
+
+
+def write_dequantized_copy(src: str | Path, dst: str | Path) -> Path:
+    """Copy the checkpoint at ``src`` to ``dst`` with every quantized weight stored dequantized (fp32, no
+    scale), one shard per source shard; ``config.json`` unchanged."""
+    from safetensors.torch import load_file
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    (dst / "config.json").write_text((src / "config.json").read_text())
+    stored: dict[str, torch.Tensor] = {}
+    for shard in sorted(src.glob("*.safetensors")):
+        stored.update(load_file(str(shard)))
+    save_file(decode_stored(stored), str(dst / "model.safetensors"))
+    return dst

@@ -31,6 +31,7 @@ from torch import nn
 from phaselens.models.deepseek_v4.config import unwrap
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
 from phaselens.models.deepseek_v4.numerics import Fp32Projection
+from phaselens.models.deepseek_v4.packed import is_packed
 from phaselens.models.deepseek_v4.prefill import plan_chunks
 
 GiB = 2**30
@@ -124,7 +125,8 @@ def _cache_bytes(hf: nn.Module, g: LayerGeometry, T: int, batch: int, dtype: tor
 def _compressor_bytes(module: nn.Module, T: int, S: int, d: int, item: int, *, overlap: bool) -> int:
     """Entries ``[T // S, d]``, the unfinished block's projections ``[T % S, C]`` (kv and gate, C = 2d with
     overlap) and, with overlap, the last block's ``Ca`` half ``[S, d]`` (kv, and gate with the fp32 bias added)."""
-    proj = 4 if isinstance(module.kv_proj, Fp32Projection) else _size(module.kv_proj.weight.dtype)
+    proj = 4 if isinstance(module.kv_proj, Fp32Projection) else item if is_packed(module.kv_proj) else _size(
+        module.kv_proj.weight.dtype)
     width = (2 if overlap else 1) * d
     total = (T // S) * d * item + 2 * (T % S) * width * proj
     if overlap and T >= S:

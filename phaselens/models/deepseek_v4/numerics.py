@@ -48,6 +48,7 @@ from phaselens.core.errors import ConfigError, InputError, UnsupportedModelError
 from phaselens.models.deepseek_v4 import reference_ops as ops
 from phaselens.models.deepseek_v4.config import rope_dims
 from phaselens.models.deepseek_v4.geometry import LayerGeometry
+from phaselens.models.deepseek_v4.packed import dense_weight, weight_dtype
 from phaselens.models.deepseek_v4.quantization import FP4_BLOCK, FP8_BLOCK, fp8_simulate, indexer_simulate
 
 Numerics = Literal["reference", "transformers"]
@@ -76,11 +77,12 @@ def _round(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
 
 
 class Fp32Projection:
-    """For ``nn.Linear``: the product in fp32 (the reference's compressor ``wkv`` / ``wgate`` and its head)."""
+    """For ``nn.Linear``: the product in fp32 (the reference's compressor ``wkv`` / ``wgate`` and its head); a
+    packed FP8 weight (transformers' ``FP8Linear``) is decoded first, never read as numbers."""
 
     def forward(self, x: Tensor) -> Tensor:
         bias = None if self.bias is None else self.bias.float()
-        return F.linear(x.float(), self.weight.float(), bias)
+        return F.linear(x.float(), dense_weight(self, torch.float32), bias)
 
 
 class ReferenceNorm:
@@ -283,9 +285,9 @@ def _precision(
     """The reference's rounding in a half-precision model."""
     inner = model.model
     for module in compressors:
-        _swap(module, ReferenceCompressor, _phaselens_dtype=module.kv_proj.weight.dtype)
+        _swap(module, ReferenceCompressor, _phaselens_dtype=weight_dtype(module.kv_proj, dtype))
     for module in [*compressors, *indexers]:
-        _swap(module.kv_norm, ReferenceNorm, _phaselens_cast=module.kv_proj.weight.dtype)
+        _swap(module.kv_norm, ReferenceNorm, _phaselens_cast=weight_dtype(module.kv_proj, dtype))
         for proj in (module.kv_proj, module.gate_proj):
             _swap(proj, Fp32Projection)
     for rotary in [inner.rotary_emb, *(m.rotary_emb for m in [*compressors, *indexers])]:

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
+from phaselens.models.deepseek_v4.packed import expert_weight
+
 # Set on the adapter's own replacements of transformers' ``eager_attention_forward`` (the pattern tap, the
 # query engine): they call :func:`attention_for` themselves, so ReferenceAttention leaves them in place.
 CORE_AWARE = "_phaselens_core_aware"
@@ -192,10 +194,10 @@ class ReferenceExperts:
                 continue
             token, slot = torch.where(top_k_index == e)
             x = hidden_states[token]
-            w = self.gate_up_proj[e]
+            w = expert_weight(self, "gate_up_proj", e, x.dtype)  # decoded when FP8Experts keeps it packed
             h = _swiglu(F.linear(x, w[:inter]), F.linear(x, w[inter:]), self.act_fn, float(self.limit))
             h = top_k_weights[token, slot, None].float() * h
-            out.index_add_(0, token, F.linear(h.to(x.dtype), self.down_proj[e]).float())
+            out.index_add_(0, token, F.linear(h.to(x.dtype), expert_weight(self, "down_proj", e, x.dtype)).float())
         return out
 
 

@@ -1,7 +1,9 @@
 """``load_v41``: a local DeepSeek-V4.1 checkpoint directory -> :class:`DeepSeekV41` (``phaselens.load("hf:DIR")``).
 
-Never downloads. The model is built on the meta device and each parameter is filled once from the shards,
-so peak memory is about the dequantized model (2 bytes per parameter in bf16) plus one tensor.
+Never downloads. The model is built on the meta device, switched to the checkpoint's packed layout
+(``weights="packed"``, the default: FP8 and FP4 weights stay as stored), allocated on its device(s) and filled
+once from the shards, one shard at a time: peak memory is the packed model plus one shard (with
+``weights="dequantized"``, the dequantized model plus one tensor).
 """
 
 from __future__ import annotations
@@ -10,16 +12,23 @@ import json
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from phaselens.core.errors import CheckpointError, InputError
+from phaselens.models.deepseek_v41 import placement
 from phaselens.models.deepseek_v41.config import V41Config
+from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import Quantize
 from phaselens.models.deepseek_v41.model import DeepSeekV41
 from phaselens.models.deepseek_v41.notices import EngramDroppedWarning
-from phaselens.models.deepseek_v41.weights import load_weights
+from phaselens.models.deepseek_v41.weights import (
+    load_weights,
+    pack_as_released,
+    pack_from_headers,
+    read_index,
+)
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
            "fp64": torch.float64, "float64": torch.float64}
@@ -51,15 +60,20 @@ def load_v41(
     analysis_stride: int | None = None,
     engram: str = "run",
     n_layers: int | None = None,
+    weights: Literal["packed", "dequantized"] = "packed",
+    kernels: Kernels = "auto",
+    device_map: Any = None,
+    max_memory: Any = None,
+    chunk: int | None = None,
 ) -> DeepSeekV41:
     """Load the text model of a DeepSeek-V4.1 checkpoint directory.
 
     Args:
         path: a directory with ``config.json`` (``model_type`` ``deepseek_v41``, the text model under
             ``text_config``) and sharded safetensors.
-        device: where the parameters go.
-        dtype: ``torch.bfloat16`` (as the reference) or ``torch.float32``; quantized weights are dequantized
-            to it.
+        device: where the parameters go (ignored with ``device_map``).
+        dtype: ``torch.bfloat16`` (as the reference) or ``torch.float32``: the dtype of the dense weights and
+            of the computation; packed weights are dequantized to it.
         quantize: ``None``, ``"kv"`` (the reference's KV-path round trips) or ``"fp8"`` (those plus FP8
             activations into FP8/FP4 GEMMs: the reference's full numerics). Recorded in ``analysis_metadata``.
         index_topk: ``None`` (the config's), an int, or ``"all"`` (keep every visible entry, lift the
@@ -71,6 +85,19 @@ def load_v41(
         n_layers: load only the first ``n_layers`` backbone layers, the head reading the last of them (a
             truncated model, recorded as a modification): for parity checks against the reference truncated
             the same way, and for exploring early layers with less memory.
+        weights: ``"packed"`` keeps FP8 and FP4 weights as stored (about a quarter of the dequantized size for
+            the FP4 experts) and dequantizes them inside the forward, per layer and per selected expert;
+            ``"dequantized"`` dequantizes everything at load. Both give the same numbers.
+        kernels: ``"auto"`` multiplies packed weights with transformers' finegrained-fp8 kernels where they
+            apply (CUDA, ``quantize="fp8"``, bf16), else dequantizes; ``"torch"`` always dequantizes (see
+            :mod:`~phaselens.models.deepseek_v41.kernels`).
+        device_map: spread the model over devices, with transformers/accelerate conventions: ``"auto"``,
+            ``"balanced"``, ``"sequential"``, a dict ``{module name: device}`` (e.g.
+            :func:`phaselens.runtime.replicas.replica_device_map`) or one device (see
+            :mod:`~phaselens.models.deepseek_v41.placement`).
+        max_memory: the per-device budget of ``device_map="auto"``, e.g. ``{0: "70GiB", "cpu": "100GiB"}``.
+        chunk: prefill in pieces of this many tokens (hooks see the query piece only); what long contexts
+            need (``phaselens plan`` says which chunk fits).
 
     Example:
         >>> model = phaselens.load("hf:/data/DeepSeek-V4.1-Flash", device="cuda")  # doctest: +SKIP
@@ -81,12 +108,58 @@ def load_v41(
             f"no checkpoint at {root} (a directory with config.json and *.safetensors is needed); phaselens "
             "never downloads: fetch the weights first."
         )
+    model, index = _build(root, dtype=dtype, quantize=quantize, index_topk=index_topk,
+                          analysis_stride=analysis_stride, engram=engram, n_layers=n_layers, weights=weights,
+                          kernels=kernels, chunk=chunk, need_weights=True)
+    keep = {"skip_engram": engram == "drop", "n_layers": model.config.num_hidden_layers}
+    if device_map is None:
+        model.to_empty(device=device)
+    else:
+        placed = placement.resolve(model, device_map, max_memory=max_memory)
+        placement.materialize(model, placed)
+    _restore_buffers(model)  # non-persistent buffers come back uninitialised from the meta device
+    load_weights(model, root, index=index, **keep)
+    if device_map is not None:
+        placement.dispatch(model, placed)
+    model.set_engram_tokenizer(root / "tokenizer.json")
+    return model.eval()
+
+
+def meta_v41(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.bfloat16,
+             weights: Literal["packed", "dequantized"] = "packed", engram: str = "run",
+             n_layers: int | None = None, **model_kw: Any) -> DeepSeekV41:
+    """The model of the checkpoint directory ``path`` on the meta device (shapes and dtypes, no memory): what
+    :func:`phaselens.runtime.replicas.replica_device_map` and ``phaselens plan`` need before loading.
+
+    ``path`` may hold ``config.json`` alone: packed weights then take the release's formats
+    (:func:`~phaselens.models.deepseek_v41.weights.pack_as_released`); with shards, their headers decide.
+    """
+    root = Path(path).expanduser()
+    if not (root / "config.json").is_file():
+        raise CheckpointError(f"no config.json in {root}; pass a DeepSeek-V4.1 checkpoint directory.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EngramDroppedWarning)
+        model, _ = _build(root, dtype=dtype, weights=weights, engram=engram, n_layers=n_layers,
+                          need_weights=False, **model_kw)
+    return model
+
+
+def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n_layers: int | None,
+           need_weights: bool, quantize: Quantize = None, index_topk: int | str | None = None,
+           analysis_stride: int | None = None, kernels: Kernels = "auto",
+           chunk: int | None = None) -> tuple[DeepSeekV41, dict[str, Any] | None]:
+    """The model on the meta device, in its packed layout when ``weights="packed"``, and the checkpoint's
+    header index (``None`` without shards, unless ``need_weights``)."""
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
             raise InputError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}.")
         dtype = _DTYPES[dtype]
     if engram not in ("run", "drop"):
         raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
+    if weights not in ("packed", "dequantized"):
+        raise InputError(f"weights must be 'packed' or 'dequantized', got {weights!r}.")
+    if kernels not in ("auto", "torch"):
+        raise InputError(f"kernels must be 'auto' or 'torch', got {kernels!r}.")
     try:
         raw = json.loads((root / "config.json").read_text())
     except ValueError as exc:
@@ -98,22 +171,28 @@ def load_v41(
     config = V41Config.from_dict(raw, name=root.name)
     layers = list(config.engram_layer_ids)
     if layers and engram == "run":
-        if not (root / "tokenizer.json").is_file():
+        if need_weights and not (root / "tokenizer.json").is_file():
             raise CheckpointError(NO_TOKENIZER.format(root=root, layers=layers))
         metadata["engram"] = "applied"
     elif layers:
         warnings.warn(EngramDroppedWarning(
-            f"Engram lookups at layers {layers} were dropped: results describe the model without them."), stacklevel=2)
+            f"Engram lookups at layers {layers} were dropped: results describe the model without them."), stacklevel=3)
         metadata.update(engram="dropped", model_modified=True,
                         modifications=[*metadata["modifications"], f"Engram dropped at layers {layers}"])
+    metadata["weights"] = weights
     with torch.device("meta"):
         model = DeepSeekV41(config, dtype=dtype, quantize=quantize, index_topk=index_topk,
-                            analysis_stride=analysis_stride, metadata=metadata, engram=engram)
-    model.to_empty(device=device)
-    _restore_buffers(model, device)  # non-persistent buffers come back uninitialised from the meta device
-    load_weights(model, root, skip_engram=engram == "drop", n_layers=config.num_hidden_layers)
-    model.set_engram_tokenizer(root / "tokenizer.json")
-    return model.eval()
+                            analysis_stride=analysis_stride, metadata=metadata, engram=engram, kernels=kernels,
+                            chunk=chunk)
+    keep = {"skip_engram": engram == "drop", "n_layers": config.num_hidden_layers}
+    has_shards = any(root.glob("*.safetensors")) or (root / "model.safetensors.index.json").is_file()
+    index = read_index(root) if need_weights or has_shards else None
+    if weights == "packed":
+        if index is not None:
+            pack_from_headers(model, index, **keep)
+        else:
+            pack_as_released(model)
+    return model, index
 
 
 def truncate_config(raw: dict[str, Any], n_layers: int) -> dict[str, Any]:
@@ -142,8 +221,8 @@ def truncate_config(raw: dict[str, Any], n_layers: int) -> dict[str, Any]:
     return {**raw, "text_config": text}
 
 
-def _restore_buffers(model: DeepSeekV41, device: str | torch.device) -> None:
-    """Recompute the RoPE frequencies (buffers are not in the checkpoint)."""
+def _restore_buffers(model: DeepSeekV41) -> None:
+    """Recompute the RoPE frequencies (buffers are not in the checkpoint), on each layer's device."""
     from phaselens.models.deepseek_v41.layers import rope_frequencies
 
     c = model.config
@@ -153,4 +232,4 @@ def _restore_buffers(model: DeepSeekV41, device: str | torch.device) -> None:
                                  original=c.rope_original_max_position, beta_fast=c.beta_fast, beta_slow=c.beta_slow)
         else:
             f = rope_frequencies(c.qk_rope_head_dim, c.rope_theta)
-        block.attn.inv_freq = f.to(device)
+        block.attn.inv_freq = f.to(block.attn.inv_freq.device)

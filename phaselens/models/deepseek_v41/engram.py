@@ -67,7 +67,7 @@ class Engram(nn.Module):
         hc, D, hd = cfg.hc_mult, cfg.hidden_size, cfg.engram_head_dim
         self.index, self.hc, self.d_model, self.eps = index, hc, D, cfg.rms_norm_eps
         self.embed = EngramTable(cfg.engram_num_embeddings[index], hd)
-        self.wkv = Linear(n_cols * hd, D * (hc + 1), numerics, quantized=True, dtype=dtype)
+        self.wkv = Linear(n_cols * hd, D * (hc + 1), numerics, quantized=True, dtype=dtype, stored="fp8")
         self.q_weight = nn.Parameter(torch.ones(hc, D, dtype=dtype))
         self.k_weight = nn.Parameter(torch.ones(hc, D, dtype=dtype))
         self.hook_rows, self.hook_key, self.hook_value = HookPoint(), HookPoint(), HookPoint()
@@ -77,7 +77,7 @@ class Engram(nn.Module):
         """The streams after Engram, ``[B, n, hc, D]`` in ``x``'s dtype."""
         rows = self.hook_rows(rows)
         ct = compute_dtype(x.dtype)
-        looked = self.embed(rows).to(self.wkv.weight.dtype)  # bf16 -> the model dtype: exact
+        looked = self.embed(rows).to(self.wkv.dtype)  # bf16 -> the model dtype: exact (wkv may hold packed bytes)
         kv = self.wkv(looked.flatten(-2))
         key = self.hook_key(kv[..., : self.hc * self.d_model].unflatten(-1, (self.hc, self.d_model))).to(ct)
         value = self.hook_value(kv[..., self.hc * self.d_model :]).to(ct)

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
@@ -43,6 +42,7 @@ from phaselens.models.deepseek_v41.engram_hash import (
     compressed_token_map,
     history_after,
 )
+from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import (
     Numerics,
     Quantize,
@@ -54,7 +54,10 @@ from phaselens.models.deepseek_v41.layers import (
 )
 from phaselens.models.deepseek_v41.moe import MoE
 from phaselens.models.deepseek_v41.notices import IndexTopKWarning
-from phaselens.models.hooking import ContextHooks, query_start
+from phaselens.models.deepseek_v41.placement import input_device
+from phaselens.models.hooking import ContextHooks, query_start, silent_hooks
+
+_UNSET = object()
 
 
 @dataclass(frozen=True)
@@ -134,13 +137,17 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         analysis_stride: the stride that defines phases (default: the smallest compression ratio >= 2).
         engram: ``"run"`` (Engram at the config's layers, as the reference) or ``"drop"`` (built without it: an
             ablation). Running it needs the tokenizer: :meth:`set_engram_tokenizer` (``load_v41`` calls it).
+        kernels: how GEMMs on packed weights run (:mod:`~phaselens.models.deepseek_v41.kernels`).
+        chunk: prefill in pieces of this many tokens (see :meth:`forward`); needed at long context.
     """
 
     default_task: Any = None
+    chunk: int | None = None  # tokens per prefill piece (forward's chunk), None: one call
 
     def __init__(self, config: V41Config, *, dtype: torch.dtype = torch.bfloat16, quantize: Quantize = None,
                  index_topk: int | str | None = None, analysis_stride: int | None = None,
-                 metadata: dict[str, Any] | None = None, engram: str = "run") -> None:
+                 metadata: dict[str, Any] | None = None, engram: str = "run", kernels: Kernels = "auto",
+                 chunk: int | None = None) -> None:
         super().__init__()
         if engram not in ("run", "drop"):
             raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
@@ -154,7 +161,8 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
             topk = index_topk
         else:
             raise InputError(f"index_topk must be None, a positive int or 'all', got {index_topk!r}.")
-        self.config, self.numerics, self.default_task = config, Numerics(quantize), None
+        self.config, self.numerics, self.default_task = config, Numerics(quantize, kernels), None
+        self.chunk = chunk
         self.roles = config.topology()
         self._index_topk = topk
         D, V, ct = config.hidden_size, config.vocab_size, compute_dtype(dtype)
@@ -213,7 +221,8 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         return ModelDims(n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads, n_key_value_heads=1,
                          d_head=c.head_dim, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings,
                          phase_specs=tuple(self.phase_specs), analysis_spec=self.analysis_spec,
-                         local_window=c.sliding_window, dtype=w.dtype, device=w.device)
+                         local_window=c.sliding_window, prefill_chunk=self.chunk, dtype=w.dtype,
+                         device=input_device(self))
 
     def identity(self) -> ModelIdentity:
         """The V4.1 config and this module's weights (fingerprints)."""
@@ -265,7 +274,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
                 f"engram_compressed_vocab_size is {want}: Engram's hashes derive from that number, so this "
                 "tokenizer is not the checkpoint's (or the tokenizers library normalizes differently)."
             )
-        device = self.embed.weight.device
+        device = input_device(self)  # where the token ids go (the embedding may be offloaded)
         self.engram_hasher = NgramHasher(self.engram_layout, token_map, size, self.config.engram_pad_id).to(device)
 
     def _engram_rows(self, tokens: Tensor, run: V41Cache) -> Tensor | None:
@@ -288,16 +297,44 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         return V41Cache(self, batch_size)
 
     def forward(self, tokens: Tensor, *, cache: V41Cache | None = None,
-                logits: Literal["all", "query"] = "all", query_len: int | None = None) -> Tensor:
+                logits: Literal["all", "query"] = "all", query_len: int | None = None,
+                chunk: int | None | object = _UNSET) -> Tensor:
         """Logits ``[B, n, vocab]`` (fp32) for token ids ``[B, n]`` (or ``[n]``).
 
         Args:
             cache: continue the cached sequence at slot ``cache.length`` (and advance it).
             logits: ``"query"`` computes only the last ``query_len`` rows' logits (``[B, query_len, vocab]``).
+            chunk: without ``cache``, prefill in pieces of this many tokens through a fresh cache, then run the
+                query piece (the last ``query_len`` tokens, default ``min(chunk, n)``); hooks fire only for
+                the query piece, as in the DeepSeek-V4 adapter. Default: the model's ``chunk`` (``None``: one
+                call). Attention then holds ``[B, H, chunk, window + entries]`` scores instead of
+                ``[B, H, n, ...]``; logits equal the unchunked ones to float rounding.
         """
         if logits not in ("all", "query"):
             raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
         tokens = self._check_tokens(tokens)
+        chunk = self.chunk if chunk is _UNSET else chunk
+        if cache is not None or chunk is None:
+            return self._call(tokens, cache, logits, query_len)
+        T = tokens.shape[1]
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise InputError(f"chunk must be a positive int (tokens per prefill piece) or None, got {chunk!r}.")
+        q = min(chunk, T) if query_len is None else query_len
+        if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= T:
+            raise InputError(f"query_len must be an int in 1..{T} (the query piece), got {query_len!r}.")
+        run = V41Cache(self, tokens.shape[0])
+        kept = []
+        with torch.no_grad(), silent_hooks():
+            for a in range(0, T - q, chunk):
+                out = self._call(tokens[:, a : min(a + chunk, T - q)], run, "all", None, head=logits == "all")
+                kept.append(out)
+        out = self._call(tokens[:, T - q :], run, "all", None)
+        return torch.cat([*kept, out], dim=1) if logits == "all" else out
+
+    def _call(self, tokens: Tensor, cache: V41Cache | None, logits: str, query_len: int | None,
+              head: bool = True) -> Tensor | None:
+        """One forward of ``tokens`` (checked ids) through ``cache`` (``None``: a fresh one); ``head=False``:
+        no logits (a prefix piece)."""
         B, n = tokens.shape
         run = cache if cache is not None else V41Cache(self, B)
         run.check(self, B)
@@ -322,8 +359,10 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
             raise
         run.commit(n)
         self._note_binding(rt, start + n)
+        if not head:
+            return None
         final = self.norm(hc_pre(x[:, n - q :], pre[:, n - q :]))
-        return F.linear(final.to(self.head.weight.dtype), self.head.weight)
+        return self.head(final.to(self.head.weight.dtype))  # a module call: a device map's hook sees it
 
     def _context(self, point: Any) -> HookContext:
         """The hook context; ``first_entry`` of compressor hooks counts entries of the layer's own ratio (ratio-1
@@ -345,7 +384,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         V = self.config.vocab_size
         if int(tokens.min()) < 0 or int(tokens.max()) >= V:
             raise InputError(f"token ids must lie in 0..{V - 1}, got {int(tokens.min())}..{int(tokens.max())}.")
-        return tokens.long().to(self.embed.weight.device)
+        return tokens.long().to(input_device(self))
 
     def _note_binding(self, rt: StackRuntime, length: int) -> None:
         md = self._metadata
@@ -367,6 +406,14 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
                 f"at length {length}: {msg}. The layers reusing those picks attend to the same subset. Load with "
                 "index_topk='all' to keep every visible entry (recorded as a modification of the model)."
             ), stacklevel=3)
+
+    def estimate_memory(self, tokens: int, *, batch: int = 1, query_len: int | None = None,
+                        logits: Literal["all", "query"] = "all") -> Any:
+        """Bytes of a forward over ``batch`` x ``tokens`` tokens in this model's ``chunk``
+        (:func:`~phaselens.models.deepseek_v41.memory.estimate_memory`; a meta-device model will do)."""
+        from phaselens.models.deepseek_v41.memory import estimate_memory
+
+        return estimate_memory(self, tokens, batch=batch, chunk=self.chunk, query_len=query_len, logits=logits)
 
     def with_metadata(self, **entries: Any) -> DeepSeekV41:
         self._metadata.update(entries)

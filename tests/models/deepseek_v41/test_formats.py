@@ -42,13 +42,16 @@ def test_checkpoint_formats_are_the_references(ckpt):
     assert raw(ckpt, "layers.3.ffn.experts.1.w2.scale").shape == (64, 1)
 
 
-def test_fp8_block_dequantization(ckpt):
-    """w[i, j] = e4m3[i, j] * scale[i // 32, j // 32] (a power of two), exact in bf16 and fp32."""
+@pytest.mark.parametrize("weights", ["packed", "dequantized"])
+def test_fp8_block_dequantization(ckpt, weights):
+    """w[i, j] = e4m3[i, j] * scale[i // 32, j // 32] (a power of two), exact in bf16 and fp32: dequantized at
+    load, or kept packed and dequantized when the forward needs it."""
     for dtype in (torch.float32, torch.bfloat16):
-        model = load_v41(ckpt, dtype=dtype)
-        for name, param in (("layers.2.attn.wq_b", model.blocks[2].attn.wq_b.weight),
-                            ("layers.5.attn.wo_a", model.blocks[5].attn.wo_a.weight),
-                            ("layers.1.ffn.shared_experts.w2", model.blocks[1].ffn.shared_experts.w2.weight)):
+        model = load_v41(ckpt, dtype=dtype, weights=weights)
+        for name, param in (("layers.2.attn.wq_b", model.blocks[2].attn.wq_b.dense_weight()),
+                            ("layers.5.attn.wo_a", model.blocks[5].attn.wo_a.dense_weight()),
+                            ("layers.1.ffn.shared_experts.w2", model.blocks[1].ffn.shared_experts.w2.dense_weight())):
+            assert param.dtype == dtype
             q, s = raw(ckpt, name + ".weight"), raw(ckpt, name + ".scale")
             g = torch.Generator().manual_seed(0)
             for _ in range(40):
@@ -59,18 +62,19 @@ def test_fp8_block_dequantization(ckpt):
                 assert float(param.detach()[i, j]) == float(q[i, j].float()) * scale
 
 
-def test_fp4_expert_dequantization(ckpt):
+@pytest.mark.parametrize("weights", ["packed", "dequantized"])
+def test_fp4_expert_dequantization(ckpt, weights):
     """w[i, j] = E2M1[nibble] * scale[i, j // 32], the first of each pair in the low nibble."""
-    model = load_v41(ckpt, dtype=torch.bfloat16)
+    model = load_v41(ckpt, dtype=torch.bfloat16, weights=weights)
     for layer, e, w in ((0, 0, "w1"), (3, 1, "w2"), (6, 3, "w3")):
         packed = raw(ckpt, f"layers.{layer}.ffn.experts.{e}.{w}.weight").view(torch.uint8)
         s = raw(ckpt, f"layers.{layer}.ffn.experts.{e}.{w}.scale")
-        param = getattr(model.blocks[layer].ffn.experts, w)[e]
+        param = model.blocks[layer].ffn.experts.dense(w, torch.tensor([e]))[0]
         for i in range(0, packed.shape[0], 7):
             for j in range(0, 2 * packed.shape[1], 5):
                 expect = fp4_value(int(packed[i, j // 2]), high=j % 2 == 1) * float(s[i, j // 32].float())
                 assert float(param.detach()[i, j]) == expect
-    assert model.blocks[0].ffn.experts.w1.abs().sum() > 0
+    assert model.blocks[0].ffn.experts.dense("w1", torch.arange(4)).abs().sum() > 0
 
 
 def test_unquantized_tensors_keep_their_dtype_rules(ckpt):
