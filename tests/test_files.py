@@ -28,6 +28,11 @@ def snapshot(path):
     return path.read_bytes(), st.st_ino, st.st_mtime_ns
 
 
+def listing(folder):
+    """The names in ``folder`` (phaselens's manifest left out: it is phaselens's own record)."""
+    return sorted(p.name for p in folder.iterdir() if p.name != files.MANIFEST)
+
+
 def same_weights(a, b):
     return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
@@ -61,10 +66,10 @@ def test_save_into_a_directory_with_user_files_is_refused_and_deletes_nothing(tm
     model = phaselens.load("zoo:w4s4")
     with pytest.raises(OutputError, match=r"notes\.txt.*overwrite=True"):
         model.save(out)
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "sub"]
+    assert listing(out) == ["notes.txt", "sub"]
     model.save(out, overwrite=True)  # replaces only the checkpoint's own files
     assert snapshot(out / "notes.txt") == before and (out / "sub" / "data.csv").read_text() == "1,2"
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt", "sub"]
+    assert listing(out) == ["config.json", "model.safetensors", "notes.txt", "sub"]
     assert same_weights(phaselens.load(out), model)
     other = make_model(LAYOUTS["w4s4-scalar"], seed=5)
     other.save(out, overwrite=True)  # a second save replaces the first, still keeping the user's files
@@ -77,7 +82,7 @@ def test_resaving_a_checkpoint_needs_no_overwrite_and_drops_a_stale_card(tmp_pat
     b.save(tmp_path / "m")  # only a previous checkpoint there: replaced without overwrite=True
     loaded = phaselens.load(tmp_path / "m")
     assert same_weights(loaded, b) and loaded.metadata == {}  # a's card did not survive beside b's weights
-    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert listing(tmp_path / "m") == ["config.json", "model.safetensors"]
 
 
 def test_a_user_file_with_a_checkpoint_name_is_never_replaced(tmp_path):
@@ -87,7 +92,7 @@ def test_a_user_file_with_a_checkpoint_name_is_never_replaced(tmp_path):
     before = snapshot(out / "config.json")
     with pytest.raises(OutputError, match="config.json exists and was not written by phaselens"):
         make_model(LAYOUTS["w4s4-scalar"]).save(out, overwrite=True)
-    assert snapshot(out / "config.json") == before and sorted(p.name for p in out.iterdir()) == ["config.json"]
+    assert snapshot(out / "config.json") == before and listing(out) == ["config.json"]
 
 
 def test_a_file_at_the_target_is_refused(tmp_path):
@@ -159,7 +164,7 @@ def test_a_kill_between_renames_is_completed_by_load(tmp_path, kill_at, nth):
     assert any(p.name.startswith(files.COMMITTED) for p in target.iterdir())  # really interrupted mid-move
     loaded = phaselens.load(target)  # rolls the committed write forward
     assert same_weights(loaded, b) and loaded.metadata == {"which": "b"}
-    assert sorted(p.name for p in target.iterdir()) == ["card.json", "config.json", "model.safetensors", "notes.txt"]
+    assert listing(target) == ["card.json", "config.json", "model.safetensors", "notes.txt"]
     assert snapshot(target / "notes.txt") == before
 
 
@@ -203,10 +208,17 @@ def test_stages_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     assert not dead.exists() and live.exists()
 
 
-def test_empty_directory_and_unknown_kind(tmp_path):
+def test_empty_directory_and_a_kind_that_owns_only_what_its_manifest_lists(tmp_path):
     (tmp_path / "empty").mkdir()
-    nothing = DirKind("thing", lambda p: frozenset())
-    atomic_write_dir(tmp_path / "empty", lambda d: (d / "a.txt").write_text("a"), kind=nothing)
+    thing = DirKind("thing")  # no legacy rule: ownership comes from the manifest alone
+    atomic_write_dir(tmp_path / "empty", lambda d: (d / "a.txt").write_text("a"), kind=thing)
     assert (tmp_path / "empty" / "a.txt").read_text() == "a"
-    with pytest.raises(OutputError, match="a.txt"):  # a kind that owns nothing cannot replace anything
-        atomic_write_dir(tmp_path / "empty", lambda d: (d / "a.txt").write_text("b"), kind=nothing)
+    atomic_write_dir(tmp_path / "empty", lambda d: (d / "a.txt").write_text("b"), kind=thing)  # its own: replaced
+    assert (tmp_path / "empty" / "a.txt").read_text() == "b"
+    (tmp_path / "empty" / "a.txt").write_text("edited by hand")  # no longer what phaselens wrote: the user's now
+    with pytest.raises(OutputError, match="a.txt"):
+        atomic_write_dir(tmp_path / "empty", lambda d: (d / "a.txt").write_text("c"), kind=thing, overwrite=True)
+    assert (tmp_path / "empty" / "a.txt").read_text() == "edited by hand"
+    other = DirKind("other")  # another writer never takes thing's files for its own
+    with pytest.raises(OutputError, match="a.txt"):
+        atomic_write_dir(tmp_path / "empty", lambda d: (d / "b.txt").write_text("b"), kind=other)
