@@ -127,7 +127,7 @@ def ablate(
     check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
     check_checkpoint_path(checkpoint)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, residues=residues,
-                                    seed=seed, stride=stride)
+                                    seed=seed, stride=stride, batch_size=batch_size)
     used = choose_engine(model, engine)  # a bad engine is refused before the calibration runs
     ko = knockout(model, heads, method=method, calibration=calibration, task=task, seed=seed)
     if used == "suffix" and engine == "auto" and len({h.layer for h in ko.heads}) > 1:

@@ -98,8 +98,13 @@ def attribution_map(
     """
     method = check_method(method, ("mean", "zero"))
     check_options(batch_size=batch_size, progress=progress)
+    if torch.is_inference_mode_enabled():
+        raise NotApplicableError(
+            "attribution_map needs gradients, but it was called inside torch.inference_mode(), which forbids them; "
+            "call it outside that block (torch.no_grad() around it is fine: attribution_map enables gradients "
+            "itself, and fills no parameter's .grad).")
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                                    stride=stride)
+                                    stride=stride, batch_size=batch_size)
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     _check_exact(exact, L, H, batch.modulus)
     cal = None if method == "zero" else calibrate(model, calibration, list(range(L)), task=task)
@@ -111,8 +116,13 @@ def attribution_map(
         b = len(qp)
         kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-        def keep(z: torch.Tensor, hook: HookContext, _qp: torch.Tensor = qp, _kept: dict = kept) -> None:
+        def keep(z: torch.Tensor, hook: HookContext, _qp: torch.Tensor = qp, _kept: dict = kept) -> Any:
+            if not z.requires_grad:  # frozen weights (requires_grad=False): the gradient starts at z itself
+                z = z.detach().requires_grad_()
+                _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
+                return z  # the same values, now on the gradient path
             _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
+            return None
 
         with torch.enable_grad():
             logits = model_logits(model, tokens, qp, [(z_name(layer), keep) for layer in range(L)])
@@ -124,14 +134,16 @@ def attribution_map(
             zs = [kept[layer][0] for layer in range(L)]
             if not all(z.requires_grad for z in zs) or not ld.requires_grad:
                 raise NotApplicableError(
-                    f"{model_name(model)} passes its hooks tensors that carry no gradient to the logits (e.g. the "
-                    "DeepSeek-V4 adapter's nnsight backend); run attribution_map with backend='torch'."
+                    f"{model_name(model)} passes its hooks tensors that are not on the gradient path of its logits "
+                    "(copies, as the DeepSeek-V4 adapter's nnsight backend makes); load the model with "
+                    "backend='torch' for attribution_map."
                 )
             grads = torch.autograd.grad(ld.sum(), zs, allow_unused=True)
             if any(g is None for g in grads):
                 raise NotApplicableError(
-                    f"{model_name(model)}'s hooked z is not on the gradient path of its logits (e.g. the "
-                    "DeepSeek-V4 adapter's nnsight backend); run attribution_map with backend='torch'."
+                    f"{model_name(model)}'s hooked z is not on the gradient path of its logits (copies, as the "
+                    "DeepSeek-V4 adapter's nnsight backend makes); load the model with backend='torch' for "
+                    "attribution_map."
                 )
         per_layer = []
         for layer in range(L):

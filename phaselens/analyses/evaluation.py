@@ -231,7 +231,7 @@ def evaluate(
     """
     check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap, n_permutations=n_permutations)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                                    stride=stride)
+                                    stride=stride, batch_size=batch_size)
     check_battery_items(spec, batch, stride, "evaluate")
     store = None
     if checkpoint is not None:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from phaselens.analyses.evaluation import items_from_logits, score_items
-from phaselens.analyses.items import build_items, check_options
+from phaselens.analyses.items import build_items, check_options, plan_items
 from phaselens.analyses.knockout_runs import engine_metrics, full_metrics
 from phaselens.analyses.knockouts import Knockout, calibrate, check_method
 from phaselens.contract.protocol import PhaseModel, choose_engine, metadata_of, model_name
@@ -153,7 +153,8 @@ class PhaseMap(Result):
         :mod:`phaselens.stats.specialization`. ``score`` (specialization x damage at the worst phase) ranks the
         cells: the table is sorted by it, so a head with negligible damage never heads it. ``significant``:
         a harmful total effect (pooled McNemar, Benjamini-Hochberg at ``alpha`` across cells) and phase
-        dependence (``p_perm``, BH at ``alpha``).
+        dependence (``p_perm``, BH at ``alpha``). A cell whose knockout damages no phase has no
+        specialization: ``specialization`` and its interval are NaN and ``note`` says ``"no damage"``.
         """
         sel = self._select(kind)
         idx = sel.index.to_numpy()
@@ -169,6 +170,7 @@ class PhaseMap(Result):
             "raw_index": sp.raw, "null_mean": sp.null_mean, "worst_phase": sp.worst_phase,
             "worst_damage": sp.worst_damage, "mean_damage": sp.mean_damage, "score": sp.score,
             "p_total": p_total, "significant": sig,
+            "note": np.where(sp.worst_damage > 0, "", "no damage"),
         })
         return out.sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
 
@@ -257,14 +259,15 @@ def specialization_map(
     rows_per_pass = as_int("rows_per_pass", rows_per_pass, minimum=1)
     check_checkpoint_path(checkpoint)
     used = choose_engine(model, engine)
-    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                                    stride=stride)
-    cells = map_cells(model.cfg, tuple(kinds))
     if not isinstance(plan, bool):
         raise InputError(f"plan must be True or False, got {plan!r}.")
-    if plan:
-        return plan_map(model, batch, cells, engine=used, method=method, calibration=calibration,
+    cells = map_cells(model.cfg, tuple(kinds))
+    if plan:  # prices the run without building its items
+        _, _, items = plan_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed, stride=stride)
+        return plan_map(model, items, cells, engine=used, method=method, calibration=calibration,
                         batch_size=batch_size, rows_per_pass=rows_per_pass)
+    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
+                                    stride=stride, batch_size=batch_size)
     layers = sorted(set(cells["layer"]))
     cal = None if method == "zero" else calibrate(model, calibration, layers, task=task, batch_size=batch_size)
     kos = [Knockout(model, tuple(_heads(row)), method, "last", cal, seed + i) for i, row in cells.iterrows()]

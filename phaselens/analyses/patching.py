@@ -190,7 +190,7 @@ def patch(
     used = choose_engine(model, engine)
     parsed = parse_heads(heads if heads is not None else [f"L{i}" for i in range(model.cfg.n_layers)], model.cfg)
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, residues=residues,
-                                    seed=seed, stride=stride)
+                                    seed=seed, stride=stride, batch_size=batch_size)
     clean, corrupt = batch.tokens, batch.corrupted
     base, source = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
     qp = batch.query_pos

@@ -199,7 +199,7 @@ def record(
         >>> rec.read["key_entries"].sel(layer=1).values  # [head, residue]  # doctest: +SKIP
     """
     check_options(batch_size=batch_size, progress=progress)
-    _, geometry, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed, stride=stride)
+    _, geometry, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed, stride=stride, batch_size=batch_size)
     cfg = model.cfg
     L, H = cfg.n_layers, cfg.n_heads
     specs: list[PhaseSpec | None] = list(model.phase_specs)

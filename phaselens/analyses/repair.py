@@ -164,7 +164,7 @@ def repair_table(
         raise InputError(f"shift_sets must be a non-empty list of shift sets, got {shift_sets!r}; e.g. "
                          "shift_sets=('all', 'opposite', (0, 2)).")
     task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                                    stride=stride)
+                                    stride=stride, batch_size=batch_size)
     S = spec.stride
     check_battery_items(spec, batch, stride, "repair_table")
     for shifts in shift_sets:  # every set checked before the copies run
