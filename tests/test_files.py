@@ -222,3 +222,85 @@ def test_empty_directory_and_a_kind_that_owns_only_what_its_manifest_lists(tmp_p
     other = DirKind("other")  # another writer never takes thing's files for its own
     with pytest.raises(OutputError, match="a.txt"):
         atomic_write_dir(tmp_path / "empty", lambda d: (d / "b.txt").write_text("b"), kind=other)
+
+
+# ---- ownership comes from the manifest, never from a name or an extension (issue 24) ------------------------
+def _two_pngs(secs, folder):
+    folder.mkdir(exist_ok=True)
+    (folder / "top.png").write_bytes(b"\x89PNG phaselens top")
+    (folder / "map.png").write_bytes(b"\x89PNG phaselens map")
+    return "two PNGs"
+
+
+def test_a_user_png_in_the_reports_figures_survives_every_rerun(tmp_path):
+    # the issue's reproducer: figures/ held only .png files, so the whole folder was taken for the report's
+    out = tmp_path / "report"
+    write_report(out, "<html>1</html>", [], [], {"run": 1}, static=True, static_note_fn=_two_pngs)
+    (out / "figures" / "mine.png").write_bytes(b"\x89PNG my own figure")
+    before = snapshot(out / "figures" / "mine.png")
+    with pytest.raises(OutputError, match=r"figures/mine\.png"):  # without overwrite: refused, nothing touched
+        write_report(out, "<html>2</html>", [], [], {"run": 2}, static=True, static_note_fn=_two_pngs)
+    assert snapshot(out / "figures" / "mine.png") == before and (out / "index.html").read_text() == "<html>1</html>"
+    write_report(out, "<html>3</html>", [], [], {"run": 3}, static=True, static_note_fn=_two_pngs, overwrite=True)
+    assert snapshot(out / "figures" / "mine.png") == before and (out / "index.html").read_text() == "<html>3</html>"
+    assert listing(out / "figures") == ["map.png", "mine.png", "top.png"]
+    # a report without figures removes only its own PNGs; the folder stays for the user's
+    write_report(out, "<html>4</html>", [], [], {"run": 4}, static=False, static_note_fn=None, overwrite=True)
+    assert listing(out / "figures") == ["mine.png"] and snapshot(out / "figures" / "mine.png") == before
+
+
+def test_a_report_file_edited_by_hand_is_the_users(tmp_path):
+    out = tmp_path / "report"
+    write_report(out, "<html>1</html>", [], [], {"run": 1}, static=True, static_note_fn=_two_pngs)
+    (out / "figures" / "top.png").write_bytes(b"my retouched figure")  # same name, the user's bytes
+    with pytest.raises(OutputError, match=r"figures/top\.png"):
+        write_report(out, "<html>2</html>", [], [], {"run": 2}, static=True, static_note_fn=_two_pngs,
+                     overwrite=True)
+    assert (out / "figures" / "top.png").read_bytes() == b"my retouched figure"
+    # its own untouched files are still its own: without figures it rewrites them and keeps the user's
+    write_report(out, "<html>3</html>", [], [], {"run": 3}, static=False, static_note_fn=None, overwrite=True)
+    assert (out / "figures" / "top.png").read_bytes() == b"my retouched figure"
+    assert not (out / "figures" / "map.png").exists() and (out / "index.html").read_text() == "<html>3</html>"
+
+
+def test_a_folder_without_figures_of_its_own_is_never_emptied_by_name(tmp_path):
+    # a directory that looks like a report (its results.json lists it) but holds a figures/ folder of PNGs
+    # the user made: without a manifest, the folder is never taken for the report's
+    out = tmp_path / "old"
+    write_report(out, "<html>1</html>", [], [], {"run": 1}, static=False, static_note_fn=None)
+    (out / files.MANIFEST).unlink()  # as written before manifests existed
+    (out / "figures").mkdir()
+    (out / "figures" / "a.png").write_bytes(b"\x89PNG mine")
+    with pytest.raises(OutputError, match=r"figures/a\.png"):
+        write_report(out, "<html>2</html>", [], [], {"run": 2}, static=False, static_note_fn=None)
+    write_report(out, "<html>2</html>", [], [], {"run": 2}, static=False, static_note_fn=None, overwrite=True)
+    assert (out / "figures" / "a.png").read_bytes() == b"\x89PNG mine" and (out / "index.html").read_text() == "<html>2</html>"
+
+
+def test_a_file_a_user_puts_during_an_interrupted_update_is_kept(tmp_path, kill_at):
+    """Between the commit and the roll-forward (a kill, then a later recovery) the user puts a file where the
+    journal would place one, and edits a stale file it would remove: recovery keeps both, and the manifest
+    does not claim them."""
+    out = tmp_path / "report"
+    write_report(out, "<html>1</html>", [], [], {"run": 1}, static=True, static_note_fn=_two_pngs)
+    kill_at("dir:committed")
+    with pytest.raises(Killed):
+        write_report(out, "<html>2</html>", [], [], {"run": 2}, static=False, static_note_fn=None, overwrite=True)
+    (out / "index.html").write_text("the user's page")  # a path the journal will put
+    (out / "figures" / "map.png").write_bytes(b"edited")  # a stale file the journal will remove
+    assert recover_dir(out)
+    assert (out / "index.html").read_text() == "the user's page" and (out / "figures" / "map.png").read_bytes() == b"edited"
+    assert not (out / "figures" / "top.png").exists()  # its own stale file: removed
+    import phaselens.runtime.manifest as mf
+
+    owned = mf.owned_by(out, "report")
+    assert "index.html" not in owned and "figures/map.png" not in owned and "results.json" in owned
+
+
+def test_a_bf16_model_comes_back_as_bf16(tmp_path):
+    model = make_model(LAYOUTS["w8s4-deepseek"]).to(torch.bfloat16)
+    model.save(tmp_path / "m")
+    loaded = phaselens.load(tmp_path / "m")
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}  # was float32 without a word
+    tokens = torch.randint(0, 61, (2, 13))
+    assert torch.equal(loaded(tokens), model(tokens))

@@ -118,13 +118,19 @@ def _world_env() -> tuple[int, int]:
         return 0, 1
 
 
-@friendly_errors
 def _check_world() -> None:
     """torchrun's RANK, LOCAL_RANK and WORLD_SIZE, when set, must be counts that agree (a typo would
-    otherwise run every process as rank 0 of 1, each writing the same outputs)."""
+    otherwise run every process as rank 0 of 1, each writing the same outputs). Every process prints it: the
+    ranks themselves are in doubt."""
     from phaselens.runtime.world import check_world_env
 
-    check_world_env(os.environ)
+    try:
+        check_world_env(os.environ)
+    except PhaseLensError as err:
+        if _state["debug"]:
+            raise
+        typer.echo(f"error: {one_line(err)}", err=True)
+        raise typer.Exit(3) from None
 
 
 def main_rank() -> bool:

@@ -5,8 +5,9 @@
 
 * the items in host memory: ``N x (BUILD_BYTES_PER_TOKEN x T + ITEM_OVERHEAD)`` bytes, the peak while a task
   builds ``N`` items of ``T`` tokens (token ids, their corrupted twin and the builder's int64 scratch copies,
-  plus the per-item table). Measured: 45-53 bytes per token for ``KVRecall`` at ``N`` = 12k-160k (peak RSS
-  growth of ``task.build``; the command is in docs/scale.md), so 56 is an upper bound;
+  plus the per-item table). Measured: 43-49 bytes per token (tracemalloc peak of ``task.build`` for two
+  ``KVRecall`` layouts) and 44-53 (peak RSS growth at ``N`` = 12k-160k); the command is in docs/scale.md and
+  ``tests/test_plan.py`` checks the bound, so 56 is an upper bound;
 * one scored forward of ``min(batch_size, N)`` items (:func:`forward_bytes`: the model's ``estimate_memory``
   capability where it has one), without the weights, which are in memory already;
 

@@ -139,15 +139,15 @@ def tensor_mismatch(missing: list[str], unexpected: list[str], wrong: list[str],
 
 
 def malformed_cells(done: Mapping[str, tuple[np.ndarray, ...]], fields: tuple[str, ...]) -> str:
-    """What is wrong with a checkpoint's arrays, or ``""``: every array numeric; within a cell, the fields share
-    their last (items) axis; across cells, a field keeps its dtype and its shape, except the items axis of
-    item blocks (``"items a-b"``), which must hold ``b - a + 1`` items."""
+    """What is wrong with a checkpoint's arrays, or ``""``: every array numeric; within a cell, the fields have
+    one shape (the items on the last axis); across cells, a field keeps its dtype and its shape, except the
+    items axis of item blocks (``"items a-b"``), which must hold ``b - a + 1`` items."""
     shapes: dict[str, tuple[int, ...]] = {}
     for label, arrays in done.items():
         if any(a.dtype.kind not in "biuf" or a.ndim == 0 for a in arrays):
             return f"cell {label!r} holds a non-numeric or scalar array"
-        if len({a.shape[-1] for a in arrays}) > 1:
-            return f"cell {label!r}: its fields {fields} cover different numbers of items"
+        if len({a.shape for a in arrays}) > 1:  # every analysis stores its fields of a cell alike
+            return f"cell {label!r}: its fields {fields} have different shapes {[a.shape for a in arrays]}"
         block = label.startswith("items ") and label[6:].replace("-", "", 1).isdigit()
         if block:
             lo, hi = (int(x) for x in label[6:].split("-"))
@@ -270,23 +270,24 @@ RESULT_FORMAT = "phaselens.result/1"
 
 
 def _is_cache_entry(path: Path) -> bool:
-    """Whether ``path`` is a cache entry phaselens wrote: its own header, the bytes its writer always puts
-    first (``{"format": "phaselens.result/1"``, or ``{"fingerprint": "`` before formats were stamped), which a
-    damaged (truncated) entry keeps too."""
+    """Whether ``path`` is a cache entry phaselens wrote before the folder had a manifest: a JSON object of
+    exactly its writer's keys (``format``, ``fingerprint``, ``result``), stamped with its format."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(64)
-    except OSError:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
         return False
-    return head.startswith((b'{"format": "' + RESULT_FORMAT.encode() + b'"', b'{"fingerprint": "'))
+    return (isinstance(entry, dict) and set(entry) in ({"fingerprint", "result"}, {"format", "fingerprint", "result"})
+            and entry.get("format", RESULT_FORMAT) == RESULT_FORMAT and isinstance(entry["fingerprint"], str)
+            and isinstance(entry["result"], dict))
 
 
 class ResultCache:
     """JSON results in ``folder``, one file per key, each stamped with the fingerprint that produced it.
 
     :meth:`get` returns a result only when its fingerprint matches; an entry that is missing, damaged or
-    stale is a miss (the caller recomputes and :meth:`put` replaces it atomically). Keys are file stems. A
-    file at an entry's path that is not a cache entry phaselens wrote is never replaced (:class:`OutputError`).
+    stale is a miss (the caller recomputes and :meth:`put` replaces it atomically). Keys are file stems.
+    Entries are listed in the folder's manifest; a file at an entry's path that phaselens cannot prove it
+    wrote (someone else's, or one damaged after it was written) is never replaced (:class:`OutputError`).
     """
 
     def __init__(self, folder: str | os.PathLike) -> None:
@@ -311,4 +312,4 @@ class ResultCache:
     def put(self, key: str, fingerprint: str, result: dict[str, Any]) -> None:
         text = json.dumps({"format": RESULT_FORMAT, "fingerprint": fingerprint, "result": result})
         write_owned_file(self.path(key), lambda tmp: tmp.write_text(text, encoding="utf-8"), by="result cache",
-                         proves=_is_cache_entry, record=False)
+                         proves=_is_cache_entry)

@@ -132,12 +132,13 @@ def _is_state(path: Path) -> bool:
 
 
 def _is_state_copy(path: Path) -> bool:
-    """The JSON copy of a training state: the bytes its writer puts first (kept by a truncated copy too)."""
+    """The JSON copy of a training state: a JSON object with its writer's keys (``step`` first)."""
     try:
-        with open(path, "rb") as f:
-            return f.read(9) == b'{"step": '
-    except OSError:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
         return False
+    return isinstance(meta, dict) and list(meta)[:3] == ["step", "losses", "val_acc"] \
+        and isinstance(meta["step"], int) and not isinstance(meta["step"], bool)
 
 
 _PARTS = {

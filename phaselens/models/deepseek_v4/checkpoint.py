@@ -105,7 +105,7 @@ def load_hf(
         ignore_mismatched_sizes=True,  # so phaselens, not transformers, names the mismatched tensors
         **kwargs,
     )
-    _check_loaded(root, model, info, truncated="num_hidden_layers" in kwargs)
+    _check_loaded(root, info)
     if device_map is None:
         model = model.to(device)
     return from_hf(model, **adapter_kw)
@@ -139,17 +139,11 @@ def _check_weights(root: Path) -> None:
         safetensors_metadata(shard, fix="the download is incomplete or damaged: download this shard again.")
 
 
-def _check_loaded(root: Path, model: Any, info: dict[str, Any], *, truncated: bool) -> None:
+def _check_loaded(root: Path, info: dict[str, Any]) -> None:
     """Every weight of the model came from the checkpoint and every checkpoint tensor found its place
-    (transformers would random-initialise a missing ``lm_head`` and report success). With
-    ``num_hidden_layers`` overridden (a truncated model), the dropped layers' tensors are expected extras."""
-    import re
-
+    (transformers would random-initialise a missing ``lm_head`` and report success)."""
     missing = sorted(info.get("missing_keys") or ())
     unexpected = sorted(info.get("unexpected_keys") or ())
-    if truncated:
-        n = int(model.config.num_hidden_layers)
-        unexpected = [k for k in unexpected if not ((m := re.search(r"layers\.(\d+)\.", k)) and int(m[1]) >= n)]
     wrong = [f"{k} {tuple(a)} where the model needs {tuple(b)}" for k, a, b in info.get("mismatched_keys") or ()]
     if missing or unexpected or wrong:
         raise tensor_mismatch(missing, unexpected, wrong, where=f"{root}", fix=(
