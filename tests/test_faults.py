@@ -450,11 +450,19 @@ def _write_train_state(d, overwrite):
     _atomic_save(d, {"w": torch.zeros(2)}, {"step": 1, "losses": [], "val_acc": []})
 
 
+def _write_zoo_dir(d, overwrite):
+    from phaselens.train.zoo import save_zoo_model
+    from tests.conftest import tiny_task
+
+    batch = tiny_task().build(phaselens.PhaseSpec(4), n_per_residue=1, seed=0)
+    save_zoo_model(d, MODELS[0], batch, {"name": "w4s4"}, overwrite=overwrite)
+
+
 WRITERS = {"model": _write_model, "report": _write_report, "csv": _write_csv, "checkpoint": _write_checkpoint,
-           "cache": _write_cache, "train_state": _write_train_state}
+           "cache": _write_cache, "train_state": _write_train_state, "zoo": _write_zoo_dir}
 NAMES = ["notes.txt", "figures/mine.png", "figures/top.png", "figures", "index.html", "results.json",
          "config.json", "model.safetensors", "card.json", "sub/data.csv", "out.csv", "map.ckpt", "w4s4.json",
-         "train_state.json", "train_state.safetensors", "headline.csv"]
+         "train_state.json", "train_state.safetensors", "headline.csv", "eval_batch.safetensors"]
 
 
 def _user_files_vs_a_writer(data, root) -> None:
@@ -463,7 +471,7 @@ def _user_files_vs_a_writer(data, root) -> None:
     wrote must be there with its bytes (only ``--force`` on an ``--out`` file may replace that one file)."""
     name = data.draw(st.sampled_from(sorted(WRITERS)), label="writer")
     write, d = WRITERS[name], root / "out"
-    if name not in ("model", "report"):
+    if name not in ("model", "report", "zoo"):
         d.mkdir()
     if data.draw(st.booleans(), label="phaselens wrote there before"):
         write(d, False)
