@@ -1,7 +1,9 @@
 """Tiny random DeepSeek-V4.1 checkpoints in the real on-disk layout (a stable test API).
 
 ``write_tiny_checkpoint(path, seed=0)`` writes ``config.json`` (``model_type`` ``deepseek_v41``, the text model
-under ``text_config``, a ``quantization_config``), three safetensors shards and ``model.safetensors.index.json``.
+under ``text_config``, a ``quantization_config``), three safetensors shards, ``model.safetensors.index.json`` and
+a 128-token ``tokenizer.json`` (:func:`tiny_tokenizer`, built here; with ``tokenizer_config.json`` so that
+transformers' ``AutoTokenizer`` reads it too).
 Weights use the checkpoint's formats: FP8 (E4M3) with one UE8M0 scale per 32 x 32 block for the attention
 projections, the shared expert and ``wo_a``; packed FP4 (E2M1, low nibble first) with one UE8M0 scale per row
 and 32 inputs for the routed experts; bf16 for the rest and fp32 for the hyper-connection parameters and sinks.
@@ -11,6 +13,11 @@ Layout (7 layers): 0-1 sliding; 2 a ratio-2 KV + index source; 3 ratio 2, readin
 4 a ratio-1 KV + index source and the candidate source; 5 ratio 1, an index source without keys of its own
 (it scores layer 4's index keys) that applies the candidate filter; 6 ratio 1, reusing layer 5's picks.
 One draft (``mtp.0``) tensor is included and must be skipped.
+
+``write_tiny_checkpoint(path, engram=True)`` adds Engram before layers 1 and 2 (:data:`ENGRAM_TEXT`: 2- and
+3-grams, 2 heads, tables of 152 and 220 rows of 32 values): FP8 tables with one UE8M0 scale per row and 32
+values, an FP8 ``wkv`` with block scales, bf16 ``q_weight`` / ``k_weight``. The other weights are the same as
+without Engram (Engram's are drawn from their own generator).
 """
 
 from __future__ import annotations
@@ -36,6 +43,12 @@ TINY_TEXT: dict[str, Any] = dict(
     index_topk=6, candidate_source_layer_id=4, candidate_topk_blocks=3, candidate_block_size=4,
     hc_mult=4, hc_sinkhorn_iters=20, hc_eps=1e-6, engram_layer_ids=[], engram_num_embeddings=[],
     num_nextn_predict_layers=1,
+)
+# Engram as in the release (engram_* names of its config.json), at toy size. Primes above engram_vocab_size - 1 =
+# 30, never reused: layer 1 takes 31, 37 (2-grams) and 41, 43 (3-grams), layer 2 takes 47, 53 and 59, 61.
+ENGRAM_TEXT: dict[str, Any] = dict(
+    engram_layer_ids=[1, 2], engram_num_embeddings=[31 + 37 + 41 + 43, 47 + 53 + 59 + 61], engram_max_ngram_size=3,
+    engram_n_heads=2, engram_head_dim=32, engram_vocab_size=31, engram_pad_token_id=2,
 )
 QUANT = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [32, 32]}
 E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
@@ -63,7 +76,87 @@ def encode_fp4_rows(w: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, tor
     return packed, scale.to(torch.float8_e8m0fnu)
 
 
-def tiny_tensors(text: dict[str, Any], seed: int = 0, *, std: float = 0.3) -> dict[str, torch.Tensor]:
+def encode_fp8_rows(w: torch.Tensor, group: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` ``[R, C]`` -> (E4M3 values, UE8M0 scales ``[R, C / group]``), one power-of-two scale per row and group."""
+    g = w.float().unflatten(-1, (-1, group))
+    scale = torch.exp2(torch.ceil(torch.log2(g.abs().amax(-1, keepdim=True).clamp_min(1e-30) / 448.0)))
+    return (g / scale).flatten(-2).to(torch.float8_e4m3fn), scale.squeeze(-1).to(torch.float8_e8m0fnu)
+
+
+# ---- the tokenizer ---------------------------------------------------------------------------------
+SPECIAL = ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜▁pad▁｜>"]
+# Tokens (as decoded text) that Engram's normalization (NFKC, NFD, strip accents, lowercase, whitespace runs to
+# one space, strip, whitespace-only -> one space) must merge, family by family:
+FAMILIES: list[list[str]] = [
+    ["the", "The", "THE", " the", " The", "\tthe"],
+    ["café", "cafe", " Café", "cafe\u0301", "CAFÉ"],        # precomposed and combining accents
+    ["ＡＢ", "ab", "Ab", " AB"],                              # fullwidth letters (NFKC)
+    ["\ufb01", "fi", "Fi"],                                  # the ligature fi (NFKC)
+    [" ", "\t", "\n", "  ", "\r\n", " \n "],               # whitespace only: one space, not empty
+    ["naïve", "naive", "Naïve"],
+    ["\u2460", "1"],                                         # circled digit one (NFKC)
+    ["\u2126", "\u03c9", "\u03a9"],                          # ohm sign, omega, capital omega
+    ["x\u00b2", "x2", "X2"],                                 # superscript two (NFKC)
+]
+# Tokens that stay alone: a combining accent normalizes to nothing and keys on its own text; a lone UTF-8 lead
+# or continuation byte decodes to U+FFFD and keys on its raw vocabulary string.
+LONE_TEXT = ["\u0301", "\u0300"]
+LONE_BYTES = [0xC3, 0xE2, 0x82]
+
+
+def _byte_chars() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: printable bytes map to themselves, the others to U+0100 onwards."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    out, extra = {b: chr(b) for b in keep}, 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return out
+
+
+def tiny_tokenizer(vocab_size: int = 128):
+    """A byte-level ``tokenizers.Tokenizer`` of ``vocab_size`` tokens and the expected Engram grouping.
+
+    Returns ``(tokenizer, groups)``: ``groups`` lists the token ids of each compressed id, in the order Engram
+    numbers them (first appearance), derived from :data:`FAMILIES` by construction, not by normalizing.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    chars = _byte_chars()
+    as_token = lambda text: "".join(chars[b] for b in text.encode())  # noqa: E731
+    tokens: list[str] = list(SPECIAL)
+    group_of: list[int] = [0, 1, 2]
+    n_groups = 3
+    families = [*FAMILIES, *[[t] for t in LONE_TEXT]]
+    order = [(g, t) for g, fam in enumerate(families) for t in fam]
+    for g, text in order:  # families interleaved as listed: each family's id is assigned at its first token
+        tokens.append(as_token(text))
+        group_of.append(n_groups + g)
+    n_groups += len(families)
+    for b in LONE_BYTES:
+        tokens.append(chars[b])
+        group_of.append(n_groups)
+        n_groups += 1
+    i = 0
+    while len(tokens) < vocab_size:  # distinct lowercase words fill the rest
+        tokens.append(as_token(f"w{i:03d}"))
+        group_of.append(n_groups)
+        n_groups, i = n_groups + 1, i + 1
+    assert len(set(tokens)) == len(tokens) == vocab_size
+    tok = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token=SPECIAL[1]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL])
+    groups = [[i for i, g in enumerate(group_of) if g == k] for k in range(n_groups)]
+    return tok, groups
+
+
+def expected_compressed_vocab(vocab_size: int = 128) -> int:
+    return len(tiny_tokenizer(vocab_size)[1])
+
+
+def tiny_tensors(text: dict[str, Any], seed: int = 0, *, std: float = 0.3, embed_std: float = 1.0) -> dict[str, torch.Tensor]:
     """Random weights (float, before quantization) under the reference's names."""
     g = torch.Generator().manual_seed(seed)
 
@@ -74,7 +167,7 @@ def tiny_tensors(text: dict[str, Any], seed: int = 0, *, std: float = 0.3) -> di
     hc, q_rank, groups, o_rank = text["hc_mult"], text["q_lora_rank"], text["o_groups"], text["o_lora_rank"]
     Hi, di, E, F_ = text["index_n_heads"], text["index_head_dim"], text["n_routed_experts"], text["moe_intermediate_size"]
     mix = (2 + hc) * hc
-    t: dict[str, torch.Tensor] = {"embed.weight": rnd(V, D, s=1.0), "norm.weight": 1 + rnd(D, s=0.1),
+    t: dict[str, torch.Tensor] = {"embed.weight": rnd(V, D, s=embed_std), "norm.weight": 1 + rnd(D, s=0.1),
                                   "head.weight": rnd(V, D, s=D**-0.5)}
     n = text["num_hidden_layers"]
     ratios = text["compress_ratios"]
@@ -113,12 +206,28 @@ def tiny_tensors(text: dict[str, Any], seed: int = 0, *, std: float = 0.3) -> di
             t[ep + "w2.weight"] = rnd(D, F_, s=F_**-0.5)
             t[ep + "w3.weight"] = rnd(F_, D, s=D**-0.5)
     t["mtp.0.attn_norm.weight"] = torch.ones(D)  # draft layer: present in real checkpoints, skipped by the loader
+    t.update(engram_tensors(text, seed))
+    return t
+
+
+def engram_tensors(text: dict[str, Any], seed: int = 0) -> dict[str, torch.Tensor]:
+    """Engram's weights (float, before quantization), from their own generator so the rest stay as they were."""
+    g = torch.Generator().manual_seed(10_000 + seed)
+    D, hc, hd = text["hidden_size"], text["hc_mult"], text.get("engram_head_dim", 0)
+    cols = (text.get("engram_max_ngram_size", 1) - 1) * text.get("engram_n_heads", 0)
+    t: dict[str, torch.Tensor] = {}
+    for layer, rows in zip(text["engram_layer_ids"], text["engram_num_embeddings"]):
+        p = f"layers.{layer}.engram."
+        t[p + "embed.weight"] = torch.randn(rows, hd, generator=g) * 0.5
+        t[p + "wkv.weight"] = torch.randn(D * (hc + 1), cols * hd, generator=g) * (cols * hd) ** -0.5 * 2
+        t[p + "q_weight"] = 1 + torch.randn(hc, D, generator=g) * 0.3
+        t[p + "k_weight"] = 1 + torch.randn(hc, D, generator=g) * 0.3
     return t
 
 
 FP8_SUFFIXES = ("attn.wq_a.weight", "attn.wq_b.weight", "attn.wkv.weight", "attn.wo_a.weight", "attn.wo_b.weight",
                 "indexer.wq_b.weight", "shared_experts.w1.weight", "shared_experts.w2.weight",
-                "shared_experts.w3.weight")
+                "shared_experts.w3.weight", "engram.wkv.weight")
 FP32_MARKERS = ("hc_", "attn_sink", "gate.bias")
 
 
@@ -126,7 +235,9 @@ def encode(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Store each tensor in its checkpoint format (adds ``.scale`` tensors)."""
     out: dict[str, torch.Tensor] = {}
     for name, w in tensors.items():
-        if name.endswith(FP8_SUFFIXES):
+        if name.endswith("engram.embed.weight"):
+            out[name], out[name[: -len("weight")] + "scale"] = encode_fp8_rows(w)
+        elif name.endswith(FP8_SUFFIXES):
             out[name], out[name[: -len("weight")] + "scale"] = encode_fp8_blocks(w)
         elif ".experts." in name:
             out[name], out[name[: -len("weight")] + "scale"] = encode_fp4_rows(w)
@@ -137,15 +248,28 @@ def encode(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_tiny_checkpoint(path: str | Path, seed: int = 0, **text_overrides: Any) -> Path:
-    """Write a tiny V4.1 checkpoint directory at ``path`` and return it (see the module docstring)."""
+def write_tiny_checkpoint(path: str | Path, seed: int = 0, *, engram: bool = False, tokenizer: bool = True,
+                          embed_std: float = 1.0, **text_overrides: Any) -> Path:
+    """Write a tiny V4.1 checkpoint directory at ``path`` and return it (see the module docstring).
+
+    ``embed_std`` scales the embedding (e.g. 50: a residual-dominated model, as a trained one, whose bf16 logits
+    are not chaotic); the other weights do not change with it.
+    """
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
-    text = {**TINY_TEXT, **text_overrides}
+    text = {**TINY_TEXT, **(ENGRAM_TEXT if engram else {}), **text_overrides}
+    if text["engram_layer_ids"]:
+        text.setdefault("engram_compressed_vocab_size", expected_compressed_vocab(text["vocab_size"]))
+    if tokenizer:
+        tok, _ = tiny_tokenizer(text["vocab_size"])
+        tok.save(str(root / "tokenizer.json"))
+        (root / "tokenizer_config.json").write_text(json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": SPECIAL[0], "eos_token": SPECIAL[1],
+             "pad_token": SPECIAL[2]}, indent=2))
     config = {"architectures": ["DeepseekV41ForCausalLM"], "model_type": "deepseek_v41", "text_config": text,
               "quantization_config": QUANT, "torch_dtype": "bfloat16"}
     (root / "config.json").write_text(json.dumps(config, indent=2))
-    stored = encode(tiny_tensors(text, seed))
+    stored = encode(tiny_tensors(text, seed, embed_std=embed_std))
     names = sorted(stored)
     shards = [names[i::3] for i in range(3)]  # interleaved: a weight and its scale may sit in different shards
     weight_map = {}

@@ -17,7 +17,10 @@ import pytest
 import torch
 
 import phaselens
+from phaselens.analyses.items import analysis_geometry
+from phaselens.analyses.maps import map_cells
 from phaselens.analyses.scoring import answer_metrics
+from phaselens.contract.protocol import capability, choose_engine
 from phaselens.runtime.phase_shift import combine, shifted_copies
 from phaselens.tasks import KVRecall
 from tests.conftest import LAYOUTS, task_model
@@ -65,7 +68,7 @@ class Kind:
         return dict(n_per_residue=self.n, progress=False, stride=self.stride)
 
     def batch(self):
-        return self.model.default_task.build(phaselens.analyses.items.analysis_geometry(self.model, self.stride),
+        return self.model.default_task.build(analysis_geometry(self.model, self.stride),
                                              n_per_residue=self.n)
 
     def query_logits(self, tokens, qp, hooks=lambda slots: []):
@@ -111,7 +114,8 @@ def kinds(tmp_path_factory):
     unc = task_model(LAYOUTS["w8s4-deepseek"], compressed_layers=(1,), n_layers=2)
     ens_zoo = phaselens.phase_ensemble(zoo)
     ens_v4 = phaselens.phase_ensemble(v4)
-    v41 = phaselens.load(f"hf:{write_tiny_checkpoint(tmp_path_factory.mktemp('v41') / 'tiny-v41')}", dtype=torch.float32)
+    v41 = phaselens.load(f"hf:{write_tiny_checkpoint(tmp_path_factory.mktemp('v41') / 'tiny-v41', engram=True)}",
+                          dtype=torch.float32)  # with Engram, as the released model
     v41.default_task = V4_TASK  # vocabulary 128 = the task's
     out = [
         Kind("zoo", zoo),
@@ -184,7 +188,7 @@ def check_map(k: Kind):
                            b.answer, b.wrong)
         assert close(pm.ko_logit_diff[i], m["logit_diff"]), row.label
     # engine="auto" takes the query-suffix engine wherever the model offers one (the adapter's kinds, locally)
-    expected = "suffix" if phaselens.contract.protocol.capability(k.model, "query_engine") else "full"
+    expected = "suffix" if capability(k.model, "query_engine") else "full"
     assert pm.metadata["engine"] == expected and repr(pm)
     if k.name in ("zoo", "v4", "v4-nnsight", "v4-chunked"):
         assert expected == "suffix"
@@ -194,9 +198,9 @@ def check_plan(k: Kind):
     """The dry run of the same map (tests/test_plan.py holds its counts against counted runs)."""
     plan = phaselens.specialization_map(k.model, method="zero", kinds=("head", "layer"), plan=True, **k.opts)
     b = k.batch()
-    cells = phaselens.analyses.maps.map_cells(k.model.cfg, ("head", "layer"))
+    cells = map_cells(k.model.dims, ("head", "layer"))
     assert (plan.items, plan.tokens, plan.n_cells) == (len(b), b.tokens.shape[1], len(cells))
-    assert plan.engine == phaselens.contract.protocol.choose_engine(k.model, "auto")
+    assert plan.engine == choose_engine(k.model, "auto")
     assert plan.forwards >= (1 if plan.engine == "suffix" else len(cells) + 1)
     assert plan.full_forwards >= 1 and plan.memory["weights"] > 0 and repr(plan).startswith("MapPlan(")
 

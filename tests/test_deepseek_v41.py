@@ -247,14 +247,19 @@ def test_failed_call_leaves_cache_and_hooks_clean(model_all):
         model(torch.tensor([[1, 128]]))
 
 
-def test_engram_is_refused_or_dropped_explicitly(tmp_path):
-    root = write_tiny_checkpoint(tmp_path / "engram", engram_layer_ids=[1])
-    with pytest.raises(UnsupportedModelError, match="Engram"):
-        load_v41(root)
+def test_engram_runs_by_default_and_drop_is_explicit(tmp_path):
+    """Engram is part of the model unless dropped on request (warned, recorded); more in test_deepseek_v41_engram."""
+    root = write_tiny_checkpoint(tmp_path / "engram", engram=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", phaselens.models.deepseek_v41.EngramDroppedWarning)
+        md = load_v41(root, dtype=torch.float32).analysis_metadata
+    assert md["engram"] == "applied" and md["model_modified"] is False
     with pytest.warns(phaselens.models.deepseek_v41.EngramDroppedWarning):
         model = load_v41(root, engram="drop", dtype=torch.float32)
     md = model.analysis_metadata
     assert md["engram"] == "dropped" and md["model_modified"] and "Engram" in md["modifications"][0]
+    with pytest.raises(InputError, match="'run' or 'drop'"):
+        load_v41(root, engram="refuse")
 
 
 def test_damaged_checkpoints_raise_clear_errors(tmp_path):

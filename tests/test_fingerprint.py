@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.runtime.fingerprints import analysis_fingerprint, fingerprint, model_fingerprint, torch_module
+from phaselens.contract.protocol import module_of
+from phaselens.runtime.fingerprints import analysis_fingerprint, fingerprint, model_fingerprint
 from tests.conftest import LAYOUTS, make_model, task_model, tiny_task
 
 
@@ -72,7 +73,7 @@ def test_dtype_config_task_and_metadata_count():
     rewired.default_task = model.default_task
     assert model_fingerprint(rewired) != base
     ens = [phaselens.phase_ensemble(model, shifts=s, combine="max_conf") for s in ("all", "opposite")]
-    assert torch_module(ens[0]) is model
+    assert module_of(ens[0]) is model
     assert len({base, *(model_fingerprint(e) for e in ens)}) == 3  # analysis_metadata (the shifts) counts
 
 

@@ -191,7 +191,7 @@ CASES = [
     # issue 24: ids, devices, sizes and sources
     ("a negative distractor id", lambda w: phaselens.evaluate(w.m, _ids(w, wrong=-1), **QE), E.InputError,
      "distractor (wrong) ids span -1..-1, outside the model's vocabulary"),
-    ("an answer id past the vocabulary", lambda w: phaselens.patch(w.m, _ids(w, answer=10_000), heads="L1H0", **Q),
+    ("an answer id past the vocabulary", lambda w: phaselens.patch(w.m, "L1H0", task=_ids(w, answer=10_000), **Q),
      E.InputError, "vocabulary 0..127"),
     ("a negative token id", lambda w: phaselens.record(w.m, _ids(w, tokens=-3), progress=False), E.InputError,
      "token ids"),

@@ -10,15 +10,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.analyses.items import build_items, check_battery_items, check_options
-from phaselens.analyses.scoring import METRICS, answer_metrics, plain_forward, query_metrics
-from phaselens.contract.protocol import PhaseModel, metadata_of
+from phaselens.analyses.items import check_options
+from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.scoring import (
+    METRICS,
+    block_metrics,
+    items_from_metrics,
+    plain_forward,
+    stack_metrics,
+)
+from phaselens.contract.protocol import PhaseModel
 from phaselens.results.base import Result
-from phaselens.runtime.distributed import open_checkpoint, sharded
 from phaselens.stats import ItemBattery, phase_battery_items, wilson_ci
 from phaselens.stats.by_residue import group_counts, group_mean
-
-ITEM_COLUMNS = ["item_id", "residue", "phase", "t_K", "correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank"]
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -193,35 +197,55 @@ class PhaseEval(Result):
         return plots.accuracy_by_residue(self, control=control, **kwargs)
 
 
-@sharded
+class Evaluation(Analysis):
+    """Answer metrics of every item (one forward per block of items), then the statistics battery."""
+
+    name = "evaluate"
+    stage = "evaluate"
+    needs_phases = True
+
+    def __init__(self, n_permutations: int) -> None:
+        self.n_permutations = n_permutations
+
+    def fields(self, run: Run) -> tuple[str, ...]:
+        return METRICS
+
+    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+        forward = plain_forward(run.model)
+        return [block_metrics(forward, run.batch, run.blocks[b]) for b in idx]
+
+    def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> PhaseEval:
+        items = items_from_metrics(run.batch, stack_metrics(parts))
+        return eval_from_items(items, run.stride, run.modulus, metadata=run.metadata(),
+                               n_permutations=self.n_permutations, n_bootstrap=run.options.n_bootstrap,
+                               seed=run.options.seed, residues=run.covered())
+
+
+@public
 def evaluate(
     model: PhaseModel,
     task: Any = None,
     *,
     n_per_residue: int = 256,
     residues: Sequence[int] | None = None,
-    batch_size: int = 64,
     seed: int = 0,
-    progress: bool = True,
-    n_permutations: int = 2000,
-    n_bootstrap: int = 1000,
+    batch_size: int = 64,
     stride: int | None = None,
+    progress: bool = True,
     checkpoint: str | os.PathLike | None = None,
+    n_bootstrap: int = N_BOOTSTRAP,
+    n_permutations: int = 2000,
 ) -> PhaseEval:
     """Evaluate ``model`` with the needle placed at every residue, and run the statistics battery.
 
     Args:
         model: anything satisfying :class:`~phaselens.contract.protocol.PhaseModel`.
-        task: a phase-controlled task; ``None`` uses ``model.default_task``.
-        n_per_residue: items per residue (>= 1).
-        residues: residues to cover (default all of ``0..M-1``).
-        batch_size: items per forward.
-        seed: item sampling seed (also seeds the battery's resampling).
-        progress: show a progress bar.
-        stride: fold residues by this stride instead of ``model.analysis_spec.stride`` (e.g. to compare a
-            full-attention control, whose own stride is 1, with a compressed model).
-        checkpoint: a file path: finished blocks of ``batch_size`` items are written there atomically and a
-            rerun (with any number of processes) resumes; a checkpoint of another run is refused.
+        task: a phase-controlled task or a prepared ``TaskBatch``; ``None`` uses ``model.default_task``.
+        n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
+            options (:class:`~phaselens.analyses.runner.Common`; docs/api.md). A checkpoint holds finished blocks
+            of ``batch_size`` items; a rerun (with any number of processes) resumes, and a checkpoint of another
+            run is refused.
+        n_permutations: permutations of the gap test.
 
     Under torch.distributed the item blocks are split across the ranks (:mod:`phaselens.runtime.distributed`).
 
@@ -229,49 +253,9 @@ def evaluate(
         >>> ev = phaselens.evaluate(phaselens.load("zoo:w8s4"), n_per_residue=64)  # doctest: +SKIP
         >>> ev.worst, ev.boundary, ev.gap_ci  # doctest: +SKIP
     """
-    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap, n_permutations=n_permutations)
-    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                                    stride=stride, batch_size=batch_size)
-    check_battery_items(spec, batch, stride, "evaluate")
-    store = None
-    if checkpoint is not None:
-        from phaselens.runtime.fingerprints import analysis_fingerprint
-
-        fp = analysis_fingerprint(model, analysis="evaluate", items=batch.tokens, query_pos=batch.query_pos,
-                                  answers=batch.answer, wrong=batch.wrong, batch_size=batch_size)
-        store = open_checkpoint(checkpoint, fp, METRICS)
-    items = score_items(model, batch, batch_size=batch_size, progress=progress, desc="evaluate", store=store)
-    md = {**metadata_of(model, n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size,
-                        stride=stride, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
-                        checkpoint=None if checkpoint is None else str(checkpoint)),
-          **task_metadata(task)}
-    covered = None if residues is None else np.unique(batch.frame["residue"].to_numpy())
-    return eval_from_items(items, spec.stride, batch.modulus, metadata=md, n_permutations=n_permutations,
-                           n_bootstrap=n_bootstrap, seed=seed, residues=covered)
-
-
-def score_items(model: Any, batch: Any, *, batch_size: int = 64, progress: bool = False, forward: Any = None,
-                desc: str = "evaluate", store: Any = None) -> pd.DataFrame:
-    """Per-item frame: the task's placement columns plus answer metrics from one pass over ``batch``
-    (item blocks split across ranks under torch.distributed; ``store``: a checkpoint of finished blocks)."""
-    metrics = query_metrics(forward or plain_forward(model), batch, batch_size=batch_size, progress=progress,
-                            desc=desc, model=model, store=store)
-    return items_from_metrics(batch, metrics)
-
-
-def items_from_logits(batch: Any, logits: Any) -> pd.DataFrame:
-    """The per-item frame of ``batch`` scored from query logits ``[N, vocab]`` (see :func:`score_items`)."""
-    return items_from_metrics(batch, answer_metrics(logits, batch.answer, batch.wrong))
-
-
-def items_from_metrics(batch: Any, metrics: dict[str, np.ndarray]) -> pd.DataFrame:
-    """The per-item frame of ``batch`` from its answer metrics ``{name: [N]}``."""
-    frame = batch.frame.reset_index(drop=True).copy()
-    for name, values in metrics.items():
-        frame[name] = values
-    frame["correct"] = frame["correct"].astype(bool)
-    lead = [c for c in ITEM_COLUMNS if c in frame.columns]
-    return frame[lead + [c for c in frame.columns if c not in lead]]
+    check_options(n_permutations=n_permutations)
+    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
+    return run(Evaluation(n_permutations), model, task, options, arguments_of(evaluate, locals()))
 
 
 def eval_from_items(
@@ -285,7 +269,3 @@ def eval_from_items(
     return PhaseEval(items, tests, stride, modulus, dict(metadata or {}))
 
 
-def task_metadata(task: Any) -> dict[str, Any]:
-    """The task's name and its full specification (for a result's ``metadata``)."""
-    spec = task.to_dict() if hasattr(task, "to_dict") else repr(task)
-    return {"task": type(task).__name__ if not hasattr(task, "task") else str(task.task), "task_spec": spec}

@@ -65,7 +65,7 @@ def resolve_task(model: Any, task: Any) -> Any:
     task = check_task(task)
     if task is not None:
         return task
-    default = getattr(model, "default_task", None)
+    default = model.default_task
     if default is None:
         raise NoDefaultTaskError(
             f"{type(model).__name__} has no default_task; pass a task, e.g. "
@@ -76,8 +76,8 @@ def resolve_task(model: Any, task: Any) -> Any:
 
 def check_fits(model: Any, task: Any) -> None:
     """Raise ContextLengthError if ``task`` needs more slots than the model's context."""
-    n_ctx = int(getattr(model.cfg, "n_ctx", 0) or 0)
-    need = int(task.seq_len(model.analysis_spec)) if callable(task.seq_len) else int(task.seq_len)
+    n_ctx = model.dims.n_ctx
+    need = int(task.seq_len(model.dims.analysis_spec)) if callable(task.seq_len) else int(task.seq_len)
     if n_ctx and need > n_ctx:
         raise ContextLengthError(
             f"the task needs {need} tokens but the model's context is {n_ctx}; shorten the task "
@@ -103,7 +103,7 @@ def check_battery_items(spec: PhaseSpec, batch: Any, stride: Any, what: str) -> 
 
 def analysis_geometry(model: Any, stride: int | None) -> PhaseSpec:
     """The model's analysis geometry, or the same origin with another ``stride``."""
-    spec = model.analysis_spec
+    spec = model.dims.analysis_spec
     return spec if stride is None else PhaseSpec(int(stride), origin=spec.origin)
 
 
@@ -162,14 +162,14 @@ def build_items(
 
 
 def plan_items(model: Any, task: Any, *, n_per_residue: int, residues: Sequence[int] | None = None,
-               seed: int = 0, stride: int | None = None) -> tuple[Any, PhaseSpec, Any]:
+               phase: Any = None, seed: int = 0, stride: int | None = None) -> tuple[Any, PhaseSpec, Any]:
     """``(task, spec, items)`` for a dry run, without building the run's items: ``items`` is the prepared
     batch itself, or a :class:`~phaselens.runtime.planning.PlannedItems` scaled from one item per residue
     (positions depend on the residue, not on the draw)."""
     from phaselens.runtime.budget import items_bytes
     from phaselens.runtime.planning import PlannedItems
 
-    task, spec, residues, _ = _prepare(model, task, n_per_residue=n_per_residue, residues=residues, phase=None,
+    task, spec, residues, _ = _prepare(model, task, n_per_residue=n_per_residue, residues=residues, phase=phase,
                                        seed=seed, stride=stride)
     if is_batch(task):
         return task, spec, _select(task, spec, residues)
@@ -228,9 +228,9 @@ def _query_rows(batch: Any) -> int:
 
 def check_materialized(model: Any) -> None:
     """Refuse a model whose weights are on the meta device (shapes without values: nothing can be computed)."""
-    from phaselens.runtime.fingerprints import torch_module
+    from phaselens.contract.protocol import module_of
 
-    module = torch_module(model)
+    module = module_of(model)
     if module is not None and any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
         raise InputError(
             f"{type(model).__name__} has weights on the meta device (shapes without values), so nothing can be "
@@ -241,7 +241,7 @@ def check_materialized(model: Any) -> None:
 
 def check_ids(model: Any, batch: Any) -> None:
     """The items' token, answer and distractor ids must lie in ``0..vocab-1`` of the model."""
-    vocab = int(getattr(model.cfg, "d_vocab", 0) or 0)
+    vocab = int(getattr(model.dims, "d_vocab", 0) or 0)
     for name in ("tokens", "answer", "wrong", "corrupted"):
         x = getattr(batch, name)
         if x.numel() == 0:

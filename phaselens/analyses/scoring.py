@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import torch
 from torch import Tensor
 
@@ -16,6 +17,8 @@ from phaselens.runtime.finite import check_query_logits
 
 Forward = Callable[[Tensor, Tensor, Tensor], Tensor]
 METRICS = ("correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank")  # what answer_metrics returns
+# the leading columns of a per-item frame (then the task's placement columns)
+ITEM_COLUMNS = ["item_id", "residue", "phase", "t_K", "correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank"]
 
 
 @torch.no_grad()
@@ -61,19 +64,48 @@ def query_metrics(forward: Forward, batch: Any, *, batch_size: int = 64, progres
     from phaselens.runtime.distributed import block_labels, item_blocks, shard_map
 
     blocks = item_blocks(int(batch.tokens.shape[0]), batch_size)
+    parts = shard_map(lambda idx: [block_metrics(forward, batch, blocks[b]) for b in idx], block_labels(blocks),
+                      store=store, progress=progress, stage=desc, model=model)
+    return stack_metrics(parts)
 
-    def compute(idx: list[int]) -> list[tuple[np.ndarray, ...]]:
-        out = []
-        for b in idx:
-            lg = block_logits(forward, batch.tokens, batch.query_pos, blocks[b])
-            m = answer_metrics(lg, batch.answer[blocks[b]], batch.wrong[blocks[b]])
-            out.append(tuple(m[k] for k in METRICS))
-        return out
 
-    parts = shard_map(compute, block_labels(blocks), store=store, progress=progress, stage=desc, model=model)
+def block_metrics(forward: Forward, batch: Any, block: slice) -> tuple[np.ndarray, ...]:
+    """The :data:`METRICS` arrays ``[b]`` of the items in ``block`` (one forward)."""
+    lg = block_logits(forward, batch.tokens, batch.query_pos, block)
+    m = answer_metrics(lg, batch.answer[block], batch.wrong[block])
+    return tuple(m[k] for k in METRICS)
+
+
+def stack_metrics(parts: list[tuple[np.ndarray, ...]], names: tuple[str, ...] = METRICS, axis: int = 0
+                  ) -> dict[str, np.ndarray]:
+    """Per-block metric tuples joined in block order: ``{name: [N]}`` (``axis``: the items' axis)."""
     if not parts:
-        return {k: np.zeros(0) for k in METRICS}
-    return {k: np.concatenate([p[j] for p in parts]) for j, k in enumerate(METRICS)}
+        return {k: np.zeros(0) for k in names}
+    return {k: np.concatenate([p[j] for p in parts], axis) for j, k in enumerate(names)}
+
+
+def items_from_metrics(batch: Any, metrics: dict[str, np.ndarray]) -> pd.DataFrame:
+    """The per-item frame of ``batch``: its placement columns plus answer metrics ``{name: [N]}``."""
+    frame = batch.frame.reset_index(drop=True).copy()
+    for name, values in metrics.items():
+        frame[name] = values
+    frame["correct"] = frame["correct"].astype(bool)
+    lead = [c for c in ITEM_COLUMNS if c in frame.columns]
+    return frame[lead + [c for c in frame.columns if c not in lead]]
+
+
+def items_from_logits(batch: Any, logits: Tensor) -> pd.DataFrame:
+    """The per-item frame of ``batch`` scored from query logits ``[N, vocab]``."""
+    return items_from_metrics(batch, answer_metrics(logits, batch.answer, batch.wrong))
+
+
+def score_items(model: Any, batch: Any, *, batch_size: int = 64, progress: bool = False, forward: Any = None,
+                desc: str = "evaluate", store: Any = None) -> pd.DataFrame:
+    """Per-item frame of ``batch`` from one pass (item blocks split across ranks under torch.distributed;
+    ``store``: a checkpoint of finished blocks)."""
+    metrics = query_metrics(forward or plain_forward(model), batch, batch_size=batch_size, progress=progress,
+                            desc=desc, model=model, store=store)
+    return items_from_metrics(batch, metrics)
 
 
 def model_logits(model: Any, tokens: Tensor, query_pos: Tensor, fwd_hooks: Any = ()) -> Tensor:

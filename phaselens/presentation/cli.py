@@ -271,7 +271,7 @@ def _load(model: str) -> Any:
 def _load_for_phases(model: str, stride: int | None) -> Any:
     """Load ``model``; a model without compressed layers needs ``--stride`` to fold residues into phases."""
     m = _load(model)
-    if stride is None and all(s is None for s in getattr(m, "phase_specs", [None])):
+    if stride is None and all(s is None for s in m.dims.phase_specs):
         raise InputError(f"{model} has no compressed layers, so it has no stride to fold residues by: pass "
                          "--stride S (the stride of the compressed model you compare it with, e.g. --stride 4).")
     return m

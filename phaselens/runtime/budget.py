@@ -89,9 +89,9 @@ def items_bytes(n_items: int, seq_len: int) -> int:
 
 
 def model_device(model: Any) -> Any:
-    from phaselens.runtime.fingerprints import torch_module
+    from phaselens.contract.protocol import module_of
 
-    module = torch_module(model)
+    module = module_of(model)
     if module is None:
         return "cpu"
     for t in [*module.parameters(), *module.buffers()]:
@@ -108,18 +108,18 @@ def forward_bytes(model: Any, T: int, b: int, query_rows: int) -> dict[str, int]
 
     estimate = capability(model, "estimate_memory")
     if estimate is not None:
-        query_len = None if getattr(model, "chunk", None) is None else query_rows  # hooked rows when chunked
+        query_len = None if model.dims.prefill_chunk is None else query_rows  # hooked rows when chunked
         e = estimate(T, batch=b, query_len=query_len, logits="query")
         return {"weights": e.weights, "cache": e.cache, "attention": 4 * e.attention, "logits": e.logits}
-    from phaselens.runtime.fingerprints import torch_module
+    from phaselens.contract.protocol import module_of
 
-    module = torch_module(model)
+    module = module_of(model)
     weights = 0 if module is None else sum(t.numel() * t.element_size() for t in [*module.parameters(),
                                                                                   *module.buffers()])
-    cfg = model.cfg
-    b *= int(getattr(model, "cost", 1) or 1)
-    return {"weights": weights, "attention": b * int(cfg.n_heads) * T * T * 4,
-            "logits": b * query_rows * int(cfg.d_vocab) * 4}
+    dims = model.dims
+    b *= dims.copies
+    return {"weights": weights, "attention": b * int(dims.n_heads) * T * T * 4,
+            "logits": b * query_rows * int(dims.d_vocab) * 4}
 
 
 def price_run(model: Any, *, n_items: int, seq_len: int, per_residue: int | None, n_residues: int,

@@ -138,26 +138,29 @@ def tensor_mismatch(missing: list[str], unexpected: list[str], wrong: list[str],
     return CheckpointError(f"{where} does not match the model ({'; '.join(parts)}); {fix}")
 
 
-def malformed_cells(done: Mapping[str, tuple[np.ndarray, ...]], fields: tuple[str, ...]) -> str:
-    """What is wrong with a checkpoint's arrays, or ``""``: every array numeric; within a cell, the fields have
-    one shape (the items on the last axis); across cells, a field keeps its dtype and its shape, except the
-    items axis of item blocks (``"items a-b"``), which must hold ``b - a + 1`` items."""
-    shapes: dict[str, tuple[int, ...]] = {}
+def malformed_cells(done: Mapping[str, Any], fields: tuple[str, ...] | None,
+                    shapes: Mapping[str, Any] | None = None) -> str:
+    """What is wrong with a checkpoint's arrays, or ``""``: every array numeric and not a scalar; with
+    ``fields``, within a cell the fields cover one number of items (their last axis), each field has the
+    leading shape and dtype the writer recorded in ``shapes`` (``field: [leading shape, dtype]``, in the
+    header), and the items axis of an item block (``"items a-b"``) holds ``b - a + 1`` items."""
+    if fields is None:  # cells of named arrays (their shapes are the analysis's own): numeric, that is all
+        bad = [f"{c}/{k}" for c, arrays in done.items() for k, a in arrays.items() if a.dtype.kind not in "biuf"]
+        return f"{bad[0]} is not numeric" if bad else ""
     for label, arrays in done.items():
         if any(a.dtype.kind not in "biuf" or a.ndim == 0 for a in arrays):
             return f"cell {label!r} holds a non-numeric or scalar array"
-        if len({a.shape for a in arrays}) > 1:  # every analysis stores its fields of a cell alike
-            return f"cell {label!r}: its fields {fields} have different shapes {[a.shape for a in arrays]}"
-        block = label.startswith("items ") and label[6:].replace("-", "", 1).isdigit()
-        if block:
+        if len({a.shape[-1] for a in arrays}) > 1:
+            return f"cell {label!r}: its fields {fields} cover different numbers of items"
+        if label.startswith("items ") and label[6:].replace("-", "", 1).isdigit():
             lo, hi = (int(x) for x in label[6:].split("-"))
             if arrays[0].shape[-1] != hi - lo + 1:
                 return f"cell {label!r} holds {arrays[0].shape[-1]} items where its label says {hi - lo + 1}"
         for f, a in zip(fields, arrays):
-            key = a.shape[:-1] if block else a.shape
-            seen = shapes.setdefault(f"{f}/{a.dtype}", key)
-            if seen != key or sum(k.startswith(f"{f}/") for k in shapes) > 1:
-                return f"field {f!r} changes shape or dtype between cells (at {label!r})"
+            want = (shapes or {}).get(f)
+            if want is not None and (list(a.shape[:-1]) != list(want[0]) or str(a.dtype) != want[1]):
+                return (f"field {f!r} of cell {label!r} is {a.dtype} {a.shape}, where phaselens wrote "
+                        f"{want[1]} [{', '.join(map(str, want[0] + ['items']))}]")
     return ""
 
 
@@ -189,7 +192,8 @@ def check_checkpoint_path(path: Any) -> Path | None:
 
 
 class CellCheckpoint:
-    """Finished cells of a long computation, each a tuple of arrays named ``fields``, kept in ONE file.
+    """Finished cells of a long computation, each a tuple of arrays named ``fields`` (or, with ``fields=None``,
+    a dict of named arrays whose names may differ by cell), kept in ONE file.
 
     The file at ``path`` (any name and suffix: nothing else is derived from it, so nothing can collide) is a
     safetensors file whose header holds the manifest (format, fingerprint, fields, cell order). It is
@@ -200,11 +204,11 @@ class CellCheckpoint:
             a damaged checkpoint, or one written for a different computation (another fingerprint).
     """
 
-    def __init__(self, path: str | os.PathLike | None, fingerprint: str, fields: tuple[str, ...]) -> None:
+    def __init__(self, path: str | os.PathLike | None, fingerprint: str, fields: tuple[str, ...] | None) -> None:
         self.path = check_checkpoint_path(path)
         self.fingerprint = str(fingerprint)
-        self.fields = tuple(fields)
-        self.done: dict[str, tuple[np.ndarray, ...]] = {}
+        self.fields = None if fields is None else tuple(fields)  # None: each cell is a dict of named arrays
+        self.done: dict[str, Any] = {}
         if self.path is None:
             return
         if self.path.exists():
@@ -230,7 +234,8 @@ class CellCheckpoint:
             )
         try:
             man = json.loads(meta["manifest"])
-            cells, fields, fp = list(man["cells"]), tuple(man["fields"]), str(man["fingerprint"])
+            cells, fp = list(man["cells"]), str(man["fingerprint"])
+            fields = None if man["fields"] is None else tuple(man["fields"])
         except (KeyError, ValueError, TypeError) as err:
             raise CheckpointError(f"{self.path} has a damaged manifest ({err}); {fix}") from None
         if fp != self.fingerprint or fields != self.fields:
@@ -240,15 +245,27 @@ class CellCheckpoint:
             )
         arrays = load_safetensors(self.path, fix=fix, framework="np")
         try:
-            self.done = {c: tuple(arrays[f"{c}/{f}"] for f in self.fields) for c in cells}
+            if self.fields is None:
+                names: dict[str, dict[str, np.ndarray]] = {c: {} for c in cells}
+                for key, value in arrays.items():
+                    cell, _, name = key.partition("/")
+                    names.setdefault(cell, {})[name] = value
+                self.done = {c: names[c] for c in cells}
+            else:
+                self.done = {c: tuple(arrays[f"{c}/{f}"] for f in self.fields) for c in cells}
         except KeyError as err:
             raise CheckpointError(f"{self.path} lacks the arrays of cell {err}; {fix}") from None
-        bad = malformed_cells(self.done, self.fields)
+        bad = malformed_cells(self.done, self.fields, man.get("shapes"))
         if bad:
             raise CheckpointError(f"{self.path} is damaged: its arrays are malformed ({bad}); {fix}")
 
-    def add(self, label: str, *arrays: np.ndarray) -> None:
-        """Record a finished cell (one array per field); :meth:`flush` writes it."""
+    def add(self, label: str, *arrays: Any) -> None:
+        """Record a finished cell (one array per field, or one dict of named arrays); :meth:`flush` writes it."""
+        if self.fields is None:
+            if len(arrays) != 1 or not isinstance(arrays[0], dict):
+                raise ValueError("a cell of a checkpoint without fields is one dict of named arrays.")
+            self.done[str(label)] = {str(k): np.asarray(v) for k, v in arrays[0].items()}
+            return
         if len(arrays) != len(self.fields):
             raise ValueError(f"a cell needs {len(self.fields)} arrays ({self.fields}), got {len(arrays)}.")
         self.done[str(label)] = tuple(np.asarray(a) for a in arrays)
@@ -259,8 +276,13 @@ class CellCheckpoint:
             return
         from safetensors.numpy import save_file
 
-        tensors = {f"{c}/{f}": np.ascontiguousarray(a) for c, arrs in self.done.items() for f, a in zip(self.fields, arrs)}
-        manifest = {"fingerprint": self.fingerprint, "fields": list(self.fields), "cells": list(self.done)}
+        tensors = {f"{c}/{f}": np.ascontiguousarray(a) for c, arrs in self.done.items()
+                   for f, a in (arrs.items() if self.fields is None else zip(self.fields, arrs))}
+        manifest = {"fingerprint": self.fingerprint, "fields": None if self.fields is None else list(self.fields),
+                    "cells": list(self.done)}
+        if self.fields is not None and self.done:  # what each field's arrays look like (a load checks it)
+            first = next(iter(self.done.values()))
+            manifest["shapes"] = {f: [list(a.shape[:-1]), str(a.dtype)] for f, a in zip(self.fields, first)}
         meta = {"format": CELLS_FORMAT, "manifest": json.dumps(manifest)}
         atomic_write_file(self.path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from phaselens.contract.protocol import module_of
 from phaselens.core.errors import NonFiniteError
-from phaselens.runtime.fingerprints import torch_module
 
 
 def _first_tensor(out: Any) -> Tensor | None:
@@ -38,7 +38,7 @@ def _first_tensor(out: Any) -> Tensor | None:
 def first_nonfinite(model: Any, run: Callable[[], Any]) -> str | None:
     """Run ``run()`` and return the name of the first submodule (in completion order) whose output holds
     NaN or inf, or ``None`` (no module, or every output finite)."""
-    module = torch_module(model)
+    module = module_of(model)
     if module is None:
         return None
     names = {id(m): n for n, m in module.named_modules()}
@@ -109,7 +109,7 @@ def raise_nonfinite(model: Any, run_clean: Callable[[], Any], run_hooked: Callab
 def _cause(model: Any) -> str:
     """Why a clean pass is not finite: the non-finite weights by name, or, with every weight finite, an
     overflow of a narrow dtype (float16 tops out at 65504), or else the values the weights produce."""
-    module = torch_module(model)
+    module = module_of(model)
     if module is None:
         return "Check the weights (e.g. `torch.isfinite(p).all()` for each parameter)."
     bad = [n for n, t in [*module.named_parameters(), *module.named_buffers()]
@@ -126,5 +126,5 @@ def _cause(model: Any) -> str:
 
 
 def _hooks_active(model: Any) -> bool:
-    module = torch_module(model)
+    module = module_of(model)
     return module is not None and any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())

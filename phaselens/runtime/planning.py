@@ -125,8 +125,8 @@ def plan_map(model: Any, batch: Any, cells: Any, *, engine: str, method: str, ca
     from phaselens.runtime.budget import host_available, items_bytes
 
     N, T, slot_counts, modulus = _shape(batch)
-    L = int(model.cfg.n_layers)
-    copies = int(getattr(model, "cost", 1) or 1)
+    L = model.dims.n_layers
+    copies = model.dims.copies
     first_slot = min(q for q, _ in slot_counts)
     layers = [int(x) for x in cells["layer"]]
     groups = _groups(slot_counts, batch_size)
@@ -209,9 +209,9 @@ def _pass_bytes(model: Any, q: int, n: int, cache: int, rows_per_pass: int, n_ce
     score tensors ``[H, keys]`` per row), capped by the engine's ``pass_bytes`` budget."""
     from phaselens.runtime.engines import PASS_BYTES
 
-    cfg = model.cfg
-    strides = [s.stride for s in model.phase_specs if s is not None]
-    keys = int(cfg.local_window) + (q + 1) // min(strides, default=q + 1)
-    item = torch.empty((), dtype=getattr(cfg, "dtype", torch.float32)).element_size()
+    cfg = model.dims
+    strides = [s.stride for s in cfg.phase_specs if s is not None]
+    keys = int(cfg.local_window or 0) + (q + 1) // min(strides, default=q + 1)
+    item = torch.empty((), dtype=cfg.dtype).element_size()
     per_row = cache // max(n, 1) + keys * (int(cfg.d_head) + 4 * int(cfg.n_heads)) * item
     return min(PASS_BYTES, per_row * min(rows_per_pass, n * n_cells))

@@ -103,9 +103,9 @@ def replica_device_map(model: Any, gpus: Sequence[int]) -> dict[str, int]:
     gpus = [int(g) for g in gpus]
     if not gpus or len(set(gpus)) != len(gpus):
         raise InputError(f"gpus must be distinct GPU indices, at least one; got {list(gpus)!r}.")
-    from phaselens.runtime.fingerprints import torch_module
+    from phaselens.contract.protocol import module_of
 
-    module = torch_module(model)
+    module = module_of(model)
     if module is None:
         raise InputError(f"{type(model).__name__} holds no torch module to spread over GPUs.")
     units = _units(module)

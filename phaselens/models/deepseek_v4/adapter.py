@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v4.config import DeepSeekV4Cfg, build_cfg, check_eager
@@ -121,6 +122,19 @@ class DeepSeekV4Adapter:
     @property
     def layer_geometry(self) -> list[LayerGeometry]:
         return list(self._geometry)
+
+    @property
+    def dims(self) -> ModelDims:
+        """Sizes and phase geometry as analyses read them (the model contract)."""
+        c = self.cfg
+        return ModelDims(n_layers=c.n_layers, n_heads=c.n_heads, n_key_value_heads=c.n_key_value_heads,
+                         d_head=c.d_head, d_vocab=c.d_vocab, n_ctx=c.n_ctx, phase_specs=tuple(self.phase_specs),
+                         analysis_spec=self.analysis_spec, local_window=c.local_window, prefill_chunk=self.chunk,
+                         dtype=c.dtype, device=c.device)
+
+    def identity(self) -> ModelIdentity:
+        """transformers' config and model (fingerprints); the numerics are in ``analysis_metadata``."""
+        return ModelIdentity(type(self).__qualname__, config_dict(self.model.config), self.model)
 
     @property
     def returns_query_logits(self) -> bool:

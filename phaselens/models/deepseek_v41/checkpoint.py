@@ -12,11 +12,11 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
-from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
+from phaselens.core.errors import CheckpointError, InputError
 from phaselens.models.deepseek_v41.config import V41Config
 from phaselens.models.deepseek_v41.layers import Quantize
 from phaselens.models.deepseek_v41.model import DeepSeekV41
@@ -27,12 +27,11 @@ from phaselens.runtime.checkpoints import check_tensor_names, read_json
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
            "fp64": torch.float64, "float64": torch.float64}
 
-ENGRAM_REASON = (
-    "its config lists Engram layers {layers}: before each of them the reference adds a gated n-gram "
-    "hash-table lookup to every hyper-connection stream (gate = sigmoid of a signed square root, never 0), so "
-    "the text model's hidden states from layer {first} on depend on it. phaselens does not implement "
-    "Engram's tokenizer-dependent n-gram hashing or its tables, and will not silently analyse a different model. "
-    "Pass engram='drop' to analyse the model without Engram (recorded in analysis_metadata as a modification)."
+NO_TOKENIZER = (
+    "{root} has no tokenizer.json, which Engram needs: its config lists Engram lookups before layers {layers}, "
+    "and they hash n-grams of normalized tokens read from the checkpoint's tokenizer. Copy tokenizer.json from "
+    "the release into {root}, or pass engram='drop' to analyse the model without Engram (an ablation, recorded "
+    "in analysis_metadata)."
 )
 
 
@@ -53,7 +52,7 @@ def load_v41(
     quantize: Quantize = None,
     index_topk: int | str | None = None,
     analysis_stride: int | None = None,
-    engram: Literal["refuse", "drop"] = "refuse",
+    engram: str = "run",
     n_layers: int | None = None,
 ) -> DeepSeekV41:
     """Load the text model of a DeepSeek-V4.1 checkpoint directory.
@@ -69,8 +68,9 @@ def load_v41(
         index_topk: ``None`` (the config's), an int, or ``"all"`` (keep every visible entry, lift the
             candidate filter; recorded as a modification).
         analysis_stride: the stride that defines phases (default: the smallest ratio >= 2, i.e. 2).
-        engram: ``"refuse"`` raises :class:`UnsupportedModelError` on a checkpoint with Engram layers;
-            ``"drop"`` loads it without them (a different model; recorded and warned).
+        engram: ``"run"`` (default) computes the Engram lookups of ``engram_layer_ids`` as the reference does;
+            it needs the checkpoint's ``tokenizer.json`` (a :class:`CheckpointError` names the fix when it is
+            missing). ``"drop"`` loads the model without them: an explicit ablation (warned, recorded).
         n_layers: load only the first ``n_layers`` backbone layers, the head reading the last of them (a
             truncated model, recorded as a modification): for parity checks against the reference truncated
             the same way, and for exploring early layers with less memory.
@@ -88,10 +88,9 @@ def load_v41(
         if dtype not in _DTYPES:
             raise InputError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}.")
         dtype = _DTYPES[dtype]
-    if engram not in ("refuse", "drop"):
-        raise InputError(f"engram must be 'refuse' or 'drop', got {engram!r}.")
-    text = read_json(root / "config.json", fix="restore config.json from the checkpoint's source.")
-    raw = text
+    if engram not in ("run", "drop"):
+        raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
+    raw = read_json(root / "config.json", fix="restore config.json from the checkpoint's source.")
     digest = hashlib.sha256((root / "config.json").read_bytes()).hexdigest()
     # the config's hash: two analyses of differently edited configs never pass for the same model
     metadata: dict[str, Any] = {"checkpoint": str(root), "config_sha256": digest, "engram": "absent",
@@ -100,22 +99,24 @@ def load_v41(
         raw = truncate_config(raw, n_layers)
         metadata.update(model_modified=True, modifications=[f"truncated to the first {n_layers} layers"])
     config = V41Config.from_dict(raw, name=root.name)
-    if config.engram_layer_ids:
-        layers = list(config.engram_layer_ids)
-        if engram == "refuse":
-            raise UnsupportedModelError(f"{root} cannot be loaded faithfully: " + ENGRAM_REASON.format(
-                layers=layers, first=min(layers)))
+    layers = list(config.engram_layer_ids)
+    if layers and engram == "run":
+        if not (root / "tokenizer.json").is_file():
+            raise CheckpointError(NO_TOKENIZER.format(root=root, layers=layers))
+        metadata["engram"] = "applied"
+    elif layers:
         warnings.warn(EngramDroppedWarning(
             f"Engram lookups at layers {layers} were dropped: results describe the model without them."), stacklevel=2)
         metadata.update(engram="dropped", model_modified=True,
                         modifications=[*metadata["modifications"], f"Engram dropped at layers {layers}"])
     with torch.device("meta"):
         model = DeepSeekV41(config, dtype=dtype, quantize=quantize, index_topk=index_topk,
-                            analysis_stride=analysis_stride, metadata=metadata)
+                            analysis_stride=analysis_stride, metadata=metadata, engram=engram)
     check_v41_weights(model, root, config, skip_engram=engram == "drop")  # before a byte of weights is read
     model.to_empty(device=device)
     _restore_buffers(model, device)  # non-persistent buffers come back uninitialised from the meta device
     load_weights(model, root, skip_engram=engram == "drop", n_layers=config.num_hidden_layers)
+    model.set_engram_tokenizer(root / "tokenizer.json")
     return model.eval()
 
 
@@ -182,12 +183,19 @@ def _check_roles(config: V41Config, present: set[str], root: Path) -> None:
 
 
 def truncate_config(raw: dict[str, Any], n_layers: int) -> dict[str, Any]:
-    """``config.json`` cut to the first ``n_layers`` backbone layers (sources and Engram layers beyond dropped)."""
+    """``config.json`` cut to the first ``n_layers`` backbone layers (sources and Engram layers beyond dropped).
+
+    Engram layers are hashed in increasing order, so the kept ones keep their primes and multipliers.
+    """
     text = dict(raw.get("text_config") or {})
     total = int(text.get("num_hidden_layers", 0))
     if not isinstance(n_layers, int) or not 1 <= n_layers <= total:
         raise InputError(f"n_layers must lie in 1..{total}, got {n_layers!r}.")
     keep = lambda ids: [int(i) for i in ids or () if int(i) < n_layers]  # noqa: E731
+    engram = [int(i) for i in text.get("engram_layer_ids") or ()]
+    tables = list(text.get("engram_num_embeddings") or [])
+    if len(tables) == len(engram):  # one table per kept Engram layer (a mismatch is reported by the config check)
+        text["engram_num_embeddings"] = [t for i, t in zip(engram, tables) if i < n_layers]
     text.update(
         num_hidden_layers=n_layers,
         compress_ratios=list(text.get("compress_ratios", []))[:n_layers],

@@ -10,6 +10,11 @@ computed from the streams it sees, but its ``pre`` (collapse) weights are used b
 block's attention collapses its input with the ``pre`` that the previous block's FFN mix produced (one-hot on
 stream 0 before the first block), its FFN with the ``pre`` of its own attention mix, and the final collapse
 before the norm and head uses the last FFN mix's ``pre``.
+
+Engram (:mod:`.engram`): before each layer of ``engram_layer_ids`` the streams get a gated n-gram table lookup,
+so that layer's ``hook_resid_pre`` already holds it (the streams before it are the previous layer's
+``hook_resid_post``). The n-gram hashes of a call are computed once (:mod:`.engram_hash`) from the token ids
+and, when decoding, the cache's last ``max_ngram - 1`` compressed ids.
 """
 
 from __future__ import annotations
@@ -24,12 +29,20 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.protocol import HookContext, hook_context
-from phaselens.core.errors import InputError, PhaseGeometryError
+from phaselens.core.errors import CheckpointError, InputError, PhaseGeometryError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v41.attention import V41Attention
 from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
+from phaselens.models.deepseek_v41.engram import Engram
+from phaselens.models.deepseek_v41.engram_hash import (
+    EngramLayout,
+    NgramHasher,
+    compressed_token_map,
+    history_after,
+)
 from phaselens.models.deepseek_v41.layers import (
     Numerics,
     Quantize,
@@ -65,14 +78,17 @@ class V41Cfg:
     candidate_source_layer_id: int
     index_topk: int | str
     rope_dims: int
+    engram_layer_ids: tuple[int, ...] = ()
 
 
 class Block(nn.Module):
     """One layer: hyper-connected attention and MoE sublayers (checkpoint names ``hc_attn_fn``, ...)."""
 
     def __init__(self, cfg: V41Config, role: LayerRole, numerics: Numerics, dtype: torch.dtype,
-                 index_topk: int | None) -> None:
+                 index_topk: int | None, engram: EngramLayout | None = None) -> None:
         super().__init__()
+        if engram is not None and role.layer in engram.layer_ids:
+            self.engram = Engram(cfg, engram.layer_ids.index(role.layer), numerics, dtype, engram.n_cols)
         hc, D = cfg.hc_mult, cfg.hidden_size
         ct = compute_dtype(dtype)
         mix = (2 + hc) * hc
@@ -88,8 +104,14 @@ class Block(nn.Module):
         self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint(), HookPoint()
         self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint()
 
-    def forward(self, x: Tensor, pre: Tensor, start: int, cache: V41Cache, rt: StackRuntime) -> tuple[Tensor, Tensor]:
-        """``x`` ``[B, n, hc, D]``, ``pre`` ``[B, n, hc]`` -> (new streams, the ``pre`` for the next block)."""
+    def forward(self, x: Tensor, pre: Tensor, start: int, cache: V41Cache, rt: StackRuntime,
+                rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``x`` ``[B, n, hc, D]``, ``pre`` ``[B, n, hc]`` -> (new streams, the ``pre`` for the next block).
+
+        ``rows`` ``[B, n, n_engram_layers, cols]``: the Engram table rows of the call (Engram layers only).
+        """
+        if hasattr(self, "engram"):
+            x = self.engram(x, rows[:, :, self.engram.index])
         x = self.hook_resid_pre(x)
         a_pre, a_post, a_comb = hc_mixes(x, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, **self.hc_kw)
         out = self.hook_attn_out(self.attn(self.attn_norm(hc_pre(x, pre)), start, cache, rt))
@@ -100,7 +122,7 @@ class Block(nn.Module):
 
 
 class DeepSeekV41(ContextHooks, HookedRootModule):
-    """The DeepSeek-V4.1 text model (no Engram, no vision tower, no draft layers).
+    """The DeepSeek-V4.1 text model with Engram (no vision tower, no draft layers).
 
     Build it with :func:`phaselens.models.deepseek_v41.load_v41` (``phaselens.load("hf:DIR")``).
 
@@ -110,14 +132,18 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         quantize: ``None``, ``"kv"`` or ``"fp8"`` (see :class:`~phaselens.models.deepseek_v41.layers.Numerics`).
         index_topk: ``None`` (the config's), an int, or ``"all"`` (every visible entry; lifts the candidate filter).
         analysis_stride: the stride that defines phases (default: the smallest compression ratio >= 2).
+        engram: ``"run"`` (Engram at the config's layers, as the reference) or ``"drop"`` (built without it: an
+            ablation). Running it needs the tokenizer: :meth:`set_engram_tokenizer` (``load_v41`` calls it).
     """
 
     default_task: Any = None
 
     def __init__(self, config: V41Config, *, dtype: torch.dtype = torch.bfloat16, quantize: Quantize = None,
                  index_topk: int | str | None = None, analysis_stride: int | None = None,
-                 metadata: dict[str, Any] | None = None) -> None:
+                 metadata: dict[str, Any] | None = None, engram: str = "run") -> None:
         super().__init__()
+        if engram not in ("run", "drop"):
+            raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
         if quantize not in (None, "kv", "fp8"):
             raise InputError(f"quantize must be None, 'kv' or 'fp8', got {quantize!r}.")
         if index_topk == "all":
@@ -134,7 +160,10 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         D, V, ct = config.hidden_size, config.vocab_size, compute_dtype(dtype)
         self.embed = nn.Embedding(V, D, dtype=dtype)
         self.hook_embed = HookPoint()
-        self.blocks = nn.ModuleList([Block(config, r, self.numerics, dtype, topk) for r in self.roles])
+        self.engram_layout = EngramLayout.from_config(config) if config.engram_layer_ids and engram == "run" else None
+        self.engram_hasher: NgramHasher | None = None  # needs the tokenizer: set_engram_tokenizer
+        self.blocks = nn.ModuleList([Block(config, r, self.numerics, dtype, topk, self.engram_layout)
+                                     for r in self.roles])
         self.norm = RMSNorm(D, config.rms_norm_eps, dtype)
         self.head = nn.Linear(D, V, bias=False, dtype=ct)
         strides = sorted({r.ratio for r in self.roles if r.ratio >= 2})
@@ -164,6 +193,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
             kv_source_layer_ids=c.kv_source_layer_ids, index_source_layer_ids=c.index_source_layer_ids,
             candidate_source_layer_id=c.candidate_source_layer_id,
             index_topk="all" if self._index_topk is None else self._index_topk, rope_dims=c.qk_rope_head_dim,
+            engram_layer_ids=() if self.engram_layout is None else self.engram_layout.layer_ids,
         )
 
     @property
@@ -175,6 +205,19 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
     def analysis_spec(self) -> PhaseSpec:
         """``PhaseSpec(analysis_stride)`` (2 for V4.1), origin 0: BOS and any template count as slots."""
         return PhaseSpec(self._stride)
+
+    @property
+    def dims(self) -> ModelDims:
+        """Sizes and phase geometry as analyses read them (the model contract)."""
+        c, w = self.config, self.embed.weight
+        return ModelDims(n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads, n_key_value_heads=1,
+                         d_head=c.head_dim, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings,
+                         phase_specs=tuple(self.phase_specs), analysis_spec=self.analysis_spec,
+                         local_window=c.sliding_window, dtype=w.dtype, device=w.device)
+
+    def identity(self) -> ModelIdentity:
+        """The V4.1 config and this module's weights (fingerprints)."""
+        return ModelIdentity(type(self).__qualname__, config_dict(self.config), self)
 
     @property
     def returns_query_logits(self) -> bool:
@@ -205,6 +248,40 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
             md["modifications"] = [*md["modifications"], f"index_topk={self.cfg.index_topk} (config: {c.index_topk})"]
         return md
 
+    # ---- Engram ------------------------------------------------------------------------------------
+    def set_engram_tokenizer(self, tokenizer_json: str | Any) -> None:
+        """Build Engram's n-gram hasher from the checkpoint's ``tokenizer.json`` (:mod:`.engram_hash`).
+
+        Raises :class:`CheckpointError` when the tokenizer's compressed vocabulary does not have the config's
+        ``engram_compressed_vocab_size`` ids: every hash would then address the wrong rows.
+        """
+        if self.engram_layout is None:
+            return
+        token_map, size = compressed_token_map(tokenizer_json)
+        want = self.config.engram_compressed_vocab_size
+        if size != want:
+            raise CheckpointError(
+                f"{tokenizer_json} normalizes to {size} distinct tokens but the config's "
+                f"engram_compressed_vocab_size is {want}: Engram's hashes derive from that number, so this "
+                "tokenizer is not the checkpoint's (or the tokenizers library normalizes differently)."
+            )
+        device = self.embed.weight.device
+        self.engram_hasher = NgramHasher(self.engram_layout, token_map, size, self.config.engram_pad_id).to(device)
+
+    def _engram_rows(self, tokens: Tensor, run: V41Cache) -> Tensor | None:
+        """Table rows ``[B, n, n_engram_layers, cols]`` of the call; stages the cache's n-gram history."""
+        if self.engram_layout is None:
+            return None
+        if self.engram_hasher is None:
+            raise CheckpointError(
+                "this model runs Engram but has no tokenizer: call model.set_engram_tokenizer('DIR/tokenizer.json') "
+                "or load it with phaselens.load('hf:DIR') from a checkpoint directory holding tokenizer.json."
+            )
+        ids = self.engram_hasher.compress(tokens)
+        history = run.ngram_history if run.ngram_history is not None else ids[:, :0]
+        run.stage_ngram_history(history_after(history, ids, self.engram_layout.max_ngram - 1))
+        return self.engram_hasher(ids, history)
+
     # ---- forward -----------------------------------------------------------------------------------
     def new_cache(self, batch_size: int = 1) -> V41Cache:
         """An empty :class:`V41Cache` for ``batch_size`` sequences."""
@@ -233,12 +310,13 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         rt = StackRuntime()
         try:
             with query_start(start):
+                rows = self._engram_rows(tokens, run)
                 h = self.hook_embed(self.embed(tokens))
                 x = h.unsqueeze(2).repeat(1, 1, self.config.hc_mult, 1)
                 pre = torch.zeros(B, n, self.config.hc_mult, dtype=compute_dtype(h.dtype), device=h.device)
                 pre[..., 0] = 1.0  # one-hot: the first block's attention reads stream 0
                 for block in self.blocks:
-                    x, pre = block(x, pre, start, run, rt)
+                    x, pre = block(x, pre, start, run, rt, rows)
         except BaseException:
             run.discard()
             raise
@@ -253,8 +331,9 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         ctx = super()._context(point)
         layer = ctx.layer_index
         if ctx.name.rsplit(".", 1)[-1] in ("hook_gate", "hook_payload", "hook_entry") and layer is not None:
+            attn = f"blocks.{layer}.attn." in ctx.name  # Engram's hook_gate is per token: no entries
             return hook_context(point, ctx.name, layer, query_start=ctx.query_start,
-                                first_entry=ctx.query_start // self.roles[layer].ratio)
+                                first_entry=ctx.query_start // self.roles[layer].ratio if attn else None)
         return ctx
 
     def _check_tokens(self, tokens: Any) -> Tensor:
@@ -296,7 +375,8 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
     def __repr__(self) -> str:
         kinds = "".join("S" if r.ratio == 0 else str(r.ratio) for r in self.roles)
         return (f"DeepSeekV41({self.name!r}, layers={kinds}, kv_sources={list(self.config.kv_source_layer_ids)}, "
-                f"index_sources={list(self.config.index_source_layer_ids)}, analysis_stride={self._stride}, "
+                f"index_sources={list(self.config.index_source_layer_ids)}, engram={list(self.cfg.engram_layer_ids)}, "
+                f"analysis_stride={self._stride}, "
                 f"dtype={self.cfg.dtype}, quantize={self.numerics.quantize})")
 
 

@@ -5,7 +5,9 @@ Checkpoint names are the reference's (``embed.weight``, ``layers.{l}.attn.wq_a.w
 are accepted too (a ``model.`` prefix, ``self_attn``/``mlp``, ``weight_scale_inv``, ``e_score_correction_bias``).
 Draft-layer (``mtp.*``) and vision tensors are skipped: the text model does not use them.
 
-A weight stored as FP8 (``float8_e4m3fn``) with a ``.scale`` is dequantized with the config's weight blocks;
+A parameter the model keeps packed (FP8, e.g. Engram's tables) receives the stored values and its ``.scale``
+as they are. Otherwise a weight stored as FP8 (``float8_e4m3fn``) with a ``.scale`` is dequantized with the
+config's weight blocks;
 a weight stored as packed bytes (``int8`` / ``uint8`` / ``float4_e2m1fn_x2``) with a ``.scale`` is FP4 (one
 scale per row and 32 inputs); anything else is copied. Values are then cast to the parameter's dtype (FP8 and
 FP4 values times power-of-two scales are exact in bf16).
@@ -118,8 +120,11 @@ def load_weights(model: nn.Module, root: Path, *, skip_engram: bool, n_layers: i
                 continue
             scale_name = name[: -len("weight")] + "scale" if name.endswith(".weight") else None
             scale = get(names[scale_name]) if scale_name in names else None
-            value = dequantize(get(names[name]), scale, block, name)
             param = params[key]
+            if param.dtype == torch.float8_e4m3fn:  # kept packed: values and scale as stored
+                filled.update((key, _copy_packed(params, key, get(names[name]), scale, name)))
+                continue
+            value = dequantize(get(names[name]), scale, block, name)
             dest = param[int(expert[2])] if expert else param
             if tuple(value.shape) != tuple(dest.shape):
                 raise CheckpointError(
@@ -138,6 +143,21 @@ def load_weights(model: nn.Module, root: Path, *, skip_engram: bool, n_layers: i
         raise CheckpointError(
             f"{len(missing)} parameters are missing from the checkpoint, e.g. {missing[:5]}; it is incomplete."
         )
+
+
+def _copy_packed(params: dict[str, nn.Parameter], key: str, value: Tensor, scale: Tensor | None, name: str) -> str:
+    """Copy an FP8 tensor and its scale into the packed parameter ``key`` and its ``.scale`` sibling."""
+    scale_key = key[: -len("weight")] + "scale"
+    if value.dtype != torch.float8_e4m3fn or scale is None or scale_key not in params:
+        raise CheckpointError(f"{name} must be stored as FP8 (float8_e4m3fn) with a .scale tensor; got {value.dtype}.")
+    for k, v in ((key, value), (scale_key, scale)):
+        if tuple(v.shape) != tuple(params[k].shape):
+            raise CheckpointError(
+                f"{name}: {k.rsplit('.', 1)[-1]} has shape {tuple(v.shape)} but the config implies "
+                f"{tuple(params[k].shape)}; config.json and the weights disagree."
+            )
+        params[k].copy_(v.to(device=params[k].device, dtype=params[k].dtype))
+    return scale_key
 
 
 def _expected(params: dict[str, nn.Parameter]) -> Iterator[str]:

@@ -29,7 +29,7 @@ def _resolve(model: Any) -> tuple[str, Any, str]:
         m = phaselens.load(model)
         card = getattr(m, "metadata", {}) or {}
         return model.split(":")[-1], m, card.get("description", "")
-    name = getattr(model, "name", None) or type(model).__name__
+    name = model.name
     return str(name), model, ""
 
 
@@ -45,7 +45,7 @@ def _as_list(models: Any) -> list[Any]:
 
 
 def _is_control(model: Any) -> bool:
-    return all(s is None for s in model.phase_specs)
+    return all(s is None for s in model.dims.phase_specs)
 
 
 def report(
@@ -87,7 +87,7 @@ def report(
         seen[name] = seen.get(name, 0) + 1
         if seen[name] > 1:
             resolved[i] = (f"{name}-{seen[name]}", m, desc)
-    strides = [m.analysis_spec.stride for _, m, _ in resolved if not _is_control(m)]
+    strides = [m.dims.analysis_spec.stride for _, m, _ in resolved if not _is_control(m)]
     compare = min(strides) if strides else 4
     results: list[ModelResults] = []
     for name, model, desc in resolved:
