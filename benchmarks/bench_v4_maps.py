@@ -162,7 +162,7 @@ def check_cells(adapter, batch, pm) -> dict:
             logits = adapter.run_with_hooks(batch.tokens, fwd_hooks=[(f"blocks.{int(cell.layer)}.attn.hook_z", fn)],
                                             logits="query", query_len=1)[:, -1]
         ref = answer_metrics(logits, batch.answer, batch.wrong)["logit_diff"]
-        worst = max(worst, float(abs(ref - pm.ko_logit_diff[i]).max()))
+        worst = max(worst, float(abs(ref - pm.logit_diff_ko[i]).max()))
     return {"cells_checked": 2, "max_abs_diff_logit_diff": worst}
 
 

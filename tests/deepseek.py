@@ -125,12 +125,18 @@ def run_capturing(
     return logits, calls
 
 
-def tiny_v4_bf16(directory, seed: int = 0, **overrides):
+def tiny_v4_bf16(directory, seed: int = 0, embed_scale: float = 1.0, **overrides):
     """The tiny V4 saved to ``directory`` and loaded back in bf16, as ``from_pretrained`` loads a real
-    checkpoint (norms, gates' position bias, sinks and hyper-connections stay fp32)."""
+    checkpoint (norms, gates' position bias, sinks and hyper-connections stay fp32).
+
+    ``embed_scale`` multiplies the embedding: at 50 the residual dominates the layers' outputs as in a trained
+    model; at 1 a random V4 is chaotic in bf16 (a rounding flip anywhere changes the logits by percents)."""
     from transformers import DeepseekV4ForCausalLM
 
-    tiny_v4_model(seed, **overrides).save_pretrained(directory)
+    model = tiny_v4_model(seed, **overrides)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(embed_scale)
+    model.save_pretrained(directory)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = DeepseekV4ForCausalLM.from_pretrained(

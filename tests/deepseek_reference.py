@@ -9,10 +9,12 @@ from 65,536 tokens, β 32 / 1), interleaved pairs, no magnitude scaling. Every s
 the same formula gives the float64 truth, the reference's bf16 pipeline (fp32 projections and pooling, the
 pooled rows cast to bf16 before the norm, fp32 RoPE tables) and transformers' (everything in bf16).
 
-The quantization steps (``inference/kernel.py``'s ``act_quant`` / ``fp4_act_quant`` with ``inplace=True`` and
-the ``ue8m0`` scale format): each block of channels becomes ``q(clamp(x / s)) * s`` with one power-of-two
-scale ``s = 2**ceil(log2(amax / qmax))``, ``amax`` floored at 1e-4 (FP8) or 6 * 2**-126 (FP4), ``q`` rounding
-to nearest, ties to even, on the format's grid (decoded here from the formats' bit layouts).
+The quantization steps: each block of channels becomes ``q(clamp(x / s)) * s`` with one power-of-two scale
+``s = 2**ceil(log2(amax / qmax))`` (the ``ue8m0`` scale format), ``amax`` floored at 1e-4 (FP8) or 6 * 2**-126
+(FP4), ``q`` rounding to nearest, ties to even, on the format's grid (decoded here from the formats' bit
+layouts). That is what ``inference/kernel.py``'s ``fp4_act_quant(inplace=True)`` computes for FP4, and what an
+FP8 KV cache does for e4m3; the published ``act_quant(inplace=True)`` instead casts ``x / s`` through its
+input's own dtype (bf16), which changes nothing (:func:`act_quant_emulated`).
 """
 
 from __future__ import annotations
@@ -120,3 +122,100 @@ def reference_block_quant(x: torch.Tensor, block: int, qmax: float, floor: float
     amax = np.maximum(np.abs(b).max(axis=1, keepdims=True), floor)
     s = 2.0 ** np.ceil(np.log2(amax / qmax))
     return (nearest_even(np.clip(b / s, -qmax, qmax), grid, even) * s).reshape(x.shape)
+
+
+# ---- DeepSeek's kernels (``inference/kernel.py``), emulated on the CPU from their description ---------------
+# The reference imports ``act_quant``, ``fp4_act_quant``, ``sparse_attn`` and ``hc_split_sinkhorn`` from its
+# TileLang ``kernel.py`` (CUDA only). These functions compute what those kernels are written to compute, so
+# that the reference ``model.py`` runs on a CPU (``scripts/v4_reference_parity.py``) and so that tests can
+# hold the adapter against them. Where a kernel leaves a choice open (the block size of the online softmax,
+# whether its bf16 rounding of the probabilities is kept), the parameter names it: two settings are two
+# legitimate emulations, and their difference is the floor any implementation is measured against.
+
+
+def kernel_pow2_scale(amax: Tensor, qmax: float) -> Tensor:
+    """``2**ceil(log2(amax * fp32(1/qmax)))`` from the fp32 bit pattern (exponent, plus one unless the mantissa
+    is zero), as ``fast_round_scale`` reads it."""
+    v = amax.float() * torch.tensor(1.0 / qmax, dtype=torch.float32)
+    bits = v.view(torch.int32)
+    exponent = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+    return torch.ldexp(torch.ones_like(v), exponent)
+
+
+def act_quant_emulated(x: Tensor, block: int, *, through: torch.dtype | None) -> Tensor:
+    """``act_quant(x, block, "ue8m0", fp32, inplace=True)``: per block ``cast(clamp(x / s)) * s`` back in
+    ``x``'s dtype, where ``cast`` is to ``through``. As written the kernel casts to its output dtype, which for
+    ``inplace=True`` is the input's (bf16): pass ``through=None`` for that. ``torch.float8_e4m3fn`` rounds as an
+    FP8 kernel (or an FP8 KV cache) does."""
+    b = x.float().reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    s = kernel_pow2_scale(b.abs().amax(-1, keepdim=True).clamp_min(1e-4), 448.0)
+    q = (b / s).clamp(-448.0, 448.0).to(through or x.dtype).float()
+    return (q * s).reshape(x.shape).to(x.dtype)
+
+
+def fp4_quant_emulated(x: Tensor, block: int = 32) -> Tensor:
+    """``fp4_act_quant(x, block, inplace=True)``: per block FP4 (e2m1) round trip with a power-of-two scale."""
+    b = x.float().reshape(*x.shape[:-1], x.shape[-1] // block, block)
+    s = kernel_pow2_scale(b.abs().amax(-1, keepdim=True).clamp_min(6 * 2.0**-126), 6.0)
+    v = (b / s).clamp(-6.0, 6.0)
+    q = torch.as_tensor(nearest_even(v.double().numpy(), E2M1, E2M1_EVEN), dtype=torch.float32)
+    return (q * s).reshape(x.shape).to(x.dtype)
+
+
+def hadamard_emulated(x: Tensor, scale: float) -> Tensor:
+    """``fast_hadamard_transform.hadamard_transform(x, scale)``: Sylvester-ordered Walsh-Hadamard in fp32."""
+    import scipy.linalg
+
+    h = torch.tensor(scipy.linalg.hadamard(x.shape[-1]), dtype=torch.float32)
+    return ((x.float() @ h) * scale).to(x.dtype)
+
+
+def sparse_attn_emulated(
+    q: Tensor, kv: Tensor, sink: Tensor, idx: Tensor, scale: float, *, block: int = 64, round_probs: bool = True
+) -> Tensor:
+    """``sparse_attn(q [b, m, h, d], kv [b, n, d], sink [h], idx [b, m, k], scale)`` -> ``[b, m, h, d]``.
+
+    The kernel walks the ``k`` picked keys (``-1`` = none) in blocks of ``block`` with an online softmax: fp32
+    scores ``q . kv * scale``, a running max ``m_t`` (over keys only; the sink joins the denominator at the
+    end as ``exp(sink - m)``), probabilities ``exp(s - m_t)`` rounded to bf16 before they multiply the values
+    (``round_probs``), fp32 accumulators rescaled by ``exp(m_t - m_{t+1})``, one division at the end. The
+    blocks are done here at once: block ``t``'s terms carry ``exp(m_t - m_final)``.
+    """
+    b, m, h, d = q.shape
+    k = idx.shape[-1]
+    nb = -(-k // block)
+    idx = torch.nn.functional.pad(idx.long(), (0, nb * block - k), value=-1)
+    valid = idx >= 0
+    keys = torch.gather(kv.float(), 1, idx.clamp_min(0).reshape(b, -1, 1).expand(-1, -1, d)).reshape(b, m, -1, d)
+    keys = keys * valid.unsqueeze(-1)
+    s = torch.einsum("bmhd,bmkd->bmhk", q.float(), keys) * scale
+    s = s.masked_fill(~valid.unsqueeze(2), float("-inf")).reshape(b, m, h, nb, block)
+    run = s.amax(-1).cummax(-1).values  # [b, m, h, nb]: the running max after each block
+    live = torch.isfinite(run)
+    p = torch.where(live.unsqueeze(-1), torch.exp(s - run.unsqueeze(-1)), 0.0)
+    total = p.sum(-1)
+    if round_probs:
+        p = p.to(torch.bfloat16).float()
+    pv = torch.einsum("bmhnk,bmnkd->bmhnd", p, keys.reshape(b, m, nb, block, d))
+    final = run[..., -1:]
+    r = torch.where(live, torch.exp(run - final), 0.0)
+    num = (pv * r.unsqueeze(-1)).sum(-2)
+    den = (total * r).sum(-1) + torch.exp(sink.float().view(1, 1, h) - final[..., 0])
+    return (num / den.unsqueeze(-1)).to(q.dtype)
+
+
+def hc_split_sinkhorn_emulated(
+    mixes: Tensor, hc_scale: Tensor, hc_base: Tensor, hc_mult: int = 4, sinkhorn_iters: int = 20, eps: float = 1e-6
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``hc_split_sinkhorn``: ``pre = sigmoid(.) + eps``, ``post = 2 sigmoid(.)``, ``comb`` = row softmax + eps,
+    then a column normalisation and ``iters - 1`` (row, column) normalisations (each dividing by sum + eps)."""
+    hc = hc_mult
+    pre = torch.sigmoid(mixes[..., :hc] * hc_scale[0] + hc_base[:hc]) + eps
+    post = 2 * torch.sigmoid(mixes[..., hc : 2 * hc] * hc_scale[1] + hc_base[hc : 2 * hc])
+    comb = mixes[..., 2 * hc :].unflatten(-1, (hc, hc)) * hc_scale[2] + hc_base[2 * hc :].view(hc, hc)
+    comb = comb.softmax(-1) + eps
+    comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    for _ in range(sinkhorn_iters - 1):  # iterations of one algorithm, not a loop over data
+        comb = comb / (comb.sum(-1, keepdim=True) + eps)
+        comb = comb / (comb.sum(-2, keepdim=True) + eps)
+    return pre, post, comb

@@ -33,9 +33,9 @@ def digest(result: Any, prefix: str) -> dict[str, np.ndarray]:
             put(col, result.items[col].to_numpy())
         put("summary", [result.mean, result.worst, result.boundary, *result.gap_ci, result.tests.omnibus.pvalue])
     elif isinstance(result, phaselens.PhaseMap):
-        put("clean_correct", result.clean_correct)
-        put("ko_correct", result.ko_correct)
-        put("ko_logit_diff", result.ko_logit_diff)
+        put("clean_correct", result.correct)
+        put("ko_correct", result.correct_ko)
+        put("ko_logit_diff", result.logit_diff_ko)
         for f in ("ko_acc", "rel_change", "ci_low", "ci_high", "pvalue", "delta_logit_diff"):
             put(f, getattr(result.effects, f))
     elif isinstance(result, phaselens.Recording):
@@ -50,11 +50,11 @@ def digest(result: Any, prefix: str) -> dict[str, np.ndarray]:
             put(col, result.items[col].to_numpy())
         put("rel_change", result.effects.rel_change)
     elif isinstance(result, phaselens.PatchResult):
-        put("item_patched", result.item_patched)
+        put("item_patched", result.logit_diff_patched)
         put("recovery", result.recovery.values)
         put("ci_low", result.recovery.ci_low)
     elif isinstance(result, phaselens.AttributionMap):
-        put("items", result.items)
+        put("values", result.values)
         put("estimate", result.estimate.values)
     elif isinstance(result, phaselens.RepairTable):
         put("rows", result.rows[["mean", "worst", "gap", "any_copy_right"]].to_numpy(float))

@@ -45,8 +45,8 @@ def test_map_checkpoint_named_json_resumes(tmp_path):
     first = phaselens.specialization_map(model, **kw)
     assert [p.name for p in tmp_path.iterdir()] == ["x.json"]
     again = phaselens.specialization_map(model, **kw)
-    assert np.array_equal(first.ko_correct, again.ko_correct)
-    assert np.array_equal(first.ko_logit_diff, again.ko_logit_diff)
+    assert np.array_equal(first.correct_ko, again.correct_ko)
+    assert np.array_equal(first.logit_diff_ko, again.logit_diff_ko)
 
 
 def test_another_fingerprint_or_layout_is_refused(tmp_path):

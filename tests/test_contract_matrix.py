@@ -155,7 +155,7 @@ def check_record(k: Kind):
 
         with torch.no_grad():
             k.ref.run_with_hooks(b.tokens, fwd_hooks=[(name, keep)])
-        assert close(rec.items["entries"][:, layer], kept["p"].numpy())
+        assert close(rec.values["entries"][:, layer], kept["p"].numpy())
     assert rec.per_phase()["phase"].max() == rec.stride - 1
 
 
@@ -186,7 +186,7 @@ def check_map(k: Kind):
         row = pm.cells.iloc[i]
         m = answer_metrics(k.query_logits(b.tokens, b.query_pos, zero_heads(int(row.layer), list(row.heads))),
                            b.answer, b.wrong)
-        assert close(pm.ko_logit_diff[i], m["logit_diff"]), row.label
+        assert close(pm.logit_diff_ko[i], m["logit_diff"]), row.label
     # engine="auto" takes the query-suffix engine wherever the model offers one (the adapter's kinds, locally)
     expected = "suffix" if capability(k.model, "query_engine") else "full"
     assert pm.metadata["engine"] == expected and repr(pm)
@@ -227,7 +227,7 @@ def check_patch(k: Kind):
 
         k.query_logits(b.tokens, b.query_pos, grab)  # denoise: the clean run's z ...
         m = answer_metrics(k.query_logits(b.corrupted, b.query_pos, put), b.answer, b.wrong)  # ... into the corrupt
-        assert close(res.item_patched[j], m["logit_diff"]), str(h)
+        assert close(res.logit_diff_patched[j], m["logit_diff"]), str(h)
 
 
 def check_attribution(k: Kind):
@@ -258,7 +258,7 @@ def check_attribution(k: Kind):
     rows = torch.arange(len(kept["slots"]))
     z = kept["z"].detach()[rows, kept["slots"]]
     est = (-(z * g[rows, kept["slots"]]).sum(-1)).view(-1, len(b), z.shape[1]).sum(0)  # copies summed: [N, H]
-    assert close(am.items[:, layer], est.numpy())
+    assert close(am.values[:, layer], est.numpy())
 
 
 def check_cycling(k: Kind):

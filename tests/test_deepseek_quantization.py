@@ -1,9 +1,11 @@
 """The quantization formulas against value tables and scales written from DeepSeek's reference description.
 
-The reference (``inference/kernel.py``: ``act_quant`` / ``fp4_act_quant`` with ``inplace=True`` and the
-``ue8m0`` scale format) rounds each block of channels to ``q(clamp(x / s)) * s`` with one power-of-two scale
-``s = 2**ceil(log2(amax / qmax))`` per block, ``amax`` floored at 1e-4 (FP8) or 6 * 2**-126 (FP4), ``q``
-round-to-nearest-even on the format's grid. The grids here are decoded from the formats' bit layouts.
+A block-scaled round trip takes each block of channels to ``q(clamp(x / s)) * s`` with one power-of-two scale
+``s = 2**ceil(log2(amax / qmax))`` per block (the ``ue8m0`` scale format), ``amax`` floored at 1e-4 (FP8) or
+6 * 2**-126 (FP4), ``q`` round-to-nearest-even on the format's grid: what ``inference/kernel.py``'s
+``fp4_act_quant(inplace=True)`` does for FP4 (e2m1), and what an FP8 KV cache does for e4m3. (The published
+``act_quant(inplace=True)`` casts through bf16 instead and changes nothing: see
+``tests/test_deepseek_reference_numerics.py``.) The grids here are decoded from the formats' bit layouts.
 """
 
 from __future__ import annotations

@@ -67,7 +67,9 @@ def test_geometry_follows_compress_ratios(released):
     )
     assert cfg.dtype == torch.bfloat16 and cfg.device.type == "meta"
     md = adapter.analysis_metadata
-    assert md["numerics"] == "reference" and len(md["numerics_changes"]) == 1  # bf16: fp32 compressors
+    changes = md["numerics_changes"]  # the shared expert, then the bf16 rounding (3 lines); no RoPE change
+    assert md["numerics"] == "reference" and len(changes) == 4 and "shared experts" in changes[0]
+    assert not any("RoPE (YaRN" in c for c in changes)
 
 
 def test_the_compressed_rope_is_the_reference_yarn():
@@ -121,11 +123,14 @@ def test_memory_estimates_on_the_released_sizes(released):
         assert abs(est.cache / GiB - 9.62) < 0.01  # measured 9.625
         return
     # Flash in bf16 (docs/deepseek_v4.md): the largest attention probabilities [B, H, n, raw + entries]
+    from_hf(model)  # numerics="reference": the head computes fp32 logits
     T = 8192
     assert estimate_memory(model, T).attention == H * T * (T + T // S) * 2 == 10 * GiB
     chunked = estimate_memory(model, T, chunk=512)
     assert chunked.attention == H * 512 * (L - 1 + 512 + T // S) * 2  # 168 MiB
     assert round(estimate_memory(model, 2**17, chunk=512).attention / GiB, 1) == 2.0
+    assert estimate_memory(model, 2**17, chunk=512, logits="query").logits == 512 * 129280 * 4
+    from_hf(model, numerics="transformers")
     assert estimate_memory(model, 2**17, chunk=512, logits="query").logits == 512 * 129280 * 2
     fp32 = meta_v4(facts, torch.float32)
     assert estimate_memory(fp32, 2**17).logits == 129280 * 2**17 * 4  # 67.8 GB: why logits="query"

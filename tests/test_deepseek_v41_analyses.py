@@ -109,5 +109,5 @@ def test_record_reads_ratio1_entries_per_token(setup):
     with torch.no_grad():
         model.run_with_hooks(batch.tokens, fwd_hooks=[(f"blocks.{i}.attn.hook_pattern_entry", keep) for i in (4, 6)])
     for layer in (4, 6):
-        np.testing.assert_allclose(rec.items["key_entries"][:, layer], kept[layer].numpy(), atol=1e-6)
+        np.testing.assert_allclose(rec.values["key_entries"][:, layer], kept[layer].numpy(), atol=1e-6)
         assert kept[layer].max() > 0  # the needle's entry is visible and picked (index_topk="all")

@@ -284,8 +284,8 @@ def test_map_checkpoint_killed(tmp_path, map_model, fresh_map, mode):
     assert len(manifest["cells"]) >= {"file:written": 3, "file:replaced": 4, "random": 1}[mode]
     assert mode == "random" or len(manifest["cells"]) < 10  # really interrupted (10 cells in all)
     resumed = phaselens.specialization_map(map_model, checkpoint=ckpt, **MAP_KW)
-    assert np.array_equal(resumed.ko_correct, fresh_map.ko_correct)
-    assert np.array_equal(resumed.ko_logit_diff, fresh_map.ko_logit_diff)
+    assert np.array_equal(resumed.correct_ko, fresh_map.correct_ko)
+    assert np.array_equal(resumed.logit_diff_ko, fresh_map.logit_diff_ko)
     assert untouched(saved) and no_temporaries(tmp_path)
 
 

@@ -23,7 +23,7 @@ def exact(model):
 def test_suffix_engine_map_equals_full_forward_map(model, exact):
     fast = phaselens.specialization_map(model, n_per_residue=6, progress=False, engine="suffix", n_bootstrap=50)
     assert fast.metadata["engine"] == "suffix" and exact.metadata["engine"] == "full"
-    assert np.array_equal(fast.ko_correct, exact.ko_correct)
+    assert np.array_equal(fast.correct_ko, exact.correct_ko)
     assert np.nanmax(np.abs(fast.effects.delta_logit_diff - exact.effects.delta_logit_diff)) <= 1e-5
     assert list(fast.cells["label"])[:5] == ["L0H0", "L0H1", "L0H2", "L0H3", "L0KV0"]
     assert fast.values("head").shape == (2, 4, 8) and fast.values("layer").shape == (2, 8)
@@ -48,7 +48,7 @@ def test_map_resumes_after_interruption_with_identical_results(model, tmp_path, 
     monkeypatch.setattr(SuffixEngine, "run", real)
     resumed = phaselens.specialization_map(model, **kw)
     fresh = phaselens.specialization_map(model, **{**kw, "checkpoint": None})
-    assert np.array_equal(resumed.ko_correct, fresh.ko_correct)
+    assert np.array_equal(resumed.correct_ko, fresh.correct_ko)
     assert np.allclose(resumed.effects.delta_logit_diff, fresh.effects.delta_logit_diff, equal_nan=True)
 
 
@@ -61,7 +61,7 @@ def test_checkpoint_of_another_map_is_refused(model, tmp_path):
 
 def test_specialization_index_definition(exact):
     si = exact.specialization_index(alpha=1.0, n_bootstrap=50)
-    ph = exact.by_phase(n_bootstrap=0)
+    ph = exact.per_phase("head")
     for row in si.itertuples():
         dmg = np.clip(-np.nan_to_num(ph[ph["label"] == row.label]["rel_change"].to_numpy()) / 100, 0, None)
         if dmg.sum() == 0:  # no damage: the index is undefined (NaN), never 0 or negative
@@ -85,7 +85,7 @@ def test_top_heads_and_frames(exact):
     top = exact.top_heads(phase=0, k=3, by="delta_logit_diff")
     assert len(top) == 3 and (top["phase"] == 0).all()
     assert list(top["delta_logit_diff"]) == sorted(top["delta_logit_diff"])
-    ph = exact.by_phase()
+    ph = exact.per_phase("head")
     assert top["delta_logit_diff"].iloc[0] == ph[ph["phase"] == 0]["delta_logit_diff"].min()
     frame = exact.to_frame()
     assert len(frame) == len(exact.cells) * 8

@@ -85,7 +85,7 @@ def test_specialization_map_ranks_the_planted_head_first(planted):
     pm = phaselens.specialization_map(planted, n_per_residue=32, progress=False, kinds=("head",), n_bootstrap=100)
     assert pm.top_heads(0, k=1)["label"].iloc[0] == "L0H0"
     assert pm.top_heads(2, k=1)["label"].iloc[0] == "L0H1"
-    by = pm.by_phase()
+    by = pm.per_phase("head")
     h0 = by[by["label"] == "L0H0"].set_index("phase")["rel_change"]
     h1 = by[by["label"] == "L0H1"].set_index("phase")["rel_change"]
     assert h0[0] < -50 and h1[2] < -50  # knocking out the serving head destroys its phase

@@ -83,8 +83,9 @@ def test_csv_integer_columns_are_integers(built):
                 assert all("." not in v for v in vals), (path.name, col, vals[:3])
                 checked += 1
     assert checked >= 10
-    rec = (built / "tiny-w8s4_recording.csv").read_text().splitlines()
-    assert rec[1].split(",")[:3] == ["0", "0", "0"]  # layer, head, residue; was "0,0.0,0.0"
+    with open(built / "tiny-w8s4_recording.csv") as f:
+        first = next(csv.DictReader(f))
+    assert [first[c] for c in ("layer", "head", "residue")] == ["0", "0", "0"]  # was "0,0.0,0.0"
 
 
 def test_interrupted_report_leaves_no_partial_directory(tmp_path, monkeypatch):

@@ -52,7 +52,7 @@ def test_patch_resumes_cells_and_refuses_another_run(model, tmp_path, monkeypatc
     (shard,) = [s for s in resumed.metadata["shards"] if s["stage"] == "patch" and s["unit"] == "cell"]
     assert shard["resumed"] == ["L0H0", "L0H1", "L0H2"] and shard["by_rank"] == [["L0H3", "L1H2"]]
     assert resumed.metadata["arguments"]["checkpoint"] == str(ckpt)
-    assert np.array_equal(resumed.item_patched, plain.item_patched)
+    assert np.array_equal(resumed.logit_diff_patched, plain.logit_diff_patched)
     assert np.array_equal(resumed.recovery.values, plain.recovery.values, equal_nan=True)
     assert np.array_equal(resumed.recovery.ci_low, plain.recovery.ci_low, equal_nan=True)
     for other in (dict(direction="noise"), dict(heads=["L0"]), dict(batch_size=4), dict(engine="suffix")):

@@ -17,22 +17,29 @@ from phaselens.analyses.scoring import METRICS, items_from_metrics, stack_metric
 from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.heads import Head
 from phaselens.results.base import Result
-from phaselens.stats.effects import Effects, relative_effects
+from phaselens.stats.effects import EFFECT_COLUMNS, Effects, relative_effects
 
 
 @dataclass(frozen=True, repr=False, eq=False)
 class AblationResult(Result):
     """Clean against knocked-out accuracy for one set of heads.
 
-    ``effects`` holds ``[1, residues]`` arrays (see :class:`~phaselens.stats.effects.Effects`); ``items`` one row
-    per item with ``correct`` / ``correct_ko`` and ``logit_diff`` / ``logit_diff_ko``.
+    ``effects`` holds ``[1, residues]`` arrays and ``phase_effects`` ``[1, phases]`` (residues folded mod S, the
+    same resampling; see :class:`~phaselens.stats.effects.Effects`); ``items`` one row per item with
+    ``correct`` / ``correct_ko`` and ``logit_diff`` / ``logit_diff_ko``.
     """
 
     LEVELS = ("residue", "phase", "item")
+    COLUMNS = {
+        "residue": ("residue", "phase", *EFFECT_COLUMNS),
+        "phase": ("phase", *EFFECT_COLUMNS, "boundary"),
+        "item": ("item_id", "residue", "phase", "correct", "correct_ko", "logit_diff", "logit_diff_ko"),
+    }
 
     heads: tuple[Head, ...]
     method: str
     effects: Effects
+    phase_effects: Effects
     items: pd.DataFrame
     stride: int
     modulus: int
@@ -45,13 +52,7 @@ class AblationResult(Result):
 
     def per_phase(self) -> pd.DataFrame:
         """Residues folded mod S: the same columns per phase, plus ``boundary``."""
-        it = self.items
-        eff = relative_effects(it["correct"].to_numpy(), it["correct_ko"].to_numpy()[None],
-                               it["residue"].to_numpy() % self.stride, self.stride,
-                               clean_ld=it["logit_diff"].to_numpy(), ko_ld=it["logit_diff_ko"].to_numpy()[None],
-                               n_bootstrap=int(self.metadata.get("arguments", {}).get("n_bootstrap", 1000)),
-                               seed=int(self.metadata.get("arguments", {}).get("seed", 0)))
-        out = _frame(eff, self.stride, self.stride, "phase")
+        out = _frame(self.phase_effects, self.stride, self.stride, "phase")
         out["boundary"] = out["phase"] == self.stride - 1
         return out
 
@@ -126,12 +127,17 @@ class Ablation(Analysis):
         items["correct_ko"] = np.asarray(m["correct_ko"], bool)
         items["logit_diff_ko"] = m["logit_diff_ko"]
         o = run.options
-        eff = relative_effects(
-            items["correct"].to_numpy(), items["correct_ko"].to_numpy()[None], items["residue"].to_numpy(),
-            run.modulus, clean_ld=items["logit_diff"].to_numpy(), ko_ld=items["logit_diff_ko"].to_numpy()[None],
-            n_bootstrap=o.n_bootstrap, seed=o.seed,
-        )
-        return AblationResult(self.ko.heads, self.method, eff, items, run.stride, run.modulus, run.metadata())
+
+        def effects(groups: np.ndarray, n_groups: int) -> Effects:
+            return relative_effects(items["correct"].to_numpy(), items["correct_ko"].to_numpy()[None], groups,
+                                    n_groups, clean_ld=items["logit_diff"].to_numpy(),
+                                    ko_ld=items["logit_diff_ko"].to_numpy()[None], n_bootstrap=o.n_bootstrap,
+                                    seed=o.seed)
+
+        residue = items["residue"].to_numpy()
+        return AblationResult(self.ko.heads, self.method, effects(residue, run.modulus),
+                              effects(residue % run.stride, run.stride), items, run.stride, run.modulus,
+                              run.metadata())
 
 
 @public

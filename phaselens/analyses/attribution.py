@@ -22,7 +22,7 @@ from phaselens.analyses.scoring import model_logits
 from phaselens.contract.protocol import HookContext, PhaseModel, model_name
 from phaselens.core.errors import InputError, NotApplicableError
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result
+from phaselens.results.base import Result, renamed
 from phaselens.stats.by_residue import residue_mean_ci
 
 
@@ -31,18 +31,26 @@ class AttributionMap(Result):
     """Estimated change of the logit difference per ``[layer, head, residue]`` (mean over items, t CI).
 
     ``spearman`` is the rank correlation with an exact :class:`~phaselens.analyses.maps.PhaseMap`'s
-    ``delta_logit_diff`` over the same cells, when one was given. ``items`` ``[N, layer, head]`` holds the
+    ``delta_logit_diff`` over the same cells, when one was given. ``values`` ``[N, layer, head]`` holds the
     per-item estimates, ``residue`` ``[N]``.
     """
+
+    LEVELS = ("residue", "phase")
+    COLUMNS = {
+        "residue": ("quantity", "layer", "head", "residue", "phase", "value", "ci_low", "ci_high"),
+        "phase": ("quantity", "layer", "head", "phase", "value", "ci_low", "ci_high", "boundary"),
+    }
 
     estimate: Labelled
     spearman: float | None
     method: str
     stride: int
     modulus: int
-    items: np.ndarray
+    values: np.ndarray
     residue: np.ndarray
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    items = renamed("items", "values", "`items` is the per-item frame in every result; these are arrays")
 
     def per_residue(self) -> pd.DataFrame:
         """Tidy rows per (layer, head, residue): ``value`` with ``ci_low`` / ``ci_high``."""
@@ -52,7 +60,7 @@ class AttributionMap(Result):
 
     def per_phase(self) -> pd.DataFrame:
         """The same per (layer, head, phase): residues folded mod S."""
-        m, lo, hi = residue_mean_ci(self.items, self.residue % self.stride, self.stride)
+        m, lo, hi = residue_mean_ci(self.values, self.residue % self.stride, self.stride)
         c = self.estimate.coords
         lab = Labelled(m, ("layer", "head", "phase"), {"layer": c["layer"], "head": c["head"],
                                                        "phase": np.arange(self.stride)}, lo, hi, name=self.estimate.name)

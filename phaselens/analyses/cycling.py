@@ -58,6 +58,12 @@ class GateCyclingResult(Result):
         evals: the :class:`~phaselens.evaluate.PhaseEval` of each delta (0: the unmodified model).
     """
 
+    LEVELS = ("residue", "phase")
+    COLUMNS = {
+        "residue": ("residue", "phase", "n", "correct", "acc", "ci_low", "ci_high", "nll", "delta"),
+        "phase": ("phase", "n", "correct", "acc", "ci_low", "ci_high", "boundary", "delta", "predicted"),
+    }
+
     frame: pd.DataFrame
     r2: float
     r2_all: float

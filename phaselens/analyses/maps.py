@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,10 +18,10 @@ from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result
+from phaselens.results.base import Result, renamed
 from phaselens.runtime.planning import MapPlan, plan_map
 from phaselens.stats import benjamini_hochberg
-from phaselens.stats.effects import Effects, mcnemar_p, relative_effects
+from phaselens.stats.effects import EFFECT_COLUMNS, Effects, mcnemar_p, relative_effects
 from phaselens.stats.specialization import specialization
 
 KINDS = ("head", "kv_head", "layer")
@@ -51,18 +52,26 @@ class PhaseMap(Result):
     Attributes:
         cells: one row per cell (``label``, ``kind``, ``layer``, ``index``, ``heads``).
         effects: :class:`~phaselens.stats.effects.Effects` ``[cells, residues]``: relative accuracy change (percent)
-            with bootstrap CIs and exact McNemar p-values.
-        clean_correct, clean_logit_diff: ``[N]``; ko_correct, ko_logit_diff: ``[cells, N]``; residue: ``[N]``
-            (the item-level outcomes).
+            with bootstrap CIs and exact McNemar p-values; ``phase_effects`` ``[cells, phases]`` the same with
+            residues folded mod S (the same resampling).
+        correct, logit_diff: ``[N]`` clean outcomes; correct_ko, logit_diff_ko: ``[cells, N]`` with each cell
+            knocked out; residue: ``[N]`` (the item-level outcomes, named as in every result).
         stride, modulus, method, metadata.
     """
 
+    LEVELS = ("residue", "phase")
+    COLUMNS = {
+        "residue": ("label", "kind", "layer", "index", "residue", "phase", *EFFECT_COLUMNS),
+        "phase": ("label", "kind", "layer", "index", "phase", *EFFECT_COLUMNS, "boundary"),
+    }
+
     cells: pd.DataFrame
     effects: Effects
-    clean_correct: np.ndarray
-    ko_correct: np.ndarray
-    clean_logit_diff: np.ndarray
-    ko_logit_diff: np.ndarray
+    phase_effects: Effects
+    correct: np.ndarray
+    correct_ko: np.ndarray
+    logit_diff: np.ndarray
+    logit_diff_ko: np.ndarray
     residue: np.ndarray
     stride: int
     modulus: int
@@ -102,32 +111,39 @@ class PhaseMap(Result):
         return Labelled(out, ("layer", dim, "residue"), {"layer": layers, dim: np.arange(n_idx), "residue": res},
                         olo if lo is not None else None, ohi if hi is not None else None, name=quantity)
 
-    def by_phase(self, kind: str = "head", *, n_bootstrap: int | None = None) -> pd.DataFrame:
-        """Residues folded mod S, one row per cell and phase: pooled clean / KO accuracy, relative change
-        with its bootstrap CI (``n_bootstrap`` resamples; default the map's own), McNemar p and the
-        logit-difference change."""
+    clean_correct = renamed("clean_correct", "correct", "item outcomes are named alike in every result")
+    ko_correct = renamed("ko_correct", "correct_ko", "item outcomes are named alike in every result")
+    clean_logit_diff = renamed("clean_logit_diff", "logit_diff", "item outcomes are named alike in every result")
+    ko_logit_diff = renamed("ko_logit_diff", "logit_diff_ko", "item outcomes are named alike in every result")
+
+    def _phase_frame(self, kind: str) -> pd.DataFrame:
+        """Residues folded mod S, one row per cell of ``kind`` and phase (from ``phase_effects``)."""
         sel = self._select(kind)
         idx = sel.index.to_numpy()
         S = self.stride
-        args = self.metadata.get("arguments", {})
-        e = relative_effects(self.clean_correct, self.ko_correct[idx], self.residue % S, S,
-                             clean_ld=self.clean_logit_diff, ko_ld=self.ko_logit_diff[idx],
-                             n_bootstrap=int(args.get("n_bootstrap", 500) if n_bootstrap is None else n_bootstrap),
-                             seed=int(args.get("seed", 0)))
+        e = self.phase_effects
         C = len(idx)
         return pd.DataFrame({
             "label": np.repeat(sel["label"].to_numpy(), S), "kind": kind, "layer": np.repeat(sel["layer"].to_numpy(), S),
             "index": np.repeat(sel["index"].to_numpy(), S), "phase": np.tile(np.arange(S), C), "n": np.tile(e.n, C),
-            "clean_acc": np.tile(e.clean_acc, C), "ko_acc": e.ko_acc.ravel(), "rel_change": e.rel_change.ravel(),
-            "ci_low": e.ci_low.ravel(), "ci_high": e.ci_high.ravel(), "pvalue": e.pvalue.ravel(),
-            "delta_logit_diff": e.delta_logit_diff.ravel(), "undefined": e.undefined.ravel(),
+            "clean_acc": np.tile(e.clean_acc, C), "ko_acc": e.ko_acc[idx].ravel(), "rel_change": e.rel_change[idx].ravel(),
+            "ci_low": e.ci_low[idx].ravel(), "ci_high": e.ci_high[idx].ravel(), "pvalue": e.pvalue[idx].ravel(),
+            "delta_logit_diff": e.delta_logit_diff[idx].ravel(), "undefined": e.undefined[idx].ravel(),
             "boundary": np.tile(np.arange(S) == S - 1, C),
         }).query("n > 0").reset_index(drop=True)  # phases with items (all, unless residues=... was passed)
 
     def per_phase(self, kind: str | None = None) -> pd.DataFrame:
-        """:meth:`by_phase` for one ``kind`` of cell, or every kind present (``None``)."""
+        """Residues folded mod S, one row per cell and phase: pooled clean / KO accuracy, relative change
+        with its bootstrap CI, McNemar p and the logit-difference change; for one ``kind`` of cell, or every
+        kind present (``None``)."""
         kinds = [kind] if kind else [k for k in KINDS if (self.cells["kind"] == k).any()]
-        return pd.concat([self.by_phase(k) for k in kinds], ignore_index=True)
+        return pd.concat([self._phase_frame(k) for k in kinds], ignore_index=True)
+
+    def by_phase(self, kind: str = "head") -> pd.DataFrame:
+        """Deprecated: :meth:`per_phase` (one name for one level in every result)."""
+        warnings.warn("PhaseMap.by_phase(kind) is now PhaseMap.per_phase(kind); the old name will be removed.",
+                      DeprecationWarning, stacklevel=2)
+        return self.per_phase(kind)
 
     def bh_mask(self, alpha: float = 0.05, kind: str | None = None) -> np.ndarray:
         """Benjamini-Hochberg significance over the cells x residues p-values: bool ``[cells, residues]``."""
@@ -156,10 +172,10 @@ class PhaseMap(Result):
         sel = self._select(kind)
         idx = sel.index.to_numpy()
         seed = int(self.metadata.get("arguments", {}).get("seed", 0))
-        sp = specialization(self.clean_correct, self.ko_correct[idx], self.residue % self.stride, self.stride,
+        sp = specialization(self.correct, self.correct_ko[idx], self.residue % self.stride, self.stride,
                             n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed)
-        p_total = mcnemar_p(self.clean_correct[None], self.ko_correct[idx])
-        harmful = self.ko_correct[idx].mean(1) < self.clean_correct.mean()
+        p_total = mcnemar_p(self.correct[None], self.correct_ko[idx])
+        harmful = self.correct_ko[idx].mean(1) < self.correct.mean()
         sig = (benjamini_hochberg(p_total) <= alpha) & harmful & (benjamini_hochberg(sp.p_perm) <= alpha)
         out = pd.DataFrame({
             "label": sel["label"].to_numpy(), "layer": sel["layer"].to_numpy(), "index": sel["index"].to_numpy(),
@@ -179,7 +195,7 @@ class PhaseMap(Result):
     def top_heads(self, phase: int, k: int = 5, kind: str = "head", by: str = "rel_change") -> pd.DataFrame:
         """The ``k`` cells whose knockout hurts ``phase`` most: most negative ``by`` (``rel_change`` or
         ``delta_logit_diff``); cells with an undefined value sort last."""
-        ph = self.by_phase(kind)
+        ph = self.per_phase(kind)
         return ph[ph["phase"] == phase].sort_values(by, na_position="last").head(k).reset_index(drop=True)
 
     def per_residue(self) -> pd.DataFrame:
@@ -289,10 +305,13 @@ class Map(Analysis):
         clean_correct = clean["correct"].to_numpy().astype(bool)
         residue = clean["residue"].to_numpy()
         o = run.options
-        eff = relative_effects(clean_correct, ko_correct, residue, run.modulus,
-                               clean_ld=clean["logit_diff"].to_numpy(), ko_ld=ko_ld, n_bootstrap=o.n_bootstrap,
-                               seed=o.seed)
-        return PhaseMap(self.cells, eff, clean_correct, ko_correct, clean["logit_diff"].to_numpy(), ko_ld, residue,
+
+        def effects(groups: np.ndarray, n_groups: int) -> Effects:
+            return relative_effects(clean_correct, ko_correct, groups, n_groups, clean_ld=clean["logit_diff"].to_numpy(),
+                                    ko_ld=ko_ld, n_bootstrap=o.n_bootstrap, seed=o.seed)
+
+        return PhaseMap(self.cells, effects(residue, run.modulus), effects(residue % run.stride, run.stride),
+                        clean_correct, ko_correct, clean["logit_diff"].to_numpy(), ko_ld, residue,
                         run.stride, run.modulus, self.method, run.model.dims.n_layers, run.model.dims.n_heads,
                         run.metadata())
 

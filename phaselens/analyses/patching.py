@@ -35,7 +35,7 @@ from phaselens.core.checks import as_float
 from phaselens.core.errors import InputError
 from phaselens.core.heads import Head, parse_heads
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result
+from phaselens.results.base import Result, renamed
 from phaselens.runtime.engines import Cell
 from phaselens.runtime.world import world
 from phaselens.stats.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
@@ -56,8 +56,18 @@ class PatchResult(Result):
         recovery: ``Labelled[layer, head, residue]`` with 95% bootstrap CIs (items resampled per residue).
         undefined: ``[layer, head, residue]`` bool; m_clean, m_corrupt: ``[residue]``; m_patched:
             ``[layer, head, residue]`` (group means of the logit difference).
-        item_clean, item_corrupt: ``[N]``, item_patched: ``[heads, N]``, residue: ``[N]`` (per-item values).
+        logit_diff, logit_diff_corrupt: ``[N]`` (clean and corrupted items), logit_diff_patched:
+            ``[heads, N]``, residue: ``[N]`` (per-item values, named as in every result).
+        residue_frame, phase_frame: the tidy levels, computed once with the run's resampling.
     """
+
+    LEVELS = ("residue", "phase")
+    COLUMNS = {
+        "residue": ("layer", "head", "residue", "phase", "n", "recovery", "ci_low", "ci_high", "undefined",
+                    "m_clean", "m_corrupt", "m_patched"),
+        "phase": ("layer", "head", "phase", "n", "recovery", "ci_low", "ci_high", "undefined", "m_clean",
+                  "m_corrupt", "m_patched", "boundary"),
+    }
 
     recovery: Labelled
     undefined: np.ndarray
@@ -68,41 +78,26 @@ class PatchResult(Result):
     direction: str
     stride: int
     modulus: int
-    item_clean: np.ndarray
-    item_corrupt: np.ndarray
-    item_patched: np.ndarray
+    logit_diff: np.ndarray
+    logit_diff_corrupt: np.ndarray
+    logit_diff_patched: np.ndarray
     residue: np.ndarray
+    residue_frame: pd.DataFrame
+    phase_frame: pd.DataFrame
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def _frame(self, groups: np.ndarray, n_groups: int, level: str) -> pd.DataFrame:
-        args = self.metadata.get("arguments", {})
-        rec, lo, hi, und, mc, mx, mp = recovery(self.item_clean, self.item_corrupt, self.item_patched, groups,
-                                                n_groups, self.direction, float(args.get("eps", EPS_DENOM)),
-                                                n_bootstrap=int(args.get("n_bootstrap", 500)),
-                                                seed=int(args.get("seed", 0)))
-        K = len(self.heads)
-        g = np.arange(n_groups)
-        out = pd.DataFrame({
-            "layer": np.repeat([h.layer for h in self.heads], n_groups),
-            "head": np.repeat([h.head for h in self.heads], n_groups),
-            level: np.tile(g, K), "n": np.tile(group_counts(groups, n_groups), K),
-            "recovery": rec.ravel(), "ci_low": lo.ravel(), "ci_high": hi.ravel(), "undefined": und.ravel(),
-            "m_clean": np.tile(mc, K), "m_corrupt": np.tile(mx, K), "m_patched": mp.ravel(),
-        })
-        if level == "residue":
-            out.insert(3, "phase", out["residue"] % self.stride)
-        else:
-            out["boundary"] = out["phase"] == self.stride - 1
-        return out[out["n"] > 0].reset_index(drop=True)
+    item_clean = renamed("item_clean", "logit_diff", "per-item values are named alike in every result")
+    item_corrupt = renamed("item_corrupt", "logit_diff_corrupt", "per-item values are named alike in every result")
+    item_patched = renamed("item_patched", "logit_diff_patched", "per-item values are named alike in every result")
 
     def per_residue(self) -> pd.DataFrame:
         """Tidy rows per (layer, head, residue): recovery with its CI, ``undefined``, and the group means
         M_clean / M_corrupt / M_patched."""
-        return self._frame(self.residue, self.modulus, "residue")
+        return self.residue_frame.copy()
 
     def per_phase(self) -> pd.DataFrame:
         """The same per (layer, head, phase): residues folded mod S."""
-        return self._frame(self.residue % self.stride, self.stride, "phase")
+        return self.phase_frame.copy()
 
     def summary(self) -> str:
         v = self.recovery.values
@@ -114,6 +109,27 @@ class PatchResult(Result):
         from phaselens import plots
 
         return plots.patch_heatmap(self, **kwargs)
+
+
+def recovery_frame(heads: Sequence[Head], stats: tuple[np.ndarray, ...], groups: np.ndarray, n_groups: int,
+                   level: str, stride: int) -> pd.DataFrame:
+    """Tidy rows per (layer, head, group) of :func:`recovery`'s output ``stats`` (``level``: ``"residue"`` or
+    ``"phase"``)."""
+    rec, lo, hi, und, mc, mx, mp = stats
+    K = len(heads)
+    g = np.arange(n_groups)
+    out = pd.DataFrame({
+        "layer": np.repeat([h.layer for h in heads], n_groups),
+        "head": np.repeat([h.head for h in heads], n_groups),
+        level: np.tile(g, K), "n": np.tile(group_counts(groups, n_groups), K),
+        "recovery": rec.ravel(), "ci_low": lo.ravel(), "ci_high": hi.ravel(), "undefined": und.ravel(),
+        "m_clean": np.tile(mc, K), "m_corrupt": np.tile(mx, K), "m_patched": mp.ravel(),
+    })
+    if level == "residue":
+        out.insert(3, "phase", out["residue"] % stride)
+    else:
+        out["boundary"] = out["phase"] == stride - 1
+    return out[out["n"] > 0].reset_index(drop=True)
 
 
 def recovery(item_clean: np.ndarray, item_corrupt: np.ndarray, item_patched: np.ndarray, groups: np.ndarray,
@@ -222,8 +238,13 @@ class Patching(Analysis):
         res = run.batch.frame["residue"].to_numpy()
         M, o = run.modulus, run.options
         L, H = run.model.dims.n_layers, run.model.dims.n_heads
-        rec, lo, hi, und_k, mc, mx, mp_k = recovery(self.item_clean, self.item_corrupt, patched, res, M,
-                                                     self.direction, self.eps, n_bootstrap=o.n_bootstrap, seed=o.seed)
+
+        def stats(groups: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+            return recovery(self.item_clean, self.item_corrupt, patched, groups, n, self.direction, self.eps,
+                            n_bootstrap=o.n_bootstrap, seed=o.seed)
+
+        by_residue, by_phase = stats(res, M), stats(res % run.stride, run.stride)
+        rec, lo, hi, und_k, mc, mx, mp_k = by_residue
         li = np.array([h.layer for h in self.parsed], dtype=int)
         hi_ = np.array([h.head for h in self.parsed], dtype=int)
 
@@ -235,8 +256,10 @@ class Patching(Analysis):
         coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
         lab = Labelled(grid(rec), ("layer", "head", "residue"), coords, grid(lo), grid(hi),
                        name=f"{self.direction}_recovery")
+        frames = (recovery_frame(self.parsed, by_residue, res, M, "residue", run.stride),
+                  recovery_frame(self.parsed, by_phase, res % run.stride, run.stride, "phase", run.stride))
         return PatchResult(lab, grid(und_k, False), mc, mx, grid(mp_k), self.parsed, self.direction, run.stride, M,
-                           self.item_clean, self.item_corrupt, patched, res, run.metadata())
+                           self.item_clean, self.item_corrupt, patched, res, *frames, run.metadata())
 
 
 @public

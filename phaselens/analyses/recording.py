@@ -22,7 +22,7 @@ from phaselens.contract.protocol import HookContext, PhaseModel
 from phaselens.core.errors import NotApplicableError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result
+from phaselens.results.base import Result, renamed
 from phaselens.stats.by_residue import residue_mean_ci
 
 READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "entries", "local", "sink")
@@ -46,7 +46,7 @@ class Recording(Result):
         concentration: ``Labelled[layer, path, kv_head, measure]`` with ``measure`` in
             (``static``: exp(H(E[alpha])), ``per_window``: E[exp(H(alpha))]), each between 1 and W.
         stride, modulus, n_items, metadata.
-        items: per-item values behind the means: ``{quantity: [N, layer, head]}`` (read side) and
+        values: per-item values behind the means: ``{quantity: [N, layer, head]}`` (read side) and
             ``{"gate_key" | "gate_value": [N, compressed layer, kv_head]}``; residue: ``[N]``.
     """
 
@@ -58,11 +58,17 @@ class Recording(Result):
     stride: int
     modulus: int
     n_items: int
-    items: dict[str, np.ndarray] = field(default_factory=dict)
+    values: dict[str, np.ndarray] = field(default_factory=dict)
     residue: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     metadata: dict[str, Any] = field(default_factory=dict)
 
     LEVELS = ("residue", "phase", "model")
+    items = renamed("items", "values", "`items` is the per-item frame in every result; these are arrays")
+    COLUMNS = {
+        "residue": ("quantity", "layer", "residue", "phase", "value", "ci_low", "ci_high"),
+        "phase": ("quantity", "layer", "phase", "value", "ci_low", "ci_high", "boundary"),
+        "model": ("quantity", "layer", "value"),
+    }
 
     def per_residue(self) -> pd.DataFrame:
         """Every per-residue quantity (read side and target gate weights) as tidy rows: ``quantity``, its
@@ -79,7 +85,7 @@ class Recording(Result):
         """The same quantities with residues folded mod S (means over each phase's items, t intervals)."""
         phase = self.residue % self.stride
         parts = []
-        for name, arr in self.items.items():
+        for name, arr in self.values.items():
             m, lo, hi = residue_mean_ci(arr, phase, self.stride)  # [a, b, S]
             lab = self.read.get(name) or (self.gate_key if name == "gate_key" else self.gate_value)
             dims = (*lab.dims[:-1], "phase")
@@ -94,7 +100,7 @@ class Recording(Result):
     def per_model(self) -> pd.DataFrame:
         """Quantities without a residue axis: gate profiles by offset and gate concentration."""
         parts = [lab.to_frame() for lab in (self.gate_profile, self.concentration) if lab is not None]
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(self.COLUMNS["model"]))
 
     def summary(self) -> str:
         lay = self.read["local"].coords["layer"].tolist()
@@ -359,7 +365,7 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
     residue = frame["residue"].to_numpy()
     M = int(batch.modulus)
     n = len(frame)
-    items: dict[str, np.ndarray] = {}
+    values: dict[str, np.ndarray] = {}
     coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
     read: dict[str, Labelled] = {}
     names = READ_QUANTITIES + tuple(q for q in ("key_token", "value_token") if any(k[0] == q for k in acc.read))
@@ -369,12 +375,12 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
             vals = acc.read.get((q, layer))
             per_layer.append(torch.cat(vals).numpy() if vals else np.full((n, H), np.nan))
         arr = np.stack(per_layer, 1)  # [N, L, H]
-        items[q] = arr
+        values[q] = arr
         m, lo, hi = residue_mean_ci(arr, residue, M)
         read[q] = Labelled(m, ("layer", "head", "residue"), coords, lo, hi, name=f"mass_{q}")
     comp_layers = [i for i, s in enumerate(specs) if s is not None]
     if not comp_layers or not acc.profile_sum:
-        return Recording(read, None, None, None, None, stride, M, n, items, residue, meta)
+        return Recording(read, None, None, None, None, stride, M, n, values, residue, meta)
     paths = sorted({p for (_, p) in acc.profile_sum})
     Hkv = int(cfg.n_key_value_heads)
     gk, gv = [], []
@@ -384,10 +390,10 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
             # mean over the k/v paths: [N, Hkv]; NaN when no entry completed in any recorded call
             out.append(np.nanmean(np.stack(per_path), 0) if per_path else np.full((n, Hkv), np.nan))
     gcoords = {"layer": np.array(comp_layers), "kv_head": np.arange(Hkv), "residue": np.arange(M)}
-    items["gate_key"], items["gate_value"] = np.stack(gk, 1), np.stack(gv, 1)
-    mk, lk, hk = residue_mean_ci(items["gate_key"], residue, M)
+    values["gate_key"], values["gate_value"] = np.stack(gk, 1), np.stack(gv, 1)
+    mk, lk, hk = residue_mean_ci(values["gate_key"], residue, M)
     gate_key = Labelled(mk, ("layer", "kv_head", "residue"), gcoords, lk, hk, name="gate_key")
-    mv, lv, hv = residue_mean_ci(items["gate_value"], residue, M)
+    mv, lv, hv = residue_mean_ci(values["gate_value"], residue, M)
     gate_value = Labelled(mv, ("layer", "kv_head", "residue"), gcoords, lv, hv, name="gate_value")
     W = max(s.window for s in specs if s is not None)
     prof = np.full((len(comp_layers), len(paths), Hkv, W), np.nan)
@@ -408,4 +414,4 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
     gate_profile = Labelled(prof, ("layer", "path", "kv_head", "offset"), pcoords, name="gate_profile")
     ccoords = {**{k: pcoords[k] for k in ("layer", "path", "kv_head")}, "measure": np.array(["static", "per_window"])}
     concentration = Labelled(conc, ("layer", "path", "kv_head", "measure"), ccoords, name="gate_concentration")
-    return Recording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n, items, residue, meta)
+    return Recording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n, values, residue, meta)

@@ -57,6 +57,11 @@ class RepairTable(Result):
         return str(r["shifts"]), str(r["combine"])
 
     LEVELS = ("residue", "phase", "rule")
+    COLUMNS = {
+        "residue": ("shifts", "combine", "residue", "phase", "n", "correct", "acc", "ci_low", "ci_high", "nll"),
+        "phase": ("shifts", "combine", "phase", "n", "correct", "acc", "ci_low", "ci_high", "boundary"),
+        "rule": ("shifts", "combine", "cost"),
+    }
 
     def per_rule(self) -> pd.DataFrame:
         """One row per (shift set, combining rule) and the baseline (the summary table)."""

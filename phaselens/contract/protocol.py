@@ -28,7 +28,9 @@ from phaselens.core.errors import InputError, NotApplicableError, UnsupportedMod
 
 # analysis_metadata keys that record what runs observed (they grow as a model runs), not what the model is:
 # results carry them, fingerprints leave them out (a checkpoint must resume on the same model after a run).
-OBSERVED_METADATA = frozenset({"max_entries_seen", "index_topk_binding", "candidate_filter_binding"})
+OBSERVED_METADATA = frozenset(
+    {"max_entries_seen", "index_topk_binding", "index_topk_fragile_picks", "candidate_filter_binding"}
+)
 
 
 HookFn = Callable[..., Tensor | None]

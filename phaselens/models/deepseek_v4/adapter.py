@@ -59,6 +59,11 @@ class DeepSeekV4Adapter:
         default_task: the task analyses use when none is passed (``None``: pass one).
         indexer_picks: ``{layer: [B, n, k]}`` indexer picks of the last call's query rows, kept for the CSA
             layers whose ``index_topk`` truncated the entries (see :class:`IndexTopKWarning`).
+        indexer_fragile: ``{layer: share}`` for the same layers: the share of those picks that score within
+            rounding (half the model dtype's epsilon, relative) of the best entry left out, so that a
+            rounding-sized change could swap them. Their mean over layers is
+            ``analysis_metadata["index_topk_fragile_picks"]`` (docs/deepseek_v4.md: in bf16 it predicts the
+            share of picks on which the adapter and DeepSeek's reference disagree).
     """
 
     def __init__(
@@ -77,6 +82,7 @@ class DeepSeekV4Adapter:
         self.default_task: Any = None
         self.chunk = chunk
         self.indexer_picks: dict[int, Tensor] = {}
+        self.indexer_fragile: dict[int, float] = {}
         self._geometry = geometry
         self._cfg = build_cfg(model, geometry)
         self._stride = analysis_stride
@@ -230,6 +236,7 @@ class DeepSeekV4Adapter:
         """Warn when an indexer keeps fewer entries than exist at length ``T``; return the layers to record
         (the binding ones)."""
         self.indexer_picks = {}
+        self.indexer_fragile = {}
         if not self._csa_layers:
             return ()
         rate = int(self._cfg.compress_rates["compressed_sparse_attention"])
@@ -254,6 +261,16 @@ class DeepSeekV4Adapter:
         return binding
 
     def _hooked_call(self, kwargs: dict[str, Any], run: RunInfo, topk_layers: tuple[int, ...]) -> Any:
+        fragile: dict[int, tuple[int, int]] = {}
+        out = self._hooked_forward(kwargs, run, topk_layers, fragile if topk_layers else None)
+        shares = {layer: f / n for layer, (f, n) in sorted(fragile.items()) if n}
+        if shares:
+            self.indexer_fragile = shares
+            self._metadata["index_topk_fragile_picks"] = sum(shares.values()) / len(shares)
+        return out
+
+    def _hooked_forward(self, kwargs: dict[str, Any], run: RunInfo, topk_layers: tuple[int, ...],
+                        fragile: dict[int, tuple[int, int]] | None) -> Any:
         resolved = self._merged_hooks()
         record = self.indexer_picks if topk_layers else None
         module_plan = [
@@ -262,7 +279,8 @@ class DeepSeekV4Adapter:
         use_nnsight = self._backend == "nnsight" and (bool(module_plan) or self._remote)
         if not use_nnsight:
             with torch_sites(
-                self.model, self._points, resolved, run, record_topk=record, topk_layers=topk_layers
+                self.model, self._points, resolved, run, record_topk=record, topk_layers=topk_layers,
+                record_fragile=fragile,
             ):
                 return self.model(**kwargs)
         n_heads = self._cfg.n_heads
@@ -281,6 +299,7 @@ class DeepSeekV4Adapter:
             skip=MODULE_SITES,
             record_topk=record,
             topk_layers=topk_layers,
+            record_fragile=fragile,
         ):
             return run_traced(self.model, self._envoy, kwargs, module_plan, run, n_heads=n_heads)
 

@@ -9,9 +9,12 @@ them (optionally prefilled in chunks, see :mod:`.prefill`):
   (``T // S`` rows of ``head_dim``), in CSA layers the indexer's keys (``T // S`` rows of ``index_head_dim``),
   and the compressors' unfinished block and overlap half (a few rows);
 * ``attention``: the largest attention-probability tensor one call builds, ``[B, H, n, keys]`` with
-  ``keys = cached window + n + entries``. Eager attention holds a few transient tensors of this size at once
-  (logits, masked logits, softmax), so budget about four times it;
-* ``logits``: the returned logits, ``[B, T, vocab]`` (or ``[B, query_len, vocab]`` with ``logits="query"``).
+  ``keys = cached window + n + entries``, in the model dtype. Eager attention holds a few transient tensors of
+  this size at once (logits, masked logits, softmax), so budget about four times it; under
+  ``numerics="reference"`` in half precision the scores and their exponentials are fp32, as in DeepSeek's
+  kernel: budget about five times;
+* ``logits``: the returned logits, ``[B, T, vocab]`` (or ``[B, query_len, vocab]`` with ``logits="query"``),
+  fp32 when the head runs in fp32 (``numerics="reference"``).
 
 Sizes are the tensors' own (``numel * itemsize``); a window slice may keep the storage of its last call's
 concatenation (up to one chunk more rows) alive.
@@ -80,8 +83,8 @@ def estimate_memory(
     attention = max(_probs(hf, geometry, start, stop, batch) for start, stop in calls)
     emb = hf.get_input_embeddings().weight
     rows = tokens if logits == "all" else plan.query[1] - plan.query[0]
-    head_dtype = hf.lm_head.weight.dtype
-    n_logits = batch * rows * int(hf.config.vocab_size) * _size(head_dtype)
+    head = 4 if isinstance(hf.lm_head, Fp32Projection) else _size(hf.lm_head.weight.dtype)
+    n_logits = batch * rows * int(hf.config.vocab_size) * head
     cache = sum(_cache_bytes(hf, g, int(tokens), batch, emb.dtype) for g in geometry) if plan.prefix else 0
     return MemoryEstimate(
         int(tokens), batch, chunk, plan.query[1] - plan.query[0], weights, cache, attention, n_logits
