@@ -458,11 +458,19 @@ def _write_zoo_dir(d, overwrite):
     save_zoo_model(d, MODELS[0], batch, {"name": "w4s4"}, overwrite=overwrite)
 
 
-WRITERS = {"model": _write_model, "report": _write_report, "csv": _write_csv, "checkpoint": _write_checkpoint,
+def _write_result(d, overwrite):
+    from phaselens.analyses.cycling import GateCyclingResult
+
+    frame = pd.DataFrame({"delta": [1], "phase": [0], "observed": [0.5], "predicted": [0.5], "boundary": [False]})
+    GateCyclingResult(frame, 0.5, 0.5, {1: 0.5}, np.ones(4), 4).save(d / "result.phaselens", overwrite=overwrite)
+
+
+WRITERS = {"result": _write_result, "model": _write_model, "report": _write_report, "csv": _write_csv, "checkpoint": _write_checkpoint,
            "cache": _write_cache, "train_state": _write_train_state, "zoo": _write_zoo_dir}
 NAMES = ["notes.txt", "figures/mine.png", "figures/top.png", "figures", "index.html", "results.json",
          "config.json", "model.safetensors", "card.json", "sub/data.csv", "out.csv", "map.ckpt", "w4s4.json",
-         "train_state.json", "train_state.safetensors", "headline.csv", "eval_batch.safetensors"]
+         "train_state.json", "train_state.safetensors", "headline.csv", "eval_batch.safetensors",
+         "result.phaselens"]
 
 
 def _user_files_vs_a_writer(data, root) -> None:

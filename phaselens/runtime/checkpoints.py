@@ -288,7 +288,7 @@ class CellCheckpoint:
 
 
 # ---- finished results (caches) ----------------------------------------------------------------------------
-RESULT_FORMAT = "phaselens.result/1"
+RESULT_FORMAT = "phaselens.cache/1"
 
 
 def _is_cache_entry(path: Path) -> bool:
