@@ -52,7 +52,7 @@ def _drop(root: Path, name: str) -> None:
 
 
 def v41_packed_load(tmp: Path) -> dict:
-    from tests.deepseek_v41 import write_tiny_checkpoint
+    from tests.support.deepseek_v41 import write_tiny_checkpoint
 
     root = write_tiny_checkpoint(tmp / "v41")
     with warnings.catch_warnings():
@@ -71,7 +71,7 @@ def v41_packed_load(tmp: Path) -> dict:
 
 def v4_load_cuda(tmp: Path) -> dict:
     try:
-        from tests.deepseek import tiny_v4_model
+        from tests.support.deepseek import tiny_v4_model
     except ImportError as err:
         return {"ok": True, "skipped": f"no deepseek_v4 in this transformers ({err})"}
     import transformers

@@ -36,7 +36,7 @@ def main() -> None:
     p.add_argument("--layer", type=int, default=3)
     p.add_argument("--embed-std", type=float, default=1.0)
     a = p.parse_args()
-    from deepseek_v41 import write_tiny_checkpoint
+    from tests.support.deepseek_v41 import write_tiny_checkpoint
 
     q = None if a.quantize == "none" else a.quantize
     with tempfile.TemporaryDirectory() as tmp:

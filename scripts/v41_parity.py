@@ -6,7 +6,7 @@ for revision dba1be0a they are ``4e9ae236...6f65`` and ``11f35ecb...3897``). The
 
 Two sources of weights:
 
-* ``--tiny``: a tiny random checkpoint in the official layout, written by ``tests/deepseek_v41.py`` (FP8 / FP4
+* ``--tiny``: a tiny random checkpoint in the official layout, written by ``tests/support/deepseek_v41.py`` (FP8 / FP4
   weights, Engram tables, a 128-token tokenizer built in code), run on CPU. The official ``kernel.py`` is
   TileLang / CUDA (and V4.1's is not public), so the reference runs on ``scripts/v41_reference_kernels.py``,
   a CPU emulation of its kernel API (see that file for its options).
@@ -376,7 +376,7 @@ def main() -> None:
     hashes = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in sorted(a.reference.glob("*.py"))}
     with tempfile.TemporaryDirectory() as tmp:
         if a.tiny:
-            from deepseek_v41 import write_tiny_checkpoint
+            from tests.support.deepseek_v41 import write_tiny_checkpoint
 
             ckpt = write_tiny_checkpoint(Path(tmp) / "tiny-v41", engram=True, embed_std=a.embed_std, **TINY)
         else:

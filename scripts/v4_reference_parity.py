@@ -5,9 +5,9 @@
 ``PATH/TO/inference`` is a local copy of DeepSeek-V4's ``inference/`` directory (``model.py``; the released
 checkpoints ship it, and GitHub ``Mockingjay1316/deepseek-v4-flash-spark`` holds a byte-identical copy in its
 first commit with real files). Nothing is downloaded; phaselens vendors none of it. ``kernel.py`` (TileLang,
-CUDA only) is replaced by the CPU emulations of ``tests/deepseek_reference.py`` (see ``scripts/v4_reference``).
+CUDA only) is replaced by the CPU emulations of ``tests/support/deepseek_reference.py`` (see ``scripts/v4_reference``).
 
-The model: the 4-layer test V4 of ``tests/deepseek.py`` (sliding, CSA 4, HCA 16, CSA 4) at the smallest sizes
+The model: the 4-layer test V4 of ``tests/support/deepseek.py`` (sliding, CSA 4, HCA 16, CSA 4) at the smallest sizes
 the quantization blocks admit (``head_dim`` 80 with 16 RoPE dims, ``index_head_dim`` 32), 8 indexer heads,
 one hash-routed layer with distinct random experts per token, a random expert-selection bias, and the
 embedding scaled x50 so that the residual dominates as in a trained model (at x1 a random V4 is chaotic in
@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from v4_reference import loader, ops  # noqa: E402
 
 from phaselens.models.deepseek_v4 import IndexTopKWarning, from_hf  # noqa: E402
-from tests.deepseek import QUANTIZABLE, tiny_v4_model  # noqa: E402
+from tests.support.deepseek import QUANTIZABLE, tiny_v4_model  # noqa: E402
 
 
 def build(seed: int, layers_hash: int = 1) -> tuple[torch.nn.Module, torch.nn.Module]:

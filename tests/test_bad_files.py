@@ -22,7 +22,7 @@ from phaselens.core.errors import (
     PhaseLensError,
     UnsupportedModelError,
 )
-from tests.conftest import LAYOUTS, make_model
+from tests.support.models import LAYOUTS, make_model
 
 MODEL = make_model(LAYOUTS["w4s4-scalar"])
 NULL = object()  # an edit returning this writes the JSON literal null
@@ -159,7 +159,7 @@ def test_a_failed_zero_length_append_leaves_the_cache_usable():
 # ---- hf: directories (a tiny transformers DeepSeek-V4 written once per module) ------------------------------
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    from tests.deepseek import tiny_v4_model
+    from tests.support.deepseek import tiny_v4_model
 
     d = tmp_path_factory.mktemp("hf") / "ckpt"
     tiny_v4_model().save_pretrained(d)
@@ -275,7 +275,7 @@ def test_a_v4_config_override_is_checked_and_named_as_an_argument(hf_dir):
 
 @pytest.fixture(scope="module")
 def v41_dir(tmp_path_factory):
-    from tests.deepseek_v41 import write_tiny_checkpoint
+    from tests.support.deepseek_v41 import write_tiny_checkpoint
 
     return write_tiny_checkpoint(tmp_path_factory.mktemp("v41") / "ckpt")
 
@@ -331,7 +331,7 @@ def _malformed(tmp_path, cut):
     from safetensors import safe_open
     from safetensors.numpy import load_file, save_file
 
-    from tests.conftest import task_model
+    from tests.support.models import task_model
 
     model, path = task_model(), tmp_path / "ev.ckpt"
     kw = dict(n_per_residue=1, progress=False, n_bootstrap=0, n_permutations=1, checkpoint=path)

@@ -32,7 +32,7 @@ from phaselens.presentation.reporting.write import write_report
 from phaselens.runtime.checkpoints import ResultCache, safetensors_metadata
 from phaselens.runtime.files import recover_dir
 from phaselens.train.loop import TrainSettings, train
-from tests.conftest import LAYOUTS, make_model, task_model
+from tests.support.models import LAYOUTS, make_model, task_model
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fault tests fork a writer")
 
@@ -324,13 +324,13 @@ TRAIN = TrainSettings(steps=10, batch_size=4, lr=3e-3, warmup=2, checkpoint_ever
 
 
 def batch_fn(b, seed):
-    from tests.conftest import tiny_task
+    from tests.support.models import tiny_task
 
     return tiny_task().sample_training_batch(b, seed)
 
 
 def train_writer(run):
-    from tests.test_train import CFG
+    from tests.train.test_loop import CFG
 
     def work(tick):
         files.FAULT_HOOK = _chain(files.FAULT_HOOK, lambda p: tick() if p == "file:replaced" else None)
@@ -340,7 +340,7 @@ def train_writer(run):
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
-    from tests.test_train import CFG
+    from tests.train.test_loop import CFG
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -352,7 +352,7 @@ def reference_run(tmp_path_factory):
 
 @pytest.mark.parametrize("mode", ["random", "between"])
 def test_train_state_killed(tmp_path, reference_run, one_thread, mode):
-    from tests.test_train import CFG
+    from tests.train.test_loop import CFG
 
     run = tmp_path / "run"
     saved = user_files(run)
@@ -452,7 +452,7 @@ def _write_train_state(d, overwrite):
 
 def _write_zoo_dir(d, overwrite):
     from phaselens.train.zoo import save_zoo_model
-    from tests.conftest import tiny_task
+    from tests.support.models import tiny_task
 
     batch = tiny_task().build(phaselens.PhaseSpec(4), n_per_residue=1, seed=0)
     save_zoo_model(d, MODELS[0], batch, {"name": "w4s4"}, overwrite=overwrite)

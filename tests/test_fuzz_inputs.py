@@ -25,7 +25,7 @@ from phaselens.core import errors as E
 from phaselens.presentation.cli import app
 from phaselens.tasks import KVRecall
 from phaselens.train.loop import TrainSettings
-from tests.conftest import task_model, tiny_task
+from tests.support.models import task_model, tiny_task
 
 FAST = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 SLOW = settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))

@@ -5,7 +5,7 @@ the per-offset bias), rolling them by delta should move the accuracy profile wit
 ``A_delta(p) ~ A_0((p - delta) mod S)`` (science.md §3). The payload maps stay fixed.
 
 R^2 of that prediction comes with a bootstrap interval over items (:func:`r2_bootstrap_ci`); its coverage is
-checked by simulation in ``tests/test_cycling.py`` and tabulated in docs/mechanism.md.
+checked by simulation in ``tests/analyses/test_cycling.py`` and tabulated in docs/mechanism.md.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 phaselens vendors none of DeepSeek's code. The user points :func:`import_reference` at a local directory that
 holds the reference ``model.py`` (DeepSeek-V4-Flash's ``inference/`` folder, or a byte-identical copy); its
 ``kernel.py`` is not imported (TileLang, CUDA only). Instead the names ``model.py`` imports from it are the
-CPU emulations in ``tests/deepseek_reference.py``, chosen per run by :func:`use_kernels`:
+CPU emulations in ``tests/support/deepseek_reference.py``, chosen per run by :func:`use_kernels`:
 
 * ``quant``: ``"none"`` (no rounding; what the adapter computes with ``quantize=None``), ``"published"``
   (the simulation as ``kernel.py`` is written: ``act_quant(inplace=True)`` casts through the input's bf16, so
