@@ -142,7 +142,7 @@ class _Accumulator:
                 for i, v in enumerate(values):
                     out["/".join([name, *map(str, key), str(i)])] = v.numpy()
         for key, n in self.count.items():
-            out["/".join(["count", *map(str, key)])] = np.asarray(n)
+            out["/".join(["count", *map(str, key)])] = np.asarray([n])  # 1-d: safetensors keeps its shape
         return out
 
     @staticmethod
@@ -155,7 +155,7 @@ class _Accumulator:
                 store, *key = name.split("/")
                 if store == "count":
                     k = (int(key[0]), key[1])
-                    out.count[k] = out.count.get(k, 0) + int(value)
+                    out.count[k] = out.count.get(k, 0) + int(np.asarray(value).sum())
                     continue
                 *key, call = key
                 typed = tuple(int(x) if x.lstrip("-").isdigit() else x for x in key)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import phaselens
@@ -102,3 +103,40 @@ def test_repair_table_resumes_item_blocks_and_refuses_another_run(model, tmp_pat
     for other in (dict(combines=("vote",)), dict(shift_sets=("all",)), dict(batch_size=6), dict(pad_id=1)):
         with pytest.raises(CheckpointError, match="different computation"):
             phaselens.repair_table(model, **{**kw, **other}, checkpoint=ckpt)
+
+
+# ---- every analysis with checkpoint= resumes through the one pipeline --------------------------------------
+RESUMABLE = {
+    # analysis, its Analysis class (whose compute is interrupted), the result's per-item arrays to compare
+    "evaluate": (lambda m, **k: phaselens.evaluate(m, **k, n_permutations=20, n_bootstrap=20),
+                 "phaselens.analyses.evaluation:Evaluation", lambda r: r.items[["correct", "logit_diff", "nll"]]),
+    "record": (lambda m, **k: phaselens.record(m, **k), "phaselens.analyses.recording:Record",
+               lambda r: pd.concat([r.to_frame("residue"), r.to_frame("model")], ignore_index=True)),
+    "attribution_map": (lambda m, **k: phaselens.attribution_map(m, **k, method="zero"),
+                        "phaselens.analyses.attribution:Attribution", lambda r: r.to_frame("residue")),
+    "gate_cycling_test": (lambda m, **k: phaselens.gate_cycling_test(m, **k, deltas=(1, -1), n_bootstrap=20),
+                          "phaselens.analyses.cycling:GateCycling", lambda r: r.to_frame("phase")),
+}
+
+
+@pytest.mark.parametrize("name", list(RESUMABLE))
+def test_every_checkpointed_analysis_resumes_to_the_uninterrupted_result(model, tmp_path, monkeypatch, name):
+    run, where, frame = RESUMABLE[name]
+    module, cls = where.split(":")
+    analysis = getattr(importlib.import_module(module), cls)
+    kw = dict(**KW, progress=False)
+    plain = run(model, **kw)
+    ckpt = tmp_path / f"{name}.ckpt"
+    resumed = interrupted_then_resumed(monkeypatch, lambda: run(model, **kw, checkpoint=ckpt), analysis, "compute", 2)
+    (shard,) = [s for s in resumed.metadata["shards"] if s["resumed"]]
+    assert len(shard["resumed"]) == 2 and shard["by_rank"][0]  # two units read back, the rest computed
+    a, b = frame(plain), frame(resumed)
+    assert list(a.columns) == list(b.columns)
+    for col in a.columns:
+        x, y = a[col].to_numpy(), b[col].to_numpy()
+        if x.dtype.kind in "biuf":
+            assert np.array_equal(x, y, equal_nan=True), col
+        else:
+            assert list(map(str, x)) == list(map(str, y)), col
+    with pytest.raises(CheckpointError, match="different computation"):
+        run(model, **{**kw, "seed": 1}, checkpoint=ckpt)
