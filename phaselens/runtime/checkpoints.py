@@ -140,28 +140,37 @@ def tensor_mismatch(missing: list[str], unexpected: list[str], wrong: list[str],
 
 def malformed_cells(done: Mapping[str, Any], fields: tuple[str, ...] | None,
                     shapes: Mapping[str, Any] | None = None) -> str:
-    """What is wrong with a checkpoint's arrays, or ``""``: every array numeric and not a scalar; with
-    ``fields``, within a cell the fields cover one number of items (their last axis), each field has the
-    leading shape and dtype the writer recorded in ``shapes`` (``field: [leading shape, dtype]``, in the
-    header), and the items axis of an item block (``"items a-b"``) holds ``b - a + 1`` items."""
+    """What is wrong with a checkpoint's arrays, or ``""``: every array numeric; with ``fields`` and the
+    ``shapes`` its writer recorded in the header (``field: [ndim, dtype, [size, or None where cells differ]]``),
+    each field's arrays have that number of axes, that dtype and those sizes."""
     if fields is None:  # cells of named arrays (their shapes are the analysis's own): numeric, that is all
         bad = [f"{c}/{k}" for c, arrays in done.items() for k, a in arrays.items() if a.dtype.kind not in "biuf"]
         return f"{bad[0]} is not numeric" if bad else ""
     for label, arrays in done.items():
-        if any(a.dtype.kind not in "biuf" or a.ndim == 0 for a in arrays):
-            return f"cell {label!r} holds a non-numeric or scalar array"
-        if len({a.shape[-1] for a in arrays}) > 1:
-            return f"cell {label!r}: its fields {fields} cover different numbers of items"
-        if label.startswith("items ") and label[6:].replace("-", "", 1).isdigit():
-            lo, hi = (int(x) for x in label[6:].split("-"))
-            if arrays[0].shape[-1] != hi - lo + 1:
-                return f"cell {label!r} holds {arrays[0].shape[-1]} items where its label says {hi - lo + 1}"
+        if any(a.dtype.kind not in "biuf" for a in arrays):
+            return f"cell {label!r} holds a non-numeric array"
         for f, a in zip(fields, arrays):
             want = (shapes or {}).get(f)
-            if want is not None and (list(a.shape[:-1]) != list(want[0]) or str(a.dtype) != want[1]):
-                return (f"field {f!r} of cell {label!r} is {a.dtype} {a.shape}, where phaselens wrote "
-                        f"{want[1]} [{', '.join(map(str, want[0] + ['items']))}]")
+            if want is None:
+                continue
+            ndim, dtype, sizes = want
+            if a.ndim != ndim or str(a.dtype) != dtype or any(s is not None and s != n for s, n in zip(sizes, a.shape)):
+                shown = ", ".join("*" if s is None else str(s) for s in sizes)
+                return f"field {f!r} of cell {label!r} is {a.dtype} {a.shape}, where phaselens wrote {dtype} [{shown}]"
     return ""
+
+
+def field_shapes(done: Mapping[str, tuple[np.ndarray, ...]], fields: tuple[str, ...]) -> dict[str, Any]:
+    """What :func:`malformed_cells` checks on load: per field, its number of axes, its dtype, and each axis's
+    size where every cell has the same (``None`` where they differ, e.g. the items of the last block)."""
+    out: dict[str, Any] = {}
+    for i, f in enumerate(fields):
+        arrays = [cell[i] for cell in done.values()]
+        first = arrays[0]
+        sizes = [n if all(a.ndim == first.ndim and a.shape[k] == n for a in arrays) else None
+                 for k, n in enumerate(first.shape)]
+        out[f] = [first.ndim, str(first.dtype), sizes]
+    return out
 
 
 # ---- finished cells (maps) --------------------------------------------------------------------------------
@@ -281,8 +290,7 @@ class CellCheckpoint:
         manifest = {"fingerprint": self.fingerprint, "fields": None if self.fields is None else list(self.fields),
                     "cells": list(self.done)}
         if self.fields is not None and self.done:  # what each field's arrays look like (a load checks it)
-            first = next(iter(self.done.values()))
-            manifest["shapes"] = {f: [list(a.shape[:-1]), str(a.dtype)] for f, a in zip(self.fields, first)}
+            manifest["shapes"] = field_shapes(self.done, self.fields)
         meta = {"format": CELLS_FORMAT, "manifest": json.dumps(manifest)}
         atomic_write_file(self.path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
