@@ -89,6 +89,11 @@ class Attribution(Analysis):
 
     def check(self, model: Any, options: Common) -> None:
         self.method = check_method(self.method, ("mean", "zero"))
+        if torch.is_inference_mode_enabled():
+            raise NotApplicableError(
+                "attribution_map needs gradients, but it was called inside torch.inference_mode(), which forbids "
+                "them; call it outside that block (torch.no_grad() around it is fine: attribution_map enables "
+                "gradients itself, and fills no parameter's .grad).")
 
     def prepare(self, run: Run) -> None:
         L, H = run.model.dims.n_layers, run.model.dims.n_heads
@@ -114,8 +119,13 @@ class Attribution(Analysis):
         b = len(qp)
         kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-        def keep(z: torch.Tensor, hook: HookContext, _qp: torch.Tensor = qp, _kept: dict = kept) -> None:
+        def keep(z: torch.Tensor, hook: HookContext, _qp: torch.Tensor = qp, _kept: dict = kept) -> Any:
+            if not z.requires_grad:  # frozen weights (requires_grad=False): the gradient starts at z itself
+                z = z.detach().requires_grad_()
+                _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
+                return z  # the same values, now on the gradient path
             _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
+            return None
 
         with torch.enable_grad():
             logits = model_logits(model, tokens, qp, [(z_name(layer), keep) for layer in range(L)])
@@ -127,14 +137,16 @@ class Attribution(Analysis):
             zs = [kept[layer][0] for layer in range(L)]
             if not all(z.requires_grad for z in zs) or not ld.requires_grad:
                 raise NotApplicableError(
-                    f"{model_name(model)} passes its hooks tensors that carry no gradient to the logits (e.g. the "
-                    "DeepSeek-V4 adapter's nnsight backend); run attribution_map with backend='torch'."
+                    f"{model_name(model)} passes its hooks tensors that are not on the gradient path of its logits "
+                    "(copies, as the DeepSeek-V4 adapter's nnsight backend makes); load the model with "
+                    "backend='torch' for attribution_map."
                 )
             grads = torch.autograd.grad(ld.sum(), zs, allow_unused=True)
             if any(g is None for g in grads):
                 raise NotApplicableError(
-                    f"{model_name(model)}'s hooked z is not on the gradient path of its logits (e.g. the "
-                    "DeepSeek-V4 adapter's nnsight backend); run attribution_map with backend='torch'."
+                    f"{model_name(model)}'s hooked z is not on the gradient path of its logits (copies, as the "
+                    "DeepSeek-V4 adapter's nnsight backend makes); load the model with backend='torch' for "
+                    "attribution_map."
                 )
         per_layer = []
         for layer in range(L):

@@ -256,11 +256,11 @@ def knockout(
             :class:`Calibration`; default: items of the model's task built with a disjoint seed.
     """
     from phaselens.contract.protocol import check_model
-    from phaselens.core.checks import as_int
+    from phaselens.core.checks import MAX_SEED, as_int
 
     check_model(model)
     method = check_method(method)
-    seed = as_int("seed", seed, minimum=0)
+    seed = as_int("seed", seed, minimum=0, maximum=MAX_SEED)
     parsed = parse_heads(heads, model.dims)
     cal = None if method == "zero" else calibrate(model, calibration, sorted(by_layer(parsed)), task=task)
     return Knockout(model, parsed, method, _check_positions(positions), cal, seed)

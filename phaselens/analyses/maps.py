@@ -166,7 +166,8 @@ class PhaseMap(Result):
         :mod:`phaselens.stats.specialization`. ``score`` (specialization x damage at the worst phase) ranks the
         cells: the table is sorted by it, so a head with negligible damage never heads it. ``significant``:
         a harmful total effect (pooled McNemar, Benjamini-Hochberg at ``alpha`` across cells) and phase
-        dependence (``p_perm``, BH at ``alpha``).
+        dependence (``p_perm``, BH at ``alpha``). A cell whose knockout damages no phase has no
+        specialization: ``specialization`` and its interval are NaN and ``note`` says ``"no damage"``.
         """
         sel = self._select(kind)
         idx = sel.index.to_numpy()
@@ -182,6 +183,7 @@ class PhaseMap(Result):
             "raw_index": sp.raw, "null_mean": sp.null_mean, "worst_phase": sp.worst_phase,
             "worst_damage": sp.worst_damage, "mean_damage": sp.mean_damage, "score": sp.score,
             "p_total": p_total, "significant": sig,
+            "note": np.where(sp.worst_damage > 0, "", "no damage"),
         })
         return out.sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
 
@@ -246,6 +248,9 @@ class Map(Analysis):
             raise InputError(f"plan must be True or False, got {self.plan!r}.")
         self.used = choose_engine(model, self.engine)
         self.cells = map_cells(model.dims, tuple(self.kinds))
+
+    def prices_only(self) -> bool:
+        return bool(self.plan)
 
     def dry_run(self, run: Run) -> MapPlan | None:
         if not self.plan:

@@ -100,6 +100,11 @@ class OutputError(PhaseLensError):
     holding files phaselens did not write (pass ``overwrite=True`` to replace only phaselens's own files)."""
 
 
+class ResourceError(PhaseLensError):
+    """A run that would not fit in the memory available, priced before anything is allocated (or an
+    allocation that failed); says the largest ``n_per_residue`` or ``batch_size`` that fits."""
+
+
 class NonFiniteError(PhaseLensError):
     """A forward pass whose logits hold NaN or inf (usually a NaN/inf weight); names the first layer whose
     output is non-finite."""
@@ -138,6 +143,7 @@ __all__ = [
     "PhaseLensError",
     "RankError",
     "ResidueError",
+    "ResourceError",
     "StatsInputError",
     "TaskError",
     "UnsupportedModelError",

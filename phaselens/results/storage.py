@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.core.errors import CheckpointError, InputError
+from phaselens.core.errors import CheckpointError, InputError, OutputError
 
 FORMAT = "phaselens.result/1"
 
@@ -124,24 +124,26 @@ def _hashable(key: Any) -> Any:
 
 def save_result(result: Any, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write ``result`` to ``path`` (one file, written beside and renamed into place); an existing file is
-    replaced only with ``overwrite=True`` and only if phaselens wrote it as a result."""
+    replaced only with ``overwrite=True`` and only if phaselens wrote it as a result (its header proves it:
+    the ownership rule of :mod:`phaselens.runtime.files`). Refusals, and what the OS refuses (a full disk, a
+    permission), are :class:`~phaselens.core.errors.OutputError`."""
     from safetensors.numpy import save_file
 
-    from phaselens.runtime.files import atomic_write_file
+    from phaselens.runtime.files import write_owned_file
 
     path = Path(path)
     if path.is_dir():
-        raise InputError(f"{path} is a directory; pass a file path such as {str(path / 'result.phaselens')!r}.")
-    if path.exists():
-        if not overwrite:
-            raise InputError(f"{path} exists; pass overwrite=True to replace it (only a result phaselens saved).")
-        if _format(path) != FORMAT:
-            raise InputError(f"{path} exists and is not a phaselens result; phaselens never replaces a file it did "
-                             "not write: pass another path.")
+        raise OutputError(f"{path} is a directory; pass a file path such as {str(path / 'result.phaselens')!r}.")
+    if os.path.lexists(path) and not overwrite:
+        raise OutputError(f"{path} exists; pass overwrite=True to replace it (only a result phaselens saved).")
+    if os.path.lexists(path) and _format(path) != FORMAT:
+        raise OutputError(f"{path} exists and is not a phaselens result; phaselens never replaces a file it did "
+                          "not write: pass another path.")
     w = _Writer()
     skeleton = w.encode(result)
     meta = {"format": FORMAT, "skeleton": json.dumps(skeleton)}
-    atomic_write_file(path, lambda tmp: save_file(w.arrays, str(tmp), metadata=meta))
+    write_owned_file(path, lambda tmp: save_file(w.arrays, str(tmp), metadata=meta), by="result",
+                     proves=lambda p: _format(p) == FORMAT, record=False)
     return path
 
 

@@ -167,3 +167,21 @@ def test_planted_gate_weakness_moves_with_delta_on_the_overlap_layout():
     wrong_acc = phaselens.evaluate(wrong, n_per_residue=8, seed=0, batch_size=192, progress=False, n_permutations=1,
                                    n_bootstrap=0).per_phase()["acc"].to_numpy()
     assert not dips_at(wrong_acc, (q, q + 1))
+
+
+def test_an_undefined_r2_states_no_finding():
+    """The observed accuracy does not vary over phases: R^2 is NaN, and neither the summary nor the figure
+    says the weak phases did or did not move."""
+    import pandas as pd
+
+    from phaselens import plots
+    from phaselens.analyses.cycling import GateCyclingResult
+
+    frame = pd.DataFrame({"delta": [1] * 4, "phase": range(4), "observed": [1.0] * 4, "predicted": [1.0] * 4,
+                          "boundary": [False, False, False, True]})
+    res = GateCyclingResult(frame, float("nan"), float("nan"), {1: 1.0}, np.ones(4), 4)
+    text = res.summary()
+    assert "undefined" in text and "cannot tell" in text and "did not move" not in text and "nan" not in text
+    assert "cannot tell" in plots.r2_note(res.r2)
+    title = plots.gate_cycling_scatter(res).layout.title.text
+    assert "undefined" in title and "nan" not in title

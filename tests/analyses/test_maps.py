@@ -64,15 +64,18 @@ def test_specialization_index_definition(exact):
     ph = exact.per_phase("head")
     for row in si.itertuples():
         dmg = np.clip(-np.nan_to_num(ph[ph["label"] == row.label]["rel_change"].to_numpy()) / 100, 0, None)
-        if dmg.sum() == 0:
-            assert row.raw_index == 0 and row.score == 0
+        if dmg.sum() == 0:  # no damage: the index is undefined (NaN), never 0 or negative
+            assert np.isnan(row.raw_index) and np.isnan(row.specialization) and np.isnan(row.ci_low)
+            assert row.note == "no damage" and row.worst_phase == -1 and row.score == 0
             continue
+        assert row.note == ""
         q = dmg / dmg.sum()
         ent = -(q[q > 0] * np.log(q[q > 0])).sum()
         assert row.raw_index == pytest.approx(1 - ent / np.log(4))
         assert row.specialization == pytest.approx((row.raw_index - row.null_mean) / (1 - row.null_mean))
         assert row.worst_damage == pytest.approx(dmg.max()) and row.score == pytest.approx(
             max(row.specialization, 0) * dmg.max())
+    assert (si["note"] == "no damage").any()  # this map has undamaged heads, so the branch above ran
     assert list(si["score"]) == sorted(si["score"], reverse=True)  # ranked by score
     strict = exact.specialization_index(alpha=1e-12, n_bootstrap=0)
     assert not strict["significant"].any()

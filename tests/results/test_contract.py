@@ -76,7 +76,7 @@ def test_result_contract(results, name, tmp_path):
                 assert [str(v) for v in x] == [str(v) for v in y], (level, col)
     assert back.metadata == res.metadata
     assert phaselens.results.load(path).__class__ is type(res)
-    with pytest.raises(phaselens.InputError, match="overwrite=True"):
+    with pytest.raises(phaselens.OutputError, match="overwrite=True"):  # one error class for every refused write
         res.save(path)
     res.save(path, overwrite=True)
 
@@ -84,7 +84,7 @@ def test_result_contract(results, name, tmp_path):
 def test_save_never_replaces_a_file_phaselens_did_not_write(results, tmp_path):
     mine = tmp_path / "notes.txt"
     mine.write_text("my notes")
-    with pytest.raises(phaselens.InputError, match="never replaces"):
+    with pytest.raises(phaselens.OutputError, match="never replaces"):
         results["PhaseEval"].save(mine, overwrite=True)
     assert mine.read_text() == "my notes"
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import phaselens
-from phaselens import CheckpointError
+from phaselens import CheckpointError, OutputError
 from phaselens.runtime.checkpoints import CellCheckpoint, ResultCache, read_json, safetensors_metadata
 from tests.support.models import task_model
 
@@ -99,11 +99,16 @@ def test_result_cache_returns_only_matching_complete_entries(tmp_path):
     cache.put("w4s4", "fp1", {"section": "table", "seconds": 1.5})
     assert cache.get("w4s4", "fp1") == {"section": "table", "seconds": 1.5}
     assert cache.get("w4s4", "fp2") is None  # another model or setting: recompute
-    cache.path("w4s4").write_text('{"fingerprint": "fp1", "resu')  # damaged: a miss, recomputed and replaced
+    cache.put("w4s4", "fp2", {"section": "other"})  # its own entry: replaced
+    assert cache.get("w4s4", "fp2") == {"section": "other"}
+    cache.path("w4s4").write_text('{"fingerprint": "fp1", "resu')  # damaged after writing: a miss ...
     assert cache.get("w4s4", "fp1") is None
+    with pytest.raises(OutputError, match="w4s4.json"):  # ... and no longer provably phaselens's: kept
+        cache.put("w4s4", "fp1", {"section": "again"})
+    cache.path("w4s4").unlink()
     cache.put("w4s4", "fp1", {"section": "again"})
     assert cache.get("w4s4", "fp1") == {"section": "again"}
-    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["w4s4.json"]
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [".phaselens-manifest.json", "w4s4.json"]
     with pytest.raises(ValueError, match="plain file stem"):
         cache.path("../escape")
     (tmp_path / "afile").write_text("x")

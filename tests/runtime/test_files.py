@@ -28,6 +28,11 @@ def snapshot(path):
     return path.read_bytes(), st.st_ino, st.st_mtime_ns
 
 
+def listing(folder):
+    """The names in ``folder`` (phaselens's manifest left out: it is phaselens's own record)."""
+    return sorted(p.name for p in folder.iterdir() if p.name != files.MANIFEST)
+
+
 def same_weights(a, b):
     return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
 
@@ -61,10 +66,10 @@ def test_save_into_a_directory_with_user_files_is_refused_and_deletes_nothing(tm
     model = phaselens.load("zoo:w4s4")
     with pytest.raises(OutputError, match=r"notes\.txt.*overwrite=True"):
         model.save(out)
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "sub"]
+    assert listing(out) == ["notes.txt", "sub"]
     model.save(out, overwrite=True)  # replaces only the checkpoint's own files
     assert snapshot(out / "notes.txt") == before and (out / "sub" / "data.csv").read_text() == "1,2"
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt", "sub"]
+    assert listing(out) == ["config.json", "model.safetensors", "notes.txt", "sub"]
     assert same_weights(phaselens.load(out), model)
     other = make_model(LAYOUTS["w4s4-scalar"], seed=5)
     other.save(out, overwrite=True)  # a second save replaces the first, still keeping the user's files
@@ -77,7 +82,7 @@ def test_resaving_a_checkpoint_needs_no_overwrite_and_drops_a_stale_card(tmp_pat
     b.save(tmp_path / "m")  # only a previous checkpoint there: replaced without overwrite=True
     loaded = phaselens.load(tmp_path / "m")
     assert same_weights(loaded, b) and loaded.metadata == {}  # a's card did not survive beside b's weights
-    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    assert listing(tmp_path / "m") == ["config.json", "model.safetensors"]
 
 
 def test_a_user_file_with_a_checkpoint_name_is_never_replaced(tmp_path):
@@ -87,7 +92,7 @@ def test_a_user_file_with_a_checkpoint_name_is_never_replaced(tmp_path):
     before = snapshot(out / "config.json")
     with pytest.raises(OutputError, match="config.json exists and was not written by phaselens"):
         make_model(LAYOUTS["w4s4-scalar"]).save(out, overwrite=True)
-    assert snapshot(out / "config.json") == before and sorted(p.name for p in out.iterdir()) == ["config.json"]
+    assert snapshot(out / "config.json") == before and listing(out) == ["config.json"]
 
 
 def test_a_file_at_the_target_is_refused(tmp_path):
@@ -159,7 +164,7 @@ def test_a_kill_between_renames_is_completed_by_load(tmp_path, kill_at, nth):
     assert any(p.name.startswith(files.COMMITTED) for p in target.iterdir())  # really interrupted mid-move
     loaded = phaselens.load(target)  # rolls the committed write forward
     assert same_weights(loaded, b) and loaded.metadata == {"which": "b"}
-    assert sorted(p.name for p in target.iterdir()) == ["card.json", "config.json", "model.safetensors", "notes.txt"]
+    assert listing(target) == ["card.json", "config.json", "model.safetensors", "notes.txt"]
     assert snapshot(target / "notes.txt") == before
 
 
@@ -203,10 +208,99 @@ def test_stages_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     assert not dead.exists() and live.exists()
 
 
-def test_empty_directory_and_unknown_kind(tmp_path):
+def test_empty_directory_and_a_kind_that_owns_only_what_its_manifest_lists(tmp_path):
     (tmp_path / "empty").mkdir()
-    nothing = DirKind("thing", lambda p: frozenset())
-    atomic_write_dir(tmp_path / "empty", lambda d: (d / "a.txt").write_text("a"), kind=nothing)
+    thing = DirKind("thing")  # no legacy rule: ownership comes from the manifest alone
+    atomic_write_dir(tmp_path / "empty", lambda d: (d / "a.txt").write_text("a"), kind=thing)
     assert (tmp_path / "empty" / "a.txt").read_text() == "a"
-    with pytest.raises(OutputError, match="a.txt"):  # a kind that owns nothing cannot replace anything
-        atomic_write_dir(tmp_path / "empty", lambda d: (d / "a.txt").write_text("b"), kind=nothing)
+    atomic_write_dir(tmp_path / "empty", lambda d: (d / "a.txt").write_text("b"), kind=thing)  # its own: replaced
+    assert (tmp_path / "empty" / "a.txt").read_text() == "b"
+    (tmp_path / "empty" / "a.txt").write_text("edited by hand")  # no longer what phaselens wrote: the user's now
+    with pytest.raises(OutputError, match="a.txt"):
+        atomic_write_dir(tmp_path / "empty", lambda d: (d / "a.txt").write_text("c"), kind=thing, overwrite=True)
+    assert (tmp_path / "empty" / "a.txt").read_text() == "edited by hand"
+    other = DirKind("other")  # another writer never takes thing's files for its own
+    with pytest.raises(OutputError, match="a.txt"):
+        atomic_write_dir(tmp_path / "empty", lambda d: (d / "b.txt").write_text("b"), kind=other)
+
+
+# ---- ownership comes from the manifest, never from a name or an extension (issue 24) ------------------------
+def _two_pngs(secs, folder):
+    folder.mkdir(exist_ok=True)
+    (folder / "top.png").write_bytes(b"\x89PNG phaselens top")
+    (folder / "map.png").write_bytes(b"\x89PNG phaselens map")
+    return "two PNGs"
+
+
+def test_a_user_png_in_the_reports_figures_survives_every_rerun(tmp_path):
+    # the issue's reproducer: figures/ held only .png files, so the whole folder was taken for the report's
+    out = tmp_path / "report"
+    write_report(out, "<html>1</html>", [], [], {"run": 1}, static=True, static_note_fn=_two_pngs)
+    (out / "figures" / "mine.png").write_bytes(b"\x89PNG my own figure")
+    before = snapshot(out / "figures" / "mine.png")
+    with pytest.raises(OutputError, match=r"figures/mine\.png"):  # without overwrite: refused, nothing touched
+        write_report(out, "<html>2</html>", [], [], {"run": 2}, static=True, static_note_fn=_two_pngs)
+    assert snapshot(out / "figures" / "mine.png") == before and (out / "index.html").read_text() == "<html>1</html>"
+    write_report(out, "<html>3</html>", [], [], {"run": 3}, static=True, static_note_fn=_two_pngs, overwrite=True)
+    assert snapshot(out / "figures" / "mine.png") == before and (out / "index.html").read_text() == "<html>3</html>"
+    assert listing(out / "figures") == ["map.png", "mine.png", "top.png"]
+    # a report without figures removes only its own PNGs; the folder stays for the user's
+    write_report(out, "<html>4</html>", [], [], {"run": 4}, static=False, static_note_fn=None, overwrite=True)
+    assert listing(out / "figures") == ["mine.png"] and snapshot(out / "figures" / "mine.png") == before
+
+
+def test_a_report_file_edited_by_hand_is_the_users(tmp_path):
+    out = tmp_path / "report"
+    write_report(out, "<html>1</html>", [], [], {"run": 1}, static=True, static_note_fn=_two_pngs)
+    (out / "figures" / "top.png").write_bytes(b"my retouched figure")  # same name, the user's bytes
+    with pytest.raises(OutputError, match=r"figures/top\.png"):
+        write_report(out, "<html>2</html>", [], [], {"run": 2}, static=True, static_note_fn=_two_pngs,
+                     overwrite=True)
+    assert (out / "figures" / "top.png").read_bytes() == b"my retouched figure"
+    # its own untouched files are still its own: without figures it rewrites them and keeps the user's
+    write_report(out, "<html>3</html>", [], [], {"run": 3}, static=False, static_note_fn=None, overwrite=True)
+    assert (out / "figures" / "top.png").read_bytes() == b"my retouched figure"
+    assert not (out / "figures" / "map.png").exists() and (out / "index.html").read_text() == "<html>3</html>"
+
+
+def test_a_folder_without_figures_of_its_own_is_never_emptied_by_name(tmp_path):
+    # a directory that looks like a report (its results.json lists it) but holds a figures/ folder of PNGs
+    # the user made: without a manifest, the folder is never taken for the report's
+    out = tmp_path / "old"
+    write_report(out, "<html>1</html>", [], [], {"run": 1}, static=False, static_note_fn=None)
+    (out / files.MANIFEST).unlink()  # as written before manifests existed
+    (out / "figures").mkdir()
+    (out / "figures" / "a.png").write_bytes(b"\x89PNG mine")
+    with pytest.raises(OutputError, match=r"figures/a\.png"):
+        write_report(out, "<html>2</html>", [], [], {"run": 2}, static=False, static_note_fn=None)
+    write_report(out, "<html>2</html>", [], [], {"run": 2}, static=False, static_note_fn=None, overwrite=True)
+    assert (out / "figures" / "a.png").read_bytes() == b"\x89PNG mine" and (out / "index.html").read_text() == "<html>2</html>"
+
+
+def test_a_file_a_user_puts_during_an_interrupted_update_is_kept(tmp_path, kill_at):
+    """Between the commit and the roll-forward (a kill, then a later recovery) the user puts a file where the
+    journal would place one, and edits a stale file it would remove: recovery keeps both, and the manifest
+    does not claim them."""
+    out = tmp_path / "report"
+    write_report(out, "<html>1</html>", [], [], {"run": 1}, static=True, static_note_fn=_two_pngs)
+    kill_at("dir:committed")
+    with pytest.raises(Killed):
+        write_report(out, "<html>2</html>", [], [], {"run": 2}, static=False, static_note_fn=None, overwrite=True)
+    (out / "index.html").write_text("the user's page")  # a path the journal will put
+    (out / "figures" / "map.png").write_bytes(b"edited")  # a stale file the journal will remove
+    assert recover_dir(out)
+    assert (out / "index.html").read_text() == "the user's page" and (out / "figures" / "map.png").read_bytes() == b"edited"
+    assert not (out / "figures" / "top.png").exists()  # its own stale file: removed
+    import phaselens.runtime.manifest as mf
+
+    owned = mf.owned_by(out, "report")
+    assert "index.html" not in owned and "figures/map.png" not in owned and "results.json" in owned
+
+
+def test_a_bf16_model_comes_back_as_bf16(tmp_path):
+    model = make_model(LAYOUTS["w8s4-deepseek"]).to(torch.bfloat16)
+    model.save(tmp_path / "m")
+    loaded = phaselens.load(tmp_path / "m")
+    assert {p.dtype for p in loaded.parameters()} == {torch.bfloat16}  # was float32 without a word
+    tokens = torch.randint(0, 61, (2, 13))
+    assert torch.equal(loaded(tokens), model(tokens))

@@ -82,3 +82,19 @@ def test_the_deepseek_adapter_names_its_layer():
 
     with pytest.raises(NonFiniteError, match=r"layer 2's \(model\.layers\.2\.self_attn\.q_a_proj\)"):
         model_logits(adapter, tokens, torch.tensor([11]))
+
+
+def test_the_message_names_the_bad_weight_or_an_fp16_overflow():
+    """A NaN weight is named; with every weight finite, a float16 model whose activations overflow 65504 is
+    told so (it was reported as 'a weight is NaN')."""
+    with pytest.raises(NonFiniteError, match=r"These weights hold NaN/inf: \['blocks\.1\.mlp\.W_in'\]"):
+        phaselens.evaluate(poisoned(), **KW)
+    big = task_model().half()
+    with torch.no_grad():
+        for p in big.parameters():
+            p.mul_(300)  # every weight finite in fp16, the activations are not
+    assert all(bool(torch.isfinite(p).all()) for p in big.parameters())
+    with pytest.raises(NonFiniteError, match=r"Every weight is finite, so an activation overflowed: float16 holds "
+                                             r"values up to 65504 only.*model\.float\(\)") as info:
+        phaselens.evaluate(big, **KW)
+    assert "weight (or the embedding" not in str(info.value)

@@ -76,3 +76,18 @@ def test_concentration_bounds():
     assert concentration(np.array([1.0, 1, 1, 1])) == pytest.approx(0)
     assert concentration(np.array([0.0, 0, 0.5, 0])) == pytest.approx(1)
     assert concentration(np.zeros(4)) == 0
+
+
+def test_a_knockout_that_damages_nothing_has_no_specialization():
+    """No phase damaged: the index is undefined (NaN), not the negative (0 - E[I_null]) / (1 - E[I_null]) that
+    read as 'anti-specialized' (-3.65 on w4s4), and not 0; its score is 0 and its worst phase -1."""
+    rng = np.random.default_rng(5)
+    clean, ko, phase = simulate(rng, 32, 2, np.array([0.8, 0.8, 0.8, 0.1]))
+    untouched = clean.copy()  # the knockout changes no answer
+    lost_noise = clean.copy()  # noise: one item lost at one phase and one gained elsewhere still damages
+    lost_noise[np.flatnonzero(clean & (phase == 2))[0]] = False
+    sp = specialization(clean, np.vstack([ko, untouched[None], lost_noise[None]]), phase, S, n_permutations=100,
+                        n_bootstrap=50, seed=1)
+    assert np.isnan(sp.specialization[2]) and np.isnan(sp.ci_low[2]) and np.isnan(sp.ci_high[2])
+    assert np.isnan(sp.raw[2]) and sp.worst_phase[2] == -1 and sp.score[2] == 0
+    assert np.isfinite(sp.specialization[[0, 1, 3]]).all() and sp.worst_phase[3] == 2

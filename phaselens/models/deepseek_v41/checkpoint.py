@@ -8,8 +8,10 @@ once from the shards, one shard at a time: peak memory is the packed model plus 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +31,7 @@ from phaselens.models.deepseek_v41.weights import (
     pack_from_headers,
     read_index,
 )
+from phaselens.runtime.checkpoints import check_tensor_names, read_json
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
            "fp64": torch.float64, "float64": torch.float64}
@@ -160,11 +163,11 @@ def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n
         raise InputError(f"weights must be 'packed' or 'dequantized', got {weights!r}.")
     if kernels not in ("auto", "torch"):
         raise InputError(f"kernels must be 'auto' or 'torch', got {kernels!r}.")
-    try:
-        raw = json.loads((root / "config.json").read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"{root / 'config.json'} is not valid JSON: {exc}.") from None
-    metadata: dict[str, Any] = {"checkpoint": str(root), "engram": "absent", "modifications": []}
+    raw = read_json(root / "config.json", fix="restore config.json from the checkpoint's source.")
+    digest = hashlib.sha256((root / "config.json").read_bytes()).hexdigest()
+    # the config's hash: two analyses of differently edited configs never pass for the same model
+    metadata: dict[str, Any] = {"checkpoint": str(root), "config_sha256": digest, "engram": "absent",
+                                "modifications": []}
     if n_layers is not None:
         raw = truncate_config(raw, n_layers)
         metadata.update(model_modified=True, modifications=[f"truncated to the first {n_layers} layers"])
@@ -186,6 +189,8 @@ def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n
                             chunk=chunk)
     keep = {"skip_engram": engram == "drop", "n_layers": config.num_hidden_layers}
     has_shards = any(root.glob("*.safetensors")) or (root / "model.safetensors.index.json").is_file()
+    if has_shards or need_weights:  # names checked against the dense layout, before a byte of weights is read
+        check_v41_weights(model, root, config, skip_engram=engram == "drop")
     index = read_index(root) if need_weights or has_shards else None
     if weights == "packed":
         if index is not None:
@@ -193,6 +198,68 @@ def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n
         else:
             pack_as_released(model)
     return model, index
+
+
+FIX = ("config.json and the weights disagree, or a shard is incomplete; restore both from the checkpoint's source "
+       "(download them again).")
+
+
+def check_v41_weights(model: DeepSeekV41, root: Path, config: V41Config, *, skip_engram: bool) -> None:
+    """The checkpoint's tensor names (read from its index or shard headers, no data) against the model the
+    config builds: first the layer roles the names imply (which layers compress, gate and index: a config
+    field that disagrees is named), then every name (:func:`~phaselens.runtime.checkpoints.check_tensor_names`).
+
+    What the weights cannot show is not checked: a compress ratio's value above 1 (2 and 4 give the same
+    tensors) and whether a layer that reuses another's KV is compressed at all (it owns no tensors of it).
+    """
+    from phaselens.models.deepseek_v41.weights import SKIP_PREFIXES, normalize, shard_map
+
+    n = config.num_hidden_layers
+    present = {normalize(k) for k in shard_map(root)}
+
+    def kept(name: str) -> bool:
+        layer = re.match(r"^layers\.(\d+)\.", name)
+        return not (name.startswith(SKIP_PREFIXES) or (skip_engram and ".engram." in name)
+                    or (layer is not None and int(layer[1]) >= n))
+
+    present = {p for p in present if kept(p)}
+    present -= {p for p in present if p.endswith(".scale") and p[: -len("scale")] + "weight" in present}
+    _check_roles(config, present, root)
+    expected: set[str] = set()
+    for key, param in model.named_parameters():
+        name = "layers." + key[len("blocks."):] if key.startswith("blocks.") else key
+        experts = re.match(r"^(layers\.\d+\.ffn\.experts)\.(w[123])$", name)
+        if experts:
+            expected |= {f"{experts[1]}.{e}.{experts[2]}.weight" for e in range(param.shape[0])}
+        else:
+            expected.add(name)
+    expected -= {e for e in expected if e.endswith(".scale") and e[: -len("scale")] + "weight" in expected}
+    check_tensor_names(dict.fromkeys(expected), dict.fromkeys(present), where=str(root), fix=FIX, shapes=False)
+
+
+def _check_roles(config: V41Config, present: set[str], root: Path) -> None:
+    """Which layers the weights make KV sources (a compressor), gated (``wgate``: ratio > 1) and index
+    sources (an indexer's queries), against ``kv_source_layer_ids``, ``compress_ratios`` and
+    ``index_source_layer_ids``."""
+    found = []
+    kv, idx = set(config.kv_source_layer_ids), set(config.index_source_layer_ids)
+    for layer in range(config.num_hidden_layers):
+        p = f"layers.{layer}.attn."
+        comp = any(x.startswith(p + "compressor.") for x in present)
+        gate = p + "compressor.wgate.weight" in present
+        query = p + "indexer.wq_b.weight" in present
+        if comp != (layer in kv):
+            found.append(f"layer {layer}'s weights {'hold' if comp else 'lack'} a compressor, but kv_source_layer_ids "
+                         f"{'omits' if comp else 'lists'} it")
+        elif comp and gate != (config.compress_ratios[layer] > 1):
+            found.append(f"layer {layer}'s compressor {'has' if gate else 'has no'} gate (wgate), which means a ratio "
+                         f"{'above' if gate else 'of'} 1, but compress_ratios[{layer}] is {config.compress_ratios[layer]}")
+        if query != (layer in idx):
+            found.append(f"layer {layer}'s weights {'hold' if query else 'lack'} an indexer, but index_source_layer_ids "
+                         f"{'omits' if query else 'lists'} it")
+    if found:
+        raise CheckpointError(f"{root / 'config.json'} disagrees with the weights: " + "; ".join(found[:4])
+                              + (f" (and {len(found) - 4} more)" if len(found) > 4 else "") + f". {FIX}")
 
 
 def truncate_config(raw: dict[str, Any], n_layers: int) -> dict[str, Any]:

@@ -17,7 +17,9 @@ from tests.support.models import LAYOUTS, make_model
 def test_save_load_round_trip_is_exact(tmp_path, name):
     model = make_model(LAYOUTS[name])
     model.save(tmp_path / "m")
-    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["config.json", "model.safetensors"]
+    # the checkpoint and phaselens's manifest of what it wrote (the ownership record, docs/files.md)
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == [".phaselens-manifest.json", "config.json",
+                                                                  "model.safetensors"]
     loaded = phaselens.load(tmp_path / "m")
     tokens = torch.randint(0, 61, (2, 19))
     assert torch.equal(loaded(tokens), model(tokens))
@@ -37,19 +39,22 @@ def _mutate_weights(path, fn):
 
 
 def test_missing_extra_and_misshapen_tensors_are_named(tmp_path):
-    make_model(LAYOUTS["w4s4-scalar"]).save(tmp_path / "m")
+    # each case in a fresh directory: a weights file edited by hand is no longer phaselens's to replace
+    make_model(LAYOUTS["w4s4-scalar"]).save(tmp_path / "m1")
     target = "blocks.0.attn.W_Q"
-    _mutate_weights(tmp_path / "m", lambda t: t.pop(target))
+    _mutate_weights(tmp_path / "m1", lambda t: t.pop(target))
     with pytest.raises(CheckpointError, match="missing tensor.*blocks.0.attn.W_Q"):
-        phaselens.load(tmp_path / "m")
-    make_model(LAYOUTS["w4s4-scalar"]).save(tmp_path / "m")
-    _mutate_weights(tmp_path / "m", lambda t: t.update(stray=torch.zeros(2)))
+        phaselens.load(tmp_path / "m1")
+    make_model(LAYOUTS["w4s4-scalar"]).save(tmp_path / "m2")
+    _mutate_weights(tmp_path / "m2", lambda t: t.update(stray=torch.zeros(2)))
     with pytest.raises(CheckpointError, match="unexpected tensor.*stray"):
-        phaselens.load(tmp_path / "m")
-    make_model(LAYOUTS["w4s4-scalar"]).save(tmp_path / "m")
-    _mutate_weights(tmp_path / "m", lambda t: t.update({target: torch.zeros(3, 3)}))
-    with pytest.raises(CheckpointError, match=r"blocks.0.attn.W_Q.*shape \(3, 3\)"):
-        phaselens.load(tmp_path / "m")
+        phaselens.load(tmp_path / "m2")
+    make_model(LAYOUTS["w4s4-scalar"]).save(tmp_path / "m3")
+    _mutate_weights(tmp_path / "m3", lambda t: t.update({target: torch.zeros(3, 3)}))
+    with pytest.raises(CheckpointError, match=r"blocks.0.attn.W_Q \(3, 3\) where the model needs"):
+        phaselens.load(tmp_path / "m3")
+    with pytest.raises(phaselens.OutputError, match="model.safetensors"):  # edited by hand: the user's now
+        make_model(LAYOUTS["w4s4-scalar"]).save(tmp_path / "m3", overwrite=True)
 
 
 def test_unknown_config_key_and_missing_files(tmp_path):
