@@ -271,7 +271,8 @@ class Compressor(nn.Module):
             pooled = rms_norm(pooled, self.norm_weight[path], self.spec.norm_eps)
         if self.rotated(path):
             positions = (first_entry + torch.arange(pooled.shape[1], device=pooled.device)) * self.stride
-            pooled = apply_rope(pooled, positions, self.inv_freq, attention_scaling=self.attention_scaling)
+            pooled = apply_rope(pooled, positions, self.inv_freq, attention_scaling=self.attention_scaling,
+                                style=self.rope_spec.style if self.rope_spec is not None else "interleaved")
         return pooled
 
     def compress_sequence(self, hidden: Float[Tensor, "batch pos d_model"]) -> dict[str, Tensor]:
@@ -337,7 +338,8 @@ class Compressor(nn.Module):
 
 def default_init_(module: nn.Module, std: float, generator: torch.Generator) -> None:
     """Deterministic init for a generator: normal weights (std, capped at 1/sqrt(fan_in)), zero biases and
-    position biases, unit gains for every RMSNorm (including the compressor's entry norms)."""
+    position biases, unit gains for every RMSNorm (including the compressor's entry norms and the QK-norms).
+    A tied embedding is drawn once (``named_parameters`` lists a shared parameter once)."""
     unit = set()
     for mod in module.modules():
         if type(mod).__name__ == "RMSNorm":
@@ -346,7 +348,7 @@ def default_init_(module: nn.Module, std: float, generator: torch.Generator) -> 
             unit.update(id(p) for p in mod.norm_weight.values())
     for name, p in module.named_parameters():
         with torch.no_grad():
-            if id(p) in unit:
+            if id(p) in unit or name.rsplit(".", 1)[-1] in ("q_norm", "k_norm"):
                 p.fill_(1.0)
             elif name.endswith("position_bias") or name.split(".")[-1].startswith("b_") or p.dim() < 2:
                 p.zero_()

@@ -54,6 +54,11 @@ def checkpoint_kind(extra: tuple[str, ...] = ()) -> DirKind:
     return DirKind("model checkpoint", owned)
 
 
+def tied_names(cfg: CompressedConfig) -> tuple[str, ...]:
+    """State-dict names that alias another parameter and are not stored (the tied unembedding)."""
+    return ("unembed.weight",) if cfg.tie_embeddings else ()
+
+
 def resolve_device(device: Any) -> torch.device:
     """``device`` as a ``torch.device``, refusing one this machine does not have (an :class:`InputError`
     that names the fix) instead of failing deep inside torch."""
@@ -79,6 +84,8 @@ def save_model(
 ) -> None:
     """Write the checkpoint directory ``path`` (see the module docstring for what is replaced)."""
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    for name in tied_names(model.config):
+        state.pop(name)  # stored once, under the name it is tied to (safetensors refuses shared tensors)
     config = {"format": FORMAT, "config": model.config.to_dict()}
     if model.default_task is not None and hasattr(model.default_task, "to_dict"):
         config["default_task"] = model.default_task.to_dict()
@@ -124,6 +131,8 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -
     model = CompressedTransformer(cfg)
     tensors = load_safetensors(path / WEIGHTS, fix=fix)
     expected = model.state_dict()
+    for name in tied_names(cfg):
+        expected.pop(name)
     missing = sorted(set(expected) - set(tensors))
     unexpected = sorted(set(tensors) - set(expected))
     if missing:
@@ -136,7 +145,7 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -
                 f"tensor {name!r} in {path / WEIGHTS} has shape {tuple(tensor.shape)}, "
                 f"but the config needs {tuple(expected[name].shape)}."
             )
-    model.load_state_dict(tensors, strict=True)
+    model.load_state_dict(tensors, strict=not tied_names(cfg))
     if raw.get("default_task") is not None:
         from phaselens.tasks import task_from_dict
 
