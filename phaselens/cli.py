@@ -337,7 +337,7 @@ def train(
     out: Annotated[str, typer.Option("--out", metavar="DIR", help="Directory that receives the model directory.")]
     = "zoo-out",
     runs: Annotated[str | None, typer.Option("--runs", metavar="DIR", help=(
-        "Where resumable checkpoints (and a family run's log.json) live [default: runs/zoo, runs/family].")
+        "Where resumable checkpoints (and a family run's log.json) live (default: runs/zoo, runs/family).")
     )] = None,
     steps: Annotated[int | None, typer.Option(
         "--steps", metavar="N", min=1,
@@ -348,28 +348,28 @@ def train(
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
     size: Annotated[str | None, typer.Option("--size", metavar="SIZE", help=(
-        f"{FAMILY_HELP} The backbone's size: tiny, small, base or 0.6b (Qwen3-0.6B) [default: tiny].")
+        f"{FAMILY_HELP} The backbone's size: tiny, small, base or 0.6b (Qwen3-0.6B) (default: tiny).")
     )] = None,
     plan: Annotated[bool, typer.Option("--plan", help=(
         f"{FAMILY_HELP} Print what the run costs (parameters, tokens, 6ND FLOPs, memory per GPU under FSDP, "
         "GPU-hours) without building the model, and exit."))] = False,
     gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST", help=(
-        f"{FAMILY_HELP} GPU counts to plan for, comma-separated [default: 1,8,64]."))] = None,
+        f"{FAMILY_HELP} GPU counts to plan for, comma-separated (default: 1,8,64)."))] = None,
     mfu: Annotated[float, typer.Option("--mfu", metavar="U", min=0.01, max=1.0, help=(
         f"{FAMILY_HELP} Model-FLOPs utilisation the plan's GPU-hours assume."))] = 0.40,
     peak_tflops: Annotated[float, typer.Option("--peak-tflops", metavar="T", min=1.0, help=(
-        f"{FAMILY_HELP} Peak TFLOP/s per GPU the plan assumes [default: 989, dense bf16 H100/H200]."))] = 989.0,
+        f"{FAMILY_HELP} Peak TFLOP/s per GPU the plan assumes (default: 989, dense bf16 H100/H200)."))] = 989.0,
     tokens: Annotated[float | None, typer.Option("--tokens", metavar="N", help=(
-        f"{FAMILY_HELP} Token budget (sets the steps; e.g. 1e11) [default: the size's; 0.6b: 1e11]."))] = None,
+        f"{FAMILY_HELP} Token budget (sets the steps; e.g. 1e11) (default: the size's; 0.6b: 1e11)."))] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", metavar="B", min=1, help=(
         f"{FAMILY_HELP} Global batch in sequences (split over the ranks)."))] = None,
     micro_batch: Annotated[int | None, typer.Option("--micro-batch", metavar="B", min=1, help=(
         f"{FAMILY_HELP} Sequences per forward on each rank (gradient accumulation)."))] = None,
     precision: Annotated[str | None, typer.Option("--precision", metavar="P", help=(
-        f"{FAMILY_HELP} fp32 or bf16 [default: bf16 with CUDA, fp32 on CPU]."))] = None,
+        f"{FAMILY_HELP} fp32 or bf16 (default: bf16 with CUDA, fp32 on CPU)."))] = None,
     activation_checkpointing: Annotated[bool | None, typer.Option(
         "--activation-checkpointing/--no-activation-checkpointing", help=(
-            f"{FAMILY_HELP} Recompute block activations in the backward [default: on with CUDA]."))] = None,
+            f"{FAMILY_HELP} Recompute block activations in the backward (default: on with CUDA)."))] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N", min=0, help=(
         f"{FAMILY_HELP} Seed of the initial weights and the data."))] = 0,
     vocab: Annotated[int | None, typer.Option("--vocab", metavar="N", min=1, help=(

@@ -21,10 +21,10 @@ from phaselens.tasks import KVRecall  # noqa: E402
 from phaselens.train import TrainSettings  # noqa: E402
 
 TASK = dict(n_records=6, block_filler=4, n_demos=2, min_distance=8, modulus=8)
-DATA = FamilyData(KVRecall(padding="prefix", **TASK), KVRecall(padding="in_sequence", **TASK))
+DATA = FamilyData((KVRecall(padding="prefix", **TASK), KVRecall(padding="in_sequence", **TASK)))
 # the family's backbone (Qwen3 options) at a test size
 CFG = CompressedConfig(n_layers=2, d_model=32, n_heads=4, n_kv_heads=2, d_head=8, d_mlp=48,
-                       d_vocab=DATA.prefix.vocab_size, n_ctx=128, local_window=8, sink=False,
+                       d_vocab=DATA.tasks[0].vocab_size, n_ctx=128, local_window=8, sink=False,
                        compression=CompressorSpec(4, norm=True), rope=RopeSpec(style="half"), norm_eps=1e-6,
                        qk_norm=True, mlp="swiglu", mlp_bias=False, tie_embeddings=True)
 SETTINGS = dict(batch_size=8, lr=3e-3, warmup=3, checkpoint_every=2, eval_every=1000, threads=1)

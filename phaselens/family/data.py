@@ -4,9 +4,9 @@ pretraining tokens read from memory-mapped files. Nothing is downloaded.
 A batch is a pure function of ``(batch_size, seed)`` (:func:`phaselens.train`'s ``batch_fn`` convention), so a
 run resumes bit-identically and every rank of a distributed run can build the same global batch and take its
 rows. Of the ``B`` rows, ``round(ratio * B)`` are windows of the user's tokens (every position trained on the
-next token) and the rest are items of the paper's task, half with prefix padding and half with in-sequence
-padding (only the answer and the demonstrations' values are trained); the rows are then shuffled so that
-every rank gets a share of both. Every row has the task's length.
+next token) and the rest are task items split evenly over the task variants (only the answer and the
+demonstrations' values are trained); the rows are then shuffled so that every rank gets a share of each.
+Every row has the task's length.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import torch
 
 from phaselens.errors import InputError
 from phaselens.tasks import KVRecall
-from phaselens.tasks.training import IGNORE_INDEX
 
 DTYPES = ("uint16", "uint32", "int32", "int64")
 
@@ -97,45 +96,49 @@ class TokenFiles:
 
 @dataclass(frozen=True)
 class FamilyData:
-    """The family's ``batch_fn``: the paper's task in both padding schemes, plus ``ratio`` of user tokens.
+    """The family's ``batch_fn``: a mixture of task variants of one length, plus ``ratio`` of user tokens.
 
     Args:
-        prefix, in_sequence: the task with each padding scheme (:func:`~phaselens.family.recipes.paper_task`).
+        tasks: the task variants (:func:`~phaselens.family.recipes.training_tasks`), all of one sequence length;
+            each batch takes an equal share of its task rows from each (the first ones take the remainder).
         pretraining: the user's token files, or None.
         ratio: the fraction of each batch's rows (and so of its tokens) taken from ``pretraining``.
         d_vocab: the model's vocabulary; a user token at or above it is an :class:`InputError`.
     """
 
-    prefix: KVRecall
-    in_sequence: KVRecall
+    tasks: tuple[KVRecall, ...]
     pretraining: TokenFiles | None = None
     ratio: float = 0.0
     d_vocab: int | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        if not self.tasks:
+            raise InputError("FamilyData needs at least one task.")
         if not (isinstance(self.ratio, int | float) and 0.0 <= self.ratio < 1.0):
             raise InputError(f"the pretraining ratio must lie in [0, 1), got {self.ratio!r}: at least some rows are "
                              "the task's.")
         if self.ratio > 0 and self.pretraining is None:
             raise InputError("a pretraining ratio > 0 needs token files (--pretrain FILE).")
-        if self.prefix.seq_len() != self.in_sequence.seq_len():
-            raise InputError("both padding schemes must give items of one length.")
+        if len({t.seq_len() for t in self.tasks}) != 1:
+            raise InputError(f"the task variants must give items of one length, got {[t.seq_len() for t in self.tasks]}.")
 
     @property
     def seq_len(self) -> int:
-        return self.prefix.seq_len()
+        return self.tasks[0].seq_len()
 
     def describe(self) -> dict[str, object]:
-        return {"prefix": self.prefix.to_dict(), "in_sequence": self.in_sequence.to_dict(), "ratio": self.ratio,
+        return {"tasks": [t.to_dict() for t in self.tasks], "ratio": self.ratio,
                 "pretraining": self.pretraining.describe() if self.pretraining is not None else None}
 
     def __call__(self, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens [B, T], targets [B, T])`` of the batch drawn with ``seed``."""
         rng = np.random.default_rng(seed)
         n_pre = int(round(self.ratio * batch_size)) if self.pretraining is not None else 0
-        n_task = batch_size - n_pre
+        share, extra = divmod(batch_size - n_pre, len(self.tasks))
         parts_t, parts_g = [], []
-        for task, n in ((self.prefix, n_task // 2), (self.in_sequence, n_task - n_task // 2)):
+        for i, task in enumerate(self.tasks):
+            n = share + (i < extra)
             if n:
                 b = task.sample_training_batch(n, rng)
                 parts_t.append(b.tokens)
@@ -151,8 +154,3 @@ class FamilyData:
         tokens, targets = torch.cat(parts_t), torch.cat(parts_g)
         order = torch.from_numpy(rng.permutation(batch_size))
         return tokens[order], targets[order]
-
-
-def task_only_targets(targets: torch.Tensor) -> int:
-    """Trained positions of a batch's targets ``[B, T]`` (for logs)."""
-    return int((targets != IGNORE_INDEX).sum())

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from phaselens.family.data import FamilyData, TokenFiles
-from phaselens.family.recipes import FamilyRecipe, paper_task
+from phaselens.family.recipes import FamilyRecipe, paper_task, training_tasks
 from phaselens.family.trainer import Parallelism, tokens_per_second, train_family
 
 VAL_PER_RESIDUE = 4
@@ -31,7 +31,7 @@ def member_name(recipe: FamilyRecipe) -> str:
 
 
 def family_data(recipe: FamilyRecipe, pretraining: TokenFiles | None = None, ratio: float = 0.0) -> FamilyData:
-    return FamilyData(paper_task("prefix"), paper_task("in_sequence"), pretraining, ratio, recipe.config.d_vocab)
+    return FamilyData(training_tasks(), pretraining, ratio, recipe.config.d_vocab)
 
 
 def validation(rank: int, size: int) -> Any:
