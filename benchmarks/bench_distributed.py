@@ -35,7 +35,7 @@ def worker(engine: str, n_per_residue: int, threads: int) -> None:
     import torch.distributed as dist
 
     import phaselens
-    import phaselens.distributed as pd
+    import phaselens.runtime.distributed as pd
 
     torch.set_num_threads(threads)
     size = int(os.environ.get("WORLD_SIZE", "1"))

@@ -15,7 +15,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import best_time, emit, interleaved_times  # noqa: E402
 
 import phaselens  # noqa: E402
-from phaselens.evaluate import score_items  # noqa: E402
+from phaselens.analyses.scoring import score_items  # noqa: E402
 
 
 def main() -> None:

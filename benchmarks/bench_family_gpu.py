@@ -41,11 +41,11 @@ def phase(name: str, recipe_name: str, *, batch: int, micro: int, steps: int, ac
           tokens_file: Path | None, root: Path, budget_s: float, resume_part: bool) -> dict:
     import shutil
 
-    from phaselens.family.data import TokenFiles
-    from phaselens.family.plan import plan_run
-    from phaselens.family.recipes import family_recipe
-    from phaselens.family.run import family_data
-    from phaselens.family.trainer import Parallelism, read_log, train_family
+    from phaselens.train.family.data import TokenFiles
+    from phaselens.train.family.plan import plan_run
+    from phaselens.train.family.recipes import family_recipe
+    from phaselens.train.family.run import family_data
+    from phaselens.train.family.trainer import Parallelism, read_log, train_family
 
     # a long schedule that every phase stops early (stop_after): no final gather, one checkpoint per stop
     recipe = family_recipe(recipe_name, ARGS.size, steps=10**6, batch_size=batch)
@@ -105,7 +105,7 @@ def main() -> None:
         print(json.dumps({"benchmark": "family_gpu", "error": "no CUDA device"}))
         return
     t_start = time.perf_counter()
-    from phaselens.family.recipes import family_config
+    from phaselens.train.family.recipes import family_config
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     out = {"benchmark": "family_gpu", "torch": torch.__version__, "gpu": gpu,

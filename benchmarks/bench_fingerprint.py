@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from phaselens.fingerprint import model_fingerprint
+from phaselens.runtime.fingerprints import model_fingerprint
 
 
 def best(fn, repeat: int) -> float:

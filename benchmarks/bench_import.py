@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CLI = "from phaselens.cli import app; app(prog_name='phaselens')"  # what the `phaselens` console script runs
+CLI = "from phaselens.presentation.cli import app; app(prog_name='phaselens')"  # what the `phaselens` console script runs
 COMMANDS = {
     "import torch": ["-c", "import torch"],
     "import phaselens": ["-c", "import phaselens"],

@@ -23,10 +23,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import best_time, emit  # noqa: E402
 
 import phaselens  # noqa: E402
-from phaselens.engine import Cell, SuffixEngine  # noqa: E402
-from phaselens.interventions.knockout import calibrate  # noqa: E402
+from phaselens.analyses.knockouts import calibrate  # noqa: E402
+from phaselens.analyses.scoring import answer_metrics  # noqa: E402
 from phaselens.models import CompressedConfig, CompressedTransformer, CompressorSpec  # noqa: E402
-from phaselens.scoring import answer_metrics  # noqa: E402
+from phaselens.models.compressed.engine import SuffixEngine  # noqa: E402
+from phaselens.runtime.engines import Cell  # noqa: E402
 from phaselens.tasks import KVRecall  # noqa: E402
 
 

@@ -97,7 +97,7 @@ def reset_peak() -> None:
 
 def one_length(tokens: int, chunk: int, checks: bool) -> dict:
     import phaselens
-    from phaselens.engine import Cell
+    from phaselens.runtime.engines import Cell
 
     warnings.simplefilter("ignore")
     hf = build_model()
@@ -146,7 +146,7 @@ def one_length(tokens: int, chunk: int, checks: bool) -> dict:
 
 def check_cells(adapter, batch, pm) -> dict:
     """Two cells of the map against full forwards with a hand-written hook at the query slot."""
-    from phaselens.scoring import answer_metrics
+    from phaselens.analyses.scoring import answer_metrics
 
     rows = torch.arange(len(batch))
     worst = 0.0

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from common import emit, interleaved_times  # noqa: E402
 
-from phaselens.adapters.deepseek_v4 import from_hf  # noqa: E402
+from phaselens.models.deepseek_v4 import from_hf  # noqa: E402
 
 
 def build(hidden: int, seed: int = 0):

@@ -1,72 +1,65 @@
 """phaselens: phase sensitivity and phase specialization in chunk-compressed KV caches.
 
-The public API lives here; see ``docs/api.md``.
-
-Everything but the error types is imported on first use (PEP 562 ``__getattr__``), so ``import phaselens``
-and ``phaselens --help`` do not pay for torch, transformer_lens, transformers, scipy, pandas or plotly
-(``benchmarks/bench_import.py`` measures it). ``phaselens.evaluate`` and friends behave exactly as if
-they had been imported eagerly.
+The public API (``__all__``) is re-exported here from the layers that define it; see ``docs/api.md`` and
+``docs/architecture.md``. Names resolve on first use (PEP 562), so ``import phaselens`` and ``phaselens --help``
+do not pay for torch, transformers, scipy, pandas or plotly (``benchmarks/bench_import.py``).
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+import importlib as _importlib
+from typing import TYPE_CHECKING
 
-from phaselens.errors import *  # noqa: F403
-from phaselens.errors import __all__ as _error_names
+from phaselens import _moved
+from phaselens.core.errors import *  # noqa: F403
+from phaselens.core.errors import __all__ as _error_names
 
 __version__ = "0.1.0"
 
-# public name -> the module it lives in (the same pairs as the eager imports under TYPE_CHECKING below)
+# the module that defines each public name
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "phaselens.adapters.deepseek_v4": ("DeepSeekV4Adapter", "from_hf"),
-    "phaselens.attribution": ("AttributionMap", "attribution_map"),
-    "phaselens.evaluate": ("PhaseEval", "evaluate"),
-    "phaselens.geometry": ("PhaseSpec",),
-    "phaselens.heads": ("Head", "parse_heads"),
-    "phaselens.hooknames": ("combined_pattern",),
-    "phaselens.interventions": ("AblationResult", "GateCyclingResult", "Knockout", "PatchResult", "ablate",
-                                "cycle_gates", "gate_cycling_test", "knockout", "patch"),
-    "phaselens.labelled": ("Labelled",),
-    "phaselens.loading": ("load",),
-    "phaselens.maps": ("PhaseMap", "specialization_map"),
-    "phaselens.plan": ("MapPlan",),
+    "phaselens.analyses.ablation": ("AblationResult", "ablate"),
+    "phaselens.analyses.attribution": ("AttributionMap", "attribution_map"),
+    "phaselens.analyses.cycling": ("GateCyclingResult", "cycle_gates", "gate_cycling_test"),
+    "phaselens.analyses.evaluation": ("PhaseEval", "evaluate"),
+    "phaselens.analyses.knockouts": ("Knockout", "knockout"),
+    "phaselens.analyses.maps": ("PhaseMap", "specialization_map"),
+    "phaselens.analyses.patching": ("PatchResult", "patch"),
+    "phaselens.analyses.recording": ("Recording", "record"),
+    "phaselens.analyses.repair": ("RepairTable", "repair_table"),
+    "phaselens.contract.hooknames": ("combined_pattern",),
+    "phaselens.contract.protocol": ("CAPABILITIES", "HookContext", "PhaseModel", "call_state", "capability"),
+    "phaselens.core.geometry": ("PhaseSpec",),
+    "phaselens.core.heads": ("Head", "parse_heads"),
+    "phaselens.core.labelled": ("Labelled",),
     "phaselens.models": ("CompressedConfig", "CompressedKVCache", "CompressedTransformer", "Compressor",
                          "CompressorSpec", "RopeSpec", "YarnSpec"),
-    "phaselens.protocol": ("CAPABILITIES", "HookContext", "PhaseModel", "call_state", "capability"),
-    "phaselens.record": ("Recording", "record"),
-    "phaselens.repair": ("PhaseEnsemble", "RepairTable", "phase_ensemble", "repair_table"),
-    "phaselens.reporting": ("report",),
+    "phaselens.models.deepseek_v4": ("DeepSeekV4Adapter", "from_hf"),
+    "phaselens.models.ensemble": ("PhaseEnsemble", "phase_ensemble"),
+    "phaselens.models.sources": ("load",),
+    "phaselens.presentation.reporting": ("report",),
+    "phaselens.runtime.planning": ("MapPlan",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-# subpackages reachable as attributes (phaselens.stats.wilson_ci, phaselens.plots.gate_profiles, ...)
-_SUBMODULES = ("stats", "tasks", "plots")
+# subpackages that are part of the API (phaselens.stats.wilson_ci, phaselens.plots.gate_profiles, ...)
+_SUBPACKAGES = ("plots", "stats", "tasks")
 
-if TYPE_CHECKING:  # what static tools and IDEs see; at run time these resolve lazily in __getattr__
+if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve in __getattr__
     from phaselens import plots, stats, tasks  # noqa: F401
-    from phaselens.adapters.deepseek_v4 import DeepSeekV4Adapter, from_hf
-    from phaselens.attribution import AttributionMap, attribution_map
-    from phaselens.evaluate import PhaseEval, evaluate
-    from phaselens.geometry import PhaseSpec
-    from phaselens.heads import Head, parse_heads
-    from phaselens.hooknames import combined_pattern
-    from phaselens.interventions import (
-        AblationResult,
-        GateCyclingResult,
-        Knockout,
-        PatchResult,
-        ablate,
-        cycle_gates,
-        gate_cycling_test,
-        knockout,
-        patch,
-    )
-    from phaselens.labelled import Labelled
-    from phaselens.loading import load
-    from phaselens.maps import PhaseMap, specialization_map
+    from phaselens.analyses.ablation import AblationResult, ablate
+    from phaselens.analyses.attribution import AttributionMap, attribution_map
+    from phaselens.analyses.cycling import GateCyclingResult, cycle_gates, gate_cycling_test
+    from phaselens.analyses.evaluation import PhaseEval, evaluate
+    from phaselens.analyses.knockouts import Knockout, knockout
+    from phaselens.analyses.maps import PhaseMap, specialization_map
+    from phaselens.analyses.patching import PatchResult, patch
+    from phaselens.analyses.recording import Recording, record
+    from phaselens.analyses.repair import RepairTable, repair_table
+    from phaselens.contract.hooknames import combined_pattern
+    from phaselens.contract.protocol import CAPABILITIES, HookContext, PhaseModel, call_state, capability
+    from phaselens.core.geometry import PhaseSpec
+    from phaselens.core.heads import Head, parse_heads
+    from phaselens.core.labelled import Labelled
     from phaselens.models import (
         CompressedConfig,
         CompressedKVCache,
@@ -76,18 +69,18 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time these resolve l
         RopeSpec,
         YarnSpec,
     )
-    from phaselens.plan import MapPlan
-    from phaselens.protocol import CAPABILITIES, HookContext, PhaseModel, call_state, capability
-    from phaselens.record import Recording, record
-    from phaselens.repair import PhaseEnsemble, RepairTable, phase_ensemble, repair_table
-    from phaselens.reporting import report
+    from phaselens.models.deepseek_v4 import DeepSeekV4Adapter, from_hf
+    from phaselens.models.ensemble import PhaseEnsemble, phase_ensemble
+    from phaselens.models.sources import load
+    from phaselens.presentation.reporting import report
+    from phaselens.runtime.planning import MapPlan
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str):
     if name in _WHERE:
-        value = getattr(importlib.import_module(_WHERE[name]), name)
-    elif name in _SUBMODULES:
-        value = importlib.import_module(f"phaselens.{name}")
+        value = getattr(_importlib.import_module(_WHERE[name]), name)
+    elif name in _SUBPACKAGES:
+        value = _importlib.import_module(f"phaselens.{name}")
     else:
         raise AttributeError(f"module 'phaselens' has no attribute {name!r}")
     globals()[name] = value
@@ -95,28 +88,15 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(__all__)
 
 
-class _PhaselensModule(types.ModuleType):
-    """Keeps ``phaselens.evaluate`` / ``phaselens.record`` the functions.
-
-    Importing a submodule ``phaselens.X`` sets the attribute ``X`` on the package to that module; where an
-    API function has the same name as its module, that would replace the function once anything imports
-    the module. The submodule stays reachable through ``sys.modules`` and ``from phaselens.X import ...``.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if isinstance(value, types.ModuleType) and name in _WHERE:
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _PhaselensModule
+_moved.install()
 
 __all__ = [
     "AblationResult",
     "AttributionMap",
+    "CAPABILITIES",
     "CompressedConfig",
     "CompressedKVCache",
     "CompressedTransformer",
@@ -124,23 +104,21 @@ __all__ = [
     "CompressorSpec",
     "DeepSeekV4Adapter",
     "GateCyclingResult",
-    "CAPABILITIES",
     "Head",
     "HookContext",
     "Knockout",
     "Labelled",
     "MapPlan",
     "PatchResult",
+    "PhaseEnsemble",
     "PhaseEval",
     "PhaseMap",
-    "PhaseEnsemble",
     "PhaseModel",
     "PhaseSpec",
     "Recording",
     "RepairTable",
     "RopeSpec",
     "YarnSpec",
-    "__version__",
     "ablate",
     "attribution_map",
     "call_state",
@@ -159,7 +137,9 @@ __all__ = [
     "repair_table",
     "report",
     "specialization_map",
+    "plots",
     "stats",
     "tasks",
+    "__version__",
     *_error_names,
 ]

@@ -1,10 +1,10 @@
 """``python -m phaselens ...``: the command line, also under torchrun.
 
 ``torchrun --nproc-per-node N -m phaselens map w8s4 --out map.csv`` starts N ranks that split the map's
-cells (see :mod:`phaselens.distributed`); rank 0 prints, shows the progress bar and writes the outputs.
+cells (see :mod:`phaselens.runtime.distributed`); rank 0 prints, shows the progress bar and writes the outputs.
 """
 
-from phaselens.cli import app
+from phaselens.presentation.cli import app
 
 if __name__ == "__main__":
     app(prog_name="phaselens")

@@ -20,8 +20,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from phaselens.tasks import KVRecall  # noqa: E402
-from phaselens.train import TrainSettings, train  # noqa: E402
-from phaselens.zoo.recipes import RECIPES  # noqa: E402
+from phaselens.train.loop import TrainSettings, train  # noqa: E402
+from phaselens.train.recipes import RECIPES  # noqa: E402
 
 STEPS = 500
 TASK = KVRecall(n_records=4, block_filler=0, n_demos=2, min_distance=0, modulus=4, padding="prefix")

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import phaselens  # noqa: E402
-from phaselens.interventions.cycling import _offset_params  # noqa: E402
-from phaselens.models.compressor import Compressor  # noqa: E402
-from phaselens.zoo import entry, list_models  # noqa: E402
+from phaselens.models.compressed.compressor import Compressor  # noqa: E402
+from phaselens.models.compressed.gate_cycling import _offset_params  # noqa: E402
+from phaselens.models.zoo import entry, list_models  # noqa: E402
 
 OUT = ROOT / "docs" / "data" / "gate_cycling.json"
 
@@ -72,8 +72,8 @@ def rope_anchor_shift(delta: int):
 
 
 def _shifted(comp, path, pooled, first_entry, delta):
-    from phaselens.models.compressor import rms_norm
-    from phaselens.models.rope import apply_rope
+    from phaselens.models.compressed.compressor import rms_norm
+    from phaselens.models.compressed.rope import apply_rope
 
     if comp.norm_weight is not None:
         pooled = rms_norm(pooled, comp.norm_weight[path], comp.spec.norm_eps)

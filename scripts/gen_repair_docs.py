@@ -3,7 +3,7 @@
     .venv/bin/python scripts/gen_repair_docs.py [--n-per-residue 1000] [--cache runs/repair_docs]
 
 Each model's table is kept in ``--cache`` (one JSON per model, written atomically) under a fingerprint of the
-model (every weight, the config and the default task: ``phaselens.fingerprint.model_fingerprint``) and the
+model (every weight, the config and the default task: ``phaselens.runtime.fingerprints.model_fingerprint``) and the
 settings: an interrupted run resumes, and a retrained or edited model recomputes only its own table.
 """
 
@@ -19,11 +19,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import phaselens  # noqa: E402
-from phaselens.checkpointing import ResultCache  # noqa: E402
-from phaselens.files import atomic_write_text  # noqa: E402
-from phaselens.fingerprint import fingerprint, model_fingerprint  # noqa: E402
-from phaselens.zoo import list_models  # noqa: E402
-from phaselens.zoo.recipes import COMPARE_STRIDE, RECIPES  # noqa: E402
+from phaselens.models.zoo import list_models  # noqa: E402
+from phaselens.runtime.checkpoints import ResultCache  # noqa: E402
+from phaselens.runtime.files import atomic_write_text  # noqa: E402
+from phaselens.runtime.fingerprints import fingerprint, model_fingerprint  # noqa: E402
+from phaselens.train.recipes import COMPARE_STRIDE, RECIPES  # noqa: E402
 
 
 def pct(x: float) -> str:

@@ -14,9 +14,9 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
+from phaselens.models.zoo import entry, list_models  # noqa: E402
 from phaselens.stats import holm  # noqa: E402
-from phaselens.zoo import entry, list_models  # noqa: E402
-from phaselens.zoo.recipes import (  # noqa: E402
+from phaselens.train.recipes import (  # noqa: E402
     COMPARE_STRIDE,
     CONTROL_WARMUP,
     EVAL_PER_RESIDUE,

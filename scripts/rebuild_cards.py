@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from phaselens.zoo.build import build_zoo_model  # noqa: E402
+from phaselens.train.zoo import build_zoo_model  # noqa: E402
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

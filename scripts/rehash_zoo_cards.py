@@ -21,10 +21,10 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
-from phaselens.files import atomic_write_text  # noqa: E402
-from phaselens.models.io import load_model  # noqa: E402
-from phaselens.scoring import answer_metrics  # noqa: E402
-from phaselens.zoo import HASHED, entry, file_digests, list_models  # noqa: E402
+from phaselens.analyses.scoring import answer_metrics  # noqa: E402
+from phaselens.models.compressed.loader import load_model  # noqa: E402
+from phaselens.models.zoo import HASHED, entry, file_digests, list_models  # noqa: E402
+from phaselens.runtime.files import atomic_write_text  # noqa: E402
 
 
 def reproduces_card(name: str) -> bool:

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from phaselens.reporting.browser import OVERLAPS_JS  # noqa: E402
+from phaselens.presentation.reporting.browser import OVERLAPS_JS  # noqa: E402
 
 
 def main() -> None:

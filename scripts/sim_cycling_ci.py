@@ -1,4 +1,4 @@
-"""Coverage of the gate-cycling R^2 interval (``phaselens.interventions.cycling.r2_bootstrap_ci``) by simulation.
+"""Coverage of the gate-cycling R^2 interval (``phaselens.analyses.cycling.r2_bootstrap_ci``) by simulation.
 
     .venv/bin/python scripts/sim_cycling_ci.py [--reps 500] [--bootstrap 1000]
 
@@ -25,7 +25,7 @@ from scipy.special import expit, logit
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from phaselens.interventions.cycling import cycling_r2, r2_bootstrap_ci  # noqa: E402
+from phaselens.analyses.cycling import cycling_r2, r2_bootstrap_ci  # noqa: E402
 
 DELTAS = (1, 2, 3)
 RESIDUES = 24

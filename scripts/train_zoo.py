@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from phaselens.zoo.recipes import RECIPES, get_recipe, seeded  # noqa: E402
+from phaselens.train.recipes import RECIPES, get_recipe, seeded  # noqa: E402
 
 
 def main() -> None:
@@ -42,7 +42,7 @@ def main() -> None:
     while queue or running:
         while queue and len(running) < args.jobs:
             name = queue.pop(0)
-            cmd = [sys.executable, "-m", "phaselens.cli", "train", "--recipe", name, "--out", args.out,
+            cmd = [sys.executable, "-m", "phaselens.presentation.cli", "train", "--recipe", name, "--out", args.out,
                    "--runs", args.runs, "--no-progress"]
             log = open(logs / f"{name}.log", "w")
             running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT), time.time()))

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from phaselens.stats import detect_period, g_test, gap_ci  # noqa: E402
-from phaselens.zoo.recipes import COMPARE_STRIDE, RECIPES, SEED_CONFIGS, SEED_SUFFIX  # noqa: E402
+from phaselens.train.recipes import COMPARE_STRIDE, RECIPES, SEED_CONFIGS, SEED_SUFFIX  # noqa: E402
 
 OUT = ROOT / "docs" / "data" / "seeds.json"
 WEAK_PP = 0.10

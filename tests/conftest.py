@@ -18,6 +18,7 @@ torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.
 settings.register_profile("phaselens", deadline=None)
 settings.load_profile("phaselens")
 
+
 # Compressor layouts that tests sweep: (name, spec).
 LAYOUTS = {
     "w4s4-scalar": CompressorSpec(4),

@@ -15,10 +15,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from phaselens.family.data import FamilyData  # noqa: E402
 from phaselens.models import CompressedConfig, CompressorSpec, RopeSpec  # noqa: E402
 from phaselens.tasks import KVRecall  # noqa: E402
-from phaselens.train import TrainSettings  # noqa: E402
+from phaselens.train.family.data import FamilyData  # noqa: E402
+from phaselens.train.loop import TrainSettings  # noqa: E402
 
 TASK = dict(n_records=6, block_filler=4, n_demos=2, min_distance=8, modulus=8)
 DATA = FamilyData((KVRecall(padding="prefix", **TASK), KVRecall(padding="in_sequence", **TASK)))
@@ -37,7 +37,7 @@ def settings(steps: int) -> TrainSettings:
 def main() -> None:
     from safetensors.torch import save_file
 
-    from phaselens.family.trainer import train_family
+    from phaselens.train.family.trainer import train_family
 
     run_dir, steps = Path(sys.argv[1]), int(sys.argv[2])
     stop = int(sys.argv[3]) if len(sys.argv) > 3 else None

@@ -7,7 +7,7 @@ import math
 import torch
 from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
 
-from phaselens.models.transformer import CompressedTransformer
+from phaselens.models.compressed.transformer import CompressedTransformer
 
 
 def hf_rope(x: torch.Tensor, pos: torch.Tensor, inv_freq: torch.Tensor, sign: float = 1.0) -> torch.Tensor:

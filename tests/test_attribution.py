@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.errors import PhaseLensError
-from phaselens.interventions.knockout import z_name
-from phaselens.items import build_items
+from phaselens.analyses.items import build_items
+from phaselens.analyses.knockouts import z_name
+from phaselens.core.errors import PhaseLensError
 from tests.conftest import LAYOUTS, task_model
 
 

@@ -15,7 +15,13 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.errors import CacheError, CheckpointError, InputError, PhaseLensError, UnsupportedModelError
+from phaselens.core.errors import (
+    CacheError,
+    CheckpointError,
+    InputError,
+    PhaseLensError,
+    UnsupportedModelError,
+)
 from tests.conftest import LAYOUTS, make_model
 
 MODEL = make_model(LAYOUTS["w4s4-scalar"])

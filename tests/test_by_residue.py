@@ -7,7 +7,7 @@ import doctest
 import numpy as np
 import scipy.stats as sps
 
-import phaselens.by_residue as br
+import phaselens.stats.by_residue as br
 
 
 def test_matches_a_loop_and_scipy_with_nan_and_empty_residues():

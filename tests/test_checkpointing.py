@@ -10,7 +10,7 @@ import pytest
 
 import phaselens
 from phaselens import CheckpointError
-from phaselens.checkpointing import CellCheckpoint, ResultCache, read_json, safetensors_metadata
+from phaselens.runtime.checkpoints import CellCheckpoint, ResultCache, read_json, safetensors_metadata
 from tests.conftest import task_model
 
 FIELDS = ("correct", "logit_diff")

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 import phaselens
-from phaselens.cli import app
+from phaselens.presentation.cli import app
 
 runner = CliRunner()
 
@@ -82,7 +82,7 @@ def test_commands_have_the_options_a_user_needs():
 
 
 def test_zoo_list_fits_80_columns_without_cutting_names():
-    from phaselens.zoo import list_models
+    from phaselens.models.zoo import list_models
 
     res = runner.invoke(app, ["zoo", "list"], env={"COLUMNS": "80"})
     assert res.exit_code == 0
@@ -104,7 +104,7 @@ def _forbid_compute(monkeypatch):
         monkeypatch.setattr(phaselens, name, boom)
     import importlib
 
-    monkeypatch.setattr(importlib.import_module("phaselens.reporting"), "report", boom)
+    monkeypatch.setattr(importlib.import_module("phaselens.presentation.reporting"), "report", boom)
 
 
 @pytest.mark.parametrize("cmd", ["eval", "record", "map", "report"])
@@ -154,8 +154,8 @@ def test_eval_of_the_control_with_stride(tmp_path):
 # --- train: says it resumes, and where it stopped on Ctrl-C ------------------------------------------------
 
 def test_train_reports_resume_and_interrupt(tmp_path, monkeypatch):
-    import phaselens.zoo.build as build
-    from phaselens.train import TrainSettings, train
+    import phaselens.train.zoo as build
+    from phaselens.train.loop import TrainSettings, train
     from tests.test_train import CFG, batch_fn
 
     settings = TrainSettings(steps=8, batch_size=4, warmup=2, checkpoint_every=2, threads=1)
@@ -181,7 +181,7 @@ def test_train_reports_resume_and_interrupt(tmp_path, monkeypatch):
 
 
 def test_train_steps_reach_the_settings(tmp_path, monkeypatch):
-    import phaselens.zoo.build as build
+    import phaselens.train.zoo as build
 
     seen = {}
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.family.recipes import family_config
-from phaselens.repair.ensemble import combine, shifted_copies
-from phaselens.scoring import answer_metrics
+from phaselens.analyses.scoring import answer_metrics
+from phaselens.runtime.phase_shift import combine, shifted_copies
 from phaselens.tasks import KVRecall
+from phaselens.train.family.recipes import family_config
 from tests.conftest import LAYOUTS, task_model
 from tests.deepseek import tiny_v4_model
 from tests.deepseek_v41 import write_tiny_checkpoint
@@ -67,7 +67,7 @@ class Kind:
         return dict(n_per_residue=self.n, progress=False, stride=self.stride)
 
     def batch(self):
-        return self.model.default_task.build(phaselens.items.analysis_geometry(self.model, self.stride),
+        return self.model.default_task.build(phaselens.analyses.items.analysis_geometry(self.model, self.stride),
                                              n_per_residue=self.n)
 
     def query_logits(self, tokens, qp, hooks=lambda slots: []):
@@ -194,7 +194,7 @@ def check_map(k: Kind):
                            b.answer, b.wrong)
         assert close(pm.ko_logit_diff[i], m["logit_diff"]), row.label
     # engine="auto" takes the query-suffix engine wherever the model offers one (the adapter's kinds, locally)
-    expected = "suffix" if phaselens.protocol.capability(k.model, "query_engine") else "full"
+    expected = "suffix" if phaselens.contract.protocol.capability(k.model, "query_engine") else "full"
     assert pm.metadata["engine"] == expected and repr(pm)
     if k.name in ("zoo", "v4", "v4-nnsight", "v4-chunked"):
         assert expected == "suffix"
@@ -204,9 +204,9 @@ def check_plan(k: Kind):
     """The dry run of the same map (tests/test_plan.py holds its counts against counted runs)."""
     plan = phaselens.specialization_map(k.model, method="zero", kinds=("head", "layer"), plan=True, **k.opts)
     b = k.batch()
-    cells = phaselens.maps.map_cells(k.model.cfg, ("head", "layer"))
+    cells = phaselens.analyses.maps.map_cells(k.model.cfg, ("head", "layer"))
     assert (plan.items, plan.tokens, plan.n_cells) == (len(b), b.tokens.shape[1], len(cells))
-    assert plan.engine == phaselens.protocol.choose_engine(k.model, "auto")
+    assert plan.engine == phaselens.contract.protocol.choose_engine(k.model, "auto")
     assert plan.forwards >= (1 if plan.engine == "suffix" else len(cells) + 1)
     assert plan.full_forwards >= 1 and plan.memory["weights"] > 0 and repr(plan).startswith("MapPlan(")
 
@@ -299,7 +299,7 @@ def check_repair(k: Kind):
 
 
 def check_report(k: Kind, tmp_path):
-    from phaselens.reporting import ReportSettings
+    from phaselens.presentation.reporting import ReportSettings
 
     s = ReportSettings(n_eval=k.n, n_record=1, n_map=1, n_cycle=1, deltas=(1,), n_repair=1)
     path = phaselens.report([k.model], out=tmp_path / k.name, settings=s, progress=False, static=False)

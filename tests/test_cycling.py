@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.interventions.cycling import r_squared
+from phaselens.analyses.cycling import r_squared
 from tests.conftest import LAYOUTS, make_model, task_model
 
 
@@ -59,7 +59,7 @@ def test_r_squared_and_test_frame():
 
 
 def test_cycling_r2_matches_r_squared_and_weighted_accuracy_matches_pandas():
-    from phaselens.interventions.cycling import _weighted_accuracy, cycling_r2
+    from phaselens.analyses.cycling import _weighted_accuracy, cycling_r2
 
     rng = np.random.default_rng(3)
     acc, deltas, S = rng.random((5, 4, 6)), (1, 3, 5), 6  # a batch of 5 profile sets, 3 deltas, S = 6
@@ -93,7 +93,7 @@ def test_r2_interval_covers_in_simulation():
 
 
 def test_r2_interval_rejects_bad_input():
-    from phaselens.interventions.cycling import r2_bootstrap_ci
+    from phaselens.analyses.cycling import r2_bootstrap_ci
 
     with pytest.raises(phaselens.PhaseLensError, match=r"correct must be \[N, 1 \+ len\(deltas\)\]"):
         r2_bootstrap_ci(np.zeros((8, 2)), np.arange(8), (1, 2), 4)
@@ -147,7 +147,7 @@ def test_planted_gate_weakness_moves_with_delta_on_the_overlap_layout():
     key (phase q) or value (phase q, so key at q - 1) it holds, and cycling by delta must move both dips to
     q + delta and q - 1 + delta while the phases they leave recover. Rolling only the Ca half (a wrong
     operation for the overlap split) leaves a dip behind, so the check can fail."""
-    from phaselens.interventions.cycling import cycling_r2
+    from phaselens.analyses.cycling import cycling_r2
 
     q, dips_at = _Q, _dips_at
     planted = _planted_w8s4(q)

@@ -8,18 +8,18 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.adapters.deepseek_v4 import (
+from phaselens.contract.protocol import PhaseModel
+from phaselens.core.errors import CheckpointError, InputError, PhaseGeometryError, UnsupportedModelError
+from phaselens.core.geometry import PhaseSpec
+from phaselens.models.compressed.compressor import Compressor
+from phaselens.models.deepseek_v4 import (
     DeepSeekV4Adapter,
     IndexTopKWarning,
     LayerTypesWarning,
     from_hf,
     layer_geometry,
 )
-from phaselens.adapters.deepseek_v4 import gates as gate_math
-from phaselens.errors import CheckpointError, InputError, PhaseGeometryError, UnsupportedModelError
-from phaselens.geometry import PhaseSpec
-from phaselens.models.compressor import Compressor
-from phaselens.protocol import PhaseModel
+from phaselens.models.deepseek_v4 import gates as gate_math
 from tests.deepseek import (
     VOCAB,
     attention_modules,

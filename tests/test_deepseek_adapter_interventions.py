@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselens.adapters.deepseek_v4 import from_hf
-from phaselens.interventions.knockout import knockout
+from phaselens.analyses.knockouts import knockout
+from phaselens.models.deepseek_v4 import from_hf
 from tests.deepseek import (
     one_thread,  # noqa: F401  (autouse fixture)
     random_tokens,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from phaselens.adapters.deepseek_v4 import from_hf
-from phaselens.interventions.knockout import knockout
+from phaselens.analyses.knockouts import knockout
+from phaselens.models.deepseek_v4 import from_hf
 from tests.deepseek import (
     VOCAB,
     attention_modules,
@@ -152,7 +152,7 @@ PROBE = textwrap.dedent(
     sys.path.insert(0, {root!r})
     torch.set_num_threads(1)
     from tests.deepseek import tiny_v4_model
-    from phaselens.adapters.deepseek_v4 import from_hf
+    from phaselens.models.deepseek_v4 import from_hf
     adapter = from_hf(tiny_v4_model(seed=2), index_topk="all")
     tokens = torch.randint(0, 1000, (1, {T}), generator=torch.Generator().manual_seed(0))
     # The high-water mark of this process's own memory, MiB. Not ru_maxrss: exec hands the parent's peak on to

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.engine import Cell
-from phaselens.errors import InputError, UnsupportedModelError
-from phaselens.protocol import capability, choose_engine
-from phaselens.scoring import answer_metrics
+from phaselens.analyses.scoring import answer_metrics
+from phaselens.contract.protocol import capability, choose_engine
+from phaselens.core.errors import InputError, UnsupportedModelError
+from phaselens.runtime.engines import Cell
 from tests.deepseek import one_thread, random_tokens, tiny_v4_model  # noqa: F401  (one_thread: fixture)
 
 TOL = 1e-5
@@ -176,7 +176,7 @@ def test_active_hooks_and_bad_slots_are_refused(hf):
 
 
 def test_unknown_cache_state_is_refused():
-    from phaselens.adapters.deepseek_v4.engine import repeated_layer
+    from phaselens.models.deepseek_v4.engine import repeated_layer
 
     class Layer:
         def __init__(self):

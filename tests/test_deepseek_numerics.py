@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselens.adapters.deepseek_v4 import from_hf, gates
-from phaselens.adapters.deepseek_v4.numerics import restore, swapped
-from phaselens.errors import InputError, UnsupportedModelError
+from phaselens.core.errors import InputError, UnsupportedModelError
+from phaselens.models.deepseek_v4 import from_hf, gates
+from phaselens.models.deepseek_v4.numerics import restore, swapped
 from tests.deepseek import (
     QUANTIZABLE,
     one_thread,  # noqa: F401  (fixture)

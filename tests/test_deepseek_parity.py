@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from phaselens import Compressor
-from phaselens.models.rope import rope_inv_freq
+from phaselens.models.compressed.rope import rope_inv_freq
 from tests.deepseek import tiny_v4_model
 
 
@@ -35,7 +35,7 @@ def test_from_hf_streaming_matches_transformers_cached_compressor(v4):
     """Chunked through our PoolerState and through transformers' DynamicCache: same rows."""
     from transformers import DynamicCache
 
-    from phaselens.models.compressor import Pooler
+    from phaselens.models.compressed.compressor import Pooler
 
     layer = 1
     hf = v4.model.layers[layer].self_attn.compressor

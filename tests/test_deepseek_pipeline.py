@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.reporting import ReportSettings
+from phaselens.presentation.reporting import ReportSettings
 from phaselens.tasks import KVRecall
 from tests.deepseek import tiny_v4_model
 

@@ -15,7 +15,8 @@ import pytest
 import scipy.linalg
 import torch
 
-from phaselens.adapters.deepseek_v4.quantization import (
+from phaselens.core.errors import InputError
+from phaselens.models.deepseek_v4.quantization import (
     fp4_simulate,
     fp8_simulate,
     hadamard,
@@ -23,7 +24,6 @@ from phaselens.adapters.deepseek_v4.quantization import (
     pow2_scale,
     round_e2m1,
 )
-from phaselens.errors import InputError
 from tests.deepseek_reference import E2M1, E2M1_EVEN, E4M3, E4M3_EVEN, nearest_even, reference_block_quant
 
 

@@ -11,7 +11,7 @@ from conftest import tiny_task
 from deepseek_v41 import write_tiny_checkpoint
 
 import phaselens
-from phaselens.items import build_items
+from phaselens.analyses.items import build_items
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,13 @@ import torch
 import torch.distributed as dist
 
 import phaselens
-from phaselens.distributed import assignment, item_blocks, shard_map, world
+from phaselens.runtime.distributed import assignment, item_blocks, shard_map, world
 from tests.dist_worker import SCENARIOS, analyses, digest, run_rank
 
 pytestmark = pytest.mark.skipif(not (dist.is_available() and dist.is_gloo_available()),
                                 reason="torch.distributed with gloo is needed")
 
-PRELOAD = ["torch", "torch.distributed", "phaselens.models", "phaselens.maps", "phaselens.evaluate",
+PRELOAD = ["torch", "torch.distributed", "phaselens.models", "phaselens.analyses.maps", "phaselens.evaluate",
            "phaselens.record", "tests.dist_worker"]
 
 
@@ -121,9 +121,9 @@ def test_outside_a_process_group_shard_map_is_a_plain_loop():
 
 
 def test_evaluate_checkpoint_resumes_item_blocks_and_refuses_another_run(model, tmp_path):
-    from phaselens.distributed import open_checkpoint
-    from phaselens.errors import CheckpointError
-    from phaselens.scoring import METRICS
+    from phaselens.analyses.scoring import METRICS
+    from phaselens.core.errors import CheckpointError
+    from phaselens.runtime.distributed import open_checkpoint
 
     kw = dict(n_per_residue=2, batch_size=14, n_permutations=20, n_bootstrap=20, progress=False)
     with one_thread():
@@ -148,7 +148,7 @@ def test_evaluate_checkpoint_resumes_item_blocks_and_refuses_another_run(model, 
 
 
 def _fingerprint_of(path: Path) -> str:
-    from phaselens.checkpointing import safetensors_metadata
+    from phaselens.runtime.checkpoints import safetensors_metadata
 
     return json.loads(safetensors_metadata(path, fix="")["manifest"])["fingerprint"]
 
@@ -198,7 +198,7 @@ def test_a_killed_rank_ends_the_run_and_one_process_resumes_it(model, tmp_path):
     assert info["error"]["type"] == "DistributedError" and "lost contact" in info["error"]["message"]
     ckpt = tmp_path / "map.ckpt"
     # rounds 1 and 2 finished on both ranks before the kill: exactly their 4 cells, in a complete file
-    from phaselens.checkpointing import safetensors_metadata
+    from phaselens.runtime.checkpoints import safetensors_metadata
 
     manifest = json.loads(safetensors_metadata(ckpt, fix="")["manifest"])
     assert manifest["cells"] == ["L0H0", "L0H1", "L0H2", "L0H3"]
@@ -225,8 +225,8 @@ def test_two_ranks_equal_one_process_for_every_other_analysis(model, tmp_path):
 
 
 def test_replica_gpus_give_each_local_rank_its_own_group(monkeypatch):
-    from phaselens.errors import InputError
-    from phaselens.replicas import replica_gpus
+    from phaselens.core.errors import InputError
+    from phaselens.runtime.replicas import replica_gpus
 
     assert replica_gpus(1, rank=3, n_gpus=8) == [3]
     assert replica_gpus(2, rank=3, n_gpus=8) == [6, 7]
@@ -240,7 +240,7 @@ def test_replica_gpus_give_each_local_rank_its_own_group(monkeypatch):
 
 
 def test_replica_device_map_covers_the_model_in_order_and_balances_bytes(tmp_path):
-    from phaselens.replicas import _units, meta_model, replica_device_map
+    from phaselens.runtime.replicas import _units, meta_model, replica_device_map
     from tests.deepseek import FLASH_CONFIG, meta_v4, tiny_v4_bf16
 
     flash = meta_v4(FLASH_CONFIG)  # the released V4-Flash, bf16, on the meta device
@@ -294,8 +294,8 @@ def test_torchrun_cli_writes_once_and_equals_one_process(tmp_path):
 
 
 def test_cli_prints_each_error_once_per_job(monkeypatch, capsys):
-    from phaselens import cli
-    from phaselens.errors import InputError, RankError
+    from phaselens.core.errors import InputError, RankError
+    from phaselens.presentation import cli
 
     def printed(rank: int, err: Exception) -> str:
         monkeypatch.setenv("RANK", str(rank))

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.errors import ConfigError, InputError
-from phaselens.family.data import FamilyData, TokenFiles
-from phaselens.family.plan import plan_run
-from phaselens.family.recipes import (
+from phaselens.core.errors import ConfigError, InputError
+from phaselens.train.family.data import FamilyData, TokenFiles
+from phaselens.train.family.plan import plan_run
+from phaselens.train.family.recipes import (
     LAYOUTS,
     family_config,
     family_recipe,
@@ -107,7 +107,7 @@ def test_token_files_mix_at_the_stated_ratio(tmp_path):
 def test_the_plan_prints_in_seconds_without_allocating_the_model():
     """`phaselens train --recipe paper-w4s4 --size 0.6b --plan`: the model (2.6 GB in fp32) is never allocated,
     so the process stays far below its size."""
-    code = ("import resource, sys; from phaselens.cli import app; sys.argv = ['phaselens', 'train', '--recipe', "
+    code = ("import resource, sys; from phaselens.presentation.cli import app; sys.argv = ['phaselens', 'train', '--recipe', "
             "'paper-w4s4', '--size', '0.6b', '--plan', '--gpus', '1,8']\n"
             "try:\n    app()\nexcept SystemExit:\n    pass\n"
             "print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")

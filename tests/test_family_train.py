@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 import phaselens
-from phaselens.errors import CheckpointError, ConfigError
-from phaselens.family.trainer import Parallelism, read_log, train_family
+from phaselens.core.errors import CheckpointError, ConfigError
+from phaselens.train.family.trainer import Parallelism, read_log, train_family
 from tests.family_worker import CFG, DATA, settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,7 +98,7 @@ def test_a_run_with_other_settings_or_world_size_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="other settings"):
         train_family(CFG, DATA, settings(4), tmp_path, progress=False, parallel=Parallelism(micro_batch=4))
     pointer = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
-    from phaselens.family import checkpoints
+    from phaselens.train.family import checkpoints
 
     with pytest.raises(CheckpointError, match="same world size"):
         checkpoints.load(tmp_path / "checkpoints", pointer, 0, 2)

@@ -24,11 +24,11 @@ import pytest
 import torch
 
 import phaselens
-import phaselens.files as files
-from phaselens.checkpointing import ResultCache, safetensors_metadata
-from phaselens.files import recover_dir
-from phaselens.reporting.write import write_report
-from phaselens.train import TrainSettings, train
+import phaselens.runtime.files as files
+from phaselens.presentation.reporting.write import write_report
+from phaselens.runtime.checkpoints import ResultCache, safetensors_metadata
+from phaselens.runtime.files import recover_dir
+from phaselens.train.loop import TrainSettings, train
 from tests.conftest import LAYOUTS, make_model, task_model
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fault tests fork a writer")
@@ -373,7 +373,7 @@ CSVS = ["residue,value\n" + "1,A\n" * 40_000, "residue,value\n" + "2,B\n" * 60_0
 
 
 def csv_writer(path):
-    from phaselens.cli import write_csv
+    from phaselens.presentation.cli import write_csv
 
     frames = [pd.read_csv(io.StringIO(text)) for text in CSVS]
 
@@ -397,7 +397,7 @@ def test_cli_csv_killed(tmp_path, mode):
         assert finish(pid, rfd, kill_after=None) == "killed"
     assert path.read_text() in CSVS  # one complete version, never a truncated one
     assert untouched(saved)
-    from phaselens.cli import write_csv
+    from phaselens.presentation.cli import write_csv
 
     write_csv(pd.read_csv(io.StringIO(CSVS[0])), path)  # the next write cleans up after the dead one
     assert path.read_text() == CSVS[0] and no_temporaries(tmp_path)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import phaselens
-import phaselens.files as files
+import phaselens.runtime.files as files
 from phaselens import OutputError
-from phaselens.files import DirKind, atomic_write_dir, check_output_dir, recover_dir
-from phaselens.reporting.write import REPORT, write_report
+from phaselens.presentation.reporting.write import REPORT, write_report
+from phaselens.runtime.files import DirKind, atomic_write_dir, check_output_dir, recover_dir
 from tests.conftest import LAYOUTS, make_model
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.fingerprint import analysis_fingerprint, fingerprint, model_fingerprint, torch_module
+from phaselens.runtime.fingerprints import analysis_fingerprint, fingerprint, model_fingerprint, torch_module
 from tests.conftest import LAYOUTS, make_model, task_model, tiny_task
 
 

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import phaselens
-from phaselens import errors as E
-from phaselens.cli import app
+from phaselens.core import errors as E
+from phaselens.presentation.cli import app
 from phaselens.tasks import KVRecall
 from tests.conftest import task_model, tiny_task
 
@@ -52,8 +52,8 @@ def n_hooks(model: torch.nn.Module) -> int:
 def assert_untouched(w: SimpleNamespace, *, logits: bool = True) -> None:
     """No hook left, no gradient left, the same weights and buffers, eval mode, no per-call state left set, and
     (``logits``) the same logits."""
+    from phaselens.contract.protocol import _CALL
     from phaselens.models.hooking import _START
-    from phaselens.protocol import _CALL
 
     assert _CALL.get() is None and _START.get() == 0
     assert n_hooks(w.m) == 0 and not torch.nn.modules.module._global_forward_hooks

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.errors import HookNameError, PhaseLensError
+from phaselens.core.errors import HookNameError, PhaseLensError
 from tests.conftest import LAYOUTS, make_model
 
 T = 23

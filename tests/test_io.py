@@ -72,7 +72,7 @@ def test_save_is_atomic_when_interrupted(tmp_path, monkeypatch):
     model.save(tmp_path / "m")
     before = (tmp_path / "m" / "model.safetensors").read_bytes()
 
-    import phaselens.models.io as io
+    import phaselens.models.compressed.io as io
 
     def broken(*args, **kwargs):
         raise KeyboardInterrupt

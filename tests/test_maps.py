@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import phaselens
-from phaselens.engine import SuffixEngine
+from phaselens.models.compressed.engine import SuffixEngine
 from tests.conftest import LAYOUTS, task_model
 
 

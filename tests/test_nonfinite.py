@@ -58,7 +58,7 @@ def test_a_bad_embedding_is_named_and_no_hook_is_left():
 def test_nan_from_an_intervention_blames_the_hooks_not_the_model():
     model = task_model()
     tokens = model.default_task.build(model.analysis_spec, n_per_residue=1, seed=0)
-    from phaselens.scoring import model_logits
+    from phaselens.analyses.scoring import model_logits
 
     def nan_z(z, hook):
         return torch.full_like(z, float("nan"))
@@ -78,7 +78,7 @@ def test_the_deepseek_adapter_names_its_layer():
         hf.model.layers[2].self_attn.q_a_proj.weight.fill_(float("nan"))
     adapter = phaselens.from_hf(hf)
     tokens = random_tokens(1, 12, 0)
-    from phaselens.scoring import model_logits
+    from phaselens.analyses.scoring import model_logits
 
     with pytest.raises(NonFiniteError, match=r"layer 2's \(model\.layers\.2\.self_attn\.q_a_proj\)"):
         model_logits(adapter, tokens, torch.tensor([11]))

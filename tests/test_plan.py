@@ -12,9 +12,9 @@ import warnings
 import pytest
 
 import phaselens
-from phaselens.adapters.deepseek_v4.engine import V4SuffixEngine
-from phaselens.engine import SuffixEngine
-from phaselens.plan import MapPlan
+from phaselens.models.compressed.engine import SuffixEngine
+from phaselens.models.deepseek_v4.engine import V4SuffixEngine
+from phaselens.runtime.planning import MapPlan
 from phaselens.tasks import KVRecall
 from tests.deepseek import one_thread, tiny_v4_model  # noqa: F401  (one_thread: fixture)
 
@@ -29,8 +29,8 @@ class Counted:
         L, copies = int(model.cfg.n_layers), int(getattr(model, "cost", 1))
         import importlib
 
-        modules = [importlib.import_module(f"phaselens.{m}") for m in ("scoring", "interventions.run",
-                                                                         "interventions.knockout")]
+        modules = [importlib.import_module(f"phaselens.{m}") for m in ("analyses.scoring", "analyses.knockout_runs",
+                                                                         "analyses.knockouts")]
 
         def forwards(fn):
             def counted(m, tokens, query_pos, fwd_hooks=()):

@@ -13,7 +13,7 @@ import torch
 import phaselens
 from phaselens.models import CompressedConfig, CompressorSpec
 from phaselens.tasks import KVRecall
-from phaselens.train import TrainSettings, train
+from phaselens.train.loop import TrainSettings, train
 
 KEY_OFFSET = {0: 0, 1: 2}  # head -> planted key offset; the value offset is one later
 TASK = KVRecall(n_records=6, block_filler=4, n_demos=2, min_distance=8, modulus=8, padding="in_sequence")

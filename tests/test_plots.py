@@ -126,7 +126,7 @@ def test_undefined_cells_are_marked_with_a_legend(zoo_maps):
     import dataclasses
 
     pm = zoo_maps[0]
-    from phaselens.plots.knockout import undefined_reason
+    from phaselens.plots.knockouts import undefined_reason
 
     rel = pm.effects.rel_change.copy()
     rel[:, 0] = np.nan  # as when the clean model is below the threshold at residue 0

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.errors import ConfigError
-from phaselens.family.recipes import family_config
+from phaselens.core.errors import ConfigError
 from phaselens.models import CompressorSpec
-from phaselens.models.qwen3 import from_qwen3, qwen3_config, to_qwen3
+from phaselens.models.compressed.qwen3 import from_qwen3, qwen3_config, to_qwen3
+from phaselens.train.family.recipes import family_config
 
 TOL = 1e-5
 

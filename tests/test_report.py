@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from phaselens.reporting import ReportSettings, report
-from phaselens.reporting.browser import OVERLAPS_JS
+from phaselens.presentation.reporting import ReportSettings, report
+from phaselens.presentation.reporting.browser import OVERLAPS_JS
 from tests.conftest import LAYOUTS, task_model
 
 TINY = ReportSettings(n_eval=4, n_record=2, n_map=2, n_cycle=2, n_repair=2)
@@ -71,7 +71,7 @@ def test_control_map_beside_and_captions_that_explain(built):
 def test_csv_integer_columns_are_integers(built):
     import csv
 
-    from phaselens.reporting.write import INTEGER_COLUMNS
+    from phaselens.presentation.reporting.write import INTEGER_COLUMNS
 
     checked = 0
     for path in built.glob("*.csv"):
@@ -88,7 +88,7 @@ def test_csv_integer_columns_are_integers(built):
 
 
 def test_interrupted_report_leaves_no_partial_directory(tmp_path, monkeypatch):
-    import phaselens.reporting.write as w
+    import phaselens.presentation.reporting.write as w
 
     def boom(*a, **k):
         raise KeyboardInterrupt

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import phaselens
-from phaselens.errors import CheckpointError
+from phaselens.core.errors import CheckpointError
 from tests.conftest import task_model
 
 KW = dict(n_per_residue=3, batch_size=5)  # 24 items: 5 blocks of <= 5 items
@@ -42,7 +42,7 @@ def interrupted_then_resumed(monkeypatch, run, module, name: str, calls: int):
 
 
 def test_patch_resumes_cells_and_refuses_another_run(model, tmp_path, monkeypatch):
-    mod = importlib.import_module("phaselens.interventions.patch")  # the attribute is the function
+    mod = importlib.import_module("phaselens.analyses.patching")  # the attribute is the function
 
     ckpt = tmp_path / "patch.ckpt"
     kw = dict(**KW, heads=["L0", "L1H2"], n_bootstrap=20, engine="full")
@@ -62,7 +62,7 @@ def test_patch_resumes_cells_and_refuses_another_run(model, tmp_path, monkeypatc
 
 @pytest.mark.parametrize("engine", ["full", "suffix"])
 def test_ablate_resumes_item_blocks_and_refuses_another_run(model, tmp_path, monkeypatch, engine):
-    mod = importlib.import_module("phaselens.interventions.run")
+    mod = importlib.import_module("phaselens.analyses.knockout_runs")
 
     ckpt = tmp_path / "ablate.ckpt"
     kw = dict(**KW, method="resample", n_bootstrap=20, progress=False, engine=engine)
@@ -85,7 +85,7 @@ def test_ablate_resumes_item_blocks_and_refuses_another_run(model, tmp_path, mon
 
 
 def test_repair_table_resumes_item_blocks_and_refuses_another_run(model, tmp_path, monkeypatch):
-    mod = importlib.import_module("phaselens.repair.table")
+    mod = importlib.import_module("phaselens.analyses.repair")
 
     ckpt = tmp_path / "repair.ckpt"
     kw = dict(**KW, shift_sets=("all", (0, 2)), n_permutations=20, n_bootstrap=20, progress=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from phaselens.specialization import concentration, specialization
+from phaselens.stats.specialization import concentration, specialization
 
 S = 4
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from phaselens import stats
-from phaselens.errors import StatsInputError
+from phaselens.core.errors import StatsInputError
 
 DATA = Path(__file__).parent / "data"
 RUNS = json.loads((DATA / "from_scratch_runs.json").read_text())

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from phaselens.errors import ContextLengthError, TaskError
-from phaselens.geometry import PhaseSpec
+from phaselens.core.errors import ContextLengthError, TaskError
+from phaselens.core.geometry import PhaseSpec
 from phaselens.tasks import KVRecall, TaskBatch, registered_kinds, require_context, task_from_dict
 
 SPEC = PhaseSpec(4)
@@ -123,6 +123,6 @@ def test_checkpoint_default_task_round_trip(tmp_path) -> None:
     )
     model.default_task = task
     model.save(tmp_path / "ckpt")
-    from phaselens.models.io import load_model
+    from phaselens.models.compressed.loader import load_model
 
     assert load_model(tmp_path / "ckpt").default_task == task

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.errors import CheckpointError
+from phaselens.core.errors import CheckpointError
 from phaselens.models import CompressedConfig, CompressorSpec
 from phaselens.tasks import KVRecall
-from phaselens.train import TrainSettings, train
+from phaselens.train.loop import TrainSettings, train
 
 TASK = KVRecall(n_records=6, block_filler=4, n_demos=2, min_distance=8, modulus=8)
 CFG = CompressedConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=TASK.vocab_size, n_ctx=128,
@@ -34,7 +34,7 @@ SCRIPT = """
 import sys
 sys.path.insert(0, {root!r})
 from tests.test_train import CFG, SETTINGS, batch_fn
-from phaselens.train import train
+from phaselens.train.loop import train
 train(CFG, batch_fn, SETTINGS, {run!r}, progress=False)
 """
 
@@ -165,7 +165,7 @@ def test_run_dir_that_is_a_file_is_refused(tmp_path):
 
 
 def test_a_batch_with_no_trained_position_warns_and_is_skipped(tmp_path):
-    from phaselens.train import EmptyTargetsWarning
+    from phaselens.train.loop import EmptyTargetsWarning
 
     def sometimes_empty(b, seed):
         tokens, targets = batch_fn(b, seed)

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import load_file
 
 import phaselens
-from phaselens.scoring import answer_metrics
-from phaselens.zoo import ZOO_DIR, entry, list_models, sha256_file
-from phaselens.zoo.recipes import RECIPES
+from phaselens.analyses.scoring import answer_metrics
+from phaselens.models.zoo import ZOO_DIR, entry, list_models, sha256_file
+from phaselens.train.recipes import RECIPES
 
 SHIPPED = list_models()
 
@@ -30,7 +30,7 @@ def test_checkpoint_loads_matches_sha256_and_reproduces_its_card(name):
     model = phaselens.load(f"zoo:{name}")
     assert model.config == RECIPES[name].config
     assert model.default_task is not None and model.default_task.to_dict() == card["task"]
-    from phaselens.zoo.recipes import ZOO_EVAL_TASK, ZOO_TASK
+    from phaselens.train.recipes import ZOO_EVAL_TASK, ZOO_TASK
 
     assert card["task"] == ZOO_EVAL_TASK.to_dict() and card["training_task"] == ZOO_TASK.to_dict()
     batch = load_file(str(e.path / "eval_batch.safetensors"))
@@ -44,7 +44,7 @@ def test_checkpoint_loads_matches_sha256_and_reproduces_its_card(name):
 def test_tampered_weights_are_refused(tmp_path, monkeypatch):
     import shutil
 
-    import phaselens.zoo as zoo
+    import phaselens.models.zoo as zoo
 
     shutil.copytree(ZOO_DIR / "w4s4", tmp_path / "w4s4")
     card = json.loads((tmp_path / "w4s4" / "card.json").read_text())
@@ -101,7 +101,7 @@ def test_seed_recipes_resolve_and_bad_names_are_refused():
     """``BASE-seedK`` is the base recipe with seed K for both the weights and the data, for any K >= 1."""
     from dataclasses import replace
 
-    from phaselens.zoo.recipes import SEED_CONFIGS, SHIPPED_SEEDS, get_recipe, seeded
+    from phaselens.train.recipes import SEED_CONFIGS, SHIPPED_SEEDS, get_recipe, seeded
 
     for base in SEED_CONFIGS:
         for k in SHIPPED_SEEDS[base]:
@@ -120,7 +120,7 @@ def test_seed_recipes_resolve_and_bad_names_are_refused():
 def test_train_cli_refuses_an_unknown_recipe_before_any_work(tmp_path):
     from typer.testing import CliRunner
 
-    from phaselens.cli import app
+    from phaselens.presentation.cli import app
 
     res = CliRunner().invoke(app, ["train", "--recipe", "w4s4-seedx", "--out", str(tmp_path / "o"),
                                    "--runs", str(tmp_path / "r")])
@@ -131,7 +131,7 @@ def test_train_cli_refuses_an_unknown_recipe_before_any_work(tmp_path):
 def _copy_zoo(tmp_path, monkeypatch, name="w4s4"):
     import shutil
 
-    import phaselens.zoo as zoo
+    import phaselens.models.zoo as zoo
 
     shutil.copytree(ZOO_DIR / name, tmp_path / name)
     monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path)
@@ -175,7 +175,7 @@ def test_cards_record_the_code_commit(tmp_path, monkeypatch):
     """Cards written by training name the git commit of the code (or say why they cannot)."""
     import subprocess
 
-    from phaselens.zoo import build
+    from phaselens.train import zoo as build
 
     prov = build.code_provenance()
     head = subprocess.run(["git", "-C", str(build.Path(build.__file__).parent), "rev-parse", "HEAD"],

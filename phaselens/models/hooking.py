@@ -1,7 +1,7 @@
 """Hook contexts for models built on TransformerLens's ``HookedRootModule``.
 
 TransformerLens calls a hook as ``fn(tensor, hook=hook_point)``. phaselens's models pass a
-:class:`~phaselens.protocol.HookContext` instead: the same ``name`` and ``layer()`` (and every other
+:class:`~phaselens.contract.protocol.HookContext` instead: the same ``name`` and ``layer()`` (and every other
 attribute of the hook point, read through), plus where the call sits (``query_start``, ``first_entry``) and
 what a wrapper announced (``row_shift``). Hooks added through ``hooks`` / ``run_with_hooks`` /
 ``run_with_cache`` get it; a hook added directly with ``HookPoint.add_hook`` gets the bare hook point.
@@ -14,7 +14,7 @@ import contextvars
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from phaselens.protocol import hook_context, hook_pairs
+from phaselens.contract.protocol import hook_context, hook_pairs
 
 _START: contextvars.ContextVar[int] = contextvars.ContextVar("phaselens_query_start", default=0)
 _FIRST_ENTRY_SITES = ("hook_gate", "hook_payload", "hook_entry")
@@ -36,7 +36,7 @@ def _layer_of(name: str) -> int | None:
 
 
 class ContextHooks:
-    """Mixin for a ``HookedRootModule``: hook functions receive a :class:`~phaselens.protocol.HookContext`.
+    """Mixin for a ``HookedRootModule``: hook functions receive a :class:`~phaselens.contract.protocol.HookContext`.
 
     The model supplies ``phase_specs`` (for the first new entry of compressor hooks).
     """
@@ -71,7 +71,7 @@ class ContextHooks:
     def _check_name(self, name: Any) -> Any:
         if not isinstance(name, str) or name in self.hook_dict:  # type: ignore[attr-defined]
             return name
-        from phaselens.errors import HookNameError
-        from phaselens.hooknames import explain_missing
+        from phaselens.contract.hooknames import explain_missing
+        from phaselens.core.errors import HookNameError
 
         raise HookNameError(explain_missing(name, self.hook_dict))  # type: ignore[attr-defined]

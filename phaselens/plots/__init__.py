@@ -3,7 +3,7 @@
 Plotting never computes: every number drawn comes from the result object it is given.
 """
 
-from phaselens.plots.knockout import (
+from phaselens.plots.knockouts import (
     attribution_heatmap,
     head_phase_heatmap,
     layer_knockout_map,

@@ -1,6 +1,6 @@
 """Input validation shared by the statistics modules.
 
-Every check raises :class:`~phaselens.errors.StatsInputError`, or :class:`~phaselens.errors.ResidueError`
+Every check raises :class:`~phaselens.core.errors.StatsInputError`, or :class:`~phaselens.core.errors.ResidueError`
 for stride/modulus/residue geometry, with a message that names the fix.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from phaselens.errors import ResidueError, StatsInputError
+from phaselens.core.errors import ResidueError, StatsInputError
 
 
 def _as_integer_array(x: ArrayLike | int | float, name: str) -> np.ndarray:
@@ -187,3 +187,11 @@ def readonly(*arrays: np.ndarray) -> None:
     for a in arrays:
         if isinstance(a, np.ndarray):
             a.setflags(write=False)
+
+
+def item_codes(item_ids: ArrayLike | int | float, length: int) -> np.ndarray:
+    """Dense integer codes ``(N,)`` for arbitrary item labels."""
+    ids = np.asarray(item_ids).ravel()
+    if ids.size != length:
+        raise StatsInputError(f"item_ids has {ids.size} rows but residues has {length}; pass one id per row.")
+    return np.unique(ids, return_inverse=True)[1].ravel()

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
-from phaselens.errors import ResidueError
+from phaselens.core.errors import ResidueError
 from phaselens.stats._checks import (
     check_alpha,
     check_draws,
@@ -21,11 +21,11 @@ from phaselens.stats._checks import (
 from phaselens.stats.gapci import MIN_DRAWS, gap_ci
 from phaselens.stats.intervals import wilson_ci
 from phaselens.stats.omnibus import chi2_test, g_test
+from phaselens.stats.outcomes import GapInterval, PermutationResult, TestResult, fmt_p
 from phaselens.stats.period import PeriodResult, detect_period
 from phaselens.stats.periodicity import HarmonicResult, harmonic_fraction, nested_fold_test
 from phaselens.stats.published import counts_from_accuracy
 from phaselens.stats.resampling import gap_permutation_test
-from phaselens.stats.results import GapInterval, PermutationResult, TestResult, fmt_p
 from phaselens.stats.subset import ResidueSubset, count_tests, residue_subset
 
 

@@ -11,12 +11,12 @@ from phaselens.stats._checks import check_alpha, check_draws, check_level
 from phaselens.stats.battery import PhaseBattery, _pct, _row, count_battery
 from phaselens.stats.continuous import ContinuousResult, continuous_phase_tests
 from phaselens.stats.gapci import MIN_DRAWS, item_interval
-from phaselens.stats.items import DEFAULT_METRICS, item_table
+from phaselens.stats.item_data import DEFAULT_METRICS, item_table
 from phaselens.stats.omnibus import cochran_q
+from phaselens.stats.outcomes import GapInterval, PermutationResult, TestResult, fmt_p
 from phaselens.stats.paired import nested_cochran_q
 from phaselens.stats.period import PeriodResult, detect_period_paired
 from phaselens.stats.resampling import within_item_permutation_test
-from phaselens.stats.results import GapInterval, PermutationResult, TestResult, fmt_p
 from phaselens.stats.subset import paired_tests
 
 

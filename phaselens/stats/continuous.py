@@ -24,11 +24,11 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from phaselens.errors import StatsInputError
-from phaselens.stats._checks import check_draws, check_values, readonly, resolve_residues
-from phaselens.stats.items import item_codes, paired_matrix, pairing
+from phaselens.core.errors import StatsInputError
+from phaselens.stats._checks import check_draws, check_values, item_codes, readonly, resolve_residues
+from phaselens.stats.item_data import paired_matrix, pairing
+from phaselens.stats.outcomes import PermutationResult, TestResult, fmt_p
 from phaselens.stats.resampling import within_item_permutation_test
-from phaselens.stats.results import PermutationResult, TestResult, fmt_p
 from phaselens.stats.subset import residue_subset
 
 

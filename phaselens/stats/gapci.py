@@ -21,13 +21,14 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from phaselens.errors import StatsInputError
+from phaselens.core.errors import StatsInputError
 from phaselens.stats._checks import (
     check_counts,
     check_draws,
     check_level,
     check_stride,
     check_values,
+    item_codes,
     resolve_residues,
 )
 from phaselens.stats.contrasts import (
@@ -38,8 +39,7 @@ from phaselens.stats.contrasts import (
     pair_matrix,
 )
 from phaselens.stats.folding import fold, folded_gap_from_counts, gap
-from phaselens.stats.items import item_codes
-from phaselens.stats.results import GapInterval
+from phaselens.stats.outcomes import GapInterval
 
 MIN_DRAWS = 20_000  # draws the batteries and the old names use at least: the critical value's MC SD is ≈ 0.01
 

@@ -16,9 +16,9 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import special, stats
 
-from phaselens.errors import StatsInputError
+from phaselens.core.errors import StatsInputError
 from phaselens.stats._checks import check_counts
-from phaselens.stats.results import TestResult
+from phaselens.stats.outcomes import TestResult
 
 
 def _expected(c: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -18,10 +18,10 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from phaselens.errors import StatsInputError
+from phaselens.core.errors import StatsInputError
 from phaselens.stats._checks import check_period
 from phaselens.stats.folding import fold_by
-from phaselens.stats.results import TestResult
+from phaselens.stats.outcomes import TestResult
 
 
 def binary_matrix(matrix: ArrayLike | int | float, name: str = "matrix") -> np.ndarray:

@@ -34,13 +34,13 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import optimize, stats
 
-from phaselens.errors import StatsInputError
+from phaselens.core.errors import StatsInputError
 from phaselens.stats._checks import check_alpha, check_counts
 from phaselens.stats.contrasts import count_moments, item_moments
 from phaselens.stats.omnibus import cochran_q, g_test
+from phaselens.stats.outcomes import TestResult, fmt_p
 from phaselens.stats.paired import binary_matrix, nested_cochran_q
 from phaselens.stats.periodicity import nested_fold_test
-from phaselens.stats.results import TestResult, fmt_p
 
 STATUSES = ("no effect", "identified", "ambiguous")
 

@@ -30,8 +30,8 @@ from phaselens.stats._checks import (
 )
 from phaselens.stats.folding import fold
 from phaselens.stats.omnibus import g_statistic
+from phaselens.stats.outcomes import TestResult, fmt_p
 from phaselens.stats.resampling import permutation_pvalue, permuted_correct
-from phaselens.stats.results import TestResult, fmt_p
 
 
 def nested_fold_statistic(correct: ArrayLike | int | float, n: ArrayLike | int | float, period: int) -> np.ndarray:

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from phaselens.errors import StatsInputError
+from phaselens.core.errors import StatsInputError
 from phaselens.stats._checks import check_counts, check_draws, check_stride
 from phaselens.stats.folding import fold, fold_by, folded_gap_from_counts, gap
-from phaselens.stats.results import PermutationResult
+from phaselens.stats.outcomes import PermutationResult
 
 _CHUNK_ELEMENTS = 1 << 22  # cap on elements per batched draw (32 MB of float64)
 

@@ -26,11 +26,11 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from phaselens.errors import ResidueError
+from phaselens.core.errors import ResidueError
 from phaselens.stats._checks import check_residues, check_stride, readonly
 from phaselens.stats.folding import fold, fold_by, gap
 from phaselens.stats.omnibus import chi2_test, cochran_q, g_statistic, g_test
-from phaselens.stats.results import TestResult
+from phaselens.stats.outcomes import TestResult
 
 WHOLE_CYCLE = {
     "harmonic": "the harmonic fraction is a DFT over all M residues; it needs every residue of the cycle",

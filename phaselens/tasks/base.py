@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.errors import BatchIndexError, ContextLengthError, TaskError
-from phaselens.geometry import PhaseSpec
+from phaselens.core.errors import BatchIndexError, ContextLengthError, TaskError
+from phaselens.core.geometry import PhaseSpec
 
 Index = int | slice | Sequence[int] | np.ndarray | torch.Tensor
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from phaselens.errors import TaskError
+from phaselens.core.errors import TaskError
 from phaselens.tasks.residues import check_positive
 from phaselens.tasks.training import IGNORE_INDEX
 
@@ -52,7 +52,7 @@ class RepeatedSegments:
         """``(tokens [B, T], targets [B, T])``, deterministic in ``seed``.
 
         ``targets[b, t]`` is the next token at every position of the second copy except its last (where the
-        next token is random), and ``-100`` elsewhere: the ``batch_fn`` convention of :func:`phaselens.train`.
+        next token is random), and ``-100`` elsewhere: the ``batch_fn`` convention of :func:`phaselens.train.loop`.
         """
         check_positive("batch_size", batch_size, 1)
         g = torch.Generator().manual_seed(int(seed))

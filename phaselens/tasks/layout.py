@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phaselens.errors import TaskError
+from phaselens.core.errors import TaskError
 from phaselens.tasks.design import PositionDesign
 
 SCHEMES = ("prefix", "in_sequence")

@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.errors import TaskError
-from phaselens.geometry import PhaseSpec
+from phaselens.core.errors import TaskError
+from phaselens.core.geometry import PhaseSpec
 from phaselens.tasks.base import TaskBatch, as_long
 from phaselens.tasks.registry import SerializableTask, register_task
 from phaselens.tasks.residues import (

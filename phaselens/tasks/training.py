@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from phaselens.errors import TaskError
+from phaselens.core.errors import TaskError
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 
@@ -46,7 +46,7 @@ class TrainingBatch:
         )
 
     def __iter__(self) -> Iterator[torch.Tensor]:
-        """Unpack as ``tokens, targets``, the ``batch_fn`` convention of :func:`phaselens.train`."""
+        """Unpack as ``tokens, targets``, the ``batch_fn`` convention of :func:`phaselens.train.loop`."""
         return iter((self.tokens, self.targets))
 
     def __len__(self) -> int:

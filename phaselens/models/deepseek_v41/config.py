@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from phaselens.errors import CheckpointError, UnsupportedModelError
+from phaselens.core.errors import CheckpointError, UnsupportedModelError
 
 
 @dataclass(frozen=True)

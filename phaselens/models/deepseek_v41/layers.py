@@ -15,9 +15,9 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from phaselens.models.compressor import rms_norm
+from phaselens.models.compressed.compressor import rms_norm
+from phaselens.models.compressed.rope import apply_rope
 from phaselens.models.deepseek_v41.quant import fp8_round_trip
-from phaselens.models.rope import apply_rope
 
 Quantize = Literal["kv", "fp8"] | None
 

@@ -24,8 +24,9 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from phaselens.errors import InputError, PhaseGeometryError
-from phaselens.geometry import PhaseSpec
+from phaselens.contract.protocol import HookContext, hook_context
+from phaselens.core.errors import InputError, PhaseGeometryError
+from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v41.attention import V41Attention
 from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
@@ -41,7 +42,6 @@ from phaselens.models.deepseek_v41.layers import (
 from phaselens.models.deepseek_v41.moe import MoE
 from phaselens.models.deepseek_v41.notices import IndexTopKWarning
 from phaselens.models.hooking import ContextHooks, query_start
-from phaselens.protocol import HookContext, hook_context
 
 
 @dataclass(frozen=True)

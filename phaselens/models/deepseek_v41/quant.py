@@ -28,7 +28,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from phaselens.errors import CheckpointError
+from phaselens.core.errors import CheckpointError
 
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _FP8_MAX = 448.0

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from phaselens.errors import CheckpointError
+from phaselens.core.errors import CheckpointError
 from phaselens.models.deepseek_v41.quant import dequant_fp4_rows, dequant_fp8_blocks
 
 SKIP_PREFIXES = ("mtp.", "vision.", "aligner.", "image_")

@@ -1,0 +1,283 @@
+"""Gate cycling: roll the compressor's offset-specific gate parameters and see the weak phases move.
+
+If a model's phase preferences live in its offset-specific gate parameters (per-offset gate weights and
+the per-offset bias), rolling them by delta should move the accuracy profile with them:
+``A_delta(p) ~ A_0((p - delta) mod S)`` (science.md §3). The payload maps stay fixed.
+
+R^2 of that prediction comes with a bootstrap interval over items (:func:`r2_bootstrap_ci`); its coverage is
+checked by simulation in ``tests/test_cycling.py`` and tabulated in docs/mechanism.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from phaselens.analyses.evaluation import evaluate
+from phaselens.analyses.items import check_options
+from phaselens.contract.protocol import PhaseModel, check_model, metadata_of, model_name, require
+from phaselens.core.checks import as_int
+from phaselens.core.errors import InputError, NotApplicableError, StatsInputError, TaskError
+from phaselens.results.base import Result
+from phaselens.stats._checks import check_draws, check_level
+
+_SAME = ["item_id", "residue", "t_K"]  # item columns that must agree between the unmodified model's items and a copy's
+
+
+def cycle_gates(model: Any, delta: int) -> Any:
+    """A copy of ``model`` with its offset-specific gate parameters rolled by ``delta`` (the ``cycle_gates``
+    capability of the model; a phase ensemble cycles the model it wraps).
+
+    Raises:
+        NotApplicableError: the model does not offer gate cycling, or has nothing to roll.
+    """
+    delta = as_int("delta", delta)
+    fn = require(model, "cycle_gates", "gate cycling rolls a phaselens compressor's offset-specific gate "
+                                        "parameters, which this model does not expose.")
+    return fn(delta)
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class GateCyclingResult(Result):
+    """Observed against predicted per-phase accuracy under gate cycling.
+
+    Attributes:
+        frame: rows (``delta``, ``phase``, ``observed``, ``predicted``, ``boundary``).
+        r2: R^2 of observed against predicted (identity line), pooled over deltas, boundary phase excluded.
+            A negative R^2 means the prediction "the profile moves with the gates" fits worse than a flat
+            line at the observed mean: the weak phases did not move with the gate parameters.
+        r2_all: the same with the boundary phase included.
+        boundary: accuracy of the boundary phase under each delta (``{delta: acc}``), reported separately.
+        base: per-phase accuracy of the unmodified model.
+        r2_ci, r2_all_ci: 95% intervals of ``r2`` and ``r2_all`` (:func:`r2_bootstrap_ci`; NaN when
+            ``n_bootstrap`` was 0).
+        evals: the :class:`~phaselens.evaluate.PhaseEval` of each delta (0: the unmodified model).
+    """
+
+    frame: pd.DataFrame
+    r2: float
+    r2_all: float
+    boundary: dict[int, float]
+    base: np.ndarray
+    stride: int
+    evals: dict[int, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    r2_ci: tuple[float, float] = (float("nan"), float("nan"))
+    r2_all_ci: tuple[float, float] = (float("nan"), float("nan"))
+
+    def per_residue(self) -> pd.DataFrame:
+        """Accuracy per residue under each delta (``delta`` 0 is the unmodified model), with Wilson CIs."""
+        return pd.concat([ev.per_residue().assign(delta=d) for d, ev in self.evals.items()], ignore_index=True)
+
+    def per_phase(self) -> pd.DataFrame:
+        """Per delta and phase: ``acc`` (observed), ``predicted`` (the unmodified profile rolled by delta),
+        Wilson ``ci_low`` / ``ci_high`` and ``n``; ``boundary`` marks phase S - 1."""
+        rows = []
+        for d, ev in self.evals.items():
+            ph = ev.per_phase().assign(delta=d)
+            ph["predicted"] = self.base[(ph["phase"].to_numpy() - d) % self.stride]
+            rows.append(ph)
+        return pd.concat(rows, ignore_index=True)
+
+    def summary(self) -> str:
+        b = ", ".join(f"{d:+d}: {100 * a:.1f}%" for d, a in self.boundary.items())
+        return (f"GateCyclingResult(stride {self.stride}: R^2 {self.r2:.2f} [95% CI {self.r2_ci[0]:.2f}, "
+                f"{self.r2_ci[1]:.2f}] without the boundary phase ({self.r2_all:.2f} with it; below 0: the weak "
+                f"phases did not move with the gates); boundary accuracy by delta {b})")
+
+    def plot(self, **kwargs: Any):
+        from phaselens import plots
+
+        return plots.gate_cycling_scatter(self, **kwargs)
+
+
+def r_squared(observed: np.ndarray, predicted: np.ndarray) -> float:
+    """1 - SS_res / SS_tot against the identity line."""
+    ss_res = float(((observed - predicted) ** 2).sum())
+    ss_tot = float(((observed - observed.mean()) ** 2).sum())
+    return 1 - ss_res / ss_tot if ss_tot > 0 else float("nan")
+
+
+def cycling_r2(accuracy: np.ndarray, deltas: Sequence[int], *, include_boundary: bool = False) -> np.ndarray:
+    """R^2 of ``A_delta(p)`` against ``A_0((p - delta) mod S)``, pooled over deltas, for a batch of profiles.
+
+    Args:
+        accuracy: ``[..., 1 + D, S]`` per-phase accuracy; row 0 the unmodified model, row ``1 + d`` the copy
+            cycled by ``deltas[d]``.
+        deltas: the D shifts.
+        include_boundary: pool the boundary phase S - 1 too (``r2_all``); by default it is left out.
+
+    Returns:
+        ``[...]`` R^2 against the identity line (:func:`r_squared` on each profile set); NaN where the
+        observed values do not vary.
+    """
+    acc = np.asarray(accuracy, dtype=float)
+    S = acc.shape[-1]
+    shift = (np.arange(S)[None, :] - np.asarray(deltas, dtype=int)[:, None]) % S  # [D, S]
+    predicted = acc[..., 0, :][..., shift]  # [..., D, S]
+    observed = acc[..., 1:, :]
+    keep = np.ones(S, bool) if include_boundary else np.arange(S) != S - 1
+    o = observed[..., keep].reshape(*acc.shape[:-2], -1)
+    p = predicted[..., keep].reshape(*acc.shape[:-2], -1)
+    ss_res = ((o - p) ** 2).sum(-1)
+    ss_tot = ((o - o.mean(-1, keepdims=True)) ** 2).sum(-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(ss_tot > 0, 1 - ss_res / ss_tot, np.nan)
+
+
+def r2_bootstrap_ci(
+    correct: np.ndarray,
+    residue: np.ndarray,
+    deltas: Sequence[int],
+    stride: int,
+    *,
+    include_boundary: bool = False,
+    level: float = 0.95,
+    n_bootstrap: int = 2000,
+    seed: int = 0,
+    method: str = "basic",
+) -> tuple[float, float]:
+    """Bootstrap interval of the gate-cycling R^2 over items.
+
+    Every model (the unmodified one and each cycled copy) answers the same items, so one replicate resamples
+    items with replacement inside each residue (the design fixes the residue sizes) and recomputes every
+    model's per-phase accuracy from that same resample. The interval is the basic (reverse-percentile) one,
+    ``[2 R^2 - q_hi, 2 R^2 - q_lo]`` with the upper end capped at 1: R^2 is biased low, because sampling
+    noise in both the observed and the predicted profile adds to the residuals, and a replicate carries that
+    noise twice, so percentile intervals miss a true R^2 near 1 almost always (simulated coverage in
+    docs/mechanism.md).
+
+    Args:
+        correct: ``[N, 1 + D]`` 0/1 outcomes; column 0 the unmodified model, column ``1 + d`` the copy cycled
+            by ``deltas[d]``; the same N items in every column.
+        residue: ``[N]`` each item's residue (its phase is ``residue mod stride``).
+        deltas: the D shifts.
+        stride: S.
+        include_boundary: interval for ``r2_all`` instead of ``r2``.
+        level: confidence level.
+        n_bootstrap: replicates (those in which a phase has no item, or the observed profile is flat, drop).
+        seed: seed for ``np.random.default_rng``.
+        method: ``"basic"``, or ``"percentile"`` (the replicates' quantiles; kept for comparison only).
+
+    Returns:
+        ``(low, high)``.
+    """
+    if method not in ("basic", "percentile"):
+        raise StatsInputError(f"method must be 'basic' or 'percentile', got {method!r}.")
+    level, n_bootstrap = check_level(level), check_draws(n_bootstrap, "n_bootstrap")
+    y = np.asarray(correct, dtype=float)
+    res = np.asarray(residue, dtype=int)
+    if y.ndim != 2 or y.shape[1] != len(deltas) + 1 or res.shape != (y.shape[0],):
+        raise StatsInputError(
+            f"correct must be [N, 1 + len(deltas)] = [N, {len(deltas) + 1}] with one residue per row; got "
+            f"correct {y.shape} and residue {res.shape}."
+        )
+    n = len(res)
+    phase_onehot = np.eye(stride)[res % stride]  # [N, S]
+    design = (y[:, :, None] * phase_onehot[:, None, :]).reshape(n, -1)  # [N, (1 + D) * S]
+    estimate = float(cycling_r2(_weighted_accuracy(np.ones((1, n)), design, phase_onehot), deltas,
+                                include_boundary=include_boundary)[0])
+    # Resample within residue: sort by residue, draw an offset inside each item's own residue block.
+    order = np.argsort(res, kind="stable")
+    sorted_res = res[order]
+    start = np.searchsorted(sorted_res, sorted_res, side="left")
+    size = np.bincount(sorted_res)[sorted_res]
+    rng = np.random.default_rng(seed)
+    reps = []
+    chunk = max(1, (1 << 22) // max(n, 1))
+    for b0 in range(0, n_bootstrap, chunk):  # chunks bound memory ([B, N] weights); each chunk is one batch
+        b = min(chunk, n_bootstrap - b0)
+        idx = order[start + (rng.random((b, n)) * size).astype(int)]
+        weights = np.bincount((np.arange(b)[:, None] * n + idx).ravel(), minlength=b * n).reshape(b, n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            acc = _weighted_accuracy(weights.astype(float), design, phase_onehot)
+        reps.append(cycling_r2(acc, deltas, include_boundary=include_boundary))
+    boots = np.concatenate(reps)
+    boots = boots[np.isfinite(boots)]
+    if boots.size == 0 or not np.isfinite(estimate):
+        return float("nan"), float("nan")
+    q_lo, q_hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
+    if method == "percentile":
+        return float(q_lo), float(q_hi)
+    return float(2 * estimate - q_hi), float(min(1.0, 2 * estimate - q_lo))
+
+
+def _weighted_accuracy(weights: np.ndarray, design: np.ndarray, phase_onehot: np.ndarray) -> np.ndarray:
+    """Per-phase accuracy ``[B, 1 + D, S]`` of every model under item weights ``[B, N]``."""
+    S = phase_onehot.shape[1]
+    return (weights @ design).reshape(len(weights), -1, S) / (weights @ phase_onehot)[:, None, :]
+
+
+def gate_cycling_test(
+    model: PhaseModel,
+    task: Any = None,
+    *,
+    deltas: Sequence[int] = (-3, -2, -1, 1, 2, 3),
+    n_per_residue: int = 128,
+    residues: Sequence[int] | None = None,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress: bool = True,
+    stride: int | None = None,
+    n_bootstrap: int = 2000,
+) -> GateCyclingResult:
+    """Evaluate the model and its gate-cycled copies; compare ``A_delta(p)`` with ``A_0((p - delta) mod S)``.
+
+    Every copy answers the same items (same task and seed), so the R^2 intervals resample items once for all
+    models (:func:`r2_bootstrap_ci`, ``n_bootstrap`` replicates; 0 skips them).
+
+    Raises:
+        NotApplicableError: the model cannot cycle its gates (``cycle_gates`` capability), or has nothing to roll.
+    """
+    check_model(model)
+    require(model, "cycle_gates", "gate cycling rolls offset-specific gate parameters.")
+    check_options(n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, progress=progress, stride=stride)
+    if n_bootstrap:
+        check_draws(n_bootstrap, "n_bootstrap")
+    S = (model.analysis_spec.stride if stride is None else int(stride))
+    if S < 2:
+        raise NotApplicableError(f"{model_name(model)} has no compressed layers (analysis stride {S}), so there are "
+                                 "no gates to cycle; run the gate-cycling test on a compressed model.")
+    if isinstance(deltas, str) or not isinstance(deltas, Iterable):
+        raise InputError(f"deltas must be a list of ints, got {deltas!r}; e.g. deltas={tuple(range(1, S))}.")
+    ds = list(dict.fromkeys(d for d in (as_int("delta", d) for d in deltas) if d % S))  # each shift once
+    if not ds:
+        raise InputError(f"deltas {list(deltas)!r} hold no shift that is nonzero mod the stride {S}; pass e.g. "
+                         f"deltas={tuple(range(1, S))}.")
+    kw = dict(n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size, progress=progress,
+              n_permutations=1, n_bootstrap=0, stride=stride)
+    cycled = cycle_gates(model, ds[0])  # raises NotApplicableError before any evaluation when nothing rolls
+    evals = {0: evaluate(model, task, **kw)}
+    base = evals[0].per_phase()["acc"].to_numpy()
+    rows, boundary, correct = [], {}, [evals[0].items["correct"].to_numpy()]
+    same = [c for c in _SAME if c in evals[0].items.columns]
+    for delta in ds:
+        copy, cycled = (cycled if delta == ds[0] else cycle_gates(model, delta)), None
+        evals[delta] = ev = evaluate(copy, task, **kw)
+        if not ev.items[same].equals(evals[0].items[same]):
+            raise TaskError("the task built other items for a cycled copy than for the unmodified model from the "
+                            "same seed; gate cycling compares them item by item, so the task's build must be "
+                            "deterministic in its seed.")
+        correct.append(ev.items["correct"].to_numpy())
+        obs = ev.per_phase()["acc"].to_numpy()
+        for p in range(S):
+            rows.append(dict(delta=int(delta), phase=p, observed=obs[p], predicted=base[(p - delta) % S],
+                             boundary=p == S - 1))
+        boundary[int(delta)] = float(obs[S - 1])
+    frame = pd.DataFrame(rows)
+    inner = frame[~frame["boundary"]]
+    r2 = r_squared(inner["observed"].to_numpy(), inner["predicted"].to_numpy())
+    r2_all = r_squared(frame["observed"].to_numpy(), frame["predicted"].to_numpy())
+    cis = [(float("nan"), float("nan"))] * 2
+    if n_bootstrap:
+        y, residue = np.stack(correct, axis=1), evals[0].items["residue"].to_numpy()
+        cis = [r2_bootstrap_ci(y, residue, ds, S, include_boundary=b, n_bootstrap=n_bootstrap, seed=seed)
+               for b in (False, True)]
+    meta = metadata_of(model, deltas=list(deltas), n_per_residue=n_per_residue, residues=residues, seed=seed,
+                       batch_size=batch_size, stride=stride, n_bootstrap=n_bootstrap)
+    meta["ci"] = "95%, basic bootstrap over items resampled within residue, one resample for all models"
+    return GateCyclingResult(frame, r2, r2_all, boundary, base, S, evals, meta, cis[0], cis[1])

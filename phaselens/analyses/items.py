@@ -1,0 +1,162 @@
+"""The preamble every analysis shares: check the common options, resolve the task, build the items.
+
+Every analysis that samples items takes the same keyword options with the same meaning (``n_per_residue``,
+``residues``, ``seed``, ``batch_size``, ``progress``, ``stride``); they are checked here, once, so a bad
+value gets the same clear error everywhere. Numpy integers are integers.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from phaselens.contract.protocol import check_model
+from phaselens.core.checks import as_int
+from phaselens.core.errors import (
+    ContextLengthError,
+    InputError,
+    NoDefaultTaskError,
+    ResidueError,
+    StatsInputError,
+    TaskError,
+)
+from phaselens.core.geometry import PhaseSpec
+
+
+def check_options(*, n_per_residue: Any = 1, seed: Any = 0, batch_size: Any = 1, stride: Any = None,
+                  n_bootstrap: Any = 0, n_permutations: Any = 1, progress: Any = False) -> None:
+    """Raise a clear error for a bad value of a shared option."""
+    if isinstance(n_per_residue, bool) or not isinstance(n_per_residue, numbers.Integral) or n_per_residue < 1:
+        raise TaskError(f"n_per_residue must be an integer >= 1, got {n_per_residue!r}.")
+    as_int("seed", seed, minimum=0, fix="Seeds are non-negative integers.")
+    as_int("batch_size", batch_size, minimum=1, fix="It is the number of items per forward.")
+    as_int("n_bootstrap", n_bootstrap, minimum=0, fix="It is the number of bootstrap resamples (0: none).")
+    as_int("n_permutations", n_permutations, minimum=1, fix="It is the number of permutations (e.g. 2000).")
+    if stride is not None:
+        as_int("stride", stride, minimum=1, fix="Pass None to use the model's own analysis stride.")
+    if not isinstance(progress, bool):
+        raise InputError(f"progress must be True or False, got {progress!r}.")
+
+
+def check_task(task: Any) -> Any:
+    """A task object (anything with ``build``): strings and other values are refused with the fix."""
+    if isinstance(task, type):
+        raise TaskError(f"task is the class {task.__name__}, not a task; make one: task={task.__name__}(...).")
+    if task is None or callable(getattr(task, "build", None)) or is_batch(task):
+        return task
+    raise TaskError(
+        f"task must be a phaselens task (e.g. phaselens.tasks.KVRecall(...)) or a TaskBatch, got "
+        f"{type(task).__name__} {task!r:.60}; pass None to use the model's default task."
+    )
+
+
+def is_batch(obj: Any) -> bool:
+    """Whether ``obj`` is a prepared :class:`~phaselens.tasks.TaskBatch` (items already built)."""
+    return all(hasattr(obj, a) for a in ("tokens", "query_pos", "frame", "modulus", "spec"))
+
+
+def resolve_task(model: Any, task: Any) -> Any:
+    """``task``, or the model's ``default_task``; a clear error when neither exists."""
+    task = check_task(task)
+    if task is not None:
+        return task
+    default = getattr(model, "default_task", None)
+    if default is None:
+        raise NoDefaultTaskError(
+            f"{type(model).__name__} has no default_task; pass a task, e.g. "
+            "phaselens.evaluate(model, phaselens.tasks.KVRecall(...)). Zoo models carry one."
+        )
+    return default
+
+
+def check_fits(model: Any, task: Any) -> None:
+    """Raise ContextLengthError if ``task`` needs more slots than the model's context."""
+    n_ctx = int(getattr(model.cfg, "n_ctx", 0) or 0)
+    need = int(task.seq_len(model.analysis_spec)) if callable(task.seq_len) else int(task.seq_len)
+    if n_ctx and need > n_ctx:
+        raise ContextLengthError(
+            f"the task needs {need} tokens but the model's context is {n_ctx}; shorten the task "
+            f"(fewer records or less filler) to at most {n_ctx} tokens."
+        )
+
+
+def check_battery_items(spec: PhaseSpec, batch: Any, stride: Any, what: str) -> None:
+    """Before any forward: the phase battery compares at least two phases (a subset of residues is fine:
+    the battery then runs over the residues present).
+
+    One phase is what a model without compressed layers has when no ``stride`` is given; the fix names
+    ``stride=``.
+    """
+    if spec.stride < 2:
+        given = "" if stride is None else f" (stride={stride})"
+        raise StatsInputError(
+            f"{what} compares phases, but the analysis stride is {spec.stride}{given}, so every item has phase 0 "
+            "(a model without compressed layers has stride 1); pass stride=S, the stride of the compressed "
+            "model you compare it with (e.g. stride=4)."
+        )
+
+
+def analysis_geometry(model: Any, stride: int | None) -> PhaseSpec:
+    """The model's analysis geometry, or the same origin with another ``stride``."""
+    spec = model.analysis_spec
+    return spec if stride is None else PhaseSpec(int(stride), origin=spec.origin)
+
+
+def phase_residues(spec: PhaseSpec, modulus: int, phase: Any) -> list[int]:
+    """The residues ``0..modulus-1`` whose phase is ``phase`` (an int or a list of ints)."""
+    raw = [phase] if isinstance(phase, numbers.Number) else list(phase)
+    phases = [as_int("phase", p) for p in raw]
+    if not phases:
+        raise ResidueError(f"phase is empty; pass one phase in 0..{spec.stride - 1}, a list of them, or None (all).")
+    bad = [p for p in phases if not 0 <= p < spec.stride]
+    if bad:
+        raise ResidueError(f"phase {bad or phases} is outside 0..{spec.stride - 1} (phases are residues mod "
+                           f"{spec.stride}).")
+    return [r for r in range(modulus) if r % spec.stride in set(phases)]
+
+
+def build_items(
+    model: Any,
+    task: Any,
+    *,
+    n_per_residue: int,
+    residues: Sequence[int] | None = None,
+    phase: Any = None,
+    seed: int = 0,
+    stride: int | None = None,
+) -> tuple[Any, PhaseSpec, Any]:
+    """The shared preamble of every analysis: ``(task, spec, batch)``.
+
+    ``task`` may be a task (``None``: the model's default task) or a prepared ``TaskBatch``, used as it is
+    (``residues`` or ``phase`` then select its rows; ``n_per_residue`` and ``seed`` do not apply). For a
+    task, checks the task fits the context, picks the analysis geometry (``stride`` overrides it,
+    keeping the origin) and builds the items for ``residues`` or for the residues of ``phase``.
+    """
+    from phaselens.tasks.residues import check_modulus, check_residues
+
+    check_model(model)
+    check_options(n_per_residue=n_per_residue, seed=seed, stride=stride)
+    if phase is not None and residues is not None:
+        raise TaskError("pass residues or phase, not both.")
+    task = resolve_task(model, task)
+    if is_batch(task):
+        batch = task
+        spec = analysis_geometry(model, stride) if stride is not None else batch.spec
+        if phase is not None:
+            residues = phase_residues(spec, batch.modulus, phase)
+        if residues is not None:
+            keep = np.isin(batch.frame["residue"].to_numpy(), check_residues(residues, batch.modulus))
+            batch = batch[np.flatnonzero(keep)]
+        if len(batch) == 0:
+            raise TaskError("the items are empty (a TaskBatch of 0 rows, or no row at the requested residues); "
+                            "pass a batch with items, or build one with n_per_residue >= 1.")
+        return task, spec, batch
+    check_fits(model, task)
+    spec = analysis_geometry(model, stride)
+    if phase is not None:
+        residues = phase_residues(spec, check_modulus(spec, getattr(task, "modulus", None)), phase)
+    batch = task.build(spec, n_per_residue=int(n_per_residue), residues=residues, seed=int(seed))
+    return task, spec, batch

@@ -1,0 +1,390 @@
+"""Recorders: attention into compressed entries (read side) and compressor gate weights (write side).
+
+``phaselens.record(model, batch_or_task)`` runs the items once with hooks that keep only what is needed
+(the query row of each pattern, and gate weights reduced on the fly) and returns a :class:`Recording`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from phaselens.analyses.items import build_items, check_options
+from phaselens.analyses.scoring import model_logits
+from phaselens.contract.protocol import HookContext, PhaseModel, metadata_of
+from phaselens.core.errors import NotApplicableError
+from phaselens.core.geometry import PhaseSpec
+from phaselens.core.labelled import Labelled
+from phaselens.results.base import Result
+from phaselens.runtime.distributed import block_labels, item_blocks, shard_map, sharded
+from phaselens.stats.by_residue import residue_mean_ci
+
+READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "entries", "local", "sink")
+
+
+@dataclass(frozen=True, repr=False, eq=False)
+class Recording(Result):
+    """What a model reads from compressed entries and how its compressors write them.
+
+    Attributes:
+        read: attention mass at the query position, per quantity (``key_entries``: entries that contain the
+            target key; ``value_entries``: those that contain its value; ``other_entries``; ``entries``: all
+            entries (key and value entries may coincide, so these overlap); ``local``: raw
+            tokens in the local window; ``sink``), each ``Labelled[layer, head, residue]`` with 95% CIs.
+            Layers without compression hold NaN for the entry quantities and their full-attention mass in
+            ``local``.
+        gate_key, gate_value: gate weight on the target key's / value's offsets inside the entries that
+            contain it (mean over those entries and channels), ``Labelled[layer, kv_head, residue]``.
+        gate_profile: mean gate weight E[alpha] per window offset, ``Labelled[layer, path, kv_head, offset]``
+            (path ``k``/``v``, or ``kv`` when K = V).
+        concentration: ``Labelled[layer, path, kv_head, measure]`` with ``measure`` in
+            (``static``: exp(H(E[alpha])), ``per_window``: E[exp(H(alpha))]), each between 1 and W.
+        stride, modulus, n_items, metadata.
+        items: per-item values behind the means: ``{quantity: [N, layer, head]}`` (read side) and
+            ``{"gate_key" | "gate_value": [N, compressed layer, kv_head]}``; residue: ``[N]``.
+    """
+
+    read: dict[str, Labelled]
+    gate_key: Labelled | None
+    gate_value: Labelled | None
+    gate_profile: Labelled | None
+    concentration: Labelled | None
+    stride: int
+    modulus: int
+    n_items: int
+    items: dict[str, np.ndarray] = field(default_factory=dict)
+    residue: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    LEVELS = ("residue", "phase", "model")
+
+    def per_residue(self) -> pd.DataFrame:
+        """Every per-residue quantity (read side and target gate weights) as tidy rows: ``quantity``, its
+        dims, ``residue``, ``phase``, ``value``, ``ci_low``, ``ci_high``."""
+        parts = [lab.to_frame() for lab in self.read.values()]
+        parts += [lab.to_frame() for lab in (self.gate_key, self.gate_value) if lab is not None]
+        out = pd.concat(parts, ignore_index=True)
+        out.insert(out.columns.get_loc("residue") + 1, "phase", out["residue"] % self.stride)
+        if self.residue.size:  # only the residues recorded (all, unless residues=... was passed)
+            out = out[out["residue"].isin(np.unique(self.residue))].reset_index(drop=True)
+        return out
+
+    def per_phase(self) -> pd.DataFrame:
+        """The same quantities with residues folded mod S (means over each phase's items, t intervals)."""
+        phase = self.residue % self.stride
+        parts = []
+        for name, arr in self.items.items():
+            m, lo, hi = residue_mean_ci(arr, phase, self.stride)  # [a, b, S]
+            lab = self.read.get(name) or (self.gate_key if name == "gate_key" else self.gate_value)
+            dims = (*lab.dims[:-1], "phase")
+            coords = {**{d: lab.coords[d] for d in lab.dims[:-1]}, "phase": np.arange(self.stride)}
+            parts.append(Labelled(m, dims, coords, lo, hi, name=lab.name).to_frame())
+        out = pd.concat(parts, ignore_index=True)
+        out["boundary"] = out["phase"] == self.stride - 1
+        if phase.size:  # only the phases recorded
+            out = out[out["phase"].isin(np.unique(phase))].reset_index(drop=True)
+        return out
+
+    def per_model(self) -> pd.DataFrame:
+        """Quantities without a residue axis: gate profiles by offset and gate concentration."""
+        parts = [lab.to_frame() for lab in (self.gate_profile, self.concentration) if lab is not None]
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+    def summary(self) -> str:
+        lay = self.read["local"].coords["layer"].tolist()
+        return (
+            f"Recording({self.n_items} items, layers {list(lay)}, stride {self.stride}, residues mod {self.modulus}; "
+            f"read: {', '.join(self.read)}; write: "
+            f"{'gate weights, profiles, concentration' if self.gate_profile is not None else 'none (no compressed layers)'})"
+        )
+
+    def plot(self, kind: str = "read", **kwargs: Any):
+        from phaselens import plots
+
+        if kind == "read":
+            return plots.read_side_attention(self, **kwargs)
+        return plots.gate_profiles(self, **kwargs)
+
+
+class _Accumulator:
+    """Per-item values and per-call gate sums (each reduced over its call's items and entries), in call order.
+
+    One accumulator per block of items; :meth:`merged` joins blocks in item order, so the final sums add the
+    same terms in the same order however the blocks were split across ranks."""
+
+    def __init__(self) -> None:
+        self.read: dict[tuple[str, int], list[Tensor]] = {}
+        self.gate_item: dict[tuple[str, int], list[Tensor]] = {}
+        self.profile_sum: dict[tuple[int, str], list[Tensor]] = {}
+        self.entropy_sum: dict[tuple[int, str], list[Tensor]] = {}
+        self.count: dict[tuple[int, str], int] = {}
+
+    def add(self, store: dict, key: tuple, value: Tensor) -> None:
+        store.setdefault(key, []).append(value.detach().float().cpu())
+
+    @staticmethod
+    def merged(parts: list[_Accumulator]) -> _Accumulator:
+        out = _Accumulator()
+        for part in parts:
+            for name in ("read", "gate_item", "profile_sum", "entropy_sum"):
+                mine = getattr(out, name)
+                for key, values in getattr(part, name).items():
+                    mine.setdefault(key, []).extend(values)
+            for key, n in part.count.items():
+                out.count[key] = out.count.get(key, 0) + n
+        return out
+
+
+def _ordered_sum(terms: list[Tensor]) -> Tensor:
+    """``terms[0] + terms[1] + ...`` left to right (the order a running sum over the calls would use)."""
+    total = terms[0]
+    for t in terms[1:]:
+        total = total + t
+    return total
+
+
+def _gate_path_hooks(model: Any, layer: int) -> list[tuple[str, str]]:
+    """The gate hooks a compressed layer exposes: ``hook_gate`` (K = V) or ``hook_gate_k`` / ``hook_gate_v``."""
+    names = model.hook_dict
+    pre = f"blocks.{layer}.attn."
+    if pre + "hook_gate" in names:
+        return [("kv", "hook_gate")]
+    return [(p, f"hook_gate_{p}") for p in ("k", "v") if pre + f"hook_gate_{p}" in names]
+
+
+def _target_gate(alpha: Tensor, entries: Tensor, offsets: Tensor, first_entry: int) -> Tensor:
+    """Mean gate weight at the target's (entry, offset) pairs: ``[b, Hkv]``.
+
+    ``alpha`` ``[b, E, W, Hkv(, d)]`` (entries counted from ``first_entry``); ``entries`` / ``offsets`` ``[b, k]``.
+    """
+    b, E = alpha.shape[:2]
+    rel = entries - first_entry
+    ok = (rel >= 0) & (rel < E)
+    rows = torch.arange(b)[:, None].expand_as(rel)
+    picked = alpha[rows, rel.clamp(0, max(E - 1, 0)), offsets]  # [b, k, Hkv(, d)]
+    if picked.dim() == 4:  # per-channel gates: average the picked weights only, not the whole tensor
+        picked = picked.mean(-1)
+    picked = torch.where(ok[..., None], picked, torch.nan)
+    return picked.nanmean(1)
+
+
+@sharded
+@torch.no_grad()
+def record(
+    model: PhaseModel,
+    task: Any = None,
+    *,
+    n_per_residue: int = 64,
+    residues: Any = None,
+    seed: int = 0,
+    batch_size: int = 64,
+    progress: bool = True,
+    stride: int | None = None,
+) -> Recording:
+    """Record read-side attention and write-side gates at each item's query position.
+
+    Args:
+        model: a phaselens model.
+        task: a task (``None``: the model's default task) or a prepared TaskBatch.
+        n_per_residue, residues, seed: how to build the items from a task.
+        stride: fold residues by this stride instead of the model's analysis stride.
+
+    Example:
+        >>> rec = phaselens.record(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
+        >>> rec.read["key_entries"].sel(layer=1).values  # [head, residue]  # doctest: +SKIP
+    """
+    check_options(batch_size=batch_size, progress=progress)
+    _, geometry, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed, stride=stride)
+    cfg = model.cfg
+    L, H = cfg.n_layers, cfg.n_heads
+    specs: list[PhaseSpec | None] = list(model.phase_specs)
+    frame = batch.frame.reset_index(drop=True)
+    blocks = item_blocks(len(frame), batch_size)
+
+    def one(sl: slice) -> _Accumulator:  # what the hooks keep from one block of items
+        acc = _Accumulator()
+        fr = frame.iloc[sl]
+        qp = torch.as_tensor(fr["query_pos"].to_numpy().copy())
+        rows = torch.arange(len(qp))
+        t_k = torch.as_tensor(fr["t_K"].to_numpy().copy())
+        t_v = torch.as_tensor(fr["t_V"].to_numpy().copy())
+        hooks = []
+        for layer in range(L):
+            spec = specs[layer]
+            full = f"blocks.{layer}.attn.hook_pattern" in model.hook_dict
+            # a layer with entries but no phase (DeepSeek-V4.1's ratio-1 layers: one entry per token) is read
+            # with stride-1 geometry: the key's entry is the key's own token
+            entry_spec = spec if spec is not None or f"blocks.{layer}.attn.hook_pattern_entry" not in model.hook_dict \
+                else PhaseSpec(1)
+            hooks += _read_hooks(acc, layer, entry_spec, rows, qp, t_k, t_v, full)
+            if spec is not None:
+                for path, hname in _gate_path_hooks(model, layer):
+                    hooks.append((f"blocks.{layer}.attn.{hname}", _gate_hook(acc, layer, path, spec, t_k, t_v)))
+        model_logits(model, batch.tokens[sl], qp, hooks)
+        return acc
+
+    # item blocks split across ranks under torch.distributed, merged in item order
+    acc = _Accumulator.merged(shard_map(lambda idx: [one(blocks[b]) for b in idx], block_labels(blocks),
+                                        progress=progress, stage="record", model=model))
+    meta = metadata_of(model, n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size,
+                       stride=stride)
+    return _assemble(acc, frame, specs, L, H, cfg, batch, geometry.stride, meta)
+
+
+def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> list:
+    """Hooks that keep the query row of each pattern. Query rows are relative to the call's first position
+    (``hook.query_start``, nonzero only under chunked prefill)."""
+    pre = f"blocks.{layer}.attn."
+
+    def qrow(pattern: Tensor, hook: HookContext) -> Tensor:
+        _single_copy(hook)
+        at = hook.rows(qp, pattern.shape[2]).to(pattern.device)
+        return pattern[rows.to(pattern.device), :, at].float().cpu()
+
+    if spec is None and full_pattern:
+        def full(pattern: Tensor, hook: Any) -> None:
+            row = qrow(pattern, hook)  # [b, H, keys]
+            acc.add(acc.read, ("local", layer), row.sum(-1))
+            acc.add(acc.read, ("sink", layer), 1 - row.sum(-1))
+            acc.add(acc.read, ("key_token", layer), row[rows, :, t_k])
+            acc.add(acc.read, ("value_token", layer), row[rows, :, t_v])
+        return [(pre + "hook_pattern", full)]
+    def local(pattern: Tensor, hook: Any) -> None:
+        acc.add(acc.read, ("local", layer), qrow(pattern, hook).sum(-1))
+
+    def sink(pattern: Tensor, hook: Any) -> None:
+        acc.add(acc.read, ("sink", layer), qrow(pattern, hook))
+
+    out = [(pre + "hook_pattern_local", local), (pre + "hook_pattern_sink", sink)]
+    if spec is None:  # sliding-only layer: no entries
+        return out
+    key_ents = torch.as_tensor(np.stack(spec.entries_containing(t_k.numpy())))
+    val_ents = torch.as_tensor(np.stack(spec.entries_containing(t_v.numpy())))
+
+    def entries(pattern: Tensor, hook: Any) -> None:
+        row = qrow(pattern, hook)  # [b, H, E]
+        E = row.shape[-1]
+        # One column past the end absorbs entries that do not exist yet (a window still open at the query).
+        onehot_k = torch.zeros(len(rows), E + 1, dtype=torch.bool).scatter_(1, key_ents.clamp(max=E), True)[:, :E]
+        onehot_v = torch.zeros(len(rows), E + 1, dtype=torch.bool).scatter_(1, val_ents.clamp(max=E), True)[:, :E]
+        total = row.sum(-1)
+        k_mass = (row * onehot_k[:, None]).sum(-1)
+        v_mass = (row * onehot_v[:, None]).sum(-1)
+        union = (row * (onehot_k | onehot_v)[:, None]).sum(-1)
+        acc.add(acc.read, ("key_entries", layer), k_mass)
+        acc.add(acc.read, ("value_entries", layer), v_mass)
+        acc.add(acc.read, ("other_entries", layer), total - union)
+        acc.add(acc.read, ("entries", layer), total)
+
+    return out + [(pre + "hook_pattern_entry", entries)]
+
+
+def _single_copy(hook: HookContext) -> None:
+    if hook.row_shift is not None:
+        raise NotApplicableError(
+            "record() on a wrapper that runs shifted copies (phase repair) would mix copies in which the needle "
+            "sits at different phases; record the wrapped model instead (ensemble.model)."
+        )
+
+
+def _window_concentration_sum(alpha: Tensor, rows: int = 16) -> Tensor:
+    """Sum over items and entries of exp(H(alpha)) over offsets: ``[b, E, W, Hkv(, d)]`` -> ``[Hkv(, d)]``.
+
+    Tiled over items so that each tile's temporaries stay in cache (about 2x faster than one pass on
+    w8s4's gates); the log is taken in place.
+    """
+    # sum(0).sum(0), not sum((0, 1)): torch's CPU reduction over two leading axes of a strided view is
+    # about 40x slower than two single-axis reductions.
+    tiles = [(-t.clamp_min(1e-30).log_().mul_(t).sum(2)).exp_().sum(0).sum(0) for t in alpha.split(rows)]
+    return torch.stack(tiles).sum(0)
+
+
+def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
+    key_ents = torch.as_tensor(np.stack(spec.entries_containing(t_k.numpy())))
+    key_offs = torch.as_tensor(np.stack(spec.offsets(t_k.numpy())))
+    val_ents = torch.as_tensor(np.stack(spec.entries_containing(t_v.numpy())))
+    val_offs = torch.as_tensor(np.stack(spec.offsets(t_v.numpy())))
+
+    def fn(alpha: Tensor, hook: HookContext) -> None:
+        _single_copy(hook)
+        a = alpha.detach().float().cpu()
+        if a.shape[1] == 0:
+            return
+        first = int(hook.first_entry or 0)  # nonzero when a cache already held earlier entries
+        acc.add(acc.gate_item, ("key", layer, path), _target_gate(a, key_ents, key_offs, first))
+        acc.add(acc.gate_item, ("value", layer, path), _target_gate(a, val_ents, val_offs, first))
+        # skip entries that include slots before the origin: their weights are renormalised over fewer slots
+        full = a[:, max(0, spec.blocks_per_window - 1 - first) :]
+        if full.shape[1] == 0:
+            return
+        # reduce over the offset axis (dim 2) in place: no transposed copy of the [b, E, W, Hkv(, d)] gates
+        key = (layer, path)
+        prof = full.sum(0).sum(0).movedim(0, -1)  # [Hkv(, d), W]; see _window_concentration_sum
+        per = _window_concentration_sum(full)
+        acc.profile_sum.setdefault(key, []).append(prof)
+        acc.entropy_sum.setdefault(key, []).append(per)
+        acc.count[key] = acc.count.get(key, 0) + full.shape[0] * full.shape[1]
+
+    return fn
+
+
+def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg: Any, batch: Any, stride: int,
+              meta: dict[str, Any]) -> Recording:
+    residue = frame["residue"].to_numpy()
+    M = int(batch.modulus)
+    n = len(frame)
+    items: dict[str, np.ndarray] = {}
+    coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
+    read: dict[str, Labelled] = {}
+    names = READ_QUANTITIES + tuple(q for q in ("key_token", "value_token") if any(k[0] == q for k in acc.read))
+    for q in names:
+        per_layer = []
+        for layer in range(L):
+            vals = acc.read.get((q, layer))
+            per_layer.append(torch.cat(vals).numpy() if vals else np.full((n, H), np.nan))
+        arr = np.stack(per_layer, 1)  # [N, L, H]
+        items[q] = arr
+        m, lo, hi = residue_mean_ci(arr, residue, M)
+        read[q] = Labelled(m, ("layer", "head", "residue"), coords, lo, hi, name=f"mass_{q}")
+    comp_layers = [i for i, s in enumerate(specs) if s is not None]
+    if not comp_layers or not acc.profile_sum:
+        return Recording(read, None, None, None, None, stride, M, n, items, residue, meta)
+    paths = sorted({p for (_, p) in acc.profile_sum})
+    Hkv = int(cfg.n_key_value_heads)
+    gk, gv = [], []
+    for layer in comp_layers:
+        for side, out in (("key", gk), ("value", gv)):
+            per_path = [torch.cat(acc.gate_item[(side, layer, p)]).numpy() for p in paths if (side, layer, p) in acc.gate_item]
+            # mean over the k/v paths: [N, Hkv]; NaN when no entry completed in any recorded call
+            out.append(np.nanmean(np.stack(per_path), 0) if per_path else np.full((n, Hkv), np.nan))
+    gcoords = {"layer": np.array(comp_layers), "kv_head": np.arange(Hkv), "residue": np.arange(M)}
+    items["gate_key"], items["gate_value"] = np.stack(gk, 1), np.stack(gv, 1)
+    mk, lk, hk = residue_mean_ci(items["gate_key"], residue, M)
+    gate_key = Labelled(mk, ("layer", "kv_head", "residue"), gcoords, lk, hk, name="gate_key")
+    mv, lv, hv = residue_mean_ci(items["gate_value"], residue, M)
+    gate_value = Labelled(mv, ("layer", "kv_head", "residue"), gcoords, lv, hv, name="gate_value")
+    W = max(s.window for s in specs if s is not None)
+    prof = np.full((len(comp_layers), len(paths), Hkv, W), np.nan)
+    conc = np.full((len(comp_layers), len(paths), Hkv, 2), np.nan)
+    for li, layer in enumerate(comp_layers):
+        for pi, path in enumerate(paths):
+            key = (layer, path)
+            if key not in acc.profile_sum:
+                continue
+            p = (_ordered_sum(acc.profile_sum[key]) / acc.count[key]).numpy()  # [Hkv, (d,) W]
+            per = (_ordered_sum(acc.entropy_sum[key]) / acc.count[key]).numpy()  # [Hkv(, d)]
+            static = np.exp(-(np.clip(p, 1e-12, None) * np.log(np.clip(p, 1e-12, None))).sum(-1))
+            if p.ndim == 3:  # vector gates: average the per-channel profile and measures over channels
+                static, per, p = static.mean(-1), per.mean(-1), p.mean(1)
+            prof[li, pi, :, : p.shape[-1]] = p
+            conc[li, pi, :, 0], conc[li, pi, :, 1] = static, per
+    pcoords = {"layer": np.array(comp_layers), "path": np.array(paths), "kv_head": np.arange(Hkv), "offset": np.arange(W)}
+    gate_profile = Labelled(prof, ("layer", "path", "kv_head", "offset"), pcoords, name="gate_profile")
+    ccoords = {**{k: pcoords[k] for k in ("layer", "path", "kv_head")}, "measure": np.array(["static", "per_window"])}
+    concentration = Labelled(conc, ("layer", "path", "kv_head", "measure"), ccoords, name="gate_concentration")
+    return Recording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n, items, residue, meta)

@@ -1,0 +1,50 @@
+"""Argument checks shared by every layer: a clear :class:`~phaselens.core.errors.InputError` for a bad value.
+
+Numpy integers are integers; bool, float and str are refused where an integer is meant.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from phaselens.core.errors import InputError
+
+
+def as_int(name: str, value: Any, *, minimum: int | None = None, fix: str = "") -> int:
+    """``value`` as a Python int (numpy integers accepted); bool, float and str are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise InputError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).{fix and ' ' + fix}")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        raise InputError(f"{name} must be >= {minimum}, got {value}.{fix and ' ' + fix}")
+    return value
+
+
+def as_float(name: str, value: Any, *, positive: bool = False, fix: str = "") -> float:
+    """``value`` as a finite Python float (ints and numpy numbers accepted); bool and str are refused."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if not ok or not np.isfinite(float(value)) or (positive and float(value) <= 0):
+        need = "a finite number > 0" if positive else "a finite number"
+        raise InputError(f"{name} must be {need}, got {value!r}.{fix and ' ' + fix}")
+    return float(value)
+
+
+def as_names(name: str, value: Any, allowed: Sequence[str]) -> tuple[str, ...]:
+    """A non-empty tuple of names drawn from ``allowed``; a bare string is refused (it would be read letter by
+    letter) with the tuple spelled out."""
+    if isinstance(value, str):
+        raise InputError(f"{name} must be a tuple of names, got the string {value!r}; write {name}=({value!r},).")
+    try:
+        names = tuple(value)
+    except TypeError:
+        raise InputError(f"{name} must be a tuple drawn from {tuple(allowed)}, got {value!r}.") from None
+    bad = [n for n in names if not isinstance(n, str) or n not in allowed]
+    if bad or not names:
+        what = f"unknown {bad!r}" if bad else "nothing"
+        raise InputError(f"{name} must be a non-empty tuple drawn from {tuple(allowed)}, got {what}; e.g. "
+                         f"{name}=({allowed[0]!r},).")
+    return tuple(dict.fromkeys(names))

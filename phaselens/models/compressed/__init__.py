@@ -1,0 +1,1 @@
+"""phaselens' own compressed-cache transformer: config, compressor, attention, cache, query engine, files."""

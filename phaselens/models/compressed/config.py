@@ -1,0 +1,410 @@
+"""Frozen configuration of a :class:`~phaselens.models.compressed.transformer.CompressedTransformer`.
+
+Everything here round-trips through JSON (``to_dict`` / ``from_dict``); an unknown key is an error,
+so a checkpoint written by a newer phaselens never loads silently wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from phaselens.core.errors import ConfigError
+from phaselens.core.geometry import PhaseSpec
+
+GateKind = Literal["scalar", "vector", "uniform"]
+Sharing = Literal["shared", "per_offset"]
+RopeStyle = Literal["interleaved", "half"]
+MlpKind = Literal["gelu", "swiglu"]
+
+# Fields added after checkpoints were first written: ``to_dict`` leaves them out at their default, so every
+# config written before they existed (the zoo's, run fingerprints) stays byte-identical.
+_LATER_DEFAULTS: dict[str, Any] = {"qk_norm": False, "mlp": "gelu", "mlp_bias": True, "tie_embeddings": False}
+
+
+def _check_keys(cls: type, data: Any) -> None:
+    """``data`` must be a dict with every required field of ``cls`` and no unknown one."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"a {cls.__name__} must be a JSON object (dict), got {type(data).__name__} {data!r:.80}.")
+    fields = dataclasses.fields(cls)
+    known = {f.name for f in fields}
+    unknown = sorted(set(map(str, data)) - known)
+    if unknown:
+        raise ConfigError(
+            f"unknown {cls.__name__} key(s) {unknown}; known keys are {sorted(known)}. "
+            "Was this written by a newer phaselens?"
+        )
+    required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise ConfigError(f"{cls.__name__} is missing required key(s) {missing}; add them (see {cls.__name__}'s fields).")
+
+
+def _fields_from_json(cls: type, data: Any) -> dict[str, Any]:
+    """``data`` (parsed JSON) checked against ``cls``'s field types before anything is built from it: keys as
+    :func:`_check_keys`, then each value's JSON type (a number for a float, whole numbers for ints, ...).
+    Returns a copy with JSON numbers made floats where a float is meant."""
+    _check_keys(cls, data)
+    hints = typing.get_type_hints(cls)
+    out = dict(data)
+    for name, value in data.items():
+        tp = hints[name]
+        if not _json_fits(value, tp):
+            raise ConfigError(f"{cls.__name__}.{name} must be {_describe(tp)}, got {value!r:.80}; fix the config.")
+        if float in _options(tp) and isinstance(value, int) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out
+
+
+def _options(tp: Any) -> tuple[Any, ...]:
+    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
+
+
+def _json_fits(value: Any, tp: Any) -> bool:
+    for opt in _options(tp):
+        origin = typing.get_origin(opt)
+        if opt is type(None) and value is None:
+            return True
+        if opt is bool and isinstance(value, bool):
+            return True
+        if opt is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if opt is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return True
+        if opt is str and isinstance(value, str):
+            return True
+        if origin is typing.Literal and any(value == a and type(value) is type(a) for a in typing.get_args(opt)):
+            return True
+        if origin is tuple and isinstance(value, list | tuple) and all(
+                isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return True
+        if dataclasses.is_dataclass(opt) and isinstance(value, dict | opt):
+            return True
+    return False
+
+
+def _describe(tp: Any) -> str:
+    names = []
+    for opt in _options(tp):
+        if opt is type(None):
+            names.append("null")
+        elif typing.get_origin(opt) is typing.Literal:
+            names.append(" or ".join(repr(a) for a in typing.get_args(opt)))
+        elif typing.get_origin(opt) is tuple:
+            names.append("a list of ints")
+        elif dataclasses.is_dataclass(opt):
+            names.append(f"a {opt.__name__} (a JSON object)")
+        else:
+            names.append({bool: "true or false", int: "an int", float: "a number", str: "a string"}.get(opt, str(opt)))
+    return " or ".join(names)
+
+
+def _check_number(owner: str, name: str, value: Any, *, positive: bool = True) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (positive and value <= 0):
+        raise ConfigError(f"{owner}.{name} must be a finite{' positive' if positive else ''} number, got {value!r}.")
+
+
+def _check_bool(owner: str, name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise ConfigError(f"{owner}.{name} must be true or false, got {value!r}.")
+
+
+@dataclass(frozen=True)
+class YarnSpec:
+    """YaRN frequency scaling of a RoPE (no magnitude scaling unless ``attention_factor`` is set)."""
+
+    factor: float
+    original_max_position: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("factor", "beta_fast", "beta_slow", "attention_factor"):
+            _check_number("YarnSpec", name, getattr(self, name))
+        if not isinstance(self.original_max_position, int) or isinstance(self.original_max_position, bool) \
+                or self.original_max_position < 1:
+            raise ConfigError(f"YarnSpec.original_max_position must be a positive int, got {self.original_max_position!r}.")
+
+
+@dataclass(frozen=True)
+class RopeSpec:
+    """Rotary embedding of the trailing channels of each head.
+
+    Args:
+        dims: how many *trailing* channels of each head rotate (even); ``None`` rotates all of them.
+        theta: the base.
+        yarn: optional YaRN frequency scaling.
+        style: ``"interleaved"`` pairs ``(x[..., 2i], x[..., 2i + 1])`` (DeepSeek-V4); ``"half"`` pairs
+            ``(x[..., i], x[..., i + dims/2])`` (Qwen3 and Llama as transformers implements them).
+    """
+
+    dims: int | None = None
+    theta: float = 10000.0
+    yarn: YarnSpec | None = None
+    style: RopeStyle = "interleaved"
+
+    def __post_init__(self) -> None:
+        if self.dims is not None and (not isinstance(self.dims, int) or isinstance(self.dims, bool)):
+            raise ConfigError(f"RopeSpec.dims must be an even int or None, got {self.dims!r}.")
+        _check_number("RopeSpec", "theta", self.theta)
+        if self.yarn is not None and not isinstance(self.yarn, YarnSpec):
+            raise ConfigError(f"RopeSpec.yarn must be a YarnSpec or None, got {self.yarn!r}.")
+        if self.style not in ("interleaved", "half"):
+            raise ConfigError(f"RopeSpec.style must be 'interleaved' or 'half', got {self.style!r}.")
+
+    @classmethod
+    def from_dict(cls, data: Any) -> RopeSpec:
+        data = _fields_from_json(cls, data)
+        if isinstance(data.get("yarn"), dict):
+            data["yarn"] = YarnSpec(**_fields_from_json(YarnSpec, data["yarn"]))
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class CompressorSpec:
+    """How a compressed layer pools ``window`` slots into one entry every ``stride`` slots.
+
+    Args:
+        stride: S.
+        window: W, a multiple of S (default S). ``W = 2S`` with ``overlap_split`` is DeepSeek-V4 CSA.
+        gate: ``"scalar"`` (one logit per slot and KV head), ``"vector"`` (one per channel, as DeepSeek) or
+            ``"uniform"`` (mean pooling, no gate parameters).
+        gate_params: ``"shared"`` (one gate projection for every slot) or ``"per_offset"`` (one per slot).
+        position_bias: add a learned per-offset bias to the gate logits (DeepSeek's ``position_bias``).
+        payload: ``"shared"`` or ``"per_offset"`` payload projection.
+        tied_kv: keys and values are one latent (K = V), as in DeepSeek-V4. The layer's raw tokens then
+            share one projection too, and the RoPE carried by the values is undone at the query position.
+        norm: RMSNorm on the pooled rows.
+        rope: ``"inherit"`` (the model's RoPE), ``"none"``, or an explicit :class:`RopeSpec` for entries.
+            Entries rotate at the first slot of their own stride block.
+        overlap_split: the DeepSeek-V4 CSA layout: projections give ``W/S`` channel groups per token, and slot
+            group g of entry j takes group g of block ``j - (W/S - 1) + g``. Requires ``window > stride``.
+    """
+
+    stride: int
+    window: int | None = None
+    gate: GateKind = "scalar"
+    gate_params: Sharing = "shared"
+    position_bias: bool = True
+    payload: Sharing = "shared"
+    tied_kv: bool = False
+    norm: bool = False
+    rope: Literal["inherit", "none"] | RopeSpec = "inherit"
+    overlap_split: bool = False
+    norm_eps: float = 1e-6
+
+    def __post_init__(self) -> None:
+        for name in ("position_bias", "tied_kv", "norm", "overlap_split"):
+            _check_bool("CompressorSpec", name, getattr(self, name))
+        _check_number("CompressorSpec", "norm_eps", self.norm_eps)
+        spec = PhaseSpec(self.stride, self.window)  # validates stride and window
+        object.__setattr__(self, "window", spec.window)
+        if self.gate not in ("scalar", "vector", "uniform"):
+            raise ConfigError(f"gate must be 'scalar', 'vector' or 'uniform', got {self.gate!r}.")
+        for name in ("gate_params", "payload"):
+            if getattr(self, name) not in ("shared", "per_offset"):
+                raise ConfigError(f"{name} must be 'shared' or 'per_offset', got {getattr(self, name)!r}.")
+        if self.overlap_split and self.window == self.stride:
+            raise ConfigError(
+                "overlap_split needs overlapping windows: set window to a multiple of the stride above it, "
+                f"e.g. window={2 * self.stride}."
+            )
+        if self.gate == "uniform" and (self.position_bias or self.gate_params != "shared"):
+            raise ConfigError(
+                "uniform gates have no parameters: use position_bias=False and gate_params='shared' with gate='uniform'."
+            )
+        if not (self.rope in ("inherit", "none") or isinstance(self.rope, RopeSpec)):
+            raise ConfigError(f"rope must be 'inherit', 'none' or a RopeSpec, got {self.rope!r}.")
+
+    @property
+    def phase_spec(self) -> PhaseSpec:
+        return PhaseSpec(self.stride, self.window)
+
+    @property
+    def blocks_per_window(self) -> int:
+        assert self.window is not None
+        return self.window // self.stride
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CompressorSpec:
+        data = _fields_from_json(cls, data)
+        if isinstance(data.get("rope"), dict):
+            data["rope"] = RopeSpec.from_dict(data["rope"])
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class CompressedConfig:
+    """Sizes and layout of a compressed-cache decoder.
+
+    ``compression=None`` gives the full-attention control with identical dimensions.
+
+    Args:
+        n_layers, d_model, n_heads, d_head, d_mlp, d_vocab: sizes.
+        n_ctx: maximum context (cache slots).
+        n_kv_heads: KV heads (GQA/MQA); defaults to ``n_heads``.
+        local_window: raw tokens each query of a compressed layer sees exactly (itself included).
+        sink: a learned per-head sink logit in every attention softmax.
+        compressed_layers: which layers compress (default: all). Others use ``uncompressed_attention``.
+        compression: the compressor of compressed layers, or ``None`` for full attention everywhere.
+        rope: RoPE of queries and raw keys; ``None`` means no positional encoding at all.
+        uncompressed_attention: ``"full"`` causal attention or ``"local"`` (sliding window only) in layers
+            that do not compress.
+        qk_norm: an RMSNorm over each head's channels on queries and raw keys, before RoPE (Qwen3).
+        mlp: ``"gelu"`` (``W_out gelu(W_in x)``) or ``"swiglu"`` (``W_out (silu(W_gate x) * W_in x)``, Qwen3).
+        mlp_bias: biases in the MLP (attention never has any).
+        tie_embeddings: the unembedding is the embedding matrix (Qwen3-0.6B).
+        device: where the model lives; runtime only, not saved.
+
+    With ``qk_norm=True, mlp="swiglu", mlp_bias=False, tie_embeddings=True, sink=False``, a ``"half"`` RoPE
+    and ``compression=None`` the model is Qwen3 (:mod:`phaselens.models.qwen3` converts weights both ways).
+    """
+
+    n_layers: int
+    d_model: int
+    n_heads: int
+    d_head: int
+    d_mlp: int
+    d_vocab: int
+    n_ctx: int
+    n_kv_heads: int | None = None
+    local_window: int = 16
+    sink: bool = True
+    compressed_layers: tuple[int, ...] | None = None
+    compression: CompressorSpec | None = None
+    rope: RopeSpec | None = field(default_factory=RopeSpec)
+    uncompressed_attention: Literal["full", "local"] = "full"
+    norm_eps: float = 1e-5
+    init_std: float = 0.02
+    seed: int = 0
+    qk_norm: bool = False
+    mlp: MlpKind = "gelu"
+    mlp_bias: bool = True
+    tie_embeddings: bool = False
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "local_window"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be a positive int, got {value!r}.")
+        for name in ("sink", "qk_norm", "mlp_bias", "tie_embeddings"):
+            _check_bool("CompressedConfig", name, getattr(self, name))
+        if self.mlp not in ("gelu", "swiglu"):
+            raise ConfigError(f"mlp must be 'gelu' or 'swiglu', got {self.mlp!r}.")
+        _check_number("CompressedConfig", "norm_eps", self.norm_eps)
+        _check_number("CompressedConfig", "init_std", self.init_std, positive=False)
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}.")
+        if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)):
+            raise ConfigError(f"n_kv_heads must be a positive int or None, got {self.n_kv_heads!r}.")
+        if self.compression is not None and not isinstance(self.compression, CompressorSpec):
+            raise ConfigError(f"compression must be a CompressorSpec or None, got {self.compression!r:.80}.")
+        if self.rope is not None and not isinstance(self.rope, RopeSpec):
+            raise ConfigError(f"rope must be a RopeSpec or None, got {self.rope!r:.80}.")
+        if self.compressed_layers is not None and not (
+            isinstance(self.compressed_layers, tuple | list)
+            and all(isinstance(i, int) and not isinstance(i, bool) for i in self.compressed_layers)
+        ):
+            raise ConfigError(f"compressed_layers must be a list of layer indices or None, got {self.compressed_layers!r}.")
+        if self.n_kv_heads is None:
+            object.__setattr__(self, "n_kv_heads", self.n_heads)
+        assert self.n_kv_heads is not None
+        if self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads:
+            raise ConfigError(
+                f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads}); "
+                "use a divisor of n_heads (1 for MQA)."
+            )
+        if self.compressed_layers is not None:
+            layers = tuple(sorted({int(i) for i in self.compressed_layers}))
+            bad = [i for i in layers if not 0 <= i < self.n_layers]
+            if bad:
+                raise ConfigError(f"compressed_layers {bad} are outside 0..{self.n_layers - 1}.")
+            object.__setattr__(self, "compressed_layers", layers)
+        if self.uncompressed_attention not in ("full", "local"):
+            raise ConfigError(f"uncompressed_attention must be 'full' or 'local', got {self.uncompressed_attention!r}.")
+        comp = self.compression
+        if comp is not None and comp.tied_kv and isinstance(comp.rope, RopeSpec) and comp.rope != self.rope:
+            raise ConfigError(
+                "tied K=V entries carry RoPE into the values, which is undone at the query with the model's RoPE; "
+                "use compression rope='inherit' (or 'none') with tied_kv=True."
+            )
+        for rope in self._ropes():
+            dims = self.d_head if rope.dims is None else rope.dims
+            if dims % 2 or not 0 < dims <= self.d_head:
+                raise ConfigError(f"RoPE dims must be even and in 2..d_head={self.d_head}, got {rope.dims}.")
+
+    def _ropes(self) -> list[RopeSpec]:
+        out = [self.rope] if self.rope is not None else []
+        if self.compression is not None and isinstance(self.compression.rope, RopeSpec):
+            out.append(self.compression.rope)
+        return out
+
+    # ---- TransformerLens-compatible names ---------------------------------------------------------
+    @property
+    def n_key_value_heads(self) -> int:
+        assert self.n_kv_heads is not None
+        return self.n_kv_heads
+
+    @property
+    def is_compressed(self) -> bool:
+        return self.compression is not None
+
+    def layer_is_compressed(self, layer: int) -> bool:
+        if self.compression is None:
+            return False
+        return self.compressed_layers is None or layer in self.compressed_layers
+
+    def phase_specs(self) -> list[PhaseSpec | None]:
+        """The geometry of every layer (``None`` where a layer does not compress)."""
+        return [
+            self.compression.phase_spec if self.layer_is_compressed(i) and self.compression else None
+            for i in range(self.n_layers)
+        ]
+
+    # ---- JSON ----------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data.pop("device")
+        for name, default in _LATER_DEFAULTS.items():
+            if data[name] == default:
+                data.pop(name)
+        for rope in (data["rope"], (data["compression"] or {}).get("rope")):
+            if isinstance(rope, dict) and rope["style"] == "interleaved":
+                rope.pop("style")
+        if data["compressed_layers"] is not None:
+            data["compressed_layers"] = list(data["compressed_layers"])
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> CompressedConfig:
+        data = _fields_from_json(cls, data)
+        if isinstance(data.get("compression"), dict):
+            data["compression"] = CompressorSpec.from_dict(data["compression"])
+        if isinstance(data.get("rope"), dict):
+            data["rope"] = RopeSpec.from_dict(data["rope"])
+        if isinstance(data.get("compressed_layers"), list):
+            data["compressed_layers"] = tuple(data["compressed_layers"])
+        return cls(**data)
+
+    @classmethod
+    def from_json(cls, text: str) -> CompressedConfig:
+        try:
+            data = json.loads(text)
+        except ValueError as err:
+            raise ConfigError(f"a CompressedConfig JSON text is invalid ({err}).") from None
+        return cls.from_dict(data)
+
+    def full_attention_control(self) -> CompressedConfig:
+        """The same model with every layer on full causal attention."""
+        return dataclasses.replace(self, compression=None, compressed_layers=None)

@@ -1,0 +1,380 @@
+"""``DeepSeekV4Adapter``: transformers' DeepSeek-V4 behind :class:`phaselens.contract.protocol.PhaseModel`.
+
+    adapter = phaselens.from_hf(model)                      # torch hooks (see .construct)
+    adapter = phaselens.from_hf(model, backend="nnsight")   # interventions through nnsight
+    logits = adapter(tokens)                                # [B, T] -> [B, T, vocab]
+    logits = adapter(tokens, chunk=512)                     # chunked prefill; hooks see the last chunk only
+    with adapter.hooks(fwd_hooks=[("blocks.2.attn.hook_z", fn)]):
+        logits = adapter(tokens)
+
+Hook names and shapes follow ``docs/hooks.md``; ``docs/deepseek_v4.md`` says where each one sits.
+"""
+
+from __future__ import annotations
+
+import numbers
+import warnings
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from phaselens.core.errors import InputError
+from phaselens.core.geometry import PhaseSpec
+from phaselens.models.deepseek_v4.config import DeepSeekV4Cfg, build_cfg, check_eager
+from phaselens.models.deepseek_v4.engine import V4SuffixEngine
+from phaselens.models.deepseek_v4.geometry import LayerGeometry
+from phaselens.models.deepseek_v4.hookpoints import (
+    MODULE_SITES,
+    HookFn,
+    HookPoint,
+    NameFilter,
+    hook_points,
+    match,
+    resolve,
+)
+from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
+from phaselens.models.deepseek_v4.nnsight_backend import run_traced
+from phaselens.models.deepseek_v4.notices import IndexTopKWarning
+from phaselens.models.deepseek_v4.prefill import call_kwargs, plan_chunks, run_prefix
+from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
+from phaselens.runtime.engines import PASS_BYTES, QueryEngine
+
+Backend = Literal["torch", "nnsight"]
+_UNSET: Any = object()
+
+
+class DeepSeekV4Adapter:
+    """A transformers ``DeepseekV4ForCausalLM`` with phaselens' geometry, hook names and interventions.
+
+    Build it with :func:`from_hf` (or :func:`load_hf` / ``phaselens.load("hf:PATH")``). The wrapped model is
+    ``adapter.model``; nothing is attached to it between calls.
+
+    Attributes:
+        default_task: the task analyses use when none is passed (``None``: pass one).
+        indexer_picks: ``{layer: [B, n, k]}`` indexer picks of the last call's query rows, kept for the CSA
+            layers whose ``index_topk`` truncated the entries (see :class:`IndexTopKWarning`).
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        geometry: list[LayerGeometry],
+        *,
+        analysis_stride: int,
+        backend: Backend,
+        envoy: Any = None,
+        remote: bool = False,
+        chunk: int | None = None,
+        metadata: dict[str, Any],
+    ) -> None:
+        self.model = model
+        self.default_task: Any = None
+        self.chunk = chunk
+        self.indexer_picks: dict[int, Tensor] = {}
+        self._geometry = geometry
+        self._cfg = build_cfg(model, geometry)
+        self._stride = analysis_stride
+        self._backend: Backend = backend
+        self._envoy = envoy
+        self._remote = remote
+        self._points = hook_points(geometry)
+        self._active: list[tuple[object, dict[str, list[HookFn]]]] = []
+        self._metadata = metadata
+        self._csa_layers = tuple(g.layer for g in geometry if g.kind == "csa")
+
+    # ---- PhaseModel --------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The checkpoint's name or path (what results call the model)."""
+        return str(getattr(self.model.config, "_name_or_path", "") or "") or "deepseek_v4"
+
+    @property
+    def cfg(self) -> DeepSeekV4Cfg:
+        device = self.model.get_input_embeddings().weight.device
+        if device != self._cfg.device:  # the model was moved since
+            self._cfg = replace(self._cfg, device=device)
+        return self._cfg
+
+    @property
+    def phase_specs(self) -> list[PhaseSpec | None]:
+        """Per layer: ``PhaseSpec(r, 2r)`` (CSA), ``PhaseSpec(r')`` (HCA) or ``None`` (sliding only)."""
+        return [g.spec for g in self._geometry]
+
+    @property
+    def analysis_stride(self) -> int:
+        return self._stride
+
+    @property
+    def analysis_spec(self) -> PhaseSpec:
+        """``PhaseSpec(analysis_stride)``, origin 0: phases are slots mod the analysis stride.
+
+        Residues use a modulus that is a multiple of it (e.g. 8 for stride 4; the LCM of 4 and 128 to see
+        CSA and HCA phases together).
+        """
+        return PhaseSpec(self._stride)
+
+    @property
+    def layer_geometry(self) -> list[LayerGeometry]:
+        return list(self._geometry)
+
+    @property
+    def returns_query_logits(self) -> bool:
+        """Whether analyses ask for the query rows' logits only (``logits="query"``): when prefilling in
+        chunks, where all ``[B, T, vocab]`` logits of a long context would not fit in memory."""
+        return self.chunk is not None and not self._remote
+
+    @property
+    def analysis_metadata(self) -> dict[str, Any]:
+        """What a result must carry to be read correctly (a copy): geometry, backend, dtype, and whether the
+        measured model was changed (``model_modified``, ``modifications``) or truncated by ``index_topk``."""
+        return dict(self._metadata)
+
+    @property
+    def hook_dict(self) -> dict[str, HookPoint]:
+        """Every hook name with its :class:`HookPoint` (shape, editability), in execution order; a missing
+        name raises a :class:`~phaselens.core.errors.HookNameError` that says what exists instead."""
+        from phaselens.contract.hooknames import HookDict
+
+        return HookDict(self._points)
+
+    # ---- forward -----------------------------------------------------------------------------------
+    def __call__(
+        self,
+        tokens: Int[Tensor, "batch pos"],
+        *,
+        chunk: int | None = _UNSET,
+        query_len: int | None = None,
+        logits: Literal["all", "query"] = "all",
+    ) -> Float[Tensor, "batch pos vocab"]:
+        """Logits ``[B, T, vocab]`` (``[B, query_len, vocab]`` with ``logits="query"``).
+
+        Args:
+            tokens: ``[B, T]`` token ids (or ``[T]``), unpadded.
+            chunk: prefill in pieces of this many tokens through the model's cache (default: the ``chunk``
+                given to :func:`from_hf`, else one uncached forward). Hooks fire only for the query chunk.
+            query_len: the query rows: under chunked prefill the query chunk, the hooked last tokens (default
+                ``min(chunk, T)``); in an uncached forward only the rows whose logits ``logits="query"`` keeps.
+            logits: ``"query"`` to return (and compute) only the query rows' logits.
+        """
+        if logits not in ("all", "query"):
+            raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
+        tokens = self._tokens(tokens)
+        check_eager(self.model.config)  # the config could have been switched since from_hf
+        T = tokens.shape[1]
+        chunk = self.chunk if chunk is _UNSET else chunk
+        plan = plan_chunks(T, chunk, query_len if chunk is not None else None)
+        cached = bool(plan.prefix)
+        if cached and self._remote:
+            raise InputError(
+                "chunked prefill needs a local cache; with remote=True run unchunked (chunk=None)."
+            )
+        topk_layers = self._check_topk(T)
+        prefix = run_prefix(self.model, tokens, plan, keep_logits=logits == "all") if cached else None
+        query = tokens[:, plan.query_start :]
+        kwargs = call_kwargs(query, plan.query_start, prefix.cache if prefix else None)
+        if logits == "query" and not cached and query_len is not None:
+            if isinstance(query_len, bool) or not isinstance(query_len, numbers.Integral) or not 1 <= query_len <= T:
+                raise InputError(f"query_len must be an int in 1..{T}, got {query_len!r}.")
+            kwargs["logits_to_keep"] = int(query_len)  # the lm_head runs on the query rows only
+        out = self._hooked_call(kwargs, RunInfo(plan.query_start, cached), topk_layers)
+        if logits == "query" or prefix is None:
+            return out.logits
+        return torch.cat([*prefix.prefix_logits, out.logits], dim=1)
+
+    forward = __call__
+
+    def _tokens(self, tokens: Any) -> Tensor:
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        if (
+            tokens.dim() != 2
+            or tokens.is_floating_point()
+            or tokens.dtype == torch.bool
+            or tokens.shape[1] == 0
+            or tokens.shape[0] == 0
+        ):
+            raise InputError(
+                f"tokens must be integer ids of shape [batch, pos] with batch, pos >= 1, got {tuple(tokens.shape)} "
+                f"{tokens.dtype}."
+            )
+        V = self._cfg.d_vocab
+        if int(tokens.min()) < 0 or int(tokens.max()) >= V:
+            raise InputError(
+                f"token ids must lie in 0..{V - 1}; got {int(tokens.min())}..{int(tokens.max())}."
+            )
+        if self._remote:  # the local model is on the meta device; NDIF places the inputs
+            return tokens.long()
+        return tokens.long().to(self.cfg.device)
+
+    def _check_topk(self, T: int) -> tuple[int, ...]:
+        """Warn when an indexer keeps fewer entries than exist at length ``T``; return the layers to record
+        (the binding ones)."""
+        self.indexer_picks = {}
+        if not self._csa_layers:
+            return ()
+        rate = int(self._cfg.compress_rates["compressed_sparse_attention"])
+        entries = T // rate
+        md = self._metadata
+        md["max_entries_seen"] = max(int(md.get("max_entries_seen", 0)), entries)
+        layers = self.model.model.layers
+        topk = {i: int(layers[i].self_attn.compressor.indexer.index_topk) for i in self._csa_layers}
+        binding = tuple(i for i, k in topk.items() if k < entries)
+        if binding:
+            k = min(topk[i] for i in binding)
+            md["index_topk_binding"] = True
+            warnings.warn(
+                IndexTopKWarning(
+                    f"index_topk={k} < {entries} entries at length {T} in CSA layers {list(binding)}: the "
+                    "indexer drops entries, and its tie-breaking differs between chunked and unchunked runs. "
+                    "The picks are in adapter.indexer_picks; from_hf(model, index_topk='all') keeps every "
+                    "entry (and records that the measured model was changed)."
+                ),
+                stacklevel=3,
+            )
+        return binding
+
+    def _hooked_call(self, kwargs: dict[str, Any], run: RunInfo, topk_layers: tuple[int, ...]) -> Any:
+        resolved = self._merged_hooks()
+        record = self.indexer_picks if topk_layers else None
+        module_plan = [
+            (self._points[n], fns) for n, fns in resolved.items() if self._points[n].site in MODULE_SITES
+        ]
+        use_nnsight = self._backend == "nnsight" and (bool(module_plan) or self._remote)
+        if not use_nnsight:
+            with torch_sites(
+                self.model, self._points, resolved, run, record_topk=record, topk_layers=topk_layers
+            ):
+                return self.model(**kwargs)
+        n_heads = self._cfg.n_heads
+        if self._remote:
+            derived = [n for n in resolved if self._points[n].site not in MODULE_SITES]
+            if derived:
+                raise InputError(
+                    f"remote=True reaches module sites only; {derived} need backend='torch' locally."
+                )
+            return run_traced(self.model, self._envoy, kwargs, module_plan, run, n_heads=n_heads, remote=True)
+        with torch_sites(
+            self.model,
+            self._points,
+            resolved,
+            run,
+            skip=MODULE_SITES,
+            record_topk=record,
+            topk_layers=topk_layers,
+        ):
+            return run_traced(self.model, self._envoy, kwargs, module_plan, run, n_heads=n_heads)
+
+    # ---- capabilities (see phaselens.contract.protocol.CAPABILITIES) ----------------------------------------
+    @property
+    def query_engine(self) -> Callable[..., Any] | None:
+        """The ``query_engine`` capability: ``adapter.query_engine(tokens [N, T], query_pos [N],
+        rows_per_pass=4096, batch_size=None, pass_bytes=2**30)`` returns a :class:`~phaselens.runtime.engines.QueryEngine`
+        over the cached clean prefix (see :mod:`.engine`): one cache per query slot and piece of at most
+        ``batch_size`` rows, prefilled in the adapter's ``chunk``. ``None`` with ``remote=True``: the engine
+        needs a local cache.
+        """
+        return None if self._remote else self._query_engine
+
+    def _query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
+                      batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
+        if self._active:
+            raise InputError(
+                "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
+                "active on the adapter (adapter.hooks(...) or a knockout context); pass engine='full'."
+            )
+        check_eager(self.model.config)
+        tokens = self._tokens(tokens)
+        qp = torch.as_tensor(query_pos).long().cpu()
+        if qp.dim() != 1 or len(qp) != tokens.shape[0] or int(qp.min()) < 0 or int(qp.max()) >= tokens.shape[1]:
+            raise InputError(f"query_pos must be [{tokens.shape[0]}] slots in 0..{tokens.shape[1] - 1}, got "
+                             f"{tuple(qp.shape)} {qp.tolist()[:8]}.")
+        self._check_topk(int(qp.max()) + 1)
+
+        def slot(model: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> V4SuffixEngine:
+            return V4SuffixEngine(model, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
+
+        return QueryEngine(self, tokens, qp, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
+
+    def estimate_memory(self, tokens: int, *, batch: int = 1, query_len: int | None = None,
+                        logits: Literal["all", "query"] = "all") -> MemoryEstimate:
+        """The ``estimate_memory`` capability: :func:`~phaselens.models.deepseek_v4.estimate_memory` of a call
+        on ``batch`` sequences of ``tokens`` tokens, prefilled in this adapter's ``chunk``."""
+        return estimate_memory(self, tokens, batch=batch, chunk=self.chunk, query_len=query_len, logits=logits)
+
+    # ---- hooks -------------------------------------------------------------------------------------
+    def _merged_hooks(self) -> dict[str, list[HookFn]]:
+        merged: dict[str, list[HookFn]] = {}
+        for _, resolved in self._active:
+            for name, fns in resolved.items():
+                merged.setdefault(name, []).extend(fns)
+        return merged
+
+    @contextmanager
+    def hooks(
+        self,
+        fwd_hooks: Iterable[tuple[NameFilter, HookFn]] = (),
+        bwd_hooks: Iterable[Any] = (),
+        reset_hooks_end: bool = True,
+    ) -> Iterator[DeepSeekV4Adapter]:
+        """Apply ``fwd_hooks`` to every forward inside the block; removed in ``finally`` whatever raises.
+
+        ``fwd_hooks``: ``(name_or_filter, fn)`` pairs; a filter is a name, a list of names or a predicate on
+        names. ``fn(tensor, *, hook)`` may return a replacement. Contexts nest; hooks run in entry order.
+        """
+        if list(bwd_hooks):
+            raise InputError(
+                "the DeepSeek-V4 adapter has no backward hooks; take gradients of hooked tensors instead."
+            )
+        if not reset_hooks_end:
+            raise InputError(
+                "reset_hooks_end=False is not supported: the adapter never leaves hooks on the model."
+            )
+        token = object()
+        self._active.append((token, resolve(self._points, fwd_hooks)))
+        try:
+            yield self
+        finally:
+            self._active = [item for item in self._active if item[0] is not token]
+
+    def run_with_hooks(
+        self, tokens: Tensor, *, fwd_hooks: Iterable[tuple[NameFilter, HookFn]] = (), **forward_kwargs: Any
+    ) -> Tensor:
+        """``adapter(tokens, **forward_kwargs)`` with ``fwd_hooks`` applied for that one call."""
+        with self.hooks(fwd_hooks=fwd_hooks):
+            return self(tokens, **forward_kwargs)
+
+    def run_with_cache(
+        self,
+        tokens: Tensor,
+        *,
+        names_filter: Any = None,
+        device: torch.device | str | None = None,
+        **forward_kwargs: Any,
+    ) -> tuple[Tensor, Any]:
+        """``(logits, cache)``: a TransformerLens ``ActivationCache`` of the names selected by ``names_filter``
+        (all if ``None``: always filter in sweeps). Activations are detached copies, moved to ``device`` if
+        given. ``cache["pattern_entry", 1]`` and ``cache["blocks.1.attn.hook_z"]`` both work."""
+        from transformer_lens import ActivationCache
+
+        store: dict[str, Tensor] = {}
+
+        def keep(tensor: Tensor, *, hook: Any) -> None:
+            value = tensor.detach()
+            store[hook.name] = value.to(device, copy=True) if device is not None else value.clone()
+
+        names = match(self._points, names_filter)
+        logits = self.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], **forward_kwargs)
+        return logits, ActivationCache(store, self)
+
+    def __repr__(self) -> str:
+        kinds = "".join({"csa": "C", "hca": "H", "sliding": "S"}[g.kind] for g in self._geometry)
+        return (
+            f"DeepSeekV4Adapter(layers={kinds}, strides={sorted({s.stride for s in self.phase_specs if s})}, "
+            f"analysis_stride={self._stride}, backend={self._backend!r})"
+        )

@@ -1,0 +1,134 @@
+"""``load_hf``: a local DeepSeek-V4 checkpoint directory -> adapter (``phaselens.load("hf:PATH")``).
+
+Never downloads: ``local_files_only=True`` everywhere, and a path that is not a directory is an error.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from phaselens.core.errors import CheckpointError, UnsupportedModelError
+from phaselens.models.deepseek_v4.adapter import DeepSeekV4Adapter
+from phaselens.models.deepseek_v4.construct import from_hf
+from phaselens.models.deepseek_v4.notices import LayerTypesWarning
+from phaselens.runtime.checkpoints import read_json, safetensors_metadata
+
+PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
+
+# from_hf's options; everything else goes to from_pretrained.
+_ADAPTER_KW = ("analysis_stride", "index_topk", "backend", "chunk", "numerics", "quantize")
+
+
+def load_hf(
+    path: str | os.PathLike,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+    device_map: Any = None,
+    layer_types: list[str] | None = None,
+    **kwargs: Any,
+) -> DeepSeekV4Adapter:
+    """Load a local transformers DeepSeek-V4 checkpoint with eager attention and wrap it.
+
+    Args:
+        path: a checkpoint directory (``config.json`` + weights).
+        device: where to put the model when ``device_map`` is ``None``.
+        dtype: e.g. ``torch.bfloat16`` for real weights (default: the checkpoint's).
+        device_map: passed to ``from_pretrained`` (``"auto"`` spreads a large model over the GPUs and CPU);
+            ``device`` is then ignored.
+        layer_types: the per-layer attention schedule, to override the config's. Not needed for the released
+            checkpoints: their ``config.json`` carries ``compress_ratios`` (0 sliding, 4 CSA, 128 HCA per layer),
+            from which transformers builds ``layer_types``. Only a config with neither falls back to
+            transformers' default schedule, which matches no released model (a ``LayerTypesWarning`` says so).
+        **kwargs: ``analysis_stride``, ``index_topk``, ``backend``, ``chunk``, ``numerics``, ``quantize`` go to
+            :func:`from_hf`; the rest to ``DeepseekV4ForCausalLM.from_pretrained`` (config overrides included).
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir() or not (root / "config.json").is_file():
+        raise CheckpointError(
+            f"no transformers checkpoint at {root} (a directory with config.json and weights is needed); "
+            "phaselens never downloads: fetch the weights first, then phaselens.load('hf:/that/directory')."
+        )
+    if kwargs.get("attn_implementation", "eager") != "eager":
+        raise UnsupportedModelError(
+            f"attn_implementation={kwargs['attn_implementation']!r}: the adapter reads eager attention "
+            "probabilities and transformers 5.24 runs DeepSeek-V4 only eagerly; drop the argument."
+        )
+    kwargs.pop("attn_implementation", None)
+    adapter_kw = {k: kwargs.pop(k) for k in _ADAPTER_KW if k in kwargs}
+    raw = read_json(root / "config.json", fix="restore config.json from the checkpoint's source.")
+    if raw.get("model_type") != "deepseek_v4":
+        raise UnsupportedModelError(
+            f"{root} holds a {raw.get('model_type')!r} checkpoint; load_hf supports DeepSeek-V4 "
+            "('deepseek_v4')."
+        )
+    _check_weights(root)
+    n_layers = raw.get("num_hidden_layers")
+    given = layer_types if layer_types is not None else raw.get("layer_types")
+    if given is not None and (
+        isinstance(given, str) or not hasattr(given, "__len__") or (isinstance(n_layers, int) and len(given) != n_layers)
+    ):
+        where = "layer_types=" if layer_types is not None else f"{root}/config.json's layer_types"
+        raise UnsupportedModelError(
+            f"{where} must list one attention type per layer: the config has num_hidden_layers={n_layers}, got "
+            f"{len(given) if hasattr(given, '__len__') and not isinstance(given, str) else repr(given)} entries; "
+            "pass a list of that length (e.g. ['sliding_attention', 'compressed_sparse_attention', ...])."
+        )
+    if layer_types is not None:
+        kwargs["layer_types"] = list(layer_types)
+    elif "layer_types" not in raw and "compress_ratios" not in raw:
+        warnings.warn(
+            LayerTypesWarning(
+                f"{root}/config.json has neither layer_types nor compress_ratios, so transformers' default "
+                "schedule is used, which matches no released DeepSeek-V4 checkpoint; pass layer_types=[...] "
+                "explicitly."
+            ),
+            stacklevel=2,
+        )
+    from transformers import DeepseekV4ForCausalLM
+
+    model = DeepseekV4ForCausalLM.from_pretrained(
+        str(root),
+        local_files_only=True,
+        use_safetensors=True,  # never unpickle pytorch_model.bin
+        attn_implementation="eager",
+        dtype=dtype,
+        device_map=device_map,
+        **kwargs,
+    )
+    if device_map is None:
+        model = model.to(device)
+    return from_hf(model, **adapter_kw)
+
+
+def _check_weights(root: Path) -> None:
+    """Refuse pickled-only checkpoints and damaged shards before transformers reads anything.
+
+    Every ``*.safetensors`` file (and every shard the index names) must be complete: safetensors checks the
+    header and that the data covers the file exactly, without reading the data.
+    """
+    shards = sorted(root.glob("*.safetensors"))
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        data = read_json(index, fix="restore the index from the checkpoint's source.")
+        names = sorted(set((data.get("weight_map") or {}).values())) if isinstance(data.get("weight_map"), dict) else []
+        missing = [n for n in names if not (root / n).is_file()]
+        if missing:
+            raise CheckpointError(f"{index} names shard(s) that are missing: {missing[:3]}; download them again.")
+        shards = sorted({*shards, *(root / n for n in names)})
+    if not shards:
+        pickled = sorted(p.name for pat in PICKLED for p in root.glob(pat))
+        raise UnsupportedModelError(
+            f"{root} has no *.safetensors weights"
+            + (f", only pickled ones ({', '.join(pickled[:3])})" if pickled else "")
+            + ": phaselens loads safetensors only, because unpickling can run arbitrary code. Convert the weights "
+            "once in a trusted environment (e.g. model.save_pretrained(dir, safe_serialization=True)) or download "
+            "the safetensors release."
+        )
+    for shard in shards:
+        safetensors_metadata(shard, fix="the download is incomplete or damaged: download this shard again.")

@@ -1,0 +1,266 @@
+"""Torch-hook backend: puts the adapter's hook points on a transformers DeepSeek-V4 model for one forward.
+
+Every handle is registered inside :func:`torch_sites` and removed in its ``finally``, whatever raises
+(including ``KeyboardInterrupt``); the attention tap is restored the same way. Nothing stays on the model
+between forwards.
+
+Where each site sits (``model.model.layers[l]`` = ``layer``, ``layer.self_attn`` = ``attn``):
+
+* ``hook_embed``: output of ``embed_tokens``; ``hook_resid_pre`` / ``hook_resid_post``: input / output of
+  ``layer``, and ``hook_resid_mid``: input of ``layer.ffn_hc`` (all the hyper-connection streams
+  ``[B, n, hc_mult, D]``);
+* ``attn.hook_q``: output of ``attn.q_b_norm`` (after the norm, before RoPE); ``attn.hook_kv``: output of
+  ``attn.kv_norm`` (before RoPE);
+* ``attn.hook_z``: input of the grouped output projection ``attn.o_a_proj``, viewed per head (after the
+  conjugate RoPE); ``hook_attn_out``: ``attn``'s output; ``hook_mlp_out``: ``layer.mlp``'s output;
+* ``attn.hook_indexer_topk``: output of ``attn.compressor.indexer``;
+* ``attn.hook_gate`` / ``hook_payload`` / ``hook_entry``: rebuilt from ``compressor.kv_proj`` /
+  ``compressor.gate_proj`` (see :mod:`.gates`) when the compressor returns; editing the gates or payloads
+  recomputes the new rows, editing the entries replaces them (in the returned rows and in the cache);
+* ``attn.hook_pattern_*``: from the attention tap (see :mod:`.patterns`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from phaselens.models.deepseek_v4 import gates
+from phaselens.models.deepseek_v4.hookpoints import (
+    COMPRESSOR_SITES,
+    PATTERN_SITES,
+    HookFn,
+    HookPoint,
+    call_hooks,
+    context_for,
+)
+from phaselens.models.deepseek_v4.patterns import attention_tap, split
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """Where the hooked call sits: the cache slot of its position 0, and whether it runs through a cache."""
+
+    query_start: int = 0
+    cached: bool = False
+
+
+class CompressorTap:
+    """Hooks around one layer's compressor: snapshot the cache, catch the projections, rebuild the gates."""
+
+    def __init__(
+        self, module: nn.Module, layer: int, fns: dict[str, tuple[HookPoint, list[HookFn]]], run: RunInfo
+    ) -> None:
+        self.module, self.layer, self.fns, self.run = module, layer, fns, run
+        self.before = gates.Snapshot()
+        self.cache: Any = None
+        self.kv: Tensor | None = None
+        self.gate: Tensor | None = None
+        self.n_entries = 0  # every entry the attention of this call sees (read by the pattern tap)
+
+    def install(self, handles: list[Any]) -> None:
+        m = self.module
+        handles.append(m.register_forward_pre_hook(self._pre, with_kwargs=True))
+        if self.fns:
+            handles.append(m.kv_proj.register_forward_hook(lambda _m, _a, out: setattr(self, "kv", out)))
+            handles.append(m.gate_proj.register_forward_hook(lambda _m, _a, out: setattr(self, "gate", out)))
+        handles.append(m.register_forward_hook(self._post))
+
+    def _pre(self, _m: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.cache = args[3] if len(args) > 3 else kwargs.get("cache", kwargs.get("past_key_values"))
+        self.before = gates.snapshot(self.cache, self.layer)
+
+    def _post(self, module: nn.Module, _args: tuple, out: tuple[Tensor, Any]) -> tuple[Tensor, Any] | None:
+        compressed, bias = out[0], out[1]
+        total = int(compressed.shape[2])
+        self.n_entries = total
+        if not self.fns:
+            return None
+        assert self.kv is not None and self.gate is not None
+        w = gates.windows(module, self.kv, self.gate, self.before)
+        new = w.n_entries
+        if total != (
+            w.first_entry + new if self.cache is not None else new
+        ):  # our layout must match the model's
+            raise RuntimeError(
+                f"layer {self.layer}: rebuilt {new} new entries from entry {w.first_entry}, but the "
+                "compressor "
+                f"returned {total}; this transformers version lays out the compressor differently."
+            )
+
+        def run(site: str, tensor: Tensor) -> tuple[Tensor, bool]:
+            if site not in self.fns:
+                return tensor, False
+            point, fns = self.fns[site]
+            return call_hooks(fns, tensor, context_for(point, self.run.query_start, w.first_entry))
+
+        alpha, edited_alpha = run("gate", w.alpha)
+        payload, edited_payload = run("payload", w.payload)
+        rows = None
+        if edited_alpha or edited_payload:
+            rows = gates.rows(module, gates.Windows(alpha, payload, w.first_entry)).to(compressed.dtype)
+        current = rows if rows is not None else compressed[:, 0, total - new :]
+        entry, edited_entry = run("entry", current.unsqueeze(2))
+        if edited_entry:
+            rows = entry.squeeze(2).to(compressed.dtype)
+        if rows is None:
+            return None
+        full = torch.cat([compressed[:, :, : total - new], rows.unsqueeze(1)], dim=2)
+        if self.cache is not None:  # later chunks and decode steps read the edited rows too
+            self.cache.layers[self.layer].compressed_kv["compressor"] = full[:, 0]
+        return full, bias
+
+
+def _forward_hook(
+    point: HookPoint, fns: list[HookFn], run: RunInfo, get: Callable, put: Callable
+) -> Callable:
+    """A forward hook that shows ``get(output)`` to ``fns`` and writes the result back with ``put``."""
+
+    def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
+        value, _ = call_hooks(fns, get(out), context_for(point, run.query_start))
+        return put(out, value)
+
+    return hook
+
+
+def _module_site(model: nn.Module, point: HookPoint, fns: list[HookFn], run: RunInfo, n_heads: int) -> Any:
+    """Register the torch hook of one module site; return its handle."""
+    if point.site == "embed":
+        return model.get_input_embeddings().register_forward_hook(
+            _forward_hook(point, fns, run, _same, _second)
+        )
+    layer = model.model.layers[point.layer]
+    attn = layer.self_attn
+    site = point.site
+    if site == "resid_mid":  # the streams after attention are the input of the MLP's hyper-connection
+
+        def pre_mid(_m: nn.Module, args: tuple) -> tuple:
+            value, _ = call_hooks(fns, args[0], context_for(point, run.query_start))
+            return (value, *args[1:])
+
+        return layer.ffn_hc.register_forward_pre_hook(pre_mid)
+    if site == "resid_pre":
+
+        def pre(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            if args:
+                value, _ = call_hooks(fns, args[0], context_for(point, run.query_start))
+                return (value, *args[1:]), kwargs
+            value, _ = call_hooks(fns, kwargs["hidden_states"], context_for(point, run.query_start))
+            return args, {**kwargs, "hidden_states": value}
+
+        return layer.register_forward_pre_hook(pre, with_kwargs=True)
+    if site == "z":
+
+        def pre_z(_m: nn.Module, args: tuple) -> tuple:
+            x = args[0]  # [B, n, groups, heads_per_group * d]: heads are contiguous within a group
+            B, n = x.shape[:2]
+            z, _ = call_hooks(fns, x.reshape(B, n, n_heads, -1), context_for(point, run.query_start))
+            return (z.reshape(x.shape), *args[1:])
+
+        return attn.o_a_proj.register_forward_pre_hook(pre_z)
+    sites: dict[str, tuple[nn.Module, Callable, Callable]] = {
+        "resid_post": (layer, _same, _second),
+        "mlp_out": (layer.mlp, _same, _second),
+        "attn_out": (attn, lambda out: out[0], lambda out, v: (v, *out[1:])),
+        "q": (attn.q_b_norm, lambda out: out.transpose(1, 2), lambda out, v: v.transpose(1, 2)),
+        "kv": (attn.kv_norm, lambda out: out.unsqueeze(2), lambda out, v: v.squeeze(2)),
+        "indexer_topk": (getattr(attn.compressor, "indexer", None), _same, _second),
+    }
+    module, get, put = sites[site]
+    return module.register_forward_hook(_forward_hook(point, fns, run, get, put))
+
+
+def _same(x: Any) -> Any:
+    return x
+
+
+def _second(_out: Any, value: Any) -> Any:
+    return value
+
+
+@contextmanager
+def torch_sites(
+    model: nn.Module,
+    points: dict[str, HookPoint],
+    resolved: dict[str, list[HookFn]],
+    run: RunInfo,
+    *,
+    skip: frozenset[str] = frozenset(),
+    record_topk: dict[int, Tensor] | None = None,
+    topk_layers: tuple[int, ...] = (),
+) -> Iterator[None]:
+    """Install the hooks of ``resolved`` (except sites in ``skip``) for the forwards inside the block.
+
+    ``record_topk``: a dict that receives the indexer picks ``[B, n, k]`` of ``topk_layers``.
+    """
+    handles: list[Any] = []
+    with ExitStack() as stack:
+        stack.callback(_remove, handles)  # registered first, so it runs last, even if installing fails
+        config = model.config
+        per_layer: dict[int, dict[str, tuple[HookPoint, list[HookFn]]]] = {}
+        for name, fns in resolved.items():
+            point = points[name]
+            if point.site in skip:
+                continue
+            if point.site in COMPRESSOR_SITES or point.site in PATTERN_SITES:
+                per_layer.setdefault(point.layer, {})[point.site] = (point, fns)
+            else:
+                handles.append(_module_site(model, point, fns, run, int(config.num_attention_heads)))
+        taps = {}
+        for layer, site_fns in per_layer.items():
+            attn = model.model.layers[layer].self_attn
+            comp = None
+            if attn.compressor is not None:
+                comp = CompressorTap(
+                    attn.compressor, layer, {s: v for s, v in site_fns.items() if s in COMPRESSOR_SITES}, run
+                )
+                comp.install(handles)
+            patterns = {s: v for s, v in site_fns.items() if s in PATTERN_SITES}
+            if patterns:
+                taps[id(attn)] = _pattern_tap(patterns, comp, run, int(config.sliding_window))
+        for layer in topk_layers if record_topk is not None else ():
+            indexer = model.model.layers[layer].self_attn.compressor.indexer
+            handles.append(indexer.register_forward_hook(_recorder(record_topk, layer)))
+        if taps:
+            stack.enter_context(attention_tap(taps))
+        yield
+
+
+def _pattern_tap(
+    patterns: dict[str, tuple[HookPoint, list[HookFn]]], comp: CompressorTap | None, run: RunInfo, window: int
+):
+    def tap(module: nn.Module, query: Tensor, key: Tensor, mask: Tensor | None, scaling: float) -> None:
+        s = split(
+            query,
+            key,
+            mask,
+            module.sinks,
+            scaling,
+            n_entries=comp.n_entries if comp is not None else 0,
+            query_start=run.query_start,
+            window=window,
+        )
+        for site, value in (("pattern_local", s.local), ("pattern_entry", s.entry), ("pattern_sink", s.sink)):
+            if site in patterns:
+                point, fns = patterns[site]
+                call_hooks(fns, value, context_for(point, run.query_start))
+
+    return tap
+
+
+def _recorder(store: dict[int, Tensor], layer: int) -> Callable:
+    def hook(_m: nn.Module, _args: tuple, out: Tensor) -> None:
+        store[layer] = out.detach().clone()
+
+    return hook
+
+
+def _remove(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
+    handles.clear()

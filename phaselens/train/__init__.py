@@ -1,0 +1,5 @@
+"""Training: the deterministic, resumable training loop, the recipes, and building the zoo."""
+
+from phaselens.train.loop import TrainResult, TrainSettings, train
+
+__all__ = ["TrainResult", "TrainSettings", "train"]

@@ -1,0 +1,156 @@
+"""Training data of the family: the paper's task generated on the fly, optionally mixed with a user's own
+pretraining tokens read from memory-mapped files. Nothing is downloaded.
+
+A batch is a pure function of ``(batch_size, seed)`` (:func:`phaselens.train`'s ``batch_fn`` convention), so a
+run resumes bit-identically and every rank of a distributed run can build the same global batch and take its
+rows. Of the ``B`` rows, ``round(ratio * B)`` are windows of the user's tokens (every position trained on the
+next token) and the rest are task items split evenly over the task variants (only the answer and the
+demonstrations' values are trained); the rows are then shuffled so that every rank gets a share of each.
+Every row has the task's length.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from phaselens.core.errors import InputError
+from phaselens.tasks import KVRecall
+
+DTYPES = ("uint16", "uint32", "int32", "int64")
+
+
+@dataclass(frozen=True)
+class TokenFiles:
+    """A user's pretraining tokens: flat files of token ids, read through ``numpy`` memory maps.
+
+    Args:
+        paths: ``.npy`` files (their dtype is read from the header; ``allow_pickle`` stays off) or raw binary
+            files of ``dtype`` ids (e.g. nanoGPT's ``train.bin``, ``uint16``).
+        dtype: the id type of raw files.
+
+    Windows never cross a file boundary. Each file must hold more ids than one window.
+    """
+
+    paths: tuple[str, ...]
+    dtype: str = "uint16"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.paths, str | os.PathLike):
+            object.__setattr__(self, "paths", (self.paths,))
+        object.__setattr__(self, "paths", tuple(str(Path(p).expanduser()) for p in self.paths))
+        if not self.paths:
+            raise InputError("TokenFiles needs at least one file of token ids.")
+        if self.dtype not in DTYPES:
+            raise InputError(f"token file dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}.")
+        for p in self.paths:
+            if not Path(p).is_file():
+                raise InputError(f"token file {p} does not exist; pass files of token ids (.npy or raw {self.dtype}).")
+
+    def arrays(self) -> list[np.ndarray]:
+        """One read-only memory map per file, 1-D."""
+        out = []
+        for p in self.paths:
+            try:
+                arr = np.load(p, mmap_mode="r", allow_pickle=False) if p.endswith(".npy") else \
+                    np.memmap(p, dtype=self.dtype, mode="r")
+            except (ValueError, OSError) as err:
+                raise InputError(f"token file {p} cannot be read as ids ({err}); write a 1-D .npy of integers or "
+                                 f"a raw file of {self.dtype}.") from None
+            if arr.ndim != 1 or arr.dtype.kind not in "iu":
+                raise InputError(f"token file {p} holds a {arr.ndim}-D {arr.dtype} array; it must be 1-D integer ids.")
+            out.append(arr)
+        return out
+
+    def describe(self) -> dict[str, object]:
+        """What identifies the data (for a run's fingerprint): each file's name, size and a digest of its ends."""
+        out = []
+        for p, arr in zip(self.paths, self.arrays()):
+            h = hashlib.sha256(np.ascontiguousarray(arr[:4096]).tobytes())
+            h.update(np.ascontiguousarray(arr[-4096:]).tobytes())
+            out.append({"name": Path(p).name, "n": int(arr.size), "dtype": str(arr.dtype), "ends": h.hexdigest()[:16]})
+        return {"files": out}
+
+    def windows(self, rng: np.random.Generator, n: int, length: int) -> np.ndarray:
+        """``[n, length]`` int64 windows at uniformly random starts (every valid start equally likely)."""
+        arrays = self.arrays()
+        valid = np.array([max(0, a.size - length + 1) for a in arrays], dtype=np.int64)
+        if valid.sum() == 0:
+            raise InputError(f"the token files hold no window of {length} ids (sizes "
+                             f"{[int(a.size) for a in arrays]}); supply longer files.")
+        flat = rng.integers(0, int(valid.sum()), n)
+        ends = np.cumsum(valid)
+        which = np.searchsorted(ends, flat, side="right")
+        starts = flat - (ends[which] - valid[which])
+        out = np.empty((n, length), dtype=np.int64)
+        for f in np.unique(which):  # one gather per file (files are few)
+            rows = np.flatnonzero(which == f)
+            out[rows] = arrays[f][starts[rows, None] + np.arange(length)]
+        return out
+
+
+@dataclass(frozen=True)
+class FamilyData:
+    """The family's ``batch_fn``: a mixture of task variants of one length, plus ``ratio`` of user tokens.
+
+    Args:
+        tasks: the task variants (:func:`~phaselens.family.recipes.training_tasks`), all of one sequence length;
+            each batch takes an equal share of its task rows from each (the first ones take the remainder).
+        pretraining: the user's token files, or None.
+        ratio: the fraction of each batch's rows (and so of its tokens) taken from ``pretraining``.
+        d_vocab: the model's vocabulary; a user token at or above it is an :class:`InputError`.
+    """
+
+    tasks: tuple[KVRecall, ...]
+    pretraining: TokenFiles | None = None
+    ratio: float = 0.0
+    d_vocab: int | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        if not self.tasks:
+            raise InputError("FamilyData needs at least one task.")
+        if not (isinstance(self.ratio, int | float) and 0.0 <= self.ratio < 1.0):
+            raise InputError(f"the pretraining ratio must lie in [0, 1), got {self.ratio!r}: at least some rows are "
+                             "the task's.")
+        if self.ratio > 0 and self.pretraining is None:
+            raise InputError("a pretraining ratio > 0 needs token files (--pretrain FILE).")
+        if len({t.seq_len() for t in self.tasks}) != 1:
+            raise InputError(f"the task variants must give items of one length, got {[t.seq_len() for t in self.tasks]}.")
+
+    @property
+    def seq_len(self) -> int:
+        return self.tasks[0].seq_len()
+
+    def describe(self) -> dict[str, object]:
+        return {"tasks": [t.to_dict() for t in self.tasks], "ratio": self.ratio,
+                "pretraining": self.pretraining.describe() if self.pretraining is not None else None}
+
+    def __call__(self, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens [B, T], targets [B, T])`` of the batch drawn with ``seed``."""
+        rng = np.random.default_rng(seed)
+        n_pre = int(round(self.ratio * batch_size)) if self.pretraining is not None else 0
+        share, extra = divmod(batch_size - n_pre, len(self.tasks))
+        parts_t, parts_g = [], []
+        for i, task in enumerate(self.tasks):
+            n = share + (i < extra)
+            if n:
+                b = task.sample_training_batch(n, rng)
+                parts_t.append(b.tokens)
+                parts_g.append(b.targets)
+        if n_pre:
+            assert self.pretraining is not None
+            win = self.pretraining.windows(rng, n_pre, self.seq_len + 1)
+            if self.d_vocab is not None and int(win.max()) >= self.d_vocab:
+                raise InputError(f"a pretraining token id ({int(win.max())}) is outside the model's vocabulary "
+                                 f"0..{self.d_vocab - 1}; train a size with a larger vocabulary (--vocab N).")
+            parts_t.append(torch.from_numpy(win[:, :-1].copy()))
+            parts_g.append(torch.from_numpy(win[:, 1:].copy()))
+        tokens, targets = torch.cat(parts_t), torch.cat(parts_g)
+        order = torch.from_numpy(rng.permutation(batch_size))
+        return tokens[order], targets[order]

@@ -1,0 +1,176 @@
+"""The package's layers: imports point one way, no cycles, a small top level, a public namespace.
+
+The layers, lowest first (docs/architecture.md). A module may import from its own layer and from lower ones;
+``analyses`` and ``models`` share a rank but never import each other (they meet only in the contract).
+Imports are read from the source (function-level imports count; ``TYPE_CHECKING`` blocks do not).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import phaselens
+
+PKG = Path(phaselens.__file__).resolve().parent
+
+# first package component under phaselens -> rank
+LAYERS = {
+    "core": 0, "data": 0,
+    "stats": 1, "tasks": 1,
+    "plots": 2,
+    "contract": 3,
+    "runtime": 4,
+    "results": 5,
+    "analyses": 6, "models": 6,
+    "train": 7,
+    "presentation": 8,
+    "__init__": 9, "__main__": 9, "_moved": 9,
+}
+SIBLINGS = {frozenset({"analyses", "models"})}
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for f in PKG.rglob("*.py"):
+        rel = f.relative_to(PKG.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        mods[".".join(parts)] = f
+    return mods
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            node.body = []
+    pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    out = set()
+    for node in ast.walk(tree):
+        targets: list[str] = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            while t and t not in known:
+                t = t.rsplit(".", 1)[0] if "." in t else ""
+            if t and t != name and not name.startswith(t + "."):
+                out.add(t)
+    return out
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(m, f, set(mods)) for m, f in mods.items()}
+
+
+def test_every_subpackage_has_a_layer():
+    tops = {p.stem if p.is_file() else p.name for p in PKG.iterdir()
+            if (p.suffix == ".py") or (p.is_dir() and (p / "__init__.py").exists())}
+    assert tops <= set(LAYERS), f"give these a layer in LAYERS and docs/architecture.md: {tops - set(LAYERS)}"
+
+
+def test_imports_point_down(graph):
+    bad = []
+    for src, targets in graph.items():
+        ls = _layer(src)
+        for dst in targets:
+            ld = _layer(dst)
+            if dst == "phaselens" or ld == ls:
+                if dst == "phaselens" and ls != "__init__":
+                    bad.append(f"{src} imports the top package (import from the defining module instead)")
+                continue
+            if LAYERS[ld] > LAYERS[ls]:
+                bad.append(f"{src} ({ls}) imports {dst} ({ld}): upward")
+            elif frozenset({ls, ld}) in SIBLINGS:
+                bad.append(f"{src} ({ls}) imports {dst} ({ld}): siblings meet only through the contract")
+    assert not bad, "\n".join(sorted(bad))
+
+
+def test_no_import_cycles(graph):
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    cycles: list[list[str]] = []
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10000))
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                cycles.append(sorted(comp))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
+
+
+def test_a_small_top_level():
+    modules = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(modules) <= 6, modules
+
+
+def test_no_module_is_named_like_a_public_function():
+    public = {n for n in phaselens.__all__ if callable(getattr(phaselens, n, None)) and n[0].islower()}
+    clash = [str(f.relative_to(PKG)) for f in PKG.rglob("*.py") if f.stem in public]
+    clash += [str(d.relative_to(PKG)) for d in PKG.rglob("*") if d.is_dir() and d.name in public]
+    assert not clash, clash
+
+
+def test_dir_shows_only_the_public_api():
+    names = set(dir(phaselens))
+    assert names == set(phaselens.__all__)
+    for private in ("Any", "sys", "importlib", "TYPE_CHECKING", "annotations", "types"):
+        assert private not in names
+    for name in phaselens.__all__:  # every advertised name resolves
+        assert getattr(phaselens, name) is not None
+
+
+def test_old_module_paths_warn_and_resolve():
+    from phaselens._moved import MOVED
+
+    with pytest.warns(DeprecationWarning, match="moved to phaselens.runtime.files"):
+        from phaselens.files import atomic_write_dir  # noqa: F401
+    from phaselens.runtime.files import atomic_write_dir as new
+
+    assert atomic_write_dir is new
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        import phaselens.interventions as old
+
+        assert old.ablate is phaselens.ablate
+    for old_name, new_name in MOVED.items():  # every target exists
+        if new_name != "phaselens":
+            assert new_name in _modules(), (old_name, new_name)
