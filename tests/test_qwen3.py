@@ -102,3 +102,17 @@ def test_compressed_qwen3_keeps_the_backbone_weights():
     # position 0..2 see no complete entry and all their raw tokens lie in the window: Qwen3's exact logits
     assert rel_max(got[:, :3], ref[:, :3]) <= TOL
     assert rel_max(got[:, 20:], ref[:, 20:]) > 1e-3
+
+
+def test_the_family_cache_is_a_real_cache():
+    """Prefill plus token-by-token decoding through the compressed cache gives the parallel forward's logits
+    on the family's backbone (QK-norm, GQA, 'half' RoPE, overlapping windows)."""
+    model = phaselens.CompressedTransformer(family_config("w8s4", "tiny", seed=1))
+    tokens = torch.randint(0, model.cfg.d_vocab, (2, 45), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        ref = model(tokens)
+        cache = model.new_cache(2, 45)
+        first = model(tokens[:, :13], cache=cache)
+        steps = [model(tokens[:, t : t + 1], cache=cache) for t in range(13, 45)]
+    got = torch.cat([first, *steps], dim=1)
+    assert rel_max(got, ref) <= TOL

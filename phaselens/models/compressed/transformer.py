@@ -161,7 +161,8 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
 
     @property
     def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        """Query weights as TransformerLens shapes them (applied to the RMS-normed residual, before RoPE)."""
+        """Query weights as TransformerLens shapes them (applied to the RMS-normed residual, before RoPE; with
+        ``cfg.qk_norm`` the per-head RMSNorm ``q_norm`` follows them, so ``hook_q`` is not ``x @ W_Q`` then)."""
         return self._per_head("Q")
 
     @property
