@@ -171,3 +171,13 @@ def test_torchrun_cli_trains_a_tiny_member_that_phaselens_loads(tmp_path):
     model = phaselens.load(tmp_path / "out" / "paper-w8s4-tiny")
     assert model.metadata["training"]["world_size"] == 2 and model.phase_specs[0].stride == 4
     assert read_log(tmp_path / "runs" / "paper-w8s4-tiny")["step"] == [1, 2]
+
+
+def test_a_time_limit_stops_with_a_checkpoint_and_the_rerun_finishes_the_same_run(tmp_path):
+    """time_limit=0 stops after the first step (a job's wall-clock limit); rerunning completes the same run."""
+    ref = train_family(CFG, DATA, settings(4), tmp_path / "ref", progress=False)
+    first = train_family(CFG, DATA, settings(4), tmp_path / "run", progress=False, time_limit=0.0)
+    assert first.model is None and read_log(tmp_path / "run")["step"] == [1]
+    again = train_family(CFG, DATA, settings(4), tmp_path / "run", progress=False)
+    assert again.resumed_from == 1
+    assert all(torch.equal(a, b) for a, b in zip(ref.model.state_dict().values(), again.model.state_dict().values()))

@@ -382,6 +382,9 @@ def train(
         f"{FAMILY_HELP} Id type of raw --pretrain files: uint16, uint32, int32, int64."))] = "uint16",
     eval_per_residue: Annotated[int, typer.Option("--eval-per-residue", metavar="N", min=0, help=(
         f"{FAMILY_HELP} Items per residue of the final evaluation with the battery (0: none)."))] = 256,
+    time_limit: Annotated[float | None, typer.Option("--time-limit", metavar="SECONDS", min=0.0, help=(
+        f"{FAMILY_HELP} Stop with a checkpoint once this many seconds have passed (e.g. inside a job's "
+        "wall-clock limit); rerun to resume."))] = None,
 ) -> None:
     """Train one zoo model or a member of the paper's family, resuming if interrupted; writes OUT/NAME.
 
@@ -413,13 +416,14 @@ def train(
             batch_size=batch_size, seed=seed, vocab=vocab, precision=precision,
             activation_checkpointing=activation_checkpointing, micro_batch=micro_batch, pretrain=tuple(pretrain or ()),
             pretrain_ratio=pretrain_ratio, pretrain_dtype=pretrain_dtype, eval_per_residue=eval_per_residue,
+            time_limit=time_limit,
             threads=threads, plan=plan, gpus=gpu_list, mfu=mfu, peak_tflops=peak_tflops, force=force,
             progress=progress), say)
         return
     family_only = {"--size": size, "--plan": plan or None, "--gpus": gpus, "--tokens": tokens,
                    "--batch-size": batch_size, "--micro-batch": micro_batch, "--precision": precision,
                    "--activation-checkpointing": activation_checkpointing, "--vocab": vocab, "--pretrain": pretrain,
-                   "--seed": seed or None, "--pretrain-ratio": pretrain_ratio or None}
+                   "--seed": seed or None, "--pretrain-ratio": pretrain_ratio or None, "--time-limit": time_limit}
     given = [k for k, v in family_only.items() if v is not None]
     if given:
         raise InputError(f"{', '.join(given)} apply to the paper's family only (--recipe paper-LAYOUT); zoo recipe "

@@ -30,6 +30,7 @@ class FamilyArgs:
     pretrain_ratio: float = 0.0
     pretrain_dtype: str = "uint16"
     eval_per_residue: int = 256
+    time_limit: float | None = None
     threads: int | None = 1
     plan: bool = False
     gpus: tuple[int, ...] = ()
@@ -103,8 +104,12 @@ def run(a: FamilyArgs, say: Any) -> None:
         print(f"resuming {name} from step {pointer['step']} of {recipe.settings.steps}", file=sys.stderr)
     card = run_recipe(recipe, out=a.out, runs=a.runs, parallel=parallelism(a), pretraining=pretraining,
                       ratio=a.pretrain_ratio, eval_per_residue=a.eval_per_residue, progress=a.progress,
-                      overwrite=a.force)
+                      overwrite=a.force, time_limit=a.time_limit)
     if card is None:
+        pointer = latest(Path(a.runs) / name / "checkpoints")
+        if pointer is not None and pointer["step"] < recipe.settings.steps:
+            say(f"{name}: stopped at step {pointer['step']} of {recipe.settings.steps} (time limit); rerun the same "
+                "command to resume.")
         return
     t = card["training"]
     line = f"{name}: {t['tokens']:,} tokens, final loss {t['final_loss']:.4f}"

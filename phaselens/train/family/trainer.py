@@ -146,6 +146,7 @@ def train_family(
     data_description: Any = None,
     progress: bool = True,
     stop_after: int | None = None,
+    time_limit: float | None = None,
 ) -> FamilyRun:
     """Train ``cfg`` on ``data`` (or resume the run in ``run_dir``), on this process or across torchrun's ranks.
 
@@ -160,6 +161,8 @@ def train_family(
             ``settings.eval_every`` steps (summed over ranks).
         data_description: what identifies ``data`` beyond its batches (recorded in the fingerprint).
         stop_after: stop after this many steps (with a checkpoint), to simulate an interruption.
+        time_limit: stop (with a checkpoint) after the first step that ends this many seconds after the call
+            began (every rank stops at the same step), e.g. inside a job's wall-clock limit; rerun to resume.
 
     Returns:
         :class:`FamilyRun`; ``model`` is the whole trained model (fp32, CPU) on rank 0.
@@ -246,6 +249,8 @@ def train_family(
                     correct, n = _all_sum([float(x) for x in val(model)], device)
                 model.train()
                 log["val"].append([done, correct / max(n, 1)])
+            if done < end and time_limit is not None and _out_of_time(t0, time_limit, device):
+                end = done  # every rank stops here, with a checkpoint
             if done % settings.checkpoint_every == 0 or done == end:
                 ckpt.save(root, done, rank, size, ckpt.state_tensors(named, opt), {"fingerprint": run_fp},
                           log if world.main else None, _barrier)
@@ -257,11 +262,18 @@ def train_family(
                 if log["val"]:
                     post["val_acc"] = f"{log['val'][-1][1]:.3f}"
                 bar.set_postfix(post)
+            if done == end:
+                break
     finally:
         if bar is not None:
             bar.close()
     whole = gather_model(model, cfg, named, main=world.main) if end == settings.steps else None
     return FamilyRun(whole, log, start, size)
+
+
+def _out_of_time(t0: float, limit: float, device: torch.device) -> bool:
+    """Whether any rank has used ``limit`` seconds (the ranks agree through one all-reduce)."""
+    return _all_sum([float(time.perf_counter() - t0 >= limit)], device)[0] > 0
 
 
 def gather_model(model: Any, cfg: CompressedConfig, named: list[tuple[str, torch.Tensor]], *,
