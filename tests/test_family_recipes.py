@@ -23,6 +23,7 @@ from phaselens.train.family.recipes import (
     recipe_names,
     training_tasks,
 )
+from phaselens.train.family.run import family_data
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,7 +56,9 @@ def test_the_paper_layouts_are_recipes():
     assert overlaps == {4: {1, 2}, 6: {1, 2}, 8: {1, 2}, 12: {1, 2}}  # strides 4-12, with and without overlap
     assert "paper-full" in recipe_names() and family_config("full", "tiny").compression is None
     r = family_recipe("paper-w8s4", "0.6b")
-    assert r.settings.steps * r.tokens_per_step >= 100e9 > (r.settings.steps - 1) * r.tokens_per_step
+    assert r.tokens() >= 100e9 > r.tokens(r.settings.steps - 1)  # the paper's budget, warm-up rows included
+    data = family_data(r)
+    assert data.tokens_until(r.settings.steps, 512) == r.tokens()  # the plan counts what the data gives
     with pytest.raises(ConfigError, match="no family recipe"):
         family_recipe("paper-w5s5")
     with pytest.raises(ConfigError, match="no family size"):
@@ -115,7 +118,7 @@ def test_the_plan_prints_in_seconds_without_allocating_the_model():
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "655,237,888" in out and "100,000,023,552" in out and "556,446 steps" in out
+    assert "655,237,888" in out and "100,000,132,608" in out and "557,609 steps" in out
     assert "3.93e+20 (6 N D)" in out and "276.1 at 40% of 989 TFLOP/s" in out and "34.5 h on 8 GPUs" in out
     rss_gb = int(out.split("maxrss_kb")[1].split()[0]) / 2**20
     assert rss_gb < 1.5, rss_gb
@@ -128,3 +131,14 @@ def test_plan_arithmetic():
     assert p.wall_hours == pytest.approx(p.gpu_hours / 8)
     one = plan_run(family_recipe("paper-full", "0.6b"), gpus=1, micro_batch=64)
     assert one.memory["sharded state"] == 8 * p.memory["sharded state"]  # 16 bytes per parameter, split 8 ways
+
+
+def test_the_warm_up_trains_shorter_items_first():
+    r = family_recipe("paper-w4s4", "tiny")
+    data = family_data(r)
+    assert r.warmup_steps == 300 and data.uses_step
+    early, _ = data(8, 0, 299)
+    late, targets = data(8, 0, 300)
+    assert early.shape == (8, 147) and late.shape == (8, 351)
+    assert ((targets != -100).sum(1) == 9).all()
+    assert r.tokens() == 32 * (300 * 147 + 900 * 351) == data.tokens_until(1200, 32)

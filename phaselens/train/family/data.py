@@ -96,23 +96,34 @@ class TokenFiles:
 
 @dataclass(frozen=True)
 class FamilyData:
-    """The family's ``batch_fn``: a mixture of task variants of one length, plus ``ratio`` of user tokens.
+    """The family's ``batch_fn``: a mixture of task variants of one length, plus ``ratio`` of user tokens, after
+    an optional warm-up on shorter items.
 
     Args:
-        tasks: the task variants (:func:`~phaselens.family.recipes.training_tasks`), all of one sequence length;
-            each batch takes an equal share of its task rows from each (the first ones take the remainder).
+        tasks: the task variants (:func:`~phaselens.train.family.recipes.training_tasks`), all of one sequence
+            length; each batch takes an equal share of its task rows from each (the first ones take the remainder).
         pretraining: the user's token files, or None.
         ratio: the fraction of each batch's rows (and so of its tokens) taken from ``pretraining``.
         d_vocab: the model's vocabulary; a user token at or above it is an :class:`InputError`.
+        warmup: task variants of one (shorter) length used instead of ``tasks`` for the first ``warmup_steps``
+            steps (a sequence-length warm-up; user rows are cut to that length too).
+        warmup_steps: how many steps use ``warmup``.
+
+    Called as ``data(batch_size, seed, step)`` (``uses_step``: :func:`phaselens.train.loop.train`'s convention).
     """
 
     tasks: tuple[KVRecall, ...]
     pretraining: TokenFiles | None = None
     ratio: float = 0.0
     d_vocab: int | None = None
+    warmup: tuple[KVRecall, ...] = ()
+    warmup_steps: int = 0
+
+    uses_step = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tasks", tuple(self.tasks))
+        object.__setattr__(self, "warmup", tuple(self.warmup))
         if not self.tasks:
             raise InputError("FamilyData needs at least one task.")
         if not (isinstance(self.ratio, int | float) and 0.0 <= self.ratio < 1.0):
@@ -120,24 +131,40 @@ class FamilyData:
                              "the task's.")
         if self.ratio > 0 and self.pretraining is None:
             raise InputError("a pretraining ratio > 0 needs token files (--pretrain FILE).")
-        if len({t.seq_len() for t in self.tasks}) != 1:
-            raise InputError(f"the task variants must give items of one length, got {[t.seq_len() for t in self.tasks]}.")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0 or (self.warmup_steps and not self.warmup):
+            raise InputError(f"warmup_steps must be an int >= 0, with warm-up tasks when > 0; got {self.warmup_steps!r}.")
+        for group in (self.tasks, self.warmup):
+            if len({t.seq_len() for t in group}) > 1:
+                raise InputError(f"task variants used together must give items of one length, got "
+                                 f"{[t.seq_len() for t in group]}.")
 
     @property
     def seq_len(self) -> int:
+        """The length of every row after the warm-up."""
         return self.tasks[0].seq_len()
+
+    def seq_len_at(self, step: int) -> int:
+        return self.warmup[0].seq_len() if step < self.warmup_steps else self.seq_len
+
+    def tokens_until(self, steps: int, batch_size: int) -> int:
+        """Tokens processed by ``steps`` steps of ``batch_size`` rows."""
+        warm = min(steps, self.warmup_steps)
+        return batch_size * (warm * (self.seq_len_at(0) if warm else 0) + (steps - warm) * self.seq_len)
 
     def describe(self) -> dict[str, object]:
         return {"tasks": [t.to_dict() for t in self.tasks], "ratio": self.ratio,
+                "warmup": [t.to_dict() for t in self.warmup], "warmup_steps": self.warmup_steps,
                 "pretraining": self.pretraining.describe() if self.pretraining is not None else None}
 
-    def __call__(self, batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(tokens [B, T], targets [B, T])`` of the batch drawn with ``seed``."""
+    def __call__(self, batch_size: int, seed: int, step: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(tokens [B, T], targets [B, T])`` of the batch drawn with ``seed`` at ``step`` (None: after warm-up)."""
         rng = np.random.default_rng(seed)
+        tasks = self.warmup if step is not None and step < self.warmup_steps else self.tasks
+        length = tasks[0].seq_len()
         n_pre = int(round(self.ratio * batch_size)) if self.pretraining is not None else 0
-        share, extra = divmod(batch_size - n_pre, len(self.tasks))
+        share, extra = divmod(batch_size - n_pre, len(tasks))
         parts_t, parts_g = [], []
-        for i, task in enumerate(self.tasks):
+        for i, task in enumerate(tasks):
             n = share + (i < extra)
             if n:
                 b = task.sample_training_batch(n, rng)
@@ -145,7 +172,7 @@ class FamilyData:
                 parts_g.append(b.targets)
         if n_pre:
             assert self.pretraining is not None
-            win = self.pretraining.windows(rng, n_pre, self.seq_len + 1)
+            win = self.pretraining.windows(rng, n_pre, length + 1)
             if self.d_vocab is not None and int(win.max()) >= self.d_vocab:
                 raise InputError(f"a pretraining token id ({int(win.max())}) is outside the model's vocabulary "
                                  f"0..{self.d_vocab - 1}; train a size with a larger vocabulary (--vocab N).")

@@ -1,10 +1,11 @@
 """What a family run costs before it starts: parameters, tokens, FLOPs, memory per GPU under FSDP, GPU-hours.
 
 The model is built on the meta device (no memory, no initialisation), so the plan of the 0.6b size prints in
-about a second. How each number is counted:
+seconds (most of it importing torch). How each number is counted:
 
 - **parameters** N: every parameter once (the tied embedding once); ``non_embedding`` leaves the embedding out.
-- **tokens** D: ``steps x batch_size x sequence length`` (every processed token, trained or not).
+- **tokens** D: ``batch_size x sequence length`` summed over the steps (every processed token, trained or not;
+  the warm-up's rows are shorter).
 - **FLOPs**: ``6 N D`` (forward and backward of the weights; attention's own products are not counted).
 - **GPU-hours**: FLOPs / (GPUs x peak x utilisation) / 3600, per GPU summed, at a stated peak (default 989
   TFLOP/s: dense bf16 of an H100/H200 SXM) and model-FLOPs utilisation (default 40%).
@@ -77,7 +78,8 @@ class TrainPlan:
         return "\n".join([
             f"plan of {self.recipe} at size {self.size}",
             f"  parameters   {self.parameters:,} ({self.non_embedding:,} without the embedding)",
-            f"  tokens       {self.tokens:,} = {self.steps:,} steps x {self.batch_size} sequences x {self.seq_len} tokens",
+            f"  tokens       {self.tokens:,} in {self.steps:,} steps of {self.batch_size} sequences of {self.seq_len} "
+            "tokens (shorter in the warm-up)",
             f"  FLOPs        {self.flops:.3g} (6 N D)",
             f"  GPU-hours    {self.gpu_hours:,.1f} at {self.mfu:.0%} of {self.peak_tflops:g} TFLOP/s per GPU "
             f"({self.wall_hours:,.1f} h on {self.gpus} GPU{'s' if self.gpus > 1 else ''})",
@@ -104,7 +106,7 @@ def plan_run(recipe: FamilyRecipe, *, gpus: int = 1, micro_batch: int | None = N
     emb = model.embed.weight.numel()
     s = recipe.settings
     seq = paper_task().seq_len()
-    tokens = s.steps * s.batch_size * seq
+    tokens = recipe.tokens()
     share = max(1, s.batch_size // gpus)
     b = micro_batch or share
     cbytes = 2 if precision == "bf16" else 4

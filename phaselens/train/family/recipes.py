@@ -55,9 +55,9 @@ def training_tasks() -> tuple[KVRecall, ...]:
     """What the family trains on: the paper's task with 16, 32 and 64 records, each in both padding schemes.
 
     All six have the paper task's 351 tokens: R records come with ``2 (64 - R)`` filler tokens inside the
-    records block, so fewer records means sparser ones. The sparser variants give a small model a learning
-    signal early (on 64 dense records alone the tiny size stays on the "any value" plateau, loss ln 64, for
-    at least 400 steps; see docs/training.md); the evaluation is always the paper's task itself.
+    records block, so fewer records means sparser ones. Before them, :func:`warmup_tasks` (shorter items) give
+    a small model its first learning signal (see docs/training.md for what failed without); the evaluation is
+    always the paper's task itself.
     """
     out = []
     for n in TRAINING_RECORDS:
@@ -65,6 +65,17 @@ def training_tasks() -> tuple[KVRecall, ...]:
             out.append(KVRecall(n_records=n, n_demos=8, block_filler=2 * (64 - n), min_distance=LOCAL_WINDOW,
                                 modulus=MODULUS, padding=padding, n_keys=64, n_values=64, n_filler=29))
     return tuple(out)
+
+
+WARMUP_LEN = 147
+
+
+def warmup_tasks() -> tuple[KVRecall, ...]:
+    """The sequence-length warm-up: 12 records with 8 filler tokens among them and 4 demonstrations, both padding
+    schemes, 147 tokens (the zoo's training layout). The first ``Size.warmup_steps`` steps train on these."""
+    return tuple(KVRecall(n_records=12, n_demos=4, block_filler=8, min_distance=LOCAL_WINDOW, modulus=MODULUS,
+                          padding=padding, n_keys=64, n_values=64, n_filler=29)
+                 for padding in ("prefix", "in_sequence"))
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,7 @@ class Size:
     d_vocab: int | None
     rope_theta: float
     settings: TrainSettings
+    warmup_steps: int
     tokens: int | None = None  # a token budget that sets the steps (the 0.6b size: the paper's 100B)
 
 
@@ -93,16 +105,17 @@ SIZES: dict[str, Size] = {
     for s in [
         Size("tiny", 2, 64, 4, 2, 16, 192, None, 10_000.0,
              TrainSettings(steps=1200, batch_size=32, lr=3e-3, warmup=100, checkpoint_every=100, eval_every=200,
-                           threads=1)),
+                           threads=1), warmup_steps=300),
         Size("small", 4, 256, 4, 2, 64, 768, None, 1_000_000.0,
-             TrainSettings(steps=4000, batch_size=64, lr=1e-3, warmup=200, checkpoint_every=250, eval_every=500)),
+             TrainSettings(steps=4000, batch_size=64, lr=1e-3, warmup=200, checkpoint_every=250, eval_every=500),
+             warmup_steps=300),
         Size("base", 12, 512, 8, 4, 64, 1536, None, 1_000_000.0,
              TrainSettings(steps=20_000, batch_size=128, lr=6e-4, warmup=1000, checkpoint_every=500,
-                           eval_every=1000)),
+                           eval_every=1000), warmup_steps=500),
         Size("0.6b", QWEN3_0_6B["n_layers"], QWEN3_0_6B["d_model"], QWEN3_0_6B["n_heads"], QWEN3_0_6B["n_kv_heads"],
              QWEN3_0_6B["d_head"], QWEN3_0_6B["d_mlp"], QWEN3_0_6B["d_vocab"], QWEN3_0_6B["rope_theta"],
              TrainSettings(steps=1, batch_size=512, lr=3e-4, warmup=2000, checkpoint_every=1000, eval_every=5000),
-             tokens=PAPER_TOKENS),
+             warmup_steps=2000, tokens=PAPER_TOKENS),
     ]
 }
 
@@ -129,6 +142,7 @@ class FamilyRecipe:
     description: str
     config: CompressedConfig
     settings: TrainSettings
+    warmup_steps: int = 0
 
     @property
     def layout(self) -> str:
@@ -136,11 +150,19 @@ class FamilyRecipe:
 
     @property
     def seq_len(self) -> int:
+        """The length of every row after the warm-up (the paper's task)."""
         return paper_task().seq_len()
 
     @property
     def tokens_per_step(self) -> int:
+        """Tokens of one step after the warm-up."""
         return self.settings.batch_size * self.seq_len
+
+    def tokens(self, steps: int | None = None) -> int:
+        """Tokens processed by the first ``steps`` steps (default: the whole run), warm-up included."""
+        steps = self.settings.steps if steps is None else steps
+        warm = min(steps, self.warmup_steps)
+        return self.settings.batch_size * (warm * WARMUP_LEN + (steps - warm) * self.seq_len)
 
 
 def family_config(layout: str, size: str, *, vocab: int | None = None, seed: int = 0) -> CompressedConfig:
@@ -181,13 +203,14 @@ def family_recipe(name: str, size: str = "tiny", *, vocab: int | None = None, se
     settings = dataclasses.replace(s.settings, seed=seed, batch_size=batch_size or s.settings.batch_size)
     seq = paper_task().seq_len()
     budget = tokens if tokens is not None else (s.tokens if steps is None else None)
-    if budget is not None:
-        steps = -(-int(budget) // (settings.batch_size * seq))
+    if budget is not None:  # the warm-up's shorter rows count too
+        warm = s.warmup_steps * settings.batch_size * WARMUP_LEN
+        steps = s.warmup_steps + max(0, -(-(int(budget) - warm) // (settings.batch_size * seq)))
     if steps is not None:
         settings = dataclasses.replace(settings, steps=steps)
     _, what = LAYOUTS[layout]
     desc = f"{what}; Qwen3 backbone at size {size} ({s.n_layers} layers, d_model {s.d_model})"
-    return FamilyRecipe(name, size, desc, cfg, settings)
+    return FamilyRecipe(name, size, desc, cfg, settings, min(s.warmup_steps, settings.steps))
 
 
 def recipe_names() -> list[str]:

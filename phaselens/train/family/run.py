@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from phaselens.train.family.data import FamilyData, TokenFiles
-from phaselens.train.family.recipes import FamilyRecipe, paper_task, training_tasks
+from phaselens.train.family.recipes import FamilyRecipe, paper_task, training_tasks, warmup_tasks
 from phaselens.train.family.trainer import Parallelism, tokens_per_second, train_family
 
 VAL_PER_RESIDUE = 4
@@ -31,7 +31,8 @@ def member_name(recipe: FamilyRecipe) -> str:
 
 
 def family_data(recipe: FamilyRecipe, pretraining: TokenFiles | None = None, ratio: float = 0.0) -> FamilyData:
-    return FamilyData(training_tasks(), pretraining, ratio, recipe.config.d_vocab)
+    return FamilyData(training_tasks(), pretraining, ratio, recipe.config.d_vocab, warmup_tasks(),
+                      recipe.warmup_steps)
 
 
 def validation(rank: int, size: int) -> Any:

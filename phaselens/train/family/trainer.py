@@ -129,10 +129,9 @@ def _global_batch(data: Callable[..., Any], settings: TrainSettings, step: int) 
     return _batch(data, settings, step)
 
 
-def _new_log(settings: TrainSettings, size: int, tokens_per_step: int) -> dict[str, Any]:
-    return {"format": LOG_FORMAT, "world_size": size, "batch_size": settings.batch_size,
-            "tokens_per_step": tokens_per_step, "step": [], "loss": [], "lr": [], "tokens": [], "seconds": [],
-            "val": []}
+def _new_log(settings: TrainSettings, size: int) -> dict[str, Any]:
+    return {"format": LOG_FORMAT, "world_size": size, "batch_size": settings.batch_size, "step": [], "loss": [],
+            "lr": [], "tokens": [], "seconds": [], "val": []}
 
 
 def train_family(
@@ -196,8 +195,7 @@ def train_family(
                          parallel=dataclasses.asdict(parallel))
     root = run_dir / "checkpoints"
     pointer = ckpt.latest(root)
-    tokens_per_step = settings.batch_size * _global_batch(data, settings, 0)[0].shape[1]
-    log = _new_log(settings, size, tokens_per_step)
+    log = _new_log(settings, size)
     if pointer is not None:
         if pointer.get("fingerprint") != run_fp:
             from phaselens.core.errors import CheckpointError
@@ -219,6 +217,7 @@ def train_family(
             ts = time.perf_counter()
             tokens, targets = _global_batch(data, settings, step)
             count = int((targets != -100).sum())
+            step_tokens = tokens.numel()  # the global batch's (rows may be shorter during a warm-up)
             mine = slice(rank * share, (rank + 1) * share)
             tokens, targets = tokens[mine].to(device), targets[mine].to(device)
             lr = settings.lr_at(step)
@@ -240,7 +239,8 @@ def train_family(
             loss = _all_sum([float(local_sum)], device)[0] / max(count, 1)
             done = step + 1
             elapsed = prior_s + time.perf_counter() - t0
-            for key, value in (("step", done), ("loss", loss), ("lr", lr), ("tokens", done * tokens_per_step),
+            seen = (log["tokens"][-1] if log["tokens"] else 0) + step_tokens
+            for key, value in (("step", done), ("loss", loss), ("lr", lr), ("tokens", seen),
                                ("seconds", round(elapsed, 3))):
                 log[key].append(value)
             if val is not None and (done % settings.eval_every == 0 or done == settings.steps):
@@ -258,7 +258,7 @@ def train_family(
                     atomic_write_text(run_dir / LOG, _json(log))
             if bar is not None:
                 bar.update(1)
-                post = {"loss": f"{loss:.4f}", "tok/s": f"{tokens_per_step / max(time.perf_counter() - ts, 1e-9):,.0f}"}
+                post = {"loss": f"{loss:.4f}", "tok/s": f"{step_tokens / max(time.perf_counter() - ts, 1e-9):,.0f}"}
                 if log["val"]:
                     post["val_acc"] = f"{log['val'][-1][1]:.3f}"
                 bar.set_postfix(post)
