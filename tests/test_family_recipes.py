@@ -136,9 +136,11 @@ def test_plan_arithmetic():
 def test_the_warm_up_trains_shorter_items_first():
     r = family_recipe("paper-w4s4", "tiny")
     data = family_data(r)
-    assert r.warmup_steps == 300 and data.uses_step
-    early, _ = data(8, 0, 299)
-    late, targets = data(8, 0, 300)
-    assert early.shape == (8, 147) and late.shape == (8, 351)
+    assert r.warmup_steps == 800 and data.uses_step
+    early, warm_targets = data(9, 0, 799)
+    late, targets = data(8, 0, 800)
+    assert early.shape == (9, 147) and late.shape == (8, 351)
+    # a third each: records in both padding schemes (answer + 4 demonstrations) and induction rows (23 repeats)
+    assert sorted((warm_targets != -100).sum(1).tolist()) == [5] * 6 + [23] * 3
     assert ((targets != -100).sum(1) == 9).all()
-    assert r.tokens() == 32 * (300 * 147 + 900 * 351) == data.tokens_until(1200, 32)
+    assert r.tokens() == 32 * (800 * 147 + 1200 * 351) == data.tokens_until(2000, 32)

@@ -11,10 +11,12 @@ Every row has the task's length.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -106,17 +108,18 @@ class FamilyData:
         ratio: the fraction of each batch's rows (and so of its tokens) taken from ``pretraining``.
         d_vocab: the model's vocabulary; a user token at or above it is an :class:`InputError`.
         warmup: task variants of one (shorter) length used instead of ``tasks`` for the first ``warmup_steps``
-            steps (a sequence-length warm-up; user rows are cut to that length too).
+            steps (a sequence-length warm-up; user rows are cut to that length too); KVRecall or
+            :class:`~phaselens.tasks.induction.RepeatedSegments`.
         warmup_steps: how many steps use ``warmup``.
 
     Called as ``data(batch_size, seed, step)`` (``uses_step``: :func:`phaselens.train.loop.train`'s convention).
     """
 
-    tasks: tuple[KVRecall, ...]
+    tasks: tuple[Any, ...]
     pretraining: TokenFiles | None = None
     ratio: float = 0.0
     d_vocab: int | None = None
-    warmup: tuple[KVRecall, ...] = ()
+    warmup: tuple[Any, ...] = ()
     warmup_steps: int = 0
 
     uses_step = True
@@ -134,17 +137,17 @@ class FamilyData:
         if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0 or (self.warmup_steps and not self.warmup):
             raise InputError(f"warmup_steps must be an int >= 0, with warm-up tasks when > 0; got {self.warmup_steps!r}.")
         for group in (self.tasks, self.warmup):
-            if len({t.seq_len() for t in group}) > 1:
+            if len({_length(t) for t in group}) > 1:
                 raise InputError(f"task variants used together must give items of one length, got "
-                                 f"{[t.seq_len() for t in group]}.")
+                                 f"{[_length(t) for t in group]}.")
 
     @property
     def seq_len(self) -> int:
         """The length of every row after the warm-up."""
-        return self.tasks[0].seq_len()
+        return _length(self.tasks[0])
 
     def seq_len_at(self, step: int) -> int:
-        return self.warmup[0].seq_len() if step < self.warmup_steps else self.seq_len
+        return _length(self.warmup[0]) if step < self.warmup_steps else self.seq_len
 
     def tokens_until(self, steps: int, batch_size: int) -> int:
         """Tokens processed by ``steps`` steps of ``batch_size`` rows."""
@@ -152,24 +155,26 @@ class FamilyData:
         return batch_size * (warm * (self.seq_len_at(0) if warm else 0) + (steps - warm) * self.seq_len)
 
     def describe(self) -> dict[str, object]:
-        return {"tasks": [t.to_dict() for t in self.tasks], "ratio": self.ratio,
-                "warmup": [t.to_dict() for t in self.warmup], "warmup_steps": self.warmup_steps,
+        return {"tasks": [_describe(t) for t in self.tasks], "ratio": self.ratio,
+                "warmup": [_describe(t) for t in self.warmup], "warmup_steps": self.warmup_steps,
                 "pretraining": self.pretraining.describe() if self.pretraining is not None else None}
 
     def __call__(self, batch_size: int, seed: int, step: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens [B, T], targets [B, T])`` of the batch drawn with ``seed`` at ``step`` (None: after warm-up)."""
         rng = np.random.default_rng(seed)
         tasks = self.warmup if step is not None and step < self.warmup_steps else self.tasks
-        length = tasks[0].seq_len()
+        length = _length(tasks[0])
         n_pre = int(round(self.ratio * batch_size)) if self.pretraining is not None else 0
         share, extra = divmod(batch_size - n_pre, len(tasks))
         parts_t, parts_g = [], []
         for i, task in enumerate(tasks):
             n = share + (i < extra)
             if n:
-                b = task.sample_training_batch(n, rng)
-                parts_t.append(b.tokens)
-                parts_g.append(b.targets)
+                # KVRecall draws from the NumPy generator; RepeatedSegments takes an int seed drawn from it
+                tokens, targets = task.sample_training_batch(
+                    n, rng if isinstance(task, KVRecall) else int(rng.integers(2**62)))
+                parts_t.append(tokens)
+                parts_g.append(targets)
         if n_pre:
             assert self.pretraining is not None
             win = self.pretraining.windows(rng, n_pre, length + 1)
@@ -181,3 +186,12 @@ class FamilyData:
         tokens, targets = torch.cat(parts_t), torch.cat(parts_g)
         order = torch.from_numpy(rng.permutation(batch_size))
         return tokens[order], targets[order]
+
+
+def _length(task: Any) -> int:
+    """Tokens per row of a task (KVRecall's ``seq_len()``, RepeatedSegments' ``seq_len``)."""
+    return task.seq_len() if callable(task.seq_len) else int(task.seq_len)
+
+
+def _describe(task: Any) -> dict[str, Any]:
+    return task.to_dict() if hasattr(task, "to_dict") else {"kind": type(task).__name__, **dataclasses.asdict(task)}

@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from phaselens.core.errors import ConfigError
 from phaselens.models.compressed.config import CompressedConfig, CompressorSpec, RopeSpec
 from phaselens.models.compressed.qwen3 import QWEN3_0_6B
 from phaselens.tasks import KVRecall
+from phaselens.tasks.induction import RepeatedSegments
 from phaselens.train.loop import TrainSettings
 
 PREFIX = "paper-"
@@ -70,12 +72,16 @@ def training_tasks() -> tuple[KVRecall, ...]:
 WARMUP_LEN = 147
 
 
-def warmup_tasks() -> tuple[KVRecall, ...]:
-    """The sequence-length warm-up: 12 records with 8 filler tokens among them and 4 demonstrations, both padding
-    schemes, 147 tokens (the zoo's training layout). The first ``Size.warmup_steps`` steps train on these."""
-    return tuple(KVRecall(n_records=12, n_demos=4, block_filler=8, min_distance=LOCAL_WINDOW, modulus=MODULUS,
-                          padding=padding, n_keys=64, n_values=64, n_filler=29)
-                 for padding in ("prefix", "in_sequence"))
+def warmup_tasks() -> tuple[Any, ...]:
+    """The warm-up, 147-token rows: 12 records with 8 filler tokens among them and 4 demonstrations in both padding
+    schemes (the zoo's training layout), and generic induction data (a random 24-token segment recurs later,
+    every token of the repeat trained: :class:`~phaselens.tasks.induction.RepeatedSegments`), a third each. The
+    first ``Size.warmup_steps`` steps train on these. Induction data is what the zoo's full-attention control
+    needed to leave the "any value" plateau (docs/zoo.md); every layout gets the same data."""
+    records = tuple(KVRecall(n_records=12, n_demos=4, block_filler=8, min_distance=LOCAL_WINDOW, modulus=MODULUS,
+                             padding=padding, n_keys=64, n_values=64, n_filler=29)
+                    for padding in ("prefix", "in_sequence"))
+    return (*records, RepeatedSegments(records[0].vocab_size, seq_len=WARMUP_LEN, segment=24))
 
 
 @dataclass(frozen=True)
@@ -104,8 +110,8 @@ SIZES: dict[str, Size] = {
     s.name: s
     for s in [
         Size("tiny", 2, 64, 4, 2, 16, 192, None, 10_000.0,
-             TrainSettings(steps=1200, batch_size=32, lr=3e-3, warmup=100, checkpoint_every=100, eval_every=200,
-                           threads=1), warmup_steps=300),
+             TrainSettings(steps=2000, batch_size=32, lr=3e-3, warmup=100, checkpoint_every=100, eval_every=200,
+                           threads=1), warmup_steps=800),
         Size("small", 4, 256, 4, 2, 64, 768, None, 1_000_000.0,
              TrainSettings(steps=4000, batch_size=64, lr=1e-3, warmup=200, checkpoint_every=250, eval_every=500),
              warmup_steps=300),
