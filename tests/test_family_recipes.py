@@ -118,8 +118,8 @@ def test_the_plan_prints_in_seconds_without_allocating_the_model():
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "655,237,888" in out and "100,000,132,608" in out and "557,609 steps" in out
-    assert "3.93e+20 (6 N D)" in out and "276.1 at 40% of 989 TFLOP/s" in out and "34.5 h on 8 GPUs" in out
+    assert "596,510,464" in out and "100,000,132,608" in out and "557,609 steps" in out
+    assert "3.58e+20 (6 N D)" in out and "251.3 at 40% of 989 TFLOP/s" in out and "31.4 h on 8 GPUs" in out
     rss_gb = int(out.split("maxrss_kb")[1].split()[0]) / 2**20
     assert rss_gb < 1.5, rss_gb
 

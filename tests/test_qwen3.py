@@ -92,10 +92,14 @@ def test_conversion_refuses_what_it_cannot_write():
 
 
 def test_compressed_qwen3_keeps_the_backbone_weights():
-    """from_qwen3 with a compressor copies every shared weight; the compressed layers then differ from Qwen3
-    only past the local window (a query within it sees every raw token and no complete entry's keys...)."""
+    """from_qwen3 with a compressor that pools the layer's own keys and values (payload='attention', the
+    family's) copies every weight and adds only the gates; until the first entry completes, and while every
+    raw token lies in the local window, the logits are Qwen3's."""
     hf = tiny_qwen3(True)
-    model = from_qwen3(hf, compression=CompressorSpec(4, norm=True), local_window=16)
+    model = from_qwen3(hf, compression=CompressorSpec(4, payload="attention"), local_window=16)
+    gates = sum(p.numel() for name, p in model.named_parameters() if "compressor" in name)
+    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in hf.parameters()) + gates
+    assert gates == 3 * 2 * (64 * 2 + 4 * 2)  # layers x (K, V) x (gate projection + per-offset bias), 2 KV heads
     tokens = torch.randint(0, 97, (2, 40), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         ref, got = hf(tokens).logits, model(tokens)

@@ -372,6 +372,9 @@ def train(
             f"{FAMILY_HELP} Recompute block activations in the backward (default: on with CUDA)."))] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N", min=0, help=(
         f"{FAMILY_HELP} Seed of the initial weights and the data."))] = 0,
+    kv_heads: Annotated[int | None, typer.Option("--kv-heads", metavar="N", min=1, help=(
+        f"{FAMILY_HELP} KV heads, a divisor of the query heads (the paper's baseline: 1; Qwen3-0.6B: 8; "
+        "default: the size's)."))] = None,
     vocab: Annotated[int | None, typer.Option("--vocab", metavar="N", min=1, help=(
         f"{FAMILY_HELP} Vocabulary size (default: the task's below 0.6b; Qwen3's 151,936 at 0.6b)."))] = None,
     pretrain: Annotated[list[str] | None, typer.Option("--pretrain", metavar="FILE", help=(
@@ -413,7 +416,7 @@ def train(
             check_out(out, kind="dir", what="the trained model is written into a folder")
         run_family(FamilyArgs(
             recipe=recipe, size=size or "tiny", out=out, runs=runs or "runs/family", steps=steps, tokens=tokens,
-            batch_size=batch_size, seed=seed, vocab=vocab, precision=precision,
+            batch_size=batch_size, seed=seed, vocab=vocab, kv_heads=kv_heads, precision=precision,
             activation_checkpointing=activation_checkpointing, micro_batch=micro_batch, pretrain=tuple(pretrain or ()),
             pretrain_ratio=pretrain_ratio, pretrain_dtype=pretrain_dtype, eval_per_residue=eval_per_residue,
             time_limit=time_limit,
@@ -423,6 +426,7 @@ def train(
     family_only = {"--size": size, "--plan": plan or None, "--gpus": gpus, "--tokens": tokens,
                    "--batch-size": batch_size, "--micro-batch": micro_batch, "--precision": precision,
                    "--activation-checkpointing": activation_checkpointing, "--vocab": vocab, "--pretrain": pretrain,
+                   "--kv-heads": kv_heads,
                    "--seed": seed or None, "--pretrain-ratio": pretrain_ratio or None, "--time-limit": time_limit}
     given = [k for k, v in family_only.items() if v is not None]
     if given:

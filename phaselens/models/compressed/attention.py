@@ -166,17 +166,21 @@ class Attention(nn.Module):
         pos = past.start + torch.arange(n, device=x.device)
         q = self._rope(self.hook_q(self._norm((x @ self.W_Q).view(B, n, H, d), self.q_norm)), pos)
         if self.tied:
-            k = v = self._rope(self.hook_kv(self._norm((x @ self.W_KV).view(B, n, Hkv, d), self.k_norm)), pos)
+            k_pre = v = self.hook_kv(self._norm((x @ self.W_KV).view(B, n, Hkv, d), self.k_norm))
+            k = v = self._rope(k_pre, pos)
+            own = {"kv": k_pre}
         else:
-            k = self._rope(self.hook_k(self._norm((x @ self.W_K).view(B, n, Hkv, d), self.k_norm)), pos)
+            k_pre = self.hook_k(self._norm((x @ self.W_K).view(B, n, Hkv, d), self.k_norm))
+            k = self._rope(k_pre, pos)
             v = self.hook_v((x @ self.W_V).view(B, n, Hkv, d))
+            own = {"k": k_pre, "v": v}
         keys, values = past.raw_context(k, v)
         qg = q.view(B, n, Hkv, G, d)
 
         if self.kind == "full":
             z = self._full(qg, keys, values, pos)
         else:
-            z = self._local_entries(x, qg, keys, values, pos, past)
+            z = self._local_entries(x, qg, keys, values, pos, past, own)
         if self.tied and self.inv_freq.numel():
             z = self._rope(z, pos, inverse=True)  # K = V carried RoPE into the values; undo it at the query
         z = self.hook_z(z)
@@ -200,7 +204,8 @@ class Attention(nn.Module):
         return z.reshape(B, n, Hkv * G, d)
 
     def _local_entries(
-        self, x: Tensor, qg: Tensor, keys: Tensor, values: Tensor, pos: Tensor, past: Past
+        self, x: Tensor, qg: Tensor, keys: Tensor, values: Tensor, pos: Tensor, past: Past,
+        own: dict[str, Tensor],
     ) -> Tensor:
         B, n, Hkv, G, d = qg.shape
         H, L = Hkv * G, self.cfg.local_window
@@ -216,7 +221,7 @@ class Attention(nn.Module):
         parts = [local]
         entry_v = None
         if self.compressor is not None:
-            entry_k, entry_v = self._entries(x, past)
+            entry_k, entry_v = self._entries(x, past, own)
             E = entry_k.shape[1]
             # Head-major matmuls: with the cache's head-major storage these read the entries in place.
             q_heads = qg.permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * n, d)
@@ -239,13 +244,17 @@ class Attention(nn.Module):
             self.hook_pattern_sink(probs[0].new_zeros(B, H, n))
         return z.reshape(B, n, H, d)
 
-    def _entries(self, x: Tensor, past: Past) -> tuple[Tensor, Tensor]:
-        """Pool the entries that complete among the new tokens; return all entries (keys, values)."""
+    def _entries(self, x: Tensor, past: Past, own: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Pool the entries that complete among the new tokens; return all entries (keys, values).
+
+        ``own``: this layer's keys (QK-normed, before RoPE) and values of the new tokens ``[B, n, Hkv, d]``,
+        the payload of a ``payload="attention"`` compressor."""
         assert self.compressor is not None
         out = {}
         for path in self.compressor.paths:
             pooler = self.compressor.poolers[path]
-            alpha, windows, state, first = pooler.gates(x, past.start, past.pooler_state(path))
+            alpha, windows, state, first = pooler.gates(x, past.start, past.pooler_state(path),
+                                                        own[path].flatten(-2))
             alpha = self._gate_hook(path)(alpha)
             rows = self.compressor.finish(path, pooler.pool(alpha, windows), first)
             rows = self._entry_hook(path)(rows)

@@ -178,7 +178,9 @@ class CompressorSpec:
             ``"uniform"`` (mean pooling, no gate parameters).
         gate_params: ``"shared"`` (one gate projection for every slot) or ``"per_offset"`` (one per slot).
         position_bias: add a learned per-offset bias to the gate logits (DeepSeek's ``position_bias``).
-        payload: ``"shared"`` or ``"per_offset"`` payload projection.
+        payload: ``"shared"`` or ``"per_offset"`` payload projection of the compressor's own, or ``"attention"``:
+            pool the layer's own raw keys and values (after the QK-norm, before RoPE), so entries are convex
+            mixtures of the keys and values the local window sees and the compressor adds only its gates.
         tied_kv: keys and values are one latent (K = V), as in DeepSeek-V4. The layer's raw tokens then
             share one projection too, and the RoPE carried by the values is undone at the query position.
         norm: RMSNorm on the pooled rows.
@@ -193,7 +195,7 @@ class CompressorSpec:
     gate: GateKind = "scalar"
     gate_params: Sharing = "shared"
     position_bias: bool = True
-    payload: Sharing = "shared"
+    payload: Literal["shared", "per_offset", "attention"] = "shared"
     tied_kv: bool = False
     norm: bool = False
     rope: Literal["inherit", "none"] | RopeSpec = "inherit"
@@ -208,9 +210,13 @@ class CompressorSpec:
         object.__setattr__(self, "window", spec.window)
         if self.gate not in ("scalar", "vector", "uniform"):
             raise ConfigError(f"gate must be 'scalar', 'vector' or 'uniform', got {self.gate!r}.")
-        for name in ("gate_params", "payload"):
-            if getattr(self, name) not in ("shared", "per_offset"):
-                raise ConfigError(f"{name} must be 'shared' or 'per_offset', got {getattr(self, name)!r}.")
+        if self.gate_params not in ("shared", "per_offset"):
+            raise ConfigError(f"gate_params must be 'shared' or 'per_offset', got {self.gate_params!r}.")
+        if self.payload not in ("shared", "per_offset", "attention"):
+            raise ConfigError(f"payload must be 'shared', 'per_offset' or 'attention', got {self.payload!r}.")
+        if self.payload == "attention" and self.overlap_split:
+            raise ConfigError("payload='attention' pools the layer's own keys and values, which have no channel groups "
+                              "for overlap_split; use overlap_split=False (plain overlapping windows) or payload='shared'.")
         if self.overlap_split and self.window == self.stride:
             raise ConfigError(
                 "overlap_split needs overlapping windows: set window to a multiple of the stride above it, "

@@ -23,6 +23,7 @@ class FamilyArgs:
     batch_size: int | None = None
     seed: int = 0
     vocab: int | None = None
+    kv_heads: int | None = None
     precision: str | None = None
     activation_checkpointing: bool | None = None
     micro_batch: int | None = None
@@ -48,7 +49,7 @@ def build_recipe(a: FamilyArgs) -> Any:
     if a.tokens is not None and a.tokens < 1:
         raise InputError(f"--tokens must be a positive token budget (e.g. 1e11), got {a.tokens}.")
     r = family_recipe(a.recipe, a.size, vocab=a.vocab, seed=a.seed, steps=a.steps,
-                      tokens=int(a.tokens) if a.tokens else None, batch_size=a.batch_size)
+                      tokens=int(a.tokens) if a.tokens else None, batch_size=a.batch_size, kv_heads=a.kv_heads)
     if a.threads is not None and not a.plan:
         r = dataclasses.replace(r, settings=dataclasses.replace(r.settings, threads=a.threads))
     return r

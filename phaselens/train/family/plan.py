@@ -137,4 +137,4 @@ def format_plans(plans: list[TrainPlan]) -> str:
     """Several plans (e.g. one per GPU count) as text, with how the numbers are counted."""
     return "\n\n".join(str(p) for p in plans) + (
         "\n\nN = parameters (the tied embedding once), D = processed tokens, FLOPs = 6 N D (attention's own products "
-        "not counted), GPU-hours at the stated utilisation; memory per GPU is an estimate (phaselens.family.plan).")
+        "not counted), GPU-hours at the stated utilisation; memory per GPU is an estimate (phaselens.train.family.plan).")

@@ -14,10 +14,12 @@ Layouts (compressed layers: every layer; local window 16 raw tokens, as the pape
 - ``full``: full causal attention everywhere (the control), i.e. Qwen3 itself;
 - ``w4s4-mean`` (uniform averaging) and ``w4s4-norope`` (no positional encoding): the paper's ablations.
 
-Compressors use the paper's general form (science.md §2): one scalar gate logit per slot and KV head from a
-shared projection plus a learned per-offset bias, separate key and value paths, RoPE of the model at the
-entry's first slot, and an RMSNorm on the pooled rows (the raw keys are QK-normed, so entry keys sit on the
-same scale in the one softmax they share).
+Compressors follow the paper's baseline (science.md §2; its ablations, in ``tests/data/from_scratch_runs.json``,
+name what the baseline has: QK-norm, a gate bias, scalar gates, separate K and V, RoPE on the whole head, no
+post-norm): one scalar gate logit per slot and KV head from a shared projection plus a learned per-offset bias,
+and the payload is the layer's own keys (QK-normed, before RoPE) and values (``payload="attention"``), so an
+entry is a gated mix of the keys and values the local window sees and the compressor adds only its gate
+parameters; entries take RoPE at their first slot.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ SIZES: dict[str, Size] = {
 
 def _compressor(stride: int, window: int, **kw) -> CompressorSpec:
     return CompressorSpec(stride, window, gate=kw.pop("gate", "scalar"), position_bias=kw.pop("position_bias", True),
-                          norm=True, **kw)
+                          payload="attention", norm=False, **kw)
 
 
 LAYOUTS: dict[str, tuple[CompressorSpec | None, str]] = {"full": (None, "full causal attention (the control): Qwen3")}
@@ -149,6 +151,12 @@ class FamilyRecipe:
     config: CompressedConfig
     settings: TrainSettings
     warmup_steps: int = 0
+    variant: str = ""  # "-kv1", "-seed2", ...: what differs from the size's defaults (part of the member's name)
+
+    @property
+    def member(self) -> str:
+        """The trained model's name: ``paper-LAYOUT-SIZE`` plus the variant (``paper-w8s8-tiny-kv1-seed2``)."""
+        return f"{self.name}-{self.size}{self.variant}"
 
     @property
     def layout(self) -> str:
@@ -171,8 +179,12 @@ class FamilyRecipe:
         return self.settings.batch_size * (warm * WARMUP_LEN + (steps - warm) * self.seq_len)
 
 
-def family_config(layout: str, size: str, *, vocab: int | None = None, seed: int = 0) -> CompressedConfig:
-    """The :class:`CompressedConfig` of ``layout`` (a key of :data:`LAYOUTS`) at ``size`` (a key of :data:`SIZES`)."""
+def family_config(layout: str, size: str, *, vocab: int | None = None, seed: int = 0,
+                  kv_heads: int | None = None) -> CompressedConfig:
+    """The :class:`CompressedConfig` of ``layout`` (a key of :data:`LAYOUTS`) at ``size`` (a key of :data:`SIZES`).
+
+    ``kv_heads`` replaces the size's KV heads (a divisor of its query heads): the paper's baseline runs use 1
+    (multi-query attention), its ablations 2, 4 and 8; Qwen3-0.6B has 8."""
     if layout not in LAYOUTS:
         raise ConfigError(f"no family layout {layout!r}; layouts: {', '.join(LAYOUTS)}.")
     if size not in SIZES:
@@ -185,7 +197,8 @@ def family_config(layout: str, size: str, *, vocab: int | None = None, seed: int
     compression, _ = LAYOUTS[layout]
     norope = layout.endswith("-norope")
     return CompressedConfig(
-        n_layers=s.n_layers, d_model=s.d_model, n_heads=s.n_heads, n_kv_heads=s.n_kv_heads, d_head=s.d_head,
+        n_layers=s.n_layers, d_model=s.d_model, n_heads=s.n_heads, n_kv_heads=kv_heads or s.n_kv_heads,
+        d_head=s.d_head,
         d_mlp=s.d_mlp, d_vocab=d_vocab, n_ctx=max(512, paper_task().seq_len()), local_window=LOCAL_WINDOW,
         sink=False, compression=compression, rope=None if norope else RopeSpec(theta=s.rope_theta, style="half"),
         norm_eps=1e-6, seed=seed, qk_norm=True, mlp="swiglu", mlp_bias=False, tie_embeddings=True,
@@ -193,7 +206,8 @@ def family_config(layout: str, size: str, *, vocab: int | None = None, seed: int
 
 
 def family_recipe(name: str, size: str = "tiny", *, vocab: int | None = None, seed: int = 0,
-                  steps: int | None = None, tokens: int | None = None, batch_size: int | None = None) -> FamilyRecipe:
+                  steps: int | None = None, tokens: int | None = None, batch_size: int | None = None,
+                  kv_heads: int | None = None) -> FamilyRecipe:
     """The recipe ``name`` (``paper-LAYOUT``) at ``size``.
 
     ``steps`` or ``tokens`` (a budget: steps = tokens / (batch_size x sequence length), rounded up) replace the
@@ -204,7 +218,7 @@ def family_recipe(name: str, size: str = "tiny", *, vocab: int | None = None, se
     if steps is not None and tokens is not None:
         raise ConfigError("give steps or tokens, not both.")
     layout = name[len(PREFIX):]
-    cfg = family_config(layout, size, vocab=vocab, seed=seed)
+    cfg = family_config(layout, size, vocab=vocab, seed=seed, kv_heads=kv_heads)
     s = SIZES[size]
     settings = dataclasses.replace(s.settings, seed=seed, batch_size=batch_size or s.settings.batch_size)
     seq = paper_task().seq_len()
@@ -216,7 +230,8 @@ def family_recipe(name: str, size: str = "tiny", *, vocab: int | None = None, se
         settings = dataclasses.replace(settings, steps=steps)
     _, what = LAYOUTS[layout]
     desc = f"{what}; Qwen3 backbone at size {size} ({s.n_layers} layers, d_model {s.d_model})"
-    return FamilyRecipe(name, size, desc, cfg, settings, min(s.warmup_steps, settings.steps))
+    variant = (f"-kv{kv_heads}" if kv_heads and kv_heads != s.n_kv_heads else "") + (f"-seed{seed}" if seed else "")
+    return FamilyRecipe(name, size, desc, cfg, settings, min(s.warmup_steps, settings.steps), variant)
 
 
 def recipe_names() -> list[str]:

@@ -27,7 +27,7 @@ COMPARE_STRIDE = 4  # the full-attention control is folded by this stride
 
 
 def member_name(recipe: FamilyRecipe) -> str:
-    return f"{recipe.name}-{recipe.size}"
+    return recipe.member
 
 
 def family_data(recipe: FamilyRecipe, pretraining: TokenFiles | None = None, ratio: float = 0.0) -> FamilyData:
