@@ -118,7 +118,7 @@ def test_the_plan_prints_in_seconds_without_allocating_the_model():
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert res.returncode == 0, res.stderr
     out = res.stdout
-    assert "596,510,464" in out and "100,000,132,608" in out and "557,609 steps" in out
+    assert "596,517,632" in out and "100,000,132,608" in out and "557,609 steps" in out
     assert "3.58e+20 (6 N D)" in out and "251.3 at 40% of 989 TFLOP/s" in out and "31.4 h on 8 GPUs" in out
     rss_gb = int(out.split("maxrss_kb")[1].split()[0]) / 2**20
     assert rss_gb < 1.5, rss_gb
@@ -136,11 +136,12 @@ def test_plan_arithmetic():
 def test_the_warm_up_trains_shorter_items_first():
     r = family_recipe("paper-w4s4", "tiny")
     data = family_data(r)
-    assert r.warmup_steps == 800 and data.uses_step
-    early, warm_targets = data(9, 0, 799)
-    late, targets = data(8, 0, 800)
-    assert early.shape == (9, 147) and late.shape == (8, 351)
-    # a third each: records in both padding schemes (answer + 4 demonstrations) and induction rows (23 repeats)
-    assert sorted((warm_targets != -100).sum(1).tolist()) == [5] * 6 + [23] * 3
+    assert r.warmup_steps == 1200 and data.uses_step
+    early, warm_targets = data(8, 0, 1199)
+    late, targets = data(8, 0, 1200)
+    assert early.shape == (8, 147) and late.shape == (8, 351)
+    # a quarter each: records in both padding schemes (answer + 4 demonstrations) and induction rows (repeats of
+    # 24 and of 12 tokens)
+    assert sorted((warm_targets != -100).sum(1).tolist()) == [5] * 4 + [11] * 2 + [23] * 2
     assert ((targets != -100).sum(1) == 9).all()
-    assert r.tokens() == 32 * (800 * 147 + 1200 * 351) == data.tokens_until(2000, 32)
+    assert r.tokens() == 32 * (1200 * 147 + 1200 * 351) == data.tokens_until(2400, 32)
