@@ -145,3 +145,11 @@ def test_the_warm_up_trains_shorter_items_first():
     assert sorted((warm_targets != -100).sum(1).tolist()) == [5] * 4 + [11] * 2 + [23] * 2
     assert ((targets != -100).sum(1) == 9).all()
     assert r.tokens() == 32 * (1200 * 147 + 1200 * 351) == data.tokens_until(2400, 32)
+
+
+def test_the_control_warms_up_on_induction_and_trains_as_long_on_the_task():
+    comp, full = family_recipe("paper-w4s4", "tiny"), family_recipe("paper-full", "tiny")
+    assert (comp.warmup_kind, full.warmup_kind) == ("records", "induction")
+    assert comp.settings.steps - comp.warmup_steps == full.settings.steps - full.warmup_steps == 1200
+    _, targets = family_data(full)(8, 0, 0)  # induction rows only: every repeated token trained (23 or 11)
+    assert sorted((targets != -100).sum(1).tolist()) == [11] * 4 + [23] * 4

@@ -76,19 +76,26 @@ def training_tasks() -> tuple[KVRecall, ...]:
 WARMUP_LEN = 147
 
 
-def warmup_tasks() -> tuple[Any, ...]:
-    """The warm-up, 147-token rows, a quarter each: 12 records with 8 filler tokens among them and 4
+def warmup_tasks(kind: str = "records") -> tuple[Any, ...]:
+    """The warm-up's 147-token rows.
+
+    ``"records"`` (compressed layouts), a quarter each: 12 records with 8 filler tokens among them and 4
     demonstrations in both padding schemes (the zoo's training layout), and generic induction data (a random
     segment of 24 or of 12 tokens recurs later, every token of the repeat trained:
-    :class:`~phaselens.tasks.induction.RepeatedSegments`). The first ``Size.warmup_steps`` steps train on these.
-    Induction data is what the zoo's full-attention control needed to leave the "any value" plateau
-    (docs/zoo.md); every layout gets the same data."""
+    :class:`~phaselens.tasks.induction.RepeatedSegments`). ``"induction"`` (the full-attention control): the
+    induction data alone, half each. A full-attention model must build a two-layer induction circuit to solve the
+    task (a compressed entry already pools a key with its value); like the zoo's control (docs/zoo.md), the
+    family's control first trains on induction data only, for ``Size.control_warmup_steps`` steps. On the
+    records warm-up the tiny control stayed at loss 4.85 (induction rows at ln 160 = 5.07) for 1,000 steps."""
+    vocab = paper_task().vocab_size
+    induction = (RepeatedSegments(vocab, seq_len=WARMUP_LEN, segment=24),
+                 RepeatedSegments(vocab, seq_len=WARMUP_LEN, segment=12))
+    if kind == "induction":
+        return induction
     records = tuple(KVRecall(n_records=12, n_demos=4, block_filler=8, min_distance=LOCAL_WINDOW, modulus=MODULUS,
                              padding=padding, n_keys=64, n_values=64, n_filler=29)
                     for padding in ("prefix", "in_sequence"))
-    vocab = records[0].vocab_size
-    return (*records, RepeatedSegments(vocab, seq_len=WARMUP_LEN, segment=24),
-            RepeatedSegments(vocab, seq_len=WARMUP_LEN, segment=12))
+    return (*records, *induction)
 
 
 @dataclass(frozen=True)
@@ -110,6 +117,7 @@ class Size:
     rope_theta: float
     settings: TrainSettings
     warmup_steps: int
+    control_warmup_steps: int  # the full-attention control's induction warm-up (replaces warmup_steps)
     tokens: int | None = None  # a token budget that sets the steps (the 0.6b size: the paper's 100B)
 
 
@@ -118,17 +126,17 @@ SIZES: dict[str, Size] = {
     for s in [
         Size("tiny", 2, 64, 4, 2, 16, 192, None, 10_000.0,
              TrainSettings(steps=2400, batch_size=32, lr=3e-3, warmup=100, checkpoint_every=100, eval_every=200,
-                           threads=1), warmup_steps=1200),
+                           threads=1), warmup_steps=1200, control_warmup_steps=1500),
         Size("small", 4, 256, 4, 2, 64, 768, None, 1_000_000.0,
              TrainSettings(steps=4000, batch_size=64, lr=1e-3, warmup=200, checkpoint_every=250, eval_every=500),
-             warmup_steps=300),
+             warmup_steps=300, control_warmup_steps=1000),
         Size("base", 12, 512, 8, 4, 64, 1536, None, 1_000_000.0,
              TrainSettings(steps=20_000, batch_size=128, lr=6e-4, warmup=1000, checkpoint_every=500,
-                           eval_every=1000), warmup_steps=500),
+                           eval_every=1000), warmup_steps=500, control_warmup_steps=1000),
         Size("0.6b", QWEN3_0_6B["n_layers"], QWEN3_0_6B["d_model"], QWEN3_0_6B["n_heads"], QWEN3_0_6B["n_kv_heads"],
              QWEN3_0_6B["d_head"], QWEN3_0_6B["d_mlp"], QWEN3_0_6B["d_vocab"], QWEN3_0_6B["rope_theta"],
              TrainSettings(steps=1, batch_size=512, lr=3e-4, warmup=2000, checkpoint_every=1000, eval_every=5000),
-             warmup_steps=2000, tokens=PAPER_TOKENS),
+             warmup_steps=2000, control_warmup_steps=2000, tokens=PAPER_TOKENS),
     ]
 }
 
@@ -156,6 +164,7 @@ class FamilyRecipe:
     config: CompressedConfig
     settings: TrainSettings
     warmup_steps: int = 0
+    warmup_kind: str = "records"  # "induction" for the full-attention control (see warmup_tasks)
     variant: str = ""  # "-kv1", "-seed2", ...: what differs from the size's defaults (part of the member's name)
 
     @property
@@ -227,16 +236,20 @@ def family_recipe(name: str, size: str = "tiny", *, vocab: int | None = None, se
     s = SIZES[size]
     settings = dataclasses.replace(s.settings, seed=seed, batch_size=batch_size or s.settings.batch_size)
     seq = paper_task().seq_len()
+    control = cfg.compression is None
+    warmup = s.control_warmup_steps if control else s.warmup_steps
     budget = tokens if tokens is not None else (s.tokens if steps is None else None)
     if budget is not None:  # the warm-up's shorter rows count too
-        warm = s.warmup_steps * settings.batch_size * WARMUP_LEN
-        steps = s.warmup_steps + max(0, -(-(int(budget) - warm) // (settings.batch_size * seq)))
-    if steps is not None:
-        settings = dataclasses.replace(settings, steps=steps)
+        warm = warmup * settings.batch_size * WARMUP_LEN
+        steps = warmup + max(0, -(-(int(budget) - warm) // (settings.batch_size * seq)))
+    elif steps is None:  # the size's run: every layout trains the same number of steps on the paper's task
+        steps = warmup + s.settings.steps - s.warmup_steps
+    settings = dataclasses.replace(settings, steps=steps)
     _, what = LAYOUTS[layout]
     desc = f"{what}; Qwen3 backbone at size {size} ({s.n_layers} layers, d_model {s.d_model})"
     variant = (f"-kv{kv_heads}" if kv_heads and kv_heads != s.n_kv_heads else "") + (f"-seed{seed}" if seed else "")
-    return FamilyRecipe(name, size, desc, cfg, settings, min(s.warmup_steps, settings.steps), variant)
+    return FamilyRecipe(name, size, desc, cfg, settings, min(warmup, settings.steps),
+                        "induction" if control else "records", variant)
 
 
 def recipe_names() -> list[str]:

@@ -31,7 +31,7 @@ def member_name(recipe: FamilyRecipe) -> str:
 
 
 def family_data(recipe: FamilyRecipe, pretraining: TokenFiles | None = None, ratio: float = 0.0) -> FamilyData:
-    return FamilyData(training_tasks(), pretraining, ratio, recipe.config.d_vocab, warmup_tasks(),
+    return FamilyData(training_tasks(), pretraining, ratio, recipe.config.d_vocab, warmup_tasks(recipe.warmup_kind),
                       recipe.warmup_steps)
 
 
