@@ -151,5 +151,6 @@ def test_the_control_warms_up_on_induction_and_trains_as_long_on_the_task():
     comp, full = family_recipe("paper-w4s4", "tiny"), family_recipe("paper-full", "tiny")
     assert (comp.warmup_kind, full.warmup_kind) == ("records", "induction")
     assert comp.settings.steps - comp.warmup_steps == full.settings.steps - full.warmup_steps == 1200
-    _, targets = family_data(full)(8, 0, 0)  # induction rows only: every repeated token trained (23 or 11)
-    assert sorted((targets != -100).sum(1).tolist()) == [11] * 4 + [23] * 4
+    tokens, targets = family_data(full)(8, 0, 0)  # 96-token induction rows: the 23 repeated tokens trained
+    assert tokens.shape == (8, 96) and (targets != -100).sum(1).tolist() == [23] * 8
+    assert full.tokens() == 32 * (1000 * 96 + 1200 * 351) == family_data(full).tokens_until(2200, 32)
