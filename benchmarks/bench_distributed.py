@@ -6,7 +6,7 @@ Each configuration runs in fresh processes (started as torchrun starts them: ``R
 barriers; the two configurations run in turns and each keeps its best turn. The gather overhead is the time
 rank 0 spends inside the per-round gathers (``gather_s``, which includes waiting for the slower rank), and
 the cost of one gather of a round's payload with both ranks ready (``gather_round_ms``). Every run's
-``ko_correct`` and ``ko_logit_diff`` are checked against the single process's, bit for bit.
+``correct_ko`` and ``logit_diff_ko`` are checked against the single process's, bit for bit.
 
     .venv/bin/python benchmarks/bench_distributed.py [--n-per-residue 4] [--turns 2]
 """
@@ -65,7 +65,7 @@ def worker(engine: str, n_per_residue: int, threads: int) -> None:
     seconds = time.perf_counter() - t0
     pd.gather = gather
     out = {"seconds": seconds, **spent, "cells": len(pm.cells), "items": int(len(pm.residue)),
-           "digest": hashlib.sha256(pm.ko_correct.tobytes() + pm.ko_logit_diff.tobytes()).hexdigest()}
+           "digest": hashlib.sha256(pm.correct_ko.tobytes() + pm.logit_diff_ko.tobytes()).hexdigest()}
     if size > 1:  # one round's payload with both ranks ready: per_call cells x (correct, logit_diff) of N items
         n = len(pm.residue)
         per_call = max(1, 4096 // n) if engine == "suffix" else 1

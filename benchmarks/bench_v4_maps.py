@@ -1,6 +1,6 @@
 """Per-head knockout maps on a faithful tiny DeepSeek-V4 through the adapter: the query-suffix engine.
 
-The model is the test suite's tiny V4 (``tests/deepseek.py``: RoPE as DeepSeek's reference computes it)
+The model is the test suite's tiny V4 (``tests/support/deepseek.py``: RoPE as DeepSeek's reference computes it)
 resized to 8 layers x 16 heads, with the released models' layer pattern (two sliding-window layers, then CSA
 stride 4 and HCA stride 128 alternating), sliding window 128 and ``index_topk="all"``, prefilled in chunks of
 512. The items are KVRecall at 1K, 4K and 8K tokens, one per residue mod 8 (8 items); the map is every
@@ -50,7 +50,7 @@ N_LAYERS, N_HEADS, MODULUS = 8, 16, 8
 
 
 def build_model():
-    from tests.deepseek import tiny_v4_model
+    from tests.support.deepseek import tiny_v4_model
 
     return tiny_v4_model(0, num_hidden_layers=N_LAYERS, num_attention_heads=N_HEADS, layer_types=LAYER_TYPES,
                          compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
@@ -162,7 +162,7 @@ def check_cells(adapter, batch, pm) -> dict:
             logits = adapter.run_with_hooks(batch.tokens, fwd_hooks=[(f"blocks.{int(cell.layer)}.attn.hook_z", fn)],
                                             logits="query", query_len=1)[:, -1]
         ref = answer_metrics(logits, batch.answer, batch.wrong)["logit_diff"]
-        worst = max(worst, float(abs(ref - pm.ko_logit_diff[i]).max()))
+        worst = max(worst, float(abs(ref - pm.logit_diff_ko[i]).max()))
     return {"cells_checked": 2, "max_abs_diff_logit_diff": worst}
 
 
@@ -229,7 +229,7 @@ def main() -> None:
 
     def payload() -> dict:
         return {
-            "config": f"tiny V4 (tests/deepseek.py) at {N_LAYERS} layers x {N_HEADS} heads, hidden 64, head_dim 64, "
+            "config": f"tiny V4 (tests/support/deepseek.py) at {N_LAYERS} layers x {N_HEADS} heads, hidden 64, head_dim 64, "
                       "layers SSCHCHCH (CSA 4, HCA 128), window 128, index_topk all; zero knockouts of every head",
             "times": "CPU seconds of the measuring process (one thread); wall seconds in *_wall_s",
             "runs": runs, "wall_s": time.time() - t0, "lengths_asked": args.lengths,

@@ -1,13 +1,15 @@
 """What ``from_hf(numerics=..., quantize=...)`` costs and changes on a bf16 DeepSeek-V4, side by side.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_v4_numerics.py [--tokens 1024] [--hidden 1024]
+    .venv/bin/python benchmarks/bench_v4_numerics.py --device cuda --tokens 4096      # on a GPU
 
 A random V4 (sliding, CSA 4, HCA 16, CSA 4; head_dim 512 with 64 RoPE dims, index_head_dim 128, as released)
 is saved and loaded back in bf16, as ``from_pretrained`` loads a checkpoint, and once more in fp32 from the
 same bf16 weights: the fp32 run is the truth (in fp32, transformers agrees with DeepSeek's reference to ~1e-7).
 Reported: the compressed entries' relative Frobenius error against it (each compressor fed the same hidden
-states), the relative change FP8 makes to the window KV and to the logits, how many indexer picks FP8 + FP4
-change, and the forward time of each setting (best of interleaved turns). Also, from the released Flash
+states), the relative change FP8 makes to the window KV and to the logits, how many indexer picks FP4
+(``quantize="published"``) and FP8 + FP4 (``"fp8"``) change and the share of picks the adapter reports as
+fragile, and the forward time of each setting (best of interleaved turns). Also, from the released Flash
 config on the meta device, the share of the active parameters that the fp32 projections touch.
 """
 
@@ -53,8 +55,9 @@ def build(hidden: int, seed: int = 0):
         path = tempfile.mkdtemp()
         model.save_pretrained(path)
 
-        def load(dtype: torch.dtype):
-            return DeepseekV4ForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+        def load(dtype: torch.dtype, device: str = "cpu"):
+            model = DeepseekV4ForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager")
+            return model.to(device).eval()
 
     return load
 
@@ -97,21 +100,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
+    dev = args.device
     load = build(args.hidden)
-    truth_model = load(torch.float32)
+    truth_model = load(torch.float32, dev)
     g = torch.Generator().manual_seed(1)
-    h = torch.randn(1, args.tokens, args.hidden, generator=g).bfloat16()
-    tokens = torch.randint(0, 1000, (1, args.tokens), generator=g)
+    h = torch.randn(1, args.tokens, args.hidden, generator=g).bfloat16().to(dev)
+    tokens = torch.randint(0, 1000, (1, args.tokens), generator=g).to(dev)
     with torch.no_grad():
         truth_logits = truth_model(tokens).logits
 
-    out: dict[str, object] = {"tokens": args.tokens, "hidden": args.hidden, "head_dim": 512, "index_head_dim": 128}
+    out: dict[str, object] = {"tokens": args.tokens, "hidden": args.hidden, "head_dim": 512, "index_head_dim": 128,
+                              "device": torch.cuda.get_device_name() if dev.startswith("cuda") else dev}
     settings = {"transformers": ("transformers", None), "reference": ("reference", None),
-                "reference_fp8": ("reference", "fp8")}
+                "reference_published": ("reference", "published"), "reference_fp8": ("reference", "fp8")}
     adapters, picks = {}, {}
     for key, (numerics, quantize) in settings.items():
-        model = load(torch.bfloat16)
+        model = load(torch.bfloat16, dev)
         adapters[key] = from_hf(model, numerics=numerics, quantize=quantize)
         for layer, kind in ((1, "csa"), (2, "hca")):
             out[f"entries_rel_err_{kind}_{key}"] = rel(entries(model, layer, h), entries(truth_model, layer, h.float()))
@@ -124,19 +130,23 @@ def main() -> None:
             kv_plain = cache["blocks.0.attn.hook_kv"]
         if key == "reference_fp8":
             out["window_kv_rel_change_fp8"] = rel(cache["blocks.0.attn.hook_kv"], kv_plain)
-    for layer in picks["reference"]:
-        a, b = picks["reference"][layer], picks["reference_fp8"][layer]
-        same = (a.sort(-1).values == b.sort(-1).values).all(-1).float().mean()  # identical pick sets per query
-        out[f"indexer_query_rows_with_changed_picks_fp8_layer{layer}"] = 1.0 - float(same)
-        valid = a >= 0
-        kept = (a.unsqueeze(-1) == b.unsqueeze(-2)).any(-1) & valid  # a pick of one run that the other made too
-        out[f"indexer_picks_changed_fp8_layer{layer}"] = 1.0 - float(kept.sum() / valid.sum())
+    for key in ("reference_published", "reference_fp8"):
+        for layer in picks["reference"]:
+            a, b = picks["reference"][layer], picks[key][layer]
+            same = (a.sort(-1).values == b.sort(-1).values).all(-1).float().mean()  # identical pick sets per query
+            out[f"indexer_query_rows_with_changed_picks_{key}_layer{layer}"] = 1.0 - float(same)
+            valid = a >= 0
+            kept = (a.unsqueeze(-1) == b.unsqueeze(-2)).any(-1) & valid  # a pick of one run that the other made too
+            out[f"indexer_picks_changed_{key}_layer{layer}"] = 1.0 - float(kept.sum() / valid.sum())
+        out[f"fragile_picks_{key}"] = adapters[key].analysis_metadata["index_topk_fragile_picks"]
 
     def run(key: str):
         def f() -> None:
             with torch.no_grad(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 adapters[key](tokens)
+            if dev.startswith("cuda"):
+                torch.cuda.synchronize()
         return f
 
     for key in settings:
@@ -144,7 +154,18 @@ def main() -> None:
     times = interleaved_times({k: run(k) for k in settings}, repeats=3)
     out.update({f"forward_s_{k}": v for k, v in times.items()})
     out["reference_over_transformers"] = times["reference"] / times["transformers"]
+    out["reference_published_over_transformers"] = times["reference_published"] / times["transformers"]
     out["reference_fp8_over_transformers"] = times["reference_fp8"] / times["transformers"]
+    if dev.startswith("cuda"):  # the fused bf16 x bf16 -> fp32 products against upcasting first
+        from phaselens.models.deepseek_v4.reference_ops import _FUSED, products
+
+        a = torch.randn(16, 1024, 512, device=dev).bfloat16()
+        b = torch.randn(16, 512, 1280, device=dev).bfloat16()
+        fused = products(a, b)
+        out["cuda_fused_products"] = _FUSED.get("cuda", True)
+        out["cuda_fused_products_max_rel_diff"] = float(
+            (fused - a.float() @ b.float()).abs().max() / fused.abs().max())
+        out["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     out.update(flash_share())
     emit("bench_v4_numerics", out)
 

@@ -9,7 +9,7 @@ Per model: ``gate_cycling_test`` with every distinct shift 1..S-1 once, the zoo'
 residue, seed 0, R^2 intervals from 2,000 item-bootstrap replicates. For every model with DeepSeek's overlap
 split (w8s4 and its seeds) also a diagnosis: the position bias by window slot and the profile with every
 phase-specific gate parameter removed; for zoo:w8s4 the cycled profiles with the entry's RoPE position moved
-along, and the planted model of ``tests/test_cycling.py`` (a weakness put into the gates, which must move).
+along, and the planted model of ``tests/analyses/test_cycling.py`` (a weakness put into the gates, which must move).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def w8s4_extras(n: int, n_bootstrap: int) -> dict:
             rope[d] = profile(cycled, n)
     planted = dephased(phaselens.load("zoo:w8s4"))
     with torch.no_grad():
-        _bias(planted, 0)[:, 1] -= 8.0  # tests/test_cycling.py::_planted_w8s4(1)
+        _bias(planted, 0)[:, 1] -= 8.0  # tests/analyses/test_cycling.py::_planted_w8s4(1)
     return {"cycled_with_rope_anchor_shift": rope, "planted": cycling_record(planted, n, n_bootstrap)}
 
 

@@ -180,6 +180,27 @@ differ from the uncached forward's in {100 * picks.get('differ_vs_uncached', flo
 {picks.get('picks_compared', '?')} picks (CSA layers {picks.get('csa_layers', '?')}), and from the chunked forward
 with the same pieces in {100 * picks.get('differ_vs_chunked_same_pieces', float('nan')):.2f}%.
 """)
+    pk = load("bench_v41_packed")
+    if pk:
+        rows = ["| weights | held MiB | load s | prefill tokens/s | decoding tokens/s |", "|---|---|---|---|---|"]
+        rows += [f"| {r['weights']} | {f(r['weights_MiB'], 1)} | {f(r['load_s'], 1)} | "
+                 f"{f(r['prefill_tokens_per_s'], 0)} | {f(r['decode_tokens_per_s'], 1)} |" for r in pk["rows"]]
+        ratio = pk["packed_over_dequantized"]
+        parts.append(f"""## DeepSeek-V4.1 with packed FP8 / FP4 weights
+`OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_v41_packed.py` (a tiny V4.1 checkpoint in the release's
+formats, {pk['experts']} routed experts of d_ff {pk['d_ff']} dominating its {f(pk['files_MiB'], 1)} MiB of
+files; bf16; prefill of {pk['tokens']} tokens, {pk['decode_steps']} decoding steps; logits identical:
+{'yes' if pk['logits_identical'] else 'NO'}; load average {f(pk['load_average_before'][0], 1)} before and
+{f(pk['load_average_after'][0], 1)} after on {pk['cpus']} CPUs). Tokens/s are per **CPU second** of the measuring
+process (one thread; best of interleaved turns), which other processes' load does not inflate. Packed weights are dequantized inside the forward (each projection,
+and the experts the tokens chose), so on a CPU they cost time: packed / dequantized speed
+**{f(ratio['prefill_speed'])}x** at prefill and **{f(ratio['decode_speed'])}x** when decoding, for
+**{f(ratio['weights_bytes'])}x** the memory. On a GPU the trade is different (dequantizing is cheap next to
+reading the weights, and transformers' kernels can skip it under `quantize="fp8"`): measured by
+`scripts/gpu_packed_check.py`, not here.
+
+{chr(10).join(rows)}
+""")
     rp = load("bench_report")
     if rp:
         parts.append(f"""## The report

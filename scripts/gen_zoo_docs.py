@@ -293,7 +293,7 @@ Ca and Cb channel groups never exchange parameters; it is the only roll periodic
 2S slots as one sequence would move Ca rows into Cb slots, and delta = S would swap the halves). The entry's RoPE
 position (slot jS, the first token of its own block) is not a gate parameter and stays.
 
-A planted model checks the operation (`tests/test_cycling.py`): `w8s4` with every phase-specific gate parameter
+A planted model checks the operation (`tests/analyses/test_cycling.py`): `w8s4` with every phase-specific gate parameter
 removed (each half's bias replaced by its mean over phases) and tokens of phase 1 given a gate bias of -8 in
 both halves of layer 0. Its weak phases, {_phases(planted_dips)}
 (accuracy {' '.join(pct(a) for a in pl['base'])}), move with delta exactly: cycled by 1, 2, 3 the phases below 15%
@@ -439,7 +439,7 @@ It is the only model with a warm-up; the compressed models never needed one, and
 the same for all.
 
 The control is near ceiling, so its accuracy counts have little room to move and the 40-95% criterion is
-not met for it (`tests/test_zoo.py` asserts that range for the compressed models only). Two things keep
+not met for it (`tests/models/test_zoo.py` asserts that range for the compressed models only). Two things keep
 its flatness informative. The folded-gap bound is an equivalence margin: the gap's upper 95% bound is
 {pct(cards['full']['battery']['gap_ci'][1])} pp, against gaps of {pct(min(cards[n]['battery']['gap'] for n in compressed))}-{pct(max(cards[n]['battery']['gap'] for n in compressed))} pp in the compressed models. And the
 continuous metric has no ceiling: the answer's NLL by phase is flat for the control (Kruskal-Wallis
@@ -462,7 +462,7 @@ make zoo                                    # retrain every model from scratch (
 Each card (`phaselens/zoo/NAME/card.json`) holds the training settings and loss curve, the task spec (the
 loaded model's `default_task`), the per-residue counts, the battery and the sha256 of the weights;
 `eval_batch.safetensors` is a small fixed batch whose per-item correctness the card records, so the card
-can be re-checked even if the task generator changes (`tests/test_zoo.py` does).
+can be re-checked even if the task generator changes (`tests/models/test_zoo.py` does).
 
 ## What is bit-reproducible, and how many runs each number is
 - **Each model is one training run** (one seed) and each card number is one evaluation of it (1000 items
@@ -471,7 +471,7 @@ can be re-checked even if the task generator changes (`tests/test_zoo.py` does).
 - **Bit-identical** (every weight and loss equal): a rerun or an interrupted-and-resumed run with the same
   code, the same torch build and the same thread count on the same kind of CPU. Training draws every batch
   from `(seed, step)` and saves the optimiser state, so a run killed at any step resumes bit-identically
-  (`tests/test_train.py` kills one with SIGKILL and compares).
+  (`tests/train/test_loop.py` kills one with SIGKILL and compares).
 - **Not bit-identical**: another torch version, thread count or CPU (float sums are reduced in another
   order, or by other vector kernels) or another commit of the code. The losses then differ in the last
   digits at first; training amplifies such differences, above all around the phase transition where the

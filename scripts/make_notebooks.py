@@ -132,7 +132,7 @@ NOTEBOOKS = {
                       "pm.metadata['engine']"),
         new_markdown_cell("Whole-layer knockouts, by phase: the relative accuracy change is empty (the clean accuracy "
                           "is 0), the change of the logit difference is not."),
-        new_code_cell("pm.by_phase('layer')[['label', 'phase', 'clean_acc', 'rel_change', 'delta_logit_diff']]"),
+        new_code_cell("pm.per_phase('layer')[['label', 'phase', 'clean_acc', 'rel_change', 'delta_logit_diff']]"),
     ],
 }
 

@@ -1,6 +1,6 @@
 """Seeded simulations behind docs/statistics.md: gap-interval coverage, paired-test size and power, and the
 period detector's answers. Writes docs/data/stats_simulations.json (numbers and the markdown tables the page
-quotes verbatim; tests/test_stats_docs.py checks that they match).
+quotes verbatim; tests/stats/test_docs.py checks that they match).
 
 Usage: PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/stats_simulations.py [--tables 2000] [--out PATH]
 """

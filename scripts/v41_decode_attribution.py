@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/v41_decode_attribution.py
 
-Runs 2 x 40 random tokens through the tiny checkpoint of ``tests/deepseek_v41.py`` in bf16, once in parallel
+Runs 2 x 40 random tokens through the tiny checkpoint of ``tests/support/deepseek_v41.py`` in bf16, once in parallel
 and once a token at a time through the cache, per ``quantize`` and ``index_topk``, and prints JSON with the
 max |logit difference| in three modes:
 
@@ -29,9 +29,8 @@ import torch.nn.functional as F
 root = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(root), str(root / "tests")]
 
-from deepseek_v41 import write_tiny_checkpoint  # noqa: E402
-
 from phaselens.models.deepseek_v41 import IndexTopKWarning, load_v41  # noqa: E402
+from tests.support.deepseek_v41 import write_tiny_checkpoint  # noqa: E402
 
 _linear = F.linear
 _mode = "torch"

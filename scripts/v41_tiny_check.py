@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/v41_tiny_check.py
 
-Writes the tiny checkpoint of ``tests/deepseek_v41.py`` to a temporary directory, runs 2 x 40 random tokens in
+Writes the tiny checkpoint of ``tests/support/deepseek_v41.py`` to a temporary directory, runs 2 x 40 random tokens in
 one forward, in chunks (13, 1, 1, 25) and one token at a time, and prints JSON: the max |logit difference|
 of each cached run from the parallel forward (docs/deepseek_v41.md quotes it).
 """
@@ -20,9 +20,8 @@ import torch
 root = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(root), str(root / "tests")]
 
-from deepseek_v41 import write_tiny_checkpoint  # noqa: E402
-
 from phaselens.models.deepseek_v41 import IndexTopKWarning, load_v41  # noqa: E402
+from tests.support.deepseek_v41 import write_tiny_checkpoint  # noqa: E402
 
 
 def main() -> None:

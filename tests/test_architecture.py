@@ -174,3 +174,15 @@ def test_old_module_paths_warn_and_resolve():
     for old_name, new_name in MOVED.items():  # every target exists
         if new_name != "phaselens":
             assert new_name in _modules(), (old_name, new_name)
+
+
+def test_the_catalogue_and_the_package_import_without_torch():
+    """``import phaselens`` and ``phaselens zoo list``'s catalogue stay light (start-up is benchmarked in
+    benchmarks/bench_import.py; this keeps the heavy imports from coming back)."""
+    import subprocess
+
+    code = ("import sys, phaselens, phaselens.models.zoo as z; z.list_models(); "
+            "print(sorted(m for m in ('torch', 'transformers', 'transformer_lens', 'scipy', 'pandas') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

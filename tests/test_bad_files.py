@@ -22,7 +22,7 @@ from phaselens.core.errors import (
     PhaseLensError,
     UnsupportedModelError,
 )
-from tests.conftest import LAYOUTS, make_model
+from tests.support.models import LAYOUTS, make_model
 
 MODEL = make_model(LAYOUTS["w4s4-scalar"])
 NULL = object()  # an edit returning this writes the JSON literal null
@@ -159,7 +159,7 @@ def test_a_failed_zero_length_append_leaves_the_cache_usable():
 # ---- hf: directories (a tiny transformers DeepSeek-V4 written once per module) ------------------------------
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
-    from tests.deepseek import tiny_v4_model
+    from tests.support.deepseek import tiny_v4_model
 
     d = tmp_path_factory.mktemp("hf") / "ckpt"
     tiny_v4_model().save_pretrained(d)
@@ -211,4 +211,148 @@ def test_bad_hf_directory_is_refused_before_transformers_reads_it(hf_dir, tmp_pa
         phaselens.load(f"hf:{d}", **kwargs)
 
 
-N_CASES = len(CASES) + 2 + len(HF_CASES)  # quoted in the report: cases of this module
+# ---- weights the config does not match: refused by name on every loader (issue 24) -------------------------
+def _drop_tensor(name):
+    def edit(d):
+        from safetensors.torch import load_file, save_file
+
+        tensors = load_file(str(d / "model.safetensors"))
+        tensors.pop(name)
+        save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return edit
+
+
+def _add_tensor(d):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(d / "model.safetensors"))
+    tensors["extra.stray"] = torch.zeros(3)
+    save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _config(**fields):
+    return _edit_config(lambda r: r.update(fields))
+
+
+# edits transformers answered with its own errors (or loaded a different model); each names the field now
+V4_WEIGHT_CASES = [
+    ("no lm_head (was random-initialised)", _drop_tensor("head.weight"), "missing tensor.*lm_head.weight"),
+    ("an unexpected tensor", _add_tensor, "unexpected tensor.*extra.stray"),
+    ("hidden_size=7 (weights mismatch)", _config(hidden_size=7), "wrong shape.*where the model needs"),
+    ("vocab_size=7 (weights mismatch)", _config(vocab_size=7), "wrong shape"),
+    ("num_attention_heads=0", _config(num_attention_heads=0), "num_attention_heads must be a positive integer"),
+    ("head_dim='4'", _config(head_dim="4"), "head_dim must be a positive integer, got '4'"),
+    ("o_groups=3", _config(o_groups=3), "o_groups=3 must divide num_attention_heads=4"),
+    ("hidden_act='bogus'", _config(hidden_act="bogus"), "hidden_act must name an activation"),
+    ("scoring_func='bogus'", _config(scoring_func="bogus"), "scoring_func must be one of"),
+    ("dtype='bogus'", _config(dtype="bogus"), "dtype must name a torch dtype"),
+    ("sliding_window=-1 (loaded)", _config(sliding_window=-1), "sliding_window must be a positive integer"),
+    ("hc_sinkhorn_iters=0 (loaded)", _config(hc_sinkhorn_iters=0), "hc_sinkhorn_iters must be a positive"),
+    ("rms_norm_eps=-1 (loaded)", _config(rms_norm_eps=-1), "rms_norm_eps must be a finite number > 0"),
+    ("partial_rotary_factor=2 (loaded)", _config(partial_rotary_factor=2.0), r"partial_rotary_factor must be .* \(0, 1\]"),
+    ("num_experts_per_tok > experts", _config(num_experts_per_tok=7), "num_experts_per_tok=7 exceeds n_routed_experts=4"),
+    ("index_topk=0 (loaded)", _config(index_topk=0), "index_topk must be a positive integer"),
+    ("mlp_layer_types bogus", _config(mlp_layer_types=["bogus"] * 4), "mlp_layer_types holds"),
+    ("layer_types entry bogus", _config(layer_types=["sliding_attention", "bogus", "heavily_compressed_attention",
+                                                      "compressed_sparse_attention"]), "layer_types holds"),
+    ("compress_rates negative", _config(compress_rates={"compressed_sparse_attention": -4,
+                                                         "heavily_compressed_attention": 16}), "integer >= 2"),
+    ("rope_type bogus (loaded)", _config(rope_parameters={"main": {"rope_type": "bogus"}}), "rope_type"),
+]
+
+
+@pytest.mark.parametrize(("edit", "fix"), [c[1:] for c in V4_WEIGHT_CASES], ids=[c[0] for c in V4_WEIGHT_CASES])
+def test_v4_weights_or_config_that_disagree_are_named_at_the_boundary(hf_dir, tmp_path, edit, fix):
+    d = hf_copy(hf_dir, tmp_path, edit)
+    with pytest.raises(CheckpointError, match=fix):
+        phaselens.load(f"hf:{d}")
+
+
+def test_a_v4_config_override_is_checked_and_named_as_an_argument(hf_dir):
+    with pytest.raises(CheckpointError, match="sliding_window must be a positive integer.*passed to load"):
+        phaselens.load(f"hf:{hf_dir}", sliding_window=0)
+
+
+@pytest.fixture(scope="module")
+def v41_dir(tmp_path_factory):
+    from tests.support.deepseek_v41 import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("v41") / "ckpt")
+
+
+def _v41(edit_text=None, drop=None):
+    def edit(d):
+        if edit_text is not None:
+            raw = json.loads((d / "config.json").read_text())
+            edit_text(raw["text_config"])
+            (d / "config.json").write_text(json.dumps(raw))
+        if drop is not None:
+            from safetensors.torch import load_file, save_file
+
+            index = json.loads((d / "model.safetensors.index.json").read_text())
+            shard = d / index["weight_map"].pop(drop)
+            tensors = load_file(str(shard))
+            tensors.pop(drop)
+            save_file(tensors, str(shard))
+            (d / "model.safetensors.index.json").write_text(json.dumps(index))
+    return edit
+
+
+V41_CASES = [
+    ("no head", _v41(drop="head.weight"), "missing tensor.*head.weight"),
+    ("a KV source the weights lack", _v41(lambda t: t.update(kv_source_layer_ids=[2, 4, 5])),
+     "layer 5's weights lack a compressor, but kv_source_layer_ids lists it"),
+    ("an index source the config omits", _v41(lambda t: t.update(index_source_layer_ids=[2, 4])),
+     "layer 5's weights hold an indexer, but index_source_layer_ids omits it"),
+    ("a gated source made ratio 1", _v41(lambda t: t.update(compress_ratios=[0, 0, 1, 1, 1, 1, 1, 0])),
+     r"compress_ratios\[2\] is 1"),
+]
+
+
+@pytest.mark.parametrize(("edit", "fix"), [c[1:] for c in V41_CASES], ids=[c[0] for c in V41_CASES])
+def test_v41_config_and_weights_that_disagree_are_named(v41_dir, tmp_path, edit, fix):
+    d = hf_copy(v41_dir, tmp_path, edit)
+    with pytest.raises(CheckpointError, match=fix):
+        phaselens.load(f"hf:{d}")
+
+
+def test_v41_records_its_configs_hash(v41_dir):
+    import hashlib
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = phaselens.load(f"hf:{v41_dir}")
+    assert model.analysis_metadata["config_sha256"] == hashlib.sha256((v41_dir / "config.json").read_bytes()).hexdigest()
+
+
+# ---- a damaged analysis checkpoint: malformed arrays (was a pandas ValueError) ----------------------------
+def _malformed(tmp_path, cut):
+    from safetensors import safe_open
+    from safetensors.numpy import load_file, save_file
+
+    from tests.support.models import task_model
+
+    model, path = task_model(), tmp_path / "ev.ckpt"
+    kw = dict(n_per_residue=1, progress=False, n_bootstrap=0, n_permutations=1, checkpoint=path)
+    phaselens.evaluate(model, **kw)
+    with safe_open(str(path), "np") as f:
+        meta = f.metadata()
+    arrays = load_file(str(path))
+    arrays = {k: (cut(v) if i == 0 else v) for i, (k, v) in enumerate(sorted(arrays.items()))}
+    save_file(arrays, str(path), metadata=meta)
+    return lambda: phaselens.evaluate(model, **kw)
+
+
+MALFORMED = [("one field shorter", lambda a: a[:3]), ("a field 2-D", lambda a: a.reshape(1, -1)),
+             ("a field of the wrong dtype and length", lambda a: a[:5].astype("float64"))]
+
+
+@pytest.mark.parametrize("cut", [c[1] for c in MALFORMED], ids=[c[0] for c in MALFORMED])
+def test_a_checkpoint_with_malformed_arrays_is_a_checkpoint_error(tmp_path, cut):
+    with pytest.raises(CheckpointError, match="malformed.*delete it to start over"):
+        _malformed(tmp_path, cut)()
+
+
+N_CASES = (len(CASES) + 2 + len(HF_CASES) + len(V4_WEIGHT_CASES) + 1 + len(V41_CASES) + 1
+           + len(MALFORMED))  # quoted in the report: cases of this module

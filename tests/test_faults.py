@@ -9,6 +9,7 @@ child uses one thread, so its torch work never meets the parent's thread pool. T
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import os
@@ -22,6 +23,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import phaselens
 import phaselens.runtime.files as files
@@ -29,7 +32,7 @@ from phaselens.presentation.reporting.write import write_report
 from phaselens.runtime.checkpoints import ResultCache, safetensors_metadata
 from phaselens.runtime.files import recover_dir
 from phaselens.train.loop import TrainSettings, train
-from tests.conftest import LAYOUTS, make_model, task_model
+from tests.support.models import LAYOUTS, make_model, task_model
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fault tests fork a writer")
 
@@ -281,8 +284,8 @@ def test_map_checkpoint_killed(tmp_path, map_model, fresh_map, mode):
     assert len(manifest["cells"]) >= {"file:written": 3, "file:replaced": 4, "random": 1}[mode]
     assert mode == "random" or len(manifest["cells"]) < 10  # really interrupted (10 cells in all)
     resumed = phaselens.specialization_map(map_model, checkpoint=ckpt, **MAP_KW)
-    assert np.array_equal(resumed.ko_correct, fresh_map.ko_correct)
-    assert np.array_equal(resumed.ko_logit_diff, fresh_map.ko_logit_diff)
+    assert np.array_equal(resumed.correct_ko, fresh_map.correct_ko)
+    assert np.array_equal(resumed.logit_diff_ko, fresh_map.logit_diff_ko)
     assert untouched(saved) and no_temporaries(tmp_path)
 
 
@@ -321,13 +324,13 @@ TRAIN = TrainSettings(steps=10, batch_size=4, lr=3e-3, warmup=2, checkpoint_ever
 
 
 def batch_fn(b, seed):
-    from tests.conftest import tiny_task
+    from tests.support.models import tiny_task
 
     return tiny_task().sample_training_batch(b, seed)
 
 
 def train_writer(run):
-    from tests.test_train import CFG
+    from tests.train.test_loop import CFG
 
     def work(tick):
         files.FAULT_HOOK = _chain(files.FAULT_HOOK, lambda p: tick() if p == "file:replaced" else None)
@@ -337,7 +340,7 @@ def train_writer(run):
 
 @pytest.fixture(scope="module")
 def reference_run(tmp_path_factory):
-    from tests.test_train import CFG
+    from tests.train.test_loop import CFG
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -349,7 +352,7 @@ def reference_run(tmp_path_factory):
 
 @pytest.mark.parametrize("mode", ["random", "between"])
 def test_train_state_killed(tmp_path, reference_run, one_thread, mode):
-    from tests.test_train import CFG
+    from tests.train.test_loop import CFG
 
     run = tmp_path / "run"
     saved = user_files(run)
@@ -401,6 +404,228 @@ def test_cli_csv_killed(tmp_path, mode):
 
     write_csv(pd.read_csv(io.StringIO(CSVS[0])), path)  # the next write cleans up after the dead one
     assert path.read_text() == CSVS[0] and no_temporaries(tmp_path)
+
+
+# ---- ownership: no writer touches a file phaselens did not write (issue 24) --------------------------------
+def _pngs(secs, folder):
+    folder.mkdir(exist_ok=True)
+    (folder / "top.png").write_bytes(b"\x89PNG top")
+    (folder / "map.png").write_bytes(b"\x89PNG map")
+    return "two PNGs"
+
+
+def _frame():
+    return pd.DataFrame({"residue": [0, 1], "value": [0.5, 0.25]})
+
+
+def _write_model(d, overwrite):
+    MODELS[0].save(d, metadata=CARDS[1], overwrite=overwrite)
+
+
+def _write_report(d, overwrite):
+    write_report(d, "<html>r</html>", [], [], {"v": 1}, static=True, static_note_fn=_pngs, overwrite=overwrite)
+
+
+def _write_csv(d, overwrite):
+    from phaselens.presentation.cli import write_csv
+
+    write_csv(_frame(), d / "out.csv", force=overwrite)
+
+
+def _write_checkpoint(d, overwrite):
+    from phaselens.runtime.checkpoints import CellCheckpoint
+
+    ckpt = CellCheckpoint(d / "map.ckpt", "fp", ("a",))
+    ckpt.add("L0H0", np.arange(3))
+    ckpt.flush()
+
+
+def _write_cache(d, overwrite):
+    ResultCache(d).put("w4s4", "fp", {"x": 1})
+
+
+def _write_train_state(d, overwrite):
+    from phaselens.train.loop import _atomic_save
+
+    _atomic_save(d, {"w": torch.zeros(2)}, {"step": 1, "losses": [], "val_acc": []})
+
+
+def _write_zoo_dir(d, overwrite):
+    from phaselens.train.zoo import save_zoo_model
+    from tests.support.models import tiny_task
+
+    batch = tiny_task().build(phaselens.PhaseSpec(4), n_per_residue=1, seed=0)
+    save_zoo_model(d, MODELS[0], batch, {"name": "w4s4"}, overwrite=overwrite)
+
+
+def _write_result(d, overwrite):
+    from phaselens.analyses.cycling import GateCyclingResult
+
+    frame = pd.DataFrame({"delta": [1], "phase": [0], "observed": [0.5], "predicted": [0.5], "boundary": [False]})
+    GateCyclingResult(frame, 0.5, 0.5, {1: 0.5}, np.ones(4), 4).save(d / "result.phaselens", overwrite=overwrite)
+
+
+WRITERS = {"result": _write_result, "model": _write_model, "report": _write_report, "csv": _write_csv, "checkpoint": _write_checkpoint,
+           "cache": _write_cache, "train_state": _write_train_state, "zoo": _write_zoo_dir}
+NAMES = ["notes.txt", "figures/mine.png", "figures/top.png", "figures", "index.html", "results.json",
+         "config.json", "model.safetensors", "card.json", "sub/data.csv", "out.csv", "map.ckpt", "w4s4.json",
+         "train_state.json", "train_state.safetensors", "headline.csv", "eval_batch.safetensors",
+         "result.phaselens"]
+
+
+def _user_files_vs_a_writer(data, root) -> None:
+    """Draw a writer, whether phaselens wrote there before, the user's files (any name, phaselens's own names
+    and folders included, or a phaselens file edited by hand) and overwrite; run the writer; every file the user
+    wrote must be there with its bytes (only ``--force`` on an ``--out`` file may replace that one file)."""
+    name = data.draw(st.sampled_from(sorted(WRITERS)), label="writer")
+    write, d = WRITERS[name], root / "out"
+    if name not in ("model", "report", "zoo"):
+        d.mkdir()
+    if data.draw(st.booleans(), label="phaselens wrote there before"):
+        write(d, False)
+    mine = {}
+    for rel, blob in data.draw(st.lists(st.tuples(st.sampled_from(NAMES), st.binary(max_size=24)), max_size=5,
+                                        unique_by=lambda t: t[0]), label="user files"):
+        path = d / rel
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(blob)  # may replace a file phaselens wrote: that file is now the user's
+        except OSError:
+            continue  # a folder or a file already in the way
+        mine[rel] = blob
+    overwrite = data.draw(st.booleans(), label="overwrite")
+    try:
+        write(d, overwrite)
+    except phaselens.PhaseLensError:
+        pass
+    recover_dir(d) if d.is_dir() else None
+    for rel, blob in mine.items():
+        if name == "csv" and overwrite and rel == "out.csv":
+            continue  # --force names that one file
+        assert (d / rel).is_file() and (d / rel).read_bytes() == blob, (name, rel, overwrite)
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_no_writer_touches_a_file_phaselens_did_not_write(data):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _user_files_vs_a_writer(data, Path(tmp))
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_no_writer_touches_a_file_phaselens_did_not_write_at_length(data):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        _user_files_vs_a_writer(data, Path(tmp))
+
+
+# ---- what the operating system refuses, said in words (issue 24) -------------------------------------------
+def _disk_full(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_full_disk_during_a_save_keeps_the_old_version_and_says_so(tmp_path, monkeypatch):
+    import phaselens.models.compressed.io as model_io
+
+    target = tmp_path / "ckpt"
+    MODELS[0].save(target)
+    saved = user_files(target)
+
+    def half_then_full(tensors, filename, metadata=None):
+        open(filename, "wb").write(b"\0" * 100)  # part of the file, then the disk is full
+        _disk_full()
+
+    monkeypatch.setattr(model_io, "save_file", half_then_full)
+    with pytest.raises(phaselens.OutputError, match="the disk is full.*free some space"):
+        MODELS[1].save(target, overwrite=True)
+    monkeypatch.undo()
+    assert same_weights(phaselens.load(target), MODELS[0]) and untouched(saved) and no_temporaries(target)
+
+
+def test_a_full_disk_during_a_report_or_a_csv_is_one_clear_error(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from phaselens.presentation.cli import app
+
+    monkeypatch.setattr(pd.DataFrame, "to_csv", _disk_full)
+    with pytest.raises(phaselens.OutputError, match="the disk is full"):
+        write_report(tmp_path / "r", "<html>", [], [], {}, static=False, static_note_fn=None)
+    assert not (tmp_path / "r").exists() and no_temporaries(tmp_path)
+    res = CliRunner().invoke(app, ["eval", "w4s4", "--n-per-residue", "1", "--no-progress", "--out",
+                                   str(tmp_path / "e.csv")])
+    lines = [line for line in res.output.splitlines() if line.startswith("error:")]
+    assert res.exit_code == 3 and len(lines) == 1 and "the disk is full" in lines[0]
+    assert "Traceback" not in res.output and not (tmp_path / "e.csv").exists()
+
+
+def test_an_unwritable_place_is_one_error_for_save_and_report(tmp_path, monkeypatch):
+    # the same refusal from the OS gave a raw PermissionError from save and an OutputError from report
+    real_mkdir = os.mkdir
+
+    def refuse(path, *args, **kwargs):
+        if str(path).startswith(str(tmp_path / "ro")):
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_mkdir(path, *args, **kwargs)
+
+    (tmp_path / "ro").mkdir()
+    monkeypatch.setattr(os, "mkdir", refuse)
+    errors = []
+    for call in (lambda: MODELS[0].save(tmp_path / "ro" / "m"),
+                 lambda: write_report(tmp_path / "ro" / "r", "<html>", [], [], {}, static=False, static_note_fn=None)):
+        with pytest.raises(phaselens.PhaseLensError) as info:
+            call()
+        errors.append(info.value)
+    assert [type(e) for e in errors] == [phaselens.OutputError] * 2
+    assert all("permission denied" in str(e) for e in errors)
+
+
+def test_an_unreadable_file_is_not_called_corrupt(tmp_path, monkeypatch):
+    """Permission problems say permission; only proven damage suggests deleting (root reads any file, so the
+    refusal is simulated where phaselens reads)."""
+    import builtins
+    from pathlib import Path
+
+    import phaselens.runtime.checkpoints as ck
+
+    MODELS[0].save(tmp_path / "m")
+    real_read_bytes, real_open = Path.read_bytes, builtins.open
+
+    def no_read(self):
+        if self.name == "config.json":
+            raise PermissionError(errno.EACCES, "Permission denied", str(self))
+        return real_read_bytes(self)
+
+    monkeypatch.setattr(Path, "read_bytes", no_read)
+    with pytest.raises(phaselens.CheckpointError) as info:
+        phaselens.load(tmp_path / "m")
+    text = str(info.value)
+    assert "permission denied" in text and "chmod" in text and "corrupt" not in text and "delete" not in text
+    monkeypatch.undo()
+
+    ckpt = tmp_path / "map.ckpt"
+    WRITERS["checkpoint"](tmp_path, False)
+
+    def no_open(file, *args, **kwargs):
+        if str(file) == str(ckpt):
+            raise PermissionError(errno.EACCES, "Permission denied", str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(ck, "open", no_open, raising=False)
+    with pytest.raises(phaselens.CheckpointError) as info:
+        ck.CellCheckpoint(ckpt, "fp", ("a",))
+    text = str(info.value)
+    assert "permission denied" in text and "corrupt" not in text and "delete" not in text
+    monkeypatch.undo()
+    (ckpt).write_bytes(ckpt.read_bytes()[:-3])  # proven damage (truncated): now deleting is the advice
+    with pytest.raises(phaselens.CheckpointError, match="delete it"):
+        ck.CellCheckpoint(ckpt, "fp", ("a",))
 
 
 # ---- the long randomized run ------------------------------------------------------------------------------

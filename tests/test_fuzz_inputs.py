@@ -24,7 +24,8 @@ import phaselens
 from phaselens.core import errors as E
 from phaselens.presentation.cli import app
 from phaselens.tasks import KVRecall
-from tests.conftest import task_model, tiny_task
+from phaselens.train.loop import TrainSettings
+from tests.support.models import task_model, tiny_task
 
 FAST = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 SLOW = settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
@@ -187,7 +188,69 @@ CASES = [
     ("report(out=a file)", lambda w: phaselens.report(["w4s4"], out=__file__), E.OutputError, "is a file"),
     ("report(['nope'])", lambda w: phaselens.report(["nope"], out=world_tmp() / "r"), E.ZooError, "available"),
     ("load('zoo:nope')", lambda w: phaselens.load("zoo:nope"), E.ZooError, "available"),
+    # issue 24: ids, devices, sizes and sources
+    ("a negative distractor id", lambda w: phaselens.evaluate(w.m, _ids(w, wrong=-1), **QE), E.InputError,
+     "distractor (wrong) ids span -1..-1, outside the model's vocabulary"),
+    ("an answer id past the vocabulary", lambda w: phaselens.patch(w.m, "L1H0", task=_ids(w, answer=10_000), **Q),
+     E.InputError, "vocabulary 0..127"),
+    ("a negative token id", lambda w: phaselens.record(w.m, _ids(w, tokens=-3), progress=False), E.InputError,
+     "token ids"),
+    ("load(device='meta')", lambda w: phaselens.load("zoo:w4s4", device="meta"), E.InputError, "use 'cpu'"),
+    ("weights on the meta device", lambda w: phaselens.evaluate(task_model().to("meta"), **QE), E.InputError,
+     "meta device"),
+    ("load('hf:w4s4')", lambda w: phaselens.load("hf:w4s4"), E.CheckpointError, "phaselens.load('zoo:w4s4')"),
+    ("load('hf:zoo:w8s4')", lambda w: phaselens.load("hf:zoo:w8s4"), E.CheckpointError,
+     "phaselens.load('zoo:w8s4')"),
+    ("load(a hub id without hf:)", lambda w: phaselens.load("deepseek-ai/DeepSeek-V4-Flash"), E.CheckpointError,
+     "then phaselens.load('hf:dir')"),
+    ("load(a name too long)", lambda w: phaselens.load("x" * 300), E.CheckpointError, "name is too long"),
+    ("report('nope') is one name, not letters", lambda w: phaselens.report("nope", out=world_tmp() / "r1"),
+     E.ZooError, "no zoo model 'nope'"),
+    ("n_per_residue=10**9", lambda w: phaselens.evaluate(w.m, n_per_residue=10**9, progress=False), E.ResourceError,
+     "or fewer"),
+    ("batch_size=10**6 over 10**6 items", lambda w: phaselens.record(w.m, n_per_residue=125_000, batch_size=10**6,
+                                                                     progress=False), E.ResourceError, "or fewer"),
+    ("plan=True of 8e12 items prices without building", lambda w: _plan_of_trillions(w), OK, ""),
+    ("seed=2**63", lambda w: phaselens.evaluate(w.m, **QE, seed=2**63), E.InputError, "below 2**63"),
+    ("seed=2**64 (resample map)", lambda w: phaselens.specialization_map(w.m, **Q, seed=2**64, method="resample"),
+     E.InputError, "below 2**63"),
+    ("n_bootstrap=10**7", lambda w: phaselens.ablate(w.m, "L1H0", **Q, n_bootstrap=10**7), E.InputError, "a million"),
+    ("n_permutations=10**12", lambda w: phaselens.evaluate(w.m, n_per_residue=1, progress=False,
+                                                           n_permutations=10**12), E.InputError, "a million"),
+    ("attribution_map inside inference_mode", lambda w: _inference_mode(lambda: phaselens.attribution_map(w.m, **Q)),
+     E.NotApplicableError, "outside that block"),
+    ("attribution_map of frozen weights", lambda w: _frozen_attribution(), OK, ""),
+    ("TrainSettings(threads=10**9)", lambda w: TrainSettings(threads=10**9), E.ConfigError, "or fewer"),
 ]
+
+
+def _ids(w, **values):
+    """The fuzz batch with one id field replaced by a constant."""
+    from dataclasses import replace
+
+    b = w.batch
+    return replace(b, **{k: getattr(b, k) * 0 + v for k, v in values.items()})
+
+
+def _plan_of_trillions(w):
+    plan = phaselens.specialization_map(w.m, n_per_residue=10**12, plan=True, progress=False)
+    assert plan.items == 8 * 10**12 and not plan.fits and "does NOT fit" in repr(plan) and plan.max_per_residue
+
+
+def _inference_mode(call):
+    with torch.inference_mode():
+        return call()
+
+
+def _frozen_attribution():
+    """requires_grad=False on every weight was blamed on 'the nnsight backend'; the gradient starts at z, so
+    the estimates are those of the same weights unfrozen."""
+    m = task_model()
+    want = phaselens.attribution_map(m, **Q).values
+    for p in m.parameters():
+        p.requires_grad_(False)
+    assert np.array_equal(phaselens.attribution_map(m, **Q).values, want)
+    assert all(p.grad is None for p in m.parameters())
 
 
 @functools.cache
@@ -347,6 +410,11 @@ CLI_CASES = [
     ["train", "--recipe", "w4s4", "--runs", __file__], ["train", "--recipe", "w4s4", "--out", __file__],
     ["report", "nope", "--out", "/no/such/dir/r"], ["report", "--out", __file__], ["report", "nope", "--quick"],
     ["zoo", "list", "--bogus"], ["bogus"],
+    # issue 24: names too long, numbers too large, counts the machine cannot run
+    ["eval", "w4s4", "--out", "x" * 300 + ".csv"], ["map", "w4s4", "--checkpoint", "y" * 300],
+    ["eval", "x" * 300], ["eval", "hf:w4s4"], ["eval", "w4s4", "--n-per-residue", "99999999999999999999999"],
+    ["record", "w4s4", "--seed", "99999999999999999999"], ["train", "--recipe", "w4s4", "--threads", "1000000000"],
+    ["train", "--recipe", "w4s4", "--runs", "z" * 300], ["report", "w4s4", "--out", "r" * 300],
 ]
 
 
@@ -369,6 +437,69 @@ def test_a_directory_with_user_files_is_refused_before_any_work_and_force_exists
     assert res.exit_code == 3 and "--force" in res.output and "notes.txt" in res.output
     assert not (tmp_path / "runs").exists()  # refused before training started
     assert "--force" in runner.invoke(app, [cmd, "--help"], env={"COLUMNS": "200"}).output
+
+
+def _raise(err):
+    def call(*args, **kwargs):
+        raise err
+    return call
+
+
+ANY_ERROR = [  # (what a command meets, a phrase of its one line): the CLI never shows a traceback without --debug
+    (MemoryError(), "ran out of memory"),
+    (PermissionError(13, "Permission denied", "runs/zoo"), "permission denied for runs/zoo"),
+    (OSError(28, "No space left on device", "w4s4.csv"), "the disk is full"),
+    (OSError(36, "File name too long", "x" * 300), "the file name is too long"),
+    (OverflowError("Python int too large to convert to C long"), "a number is too large"),
+    (RuntimeError("something deep inside torch"), "internal error (RuntimeError"),
+]
+
+
+@pytest.mark.parametrize(("err", "said"), ANY_ERROR, ids=[type(e).__name__ + str(getattr(e, "errno", "") or "")
+                                                          for e, _ in ANY_ERROR])
+def test_any_error_of_a_command_is_one_line_and_exit_3(monkeypatch, err, said):
+    monkeypatch.setattr(phaselens, "evaluate", _raise(err))
+    res = runner.invoke(app, ["eval", "w4s4", "--n-per-residue", "1", "--no-progress"])
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 3 and len(lines) == 1 and lines[0].startswith("error: "), res.output
+    assert said in lines[0] and "Traceback" not in res.output
+    res = runner.invoke(app, ["--debug", "eval", "w4s4", "--n-per-residue", "1", "--no-progress"])
+    assert res.exception is err  # --debug lets it through, with its traceback
+
+
+def test_an_unwritable_runs_folder_is_refused_before_training(tmp_path, monkeypatch):
+    import phaselens.runtime.files as files
+
+    (tmp_path / "runs").mkdir()
+    monkeypatch.setattr(files, "writable", lambda folder: folder.name != "runs")  # root writes anywhere: simulated
+    res = runner.invoke(app, ["train", "--recipe", "w4s4", "--out", str(tmp_path / "zoo"), "--runs",
+                              str(tmp_path / "runs"), "--no-progress"])
+    assert res.exit_code == 3 and "--runs" in res.output and "permission denied" in res.output
+    assert list((tmp_path / "runs").iterdir()) == [] and "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("env", [{"WORLD_SIZE": "abc"}, {"WORLD_SIZE": "0"}, {"WORLD_SIZE": "2", "RANK": "5"},
+                                 {"LOCAL_RANK": "-1"}])
+def test_a_broken_torchrun_environment_is_one_line(env):
+    res = runner.invoke(app, ["zoo", "list"], env=env)
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert res.exit_code == 3 and len(lines) == 1 and lines[0].startswith("error: ") and "torchrun" in lines[0]
+
+
+def test_out_replaces_only_a_file_phaselens_wrote_unless_forced(tmp_path):
+    mine, ours = tmp_path / "mine.csv", tmp_path / "ours.csv"
+    mine.write_text("my,table\n")
+    args = ["eval", "w4s4", "--n-per-residue", "1", "--no-progress", "--out"]
+    res = runner.invoke(app, [*args, str(mine)])
+    assert res.exit_code == 3 and "--force" in res.output and mine.read_text() == "my,table\n"  # refused first
+    assert runner.invoke(app, [*args, str(ours)]).exit_code == 0
+    first = ours.read_bytes()
+    assert runner.invoke(app, [*args, str(ours), "--seed", "3"]).exit_code == 0  # its own: replaced, no --force
+    assert ours.read_bytes() != first
+    ours.write_text("edited")  # edited by hand: the user's now
+    assert runner.invoke(app, [*args, str(ours)]).exit_code == 3 and ours.read_text() == "edited"
+    assert runner.invoke(app, [*args, str(mine), "--force"]).exit_code == 0  # --force names that one file
+    assert mine.read_text().startswith("item_id") or "residue" in mine.read_text()
 
 
 CLI_OPTIONS = {  # subcommand -> option -> never-valid values

@@ -70,7 +70,7 @@ def _compute() -> dict[str, object]:
                                           progress=False)
         si = pm.specialization_index(n_permutations=50, n_bootstrap=50)
         got[f"map_{engine}"] = {**_result_numbers(pm, ["residue", "phase"]),
-                                "by_phase_layer": _frame_numbers(pm.by_phase("layer")),
+                                "by_phase_layer": _frame_numbers(pm.per_phase("layer")),
                                 "index": _frame_numbers(si)}
 
     pr = phaselens.patch(w4, heads=["L0H1", "L1H2", "L0H0"], n_per_residue=3, seed=0, n_bootstrap=100,

@@ -10,30 +10,36 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.analyses.items import build_items, check_options
-from phaselens.analyses.knockout_runs import KO_FIELDS, ablate_blocks
+from phaselens.analyses.knockout_runs import KO_FIELDS, ablate_block, knockout_cell
 from phaselens.analyses.knockouts import knockout
-from phaselens.contract.protocol import PhaseModel, choose_engine, metadata_of
+from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.scoring import METRICS, items_from_metrics, stack_metrics
+from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.heads import Head
 from phaselens.results.base import Result
-from phaselens.runtime.checkpoints import check_checkpoint_path
-from phaselens.runtime.distributed import open_checkpoint, sharded
-from phaselens.stats.effects import Effects, relative_effects
+from phaselens.stats.effects import EFFECT_COLUMNS, Effects, relative_effects
 
 
 @dataclass(frozen=True, repr=False, eq=False)
 class AblationResult(Result):
     """Clean against knocked-out accuracy for one set of heads.
 
-    ``effects`` holds ``[1, residues]`` arrays (see :class:`~phaselens.stats.effects.Effects`); ``items`` one row
-    per item with ``correct`` / ``correct_ko`` and ``logit_diff`` / ``logit_diff_ko``.
+    ``effects`` holds ``[1, residues]`` arrays and ``phase_effects`` ``[1, phases]`` (residues folded mod S, the
+    same resampling; see :class:`~phaselens.stats.effects.Effects`); ``items`` one row per item with
+    ``correct`` / ``correct_ko`` and ``logit_diff`` / ``logit_diff_ko``.
     """
 
     LEVELS = ("residue", "phase", "item")
+    COLUMNS = {
+        "residue": ("residue", "phase", *EFFECT_COLUMNS),
+        "phase": ("phase", *EFFECT_COLUMNS, "boundary"),
+        "item": ("item_id", "residue", "phase", "correct", "correct_ko", "logit_diff", "logit_diff_ko"),
+    }
 
     heads: tuple[Head, ...]
     method: str
     effects: Effects
+    phase_effects: Effects
     items: pd.DataFrame
     stride: int
     modulus: int
@@ -46,13 +52,7 @@ class AblationResult(Result):
 
     def per_phase(self) -> pd.DataFrame:
         """Residues folded mod S: the same columns per phase, plus ``boundary``."""
-        it = self.items
-        eff = relative_effects(it["correct"].to_numpy(), it["correct_ko"].to_numpy()[None],
-                               it["residue"].to_numpy() % self.stride, self.stride,
-                               clean_ld=it["logit_diff"].to_numpy(), ko_ld=it["logit_diff_ko"].to_numpy()[None],
-                               n_bootstrap=int(self.metadata.get("arguments", {}).get("n_bootstrap", 1000)),
-                               seed=int(self.metadata.get("arguments", {}).get("seed", 0)))
-        out = _frame(eff, self.stride, self.stride, "phase")
+        out = _frame(self.phase_effects, self.stride, self.stride, "phase")
         out["boundary"] = out["phase"] == self.stride - 1
         return out
 
@@ -87,24 +87,77 @@ def _frame(e: Effects, n_groups: int, stride: int, level: str) -> pd.DataFrame:
     return df[df["n"] > 0].reset_index(drop=True)
 
 
-@sharded
+class Ablation(Analysis):
+    """Clean and knocked-out answers of every item, one block of items per unit."""
+
+    name = "ablate"
+    stage = "ablate"
+
+    def __init__(self, heads: Any, method: str, calibration: Any, engine: str) -> None:
+        self.heads, self.method, self.calibration, self.engine = heads, method, calibration, engine
+
+    def check(self, model: Any, options: Common) -> None:
+        self.used = choose_engine(model, self.engine)  # a bad engine is refused before the calibration runs
+
+    def prepare(self, run: Run) -> None:
+        o = run.options
+        ko = knockout(run.model, self.heads, method=self.method, calibration=self.calibration, task=run.task,
+                      seed=o.seed)
+        if self.used == "suffix" and self.engine == "auto" and len({h.layer for h in ko.heads}) > 1:
+            self.used = "full"  # the engine intervenes at one layer per cell
+        self.ko = ko
+        self.cell = knockout_cell(ko, len(run.batch)) if self.used == "suffix" else None
+        run.note.update(engine=self.used, calibration=None if ko.calibration is None else ko.calibration.source)
+
+    def fields(self, run: Run) -> tuple[str, ...]:
+        return (*METRICS, *KO_FIELDS)
+
+    def fingerprint(self, run: Run) -> dict[str, Any]:
+        cal = self.ko.calibration
+        return dict(heads=[str(h) for h in self.ko.heads], method=self.method,
+                    calibration=None if cal is None else cal.z, seed=run.options.seed, engine=self.used)
+
+    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+        return [ablate_block(run.model, run.batch, self.ko, self.cell, run.blocks[b],
+                             batch_size=run.options.batch_size) for b in idx]
+
+    def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> AblationResult:
+        m = stack_metrics(parts, (*METRICS, *KO_FIELDS))
+        items = items_from_metrics(run.batch, {k: m[k] for k in METRICS})
+        items["correct_ko"] = np.asarray(m["correct_ko"], bool)
+        items["logit_diff_ko"] = m["logit_diff_ko"]
+        o = run.options
+
+        def effects(groups: np.ndarray, n_groups: int) -> Effects:
+            return relative_effects(items["correct"].to_numpy(), items["correct_ko"].to_numpy()[None], groups,
+                                    n_groups, clean_ld=items["logit_diff"].to_numpy(),
+                                    ko_ld=items["logit_diff_ko"].to_numpy()[None], n_bootstrap=o.n_bootstrap,
+                                    seed=o.seed)
+
+        residue = items["residue"].to_numpy()
+        return AblationResult(self.ko.heads, self.method, effects(residue, run.modulus),
+                              effects(residue % run.stride, run.stride), items, run.stride, run.modulus,
+                              run.metadata())
+
+
+@public
 def ablate(
     model: PhaseModel,
     heads: Any,
     phase: int | Sequence[int] | None = None,
     *,
     task: Any = None,
-    method: str = "mean",
     n_per_residue: int = 128,
     residues: Sequence[int] | None = None,
     seed: int = 0,
     batch_size: int = 64,
-    calibration: Any = None,
-    n_bootstrap: int = 1000,
-    progress: bool = True,
     stride: int | None = None,
-    engine: str = "auto",
+    progress: bool = True,
     checkpoint: str | os.PathLike | None = None,
+    n_bootstrap: int = N_BOOTSTRAP,
+    method: str = "mean",
+    calibration: Any = None,
+    engine: str = "auto",
 ) -> AblationResult:
     """Evaluate ``task`` with and without knocking out ``heads`` at each item's query position.
 
@@ -112,50 +165,18 @@ def ablate(
         model: a phaselens model (or adapter, or phase ensemble).
         heads: ``(layer, head)``, ``"L2H3"``, ``"L2"``, ``"L2KV0"``, or a list of these.
         phase: phases (residue mod S) to evaluate: an int, a list, or ``None`` for all (or pass ``residues``).
+        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
+            options (docs/api.md). A checkpoint holds finished blocks of ``batch_size`` items (clean and knocked
+            out); its fingerprint covers the model, the items, the heads, method, calibration, seed, batch size
+            and engine, so a checkpoint of another run is refused.
         method: ``"mean"`` (calibration mean, the paper's choice), ``"zero"`` or ``"resample"``.
+        calibration: the calibration items for ``mean``/``resample`` (default: the task's own, another seed).
         engine: ``"auto"`` (the query-suffix engine when the model offers it and the heads sit in one layer),
             ``"suffix"`` or ``"full"``; ``metadata["engine"]`` names the one used.
-        checkpoint: a file path: finished blocks of ``batch_size`` items (clean and knocked out) are written
-            there atomically and a rerun (with any number of processes) resumes. The fingerprint covers the
-            model, the items, the heads, method, calibration, seed, batch size and engine: a checkpoint of
-            another run is refused.
 
     Example:
         >>> res = phaselens.ablate(phaselens.load("zoo:w8s4"), "L0H3", phase=3, n_per_residue=32)  # doctest: +SKIP
         >>> res.per_phase()  # doctest: +SKIP
     """
-    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
-    check_checkpoint_path(checkpoint)
-    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, residues=residues,
-                                    seed=seed, stride=stride)
-    used = choose_engine(model, engine)  # a bad engine is refused before the calibration runs
-    ko = knockout(model, heads, method=method, calibration=calibration, task=task, seed=seed)
-    if used == "suffix" and engine == "auto" and len({h.layer for h in ko.heads}) > 1:
-        used = "full"  # the engine intervenes at one layer per cell
-    store = None
-    if checkpoint is not None:
-        from phaselens.analyses.scoring import METRICS
-        from phaselens.runtime.fingerprints import analysis_fingerprint
-
-        cal = ko.calibration
-        fp = analysis_fingerprint(model, analysis="ablate", items=batch.tokens, query_pos=batch.query_pos,
-                                  answers=batch.answer, wrong=batch.wrong, heads=[str(h) for h in ko.heads],
-                                  method=method, calibration=None if cal is None else cal.z, seed=seed,
-                                  batch_size=batch_size, engine=used)
-        store = open_checkpoint(checkpoint, fp, (*METRICS, *KO_FIELDS))
-    # one unit per block of batch_size items (clean and knocked out): the blocks are split across ranks
-    clean, ablated = ablate_blocks(model, batch, ko, engine=used, batch_size=batch_size, progress=progress,
-                                   store=store)
-    items = clean.copy()
-    items["correct_ko"] = np.asarray(ablated["correct"], bool)
-    items["logit_diff_ko"] = ablated["logit_diff"]
-    eff = relative_effects(
-        items["correct"].to_numpy(), items["correct_ko"].to_numpy()[None], items["residue"].to_numpy(),
-        batch.modulus, clean_ld=items["logit_diff"].to_numpy(), ko_ld=items["logit_diff_ko"].to_numpy()[None],
-        n_bootstrap=n_bootstrap, seed=seed,
-    )
-    meta = metadata_of(model, heads=[str(h) for h in ko.heads], phase=phase, residues=residues, method=method,
-                       n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, n_bootstrap=n_bootstrap,
-                       stride=stride, engine=engine, checkpoint=None if checkpoint is None else str(checkpoint))
-    meta.update(engine=used, calibration=None if ko.calibration is None else ko.calibration.source)
-    return AblationResult(ko.heads, method, eff, items, spec.stride, batch.modulus, meta)
+    options = Common(n_per_residue, residues, phase, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
+    return run(Ablation(heads, method, calibration, engine), model, task, options, arguments_of(ablate, locals()))

@@ -7,6 +7,7 @@ items (about three forward-equivalents in all, against one pass per head for the
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,14 +16,13 @@ import pandas as pd
 import torch
 from scipy import stats as sps
 
-from phaselens.analyses.items import build_items, check_options
 from phaselens.analyses.knockouts import calibrate, check_method, z_name
+from phaselens.analyses.runner import Analysis, Common, Run, arguments_of, public, run
 from phaselens.analyses.scoring import model_logits
-from phaselens.contract.protocol import HookContext, PhaseModel, metadata_of, model_name
+from phaselens.contract.protocol import HookContext, PhaseModel, model_name
 from phaselens.core.errors import InputError, NotApplicableError
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result
-from phaselens.runtime.distributed import block_labels, item_blocks, shard_map, sharded
+from phaselens.results.base import Result, renamed
 from phaselens.stats.by_residue import residue_mean_ci
 
 
@@ -31,18 +31,26 @@ class AttributionMap(Result):
     """Estimated change of the logit difference per ``[layer, head, residue]`` (mean over items, t CI).
 
     ``spearman`` is the rank correlation with an exact :class:`~phaselens.analyses.maps.PhaseMap`'s
-    ``delta_logit_diff`` over the same cells, when one was given. ``items`` ``[N, layer, head]`` holds the
+    ``delta_logit_diff`` over the same cells, when one was given. ``values`` ``[N, layer, head]`` holds the
     per-item estimates, ``residue`` ``[N]``.
     """
+
+    LEVELS = ("residue", "phase")
+    COLUMNS = {
+        "residue": ("quantity", "layer", "head", "residue", "phase", "value", "ci_low", "ci_high"),
+        "phase": ("quantity", "layer", "head", "phase", "value", "ci_low", "ci_high", "boundary"),
+    }
 
     estimate: Labelled
     spearman: float | None
     method: str
     stride: int
     modulus: int
-    items: np.ndarray
+    values: np.ndarray
     residue: np.ndarray
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    items = renamed("items", "values", "`items` is the per-item frame in every result; these are arrays")
 
     def per_residue(self) -> pd.DataFrame:
         """Tidy rows per (layer, head, residue): ``value`` with ``ci_low`` / ``ci_high``."""
@@ -52,7 +60,7 @@ class AttributionMap(Result):
 
     def per_phase(self) -> pd.DataFrame:
         """The same per (layer, head, phase): residues folded mod S."""
-        m, lo, hi = residue_mean_ci(self.items, self.residue % self.stride, self.stride)
+        m, lo, hi = residue_mean_ci(self.values, self.residue % self.stride, self.stride)
         c = self.estimate.coords
         lab = Labelled(m, ("layer", "head", "phase"), {"layer": c["layer"], "head": c["head"],
                                                        "phase": np.arange(self.stride)}, lo, hi, name=self.estimate.name)
@@ -70,68 +78,75 @@ class AttributionMap(Result):
         return f"AttributionMap({self.method}; stride {self.stride}, residues mod {self.modulus}; Spearman vs exact: {rho})"
 
 
-@sharded
-def attribution_map(
-    model: PhaseModel,
-    task: Any = None,
-    *,
-    method: str = "mean",
-    n_per_residue: int = 64,
-    residues: Any = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    calibration: Any = None,
-    exact: Any = None,
-    stride: int | None = None,
-    progress: bool = False,
-) -> AttributionMap:
-    """Estimate every head's knockout effect on the answer-minus-wrong logit difference, per residue.
+class Attribution(Analysis):
+    """One forward and one backward pass per block of items: the first-order knockout estimate of every head."""
 
-    Gradients flow through the query rows only, so under chunked prefill this is exactly the gradient of a
-    query-row intervention; on a phase ensemble a head is knocked out in every copy (the estimate sums the
-    copies' first-order terms).
+    name = "attribution_map"
+    stage = "attribution"
 
-    Args:
-        method: ``"mean"`` or ``"zero"`` replacement (as in :func:`phaselens.specialization_map`).
-        exact: an exact PhaseMap built on the same items (same task, ``n_per_residue`` and ``seed``) to
-            report the Spearman correlation with.
-    """
-    method = check_method(method, ("mean", "zero"))
-    check_options(batch_size=batch_size, progress=progress)
-    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                                    stride=stride)
-    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    _check_exact(exact, L, H, batch.modulus)
-    cal = None if method == "zero" else calibrate(model, calibration, list(range(L)), task=task)
-    blocks = item_blocks(len(batch), batch_size)
+    def __init__(self, method: str, calibration: Any, exact: Any) -> None:
+        self.method, self.calibration, self.exact = method, calibration, exact
 
-    def one(i: int) -> torch.Tensor:  # estimates [b, L, H] of the block of items starting at i
-        tokens = batch.tokens[i : i + batch_size]
-        qp = batch.query_pos[i : i + batch_size]
+    def check(self, model: Any, options: Common) -> None:
+        self.method = check_method(self.method, ("mean", "zero"))
+        if torch.is_inference_mode_enabled():
+            raise NotApplicableError(
+                "attribution_map needs gradients, but it was called inside torch.inference_mode(), which forbids "
+                "them; call it outside that block (torch.no_grad() around it is fine: attribution_map enables "
+                "gradients itself, and fills no parameter's .grad).")
+
+    def prepare(self, run: Run) -> None:
+        L, H = run.model.dims.n_layers, run.model.dims.n_heads
+        _check_exact(self.exact, L, H, run.modulus)
+        self.cal = None if self.method == "zero" else calibrate(run.model, self.calibration, list(range(L)),
+                                                                 task=run.task)
+        run.note["calibration"] = None if self.cal is None else self.cal.source
+
+    def fields(self, run: Run) -> tuple[str, ...]:
+        return ("estimate",)
+
+    def fingerprint(self, run: Run) -> dict[str, Any]:
+        return dict(method=self.method, calibration=None if self.cal is None else self.cal.z)
+
+    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray]]:
+        return [(self._block(run, run.blocks[b]).numpy(),) for b in idx]
+
+    def _block(self, run: Run, block: slice) -> torch.Tensor:
+        """Estimates ``[b, L, H]`` of one block of items."""
+        model, batch, cal = run.model, run.batch, self.cal
+        L, H = model.dims.n_layers, model.dims.n_heads
+        tokens, qp = batch.tokens[block], batch.query_pos[block]
         b = len(qp)
         kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-        def keep(z: torch.Tensor, hook: HookContext, _qp: torch.Tensor = qp, _kept: dict = kept) -> None:
+        def keep(z: torch.Tensor, hook: HookContext, _qp: torch.Tensor = qp, _kept: dict = kept) -> Any:
+            if not z.requires_grad:  # frozen weights (requires_grad=False): the gradient starts at z itself
+                z = z.detach().requires_grad_()
+                _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
+                return z  # the same values, now on the gradient path
             _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
+            return None
 
         with torch.enable_grad():
             logits = model_logits(model, tokens, qp, [(z_name(layer), keep) for layer in range(L)])
             dev = logits.device
             r = torch.arange(b, device=dev)
             q = logits[r, (qp - (tokens.shape[1] - logits.shape[1])).to(dev)]
-            ld = q[r, batch.answer[i : i + batch_size].to(dev)] - q[r, batch.wrong[i : i + batch_size].to(dev)]
+            ld = q[r, batch.answer[block].to(dev)] - q[r, batch.wrong[block].to(dev)]
             # gradients with respect to z only: no parameter .grad is filled
             zs = [kept[layer][0] for layer in range(L)]
             if not all(z.requires_grad for z in zs) or not ld.requires_grad:
                 raise NotApplicableError(
-                    f"{model_name(model)} passes its hooks tensors that carry no gradient to the logits (e.g. the "
-                    "DeepSeek-V4 adapter's nnsight backend); run attribution_map with backend='torch'."
+                    f"{model_name(model)} passes its hooks tensors that are not on the gradient path of its logits "
+                    "(copies, as the DeepSeek-V4 adapter's nnsight backend makes); load the model with "
+                    "backend='torch' for attribution_map."
                 )
             grads = torch.autograd.grad(ld.sum(), zs, allow_unused=True)
             if any(g is None for g in grads):
                 raise NotApplicableError(
-                    f"{model_name(model)}'s hooked z is not on the gradient path of its logits (e.g. the "
-                    "DeepSeek-V4 adapter's nnsight backend); run attribution_map with backend='torch'."
+                    f"{model_name(model)}'s hooked z is not on the gradient path of its logits (copies, as the "
+                    "DeepSeek-V4 adapter's nnsight backend makes); load the model with backend='torch' for "
+                    "attribution_map."
                 )
         per_layer = []
         for layer in range(L):
@@ -143,24 +158,55 @@ def attribution_map(
             per_layer.append(((repl - z) * g).sum(-1).view(-1, b, H).sum(0))  # copies' terms summed: [b, H]
         return torch.stack(per_layer, 1).float().cpu()
 
-    # item blocks split across ranks under torch.distributed
-    est = shard_map(lambda idx: [one(blocks[b].start) for b in idx], block_labels(blocks), progress=progress,
-                    stage="attribution", model=model)
-    values = torch.cat(est).numpy()  # [N, L, H]
-    residue = batch.frame["residue"].to_numpy()
-    M = batch.modulus
-    mean, lo, hi = residue_mean_ci(values, residue, M)  # [L, H, M]
-    coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
-    lab = Labelled(mean, ("layer", "head", "residue"), coords, lo, hi, name="estimated_delta_logit_diff")
-    rho = None
-    if exact is not None:
-        ex = exact.values("head", "delta_logit_diff").values
-        ok = ~np.isnan(ex) & ~np.isnan(mean)
-        rho = float(sps.spearmanr(mean[ok], ex[ok]).statistic)
-    meta = metadata_of(model, method=method, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                       batch_size=batch_size, stride=stride)
-    meta.update(calibration=None if cal is None else cal.source)
-    return AttributionMap(lab, rho, method, spec.stride, M, values, residue, meta)
+    def result(self, run: Run, parts: list[tuple[np.ndarray]]) -> AttributionMap:
+        model, batch = run.model, run.batch
+        L, H = model.dims.n_layers, model.dims.n_heads
+        values = np.concatenate([p[0] for p in parts])  # [N, L, H]
+        residue = batch.frame["residue"].to_numpy()
+        M = run.modulus
+        mean, lo, hi = residue_mean_ci(values, residue, M)  # [L, H, M]
+        coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
+        lab = Labelled(mean, ("layer", "head", "residue"), coords, lo, hi, name="estimated_delta_logit_diff")
+        rho = None
+        if self.exact is not None:
+            ex = self.exact.values("head", "delta_logit_diff").values
+            ok = ~np.isnan(ex) & ~np.isnan(mean)
+            rho = float(sps.spearmanr(mean[ok], ex[ok]).statistic)
+        return AttributionMap(lab, rho, self.method, run.stride, M, values, residue, run.metadata())
+
+
+@public
+def attribution_map(
+    model: PhaseModel,
+    task: Any = None,
+    *,
+    n_per_residue: int = 64,
+    residues: Any = None,
+    seed: int = 0,
+    batch_size: int = 64,
+    stride: int | None = None,
+    progress: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    method: str = "mean",
+    calibration: Any = None,
+    exact: Any = None,
+) -> AttributionMap:
+    """Estimate every head's knockout effect on the answer-minus-wrong logit difference, per residue.
+
+    Gradients flow through the query rows only, so under chunked prefill this is exactly the gradient of a
+    query-row intervention; on a phase ensemble a head is knocked out in every copy (the estimate sums the
+    copies' first-order terms).
+
+    Args:
+        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint: the common options
+            (docs/api.md); a checkpoint holds each finished block's estimates.
+        method: ``"mean"`` or ``"zero"`` replacement (as in :func:`phaselens.specialization_map`).
+        calibration: the calibration items for ``"mean"`` (default: the task's own, another seed).
+        exact: an exact PhaseMap built on the same items (same task, ``n_per_residue`` and ``seed``) to
+            report the Spearman correlation with.
+    """
+    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, 0)
+    return run(Attribution(method, calibration, exact), model, task, options, arguments_of(attribution_map, locals()))
 
 
 def _check_exact(exact: Any, n_layers: int, n_heads: int, modulus: int) -> None:

@@ -5,11 +5,12 @@ the per-offset bias), rolling them by delta should move the accuracy profile wit
 ``A_delta(p) ~ A_0((p - delta) mod S)`` (science.md §3). The payload maps stay fixed.
 
 R^2 of that prediction comes with a bootstrap interval over items (:func:`r2_bootstrap_ci`); its coverage is
-checked by simulation in ``tests/test_cycling.py`` and tabulated in docs/mechanism.md.
+checked by simulation in ``tests/analyses/test_cycling.py`` and tabulated in docs/mechanism.md.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,15 +18,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.analyses.evaluation import evaluate
-from phaselens.analyses.items import check_options
-from phaselens.contract.protocol import PhaseModel, check_model, metadata_of, model_name, require
+from phaselens.analyses.evaluation import eval_from_items
+from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.scoring import METRICS, block_metrics, items_from_metrics, plain_forward
+from phaselens.contract.protocol import PhaseModel, model_name, require
 from phaselens.core.checks import as_int
-from phaselens.core.errors import InputError, NotApplicableError, StatsInputError, TaskError
+from phaselens.core.errors import InputError, NotApplicableError, StatsInputError
 from phaselens.results.base import Result
 from phaselens.stats._checks import check_draws, check_level
-
-_SAME = ["item_id", "residue", "t_K"]  # item columns that must agree between the unmodified model's items and a copy's
 
 
 def cycle_gates(model: Any, delta: int) -> Any:
@@ -58,6 +58,12 @@ class GateCyclingResult(Result):
         evals: the :class:`~phaselens.evaluate.PhaseEval` of each delta (0: the unmodified model).
     """
 
+    LEVELS = ("residue", "phase")
+    COLUMNS = {
+        "residue": ("residue", "phase", "n", "correct", "acc", "ci_low", "ci_high", "nll", "delta"),
+        "phase": ("phase", "n", "correct", "acc", "ci_low", "ci_high", "boundary", "delta", "predicted"),
+    }
+
     frame: pd.DataFrame
     r2: float
     r2_all: float
@@ -85,6 +91,11 @@ class GateCyclingResult(Result):
 
     def summary(self) -> str:
         b = ", ".join(f"{d:+d}: {100 * a:.1f}%" for d, a in self.boundary.items())
+        if not np.isfinite(self.r2):  # no variation to explain: the test says nothing either way
+            return (f"GateCyclingResult(stride {self.stride}: R^2 undefined without the boundary phase: the "
+                    "observed accuracy does not vary over the phases, so this test cannot tell whether the weak "
+                    "phases move with the gates (use more items, or a harder task); boundary accuracy by delta "
+                    f"{b})")
         return (f"GateCyclingResult(stride {self.stride}: R^2 {self.r2:.2f} [95% CI {self.r2_ci[0]:.2f}, "
                 f"{self.r2_ci[1]:.2f}] without the boundary phase ({self.r2_all:.2f} with it; below 0: the weak "
                 f"phases did not move with the gates); boundary accuracy by delta {b})")
@@ -212,72 +223,110 @@ def _weighted_accuracy(weights: np.ndarray, design: np.ndarray, phase_onehot: np
     return (weights @ design).reshape(len(weights), -1, S) / (weights @ phase_onehot)[:, None, :]
 
 
+class GateCycling(Analysis):
+    """One unit per model (the unmodified one, then each gate-cycled copy): every item's answers."""
+
+    name = "gate_cycling_test"
+    stage = "cycling"
+    unit = "copy"
+    bar_unit = "model"
+
+    def __init__(self, deltas: Any) -> None:
+        self.deltas = deltas
+
+    def check(self, model: Any, options: Common) -> None:
+        require(model, "cycle_gates", "gate cycling rolls offset-specific gate parameters.")
+        S = model.dims.analysis_spec.stride if options.stride is None else int(options.stride)
+        if S < 2:
+            raise NotApplicableError(f"{model_name(model)} has no compressed layers (analysis stride {S}), so there "
+                                     "are no gates to cycle; run the gate-cycling test on a compressed model.")
+        deltas = self.deltas
+        if isinstance(deltas, str) or not isinstance(deltas, Iterable):
+            raise InputError(f"deltas must be a list of ints, got {deltas!r}; e.g. deltas={tuple(range(1, S))}.")
+        self.ds = list(dict.fromkeys(d for d in (as_int("delta", d) for d in deltas) if d % S))  # each shift once
+        if not self.ds:
+            raise InputError(f"deltas {list(deltas)!r} hold no shift that is nonzero mod the stride {S}; pass e.g. "
+                             f"deltas={tuple(range(1, S))}.")
+        self.first = cycle_gates(model, self.ds[0])  # NotApplicableError before any item is built: nothing rolls
+
+    def prepare(self, run: Run) -> None:
+        run.note["ci"] = "95%, basic bootstrap over items resampled within residue, one resample for all models"
+
+    def labels(self, run: Run) -> list[str]:
+        return ["delta 0", *(f"delta {d:+d}" for d in self.ds)]
+
+    def fields(self, run: Run) -> tuple[str, ...]:
+        return METRICS
+
+    def fingerprint(self, run: Run) -> dict[str, Any]:
+        return dict(deltas=self.ds)
+
+    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+        out = []
+        for i in idx:
+            delta = 0 if i == 0 else self.ds[i - 1]
+            model = run.model if i == 0 else self.first if delta == self.ds[0] else cycle_gates(run.model, delta)
+            forward = plain_forward(model)
+            out.append(tuple(np.concatenate(m) for m in zip(*(block_metrics(forward, run.batch, sl)
+                                                                   for sl in run.blocks))))
+        return out
+
+    def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> GateCyclingResult:
+        S, ds, o = run.stride, self.ds, run.options
+        covered = run.covered()
+        evals = {}
+        for delta, part in zip([0, *ds], parts):
+            items = items_from_metrics(run.batch, dict(zip(METRICS, part)))
+            evals[delta] = eval_from_items(items, S, run.modulus, n_permutations=1, n_bootstrap=0, seed=o.seed,
+                                           residues=covered)
+        base = evals[0].per_phase()["acc"].to_numpy()
+        rows, boundary = [], {}
+        for delta in ds:
+            obs = evals[delta].per_phase()["acc"].to_numpy()
+            for p in range(S):
+                rows.append(dict(delta=int(delta), phase=p, observed=obs[p], predicted=base[(p - delta) % S],
+                                 boundary=p == S - 1))
+            boundary[int(delta)] = float(obs[S - 1])
+        frame = pd.DataFrame(rows)
+        inner = frame[~frame["boundary"]]
+        r2 = r_squared(inner["observed"].to_numpy(), inner["predicted"].to_numpy())
+        r2_all = r_squared(frame["observed"].to_numpy(), frame["predicted"].to_numpy())
+        cis = [(float("nan"), float("nan"))] * 2
+        if o.n_bootstrap:
+            y = np.stack([ev.items["correct"].to_numpy() for ev in evals.values()], axis=1)
+            residue = evals[0].items["residue"].to_numpy()
+            cis = [r2_bootstrap_ci(y, residue, ds, S, include_boundary=b, n_bootstrap=o.n_bootstrap, seed=o.seed)
+                   for b in (False, True)]
+        return GateCyclingResult(frame, r2, r2_all, boundary, base, S, evals, run.metadata(), cis[0], cis[1])
+
+
+@public
 def gate_cycling_test(
     model: PhaseModel,
     task: Any = None,
     *,
-    deltas: Sequence[int] = (-3, -2, -1, 1, 2, 3),
     n_per_residue: int = 128,
     residues: Sequence[int] | None = None,
     seed: int = 0,
     batch_size: int = 64,
-    progress: bool = True,
     stride: int | None = None,
-    n_bootstrap: int = 2000,
+    progress: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    n_bootstrap: int = N_BOOTSTRAP,
+    deltas: Sequence[int] = (-3, -2, -1, 1, 2, 3),
 ) -> GateCyclingResult:
     """Evaluate the model and its gate-cycled copies; compare ``A_delta(p)`` with ``A_0((p - delta) mod S)``.
 
-    Every copy answers the same items (same task and seed), so the R^2 intervals resample items once for all
-    models (:func:`r2_bootstrap_ci`, ``n_bootstrap`` replicates; 0 skips them).
+    Every copy answers the same items, so the R^2 intervals resample items once for all models
+    (:func:`r2_bootstrap_ci`, ``n_bootstrap`` replicates; 0 skips them).
+
+    Args:
+        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
+            options (docs/api.md); a checkpoint holds each finished model's answers.
+        deltas: the shifts to roll the gates by (each nonzero mod S, once).
 
     Raises:
         NotApplicableError: the model cannot cycle its gates (``cycle_gates`` capability), or has nothing to roll.
     """
-    check_model(model)
-    require(model, "cycle_gates", "gate cycling rolls offset-specific gate parameters.")
-    check_options(n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, progress=progress, stride=stride)
-    if n_bootstrap:
-        check_draws(n_bootstrap, "n_bootstrap")
-    S = (model.analysis_spec.stride if stride is None else int(stride))
-    if S < 2:
-        raise NotApplicableError(f"{model_name(model)} has no compressed layers (analysis stride {S}), so there are "
-                                 "no gates to cycle; run the gate-cycling test on a compressed model.")
-    if isinstance(deltas, str) or not isinstance(deltas, Iterable):
-        raise InputError(f"deltas must be a list of ints, got {deltas!r}; e.g. deltas={tuple(range(1, S))}.")
-    ds = list(dict.fromkeys(d for d in (as_int("delta", d) for d in deltas) if d % S))  # each shift once
-    if not ds:
-        raise InputError(f"deltas {list(deltas)!r} hold no shift that is nonzero mod the stride {S}; pass e.g. "
-                         f"deltas={tuple(range(1, S))}.")
-    kw = dict(n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size, progress=progress,
-              n_permutations=1, n_bootstrap=0, stride=stride)
-    cycled = cycle_gates(model, ds[0])  # raises NotApplicableError before any evaluation when nothing rolls
-    evals = {0: evaluate(model, task, **kw)}
-    base = evals[0].per_phase()["acc"].to_numpy()
-    rows, boundary, correct = [], {}, [evals[0].items["correct"].to_numpy()]
-    same = [c for c in _SAME if c in evals[0].items.columns]
-    for delta in ds:
-        copy, cycled = (cycled if delta == ds[0] else cycle_gates(model, delta)), None
-        evals[delta] = ev = evaluate(copy, task, **kw)
-        if not ev.items[same].equals(evals[0].items[same]):
-            raise TaskError("the task built other items for a cycled copy than for the unmodified model from the "
-                            "same seed; gate cycling compares them item by item, so the task's build must be "
-                            "deterministic in its seed.")
-        correct.append(ev.items["correct"].to_numpy())
-        obs = ev.per_phase()["acc"].to_numpy()
-        for p in range(S):
-            rows.append(dict(delta=int(delta), phase=p, observed=obs[p], predicted=base[(p - delta) % S],
-                             boundary=p == S - 1))
-        boundary[int(delta)] = float(obs[S - 1])
-    frame = pd.DataFrame(rows)
-    inner = frame[~frame["boundary"]]
-    r2 = r_squared(inner["observed"].to_numpy(), inner["predicted"].to_numpy())
-    r2_all = r_squared(frame["observed"].to_numpy(), frame["predicted"].to_numpy())
-    cis = [(float("nan"), float("nan"))] * 2
-    if n_bootstrap:
-        y, residue = np.stack(correct, axis=1), evals[0].items["residue"].to_numpy()
-        cis = [r2_bootstrap_ci(y, residue, ds, S, include_boundary=b, n_bootstrap=n_bootstrap, seed=seed)
-               for b in (False, True)]
-    meta = metadata_of(model, deltas=list(deltas), n_per_residue=n_per_residue, residues=residues, seed=seed,
-                       batch_size=batch_size, stride=stride, n_bootstrap=n_bootstrap)
-    meta["ci"] = "95%, basic bootstrap over items resampled within residue, one resample for all models"
-    return GateCyclingResult(frame, r2, r2_all, boundary, base, S, evals, meta, cis[0], cis[1])
+    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
+    return run(GateCycling(deltas), model, task, options, arguments_of(gate_cycling_test, locals()))

@@ -39,6 +39,11 @@ class PhaseEval(Result):
     """
 
     LEVELS = ("residue", "phase", "item")
+    COLUMNS = {
+        "residue": ("residue", "phase", "n", "correct", "acc", "ci_low", "ci_high", "nll"),
+        "phase": ("phase", "n", "correct", "acc", "ci_low", "ci_high", "boundary"),
+        "item": ("item_id", "residue", "phase", "t_K", "correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank"),
+    }
 
     items: pd.DataFrame
     tests: ItemBattery

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from phaselens.contract.protocol import check_model
-from phaselens.core.checks import as_int
+from phaselens.core.checks import MAX_RESAMPLES, MAX_SEED, as_int
 from phaselens.core.errors import (
     ContextLengthError,
     InputError,
@@ -31,10 +31,12 @@ def check_options(*, n_per_residue: Any = 1, seed: Any = 0, batch_size: Any = 1,
     """Raise a clear error for a bad value of a shared option."""
     if isinstance(n_per_residue, bool) or not isinstance(n_per_residue, numbers.Integral) or n_per_residue < 1:
         raise TaskError(f"n_per_residue must be an integer >= 1, got {n_per_residue!r}.")
-    as_int("seed", seed, minimum=0, fix="Seeds are non-negative integers.")
+    as_int("seed", seed, minimum=0, maximum=MAX_SEED, fix="Seeds are non-negative integers below 2**63.")
     as_int("batch_size", batch_size, minimum=1, fix="It is the number of items per forward.")
-    as_int("n_bootstrap", n_bootstrap, minimum=0, fix="It is the number of bootstrap resamples (0: none).")
-    as_int("n_permutations", n_permutations, minimum=1, fix="It is the number of permutations (e.g. 2000).")
+    as_int("n_bootstrap", n_bootstrap, minimum=0, maximum=MAX_RESAMPLES,
+           fix="It is the number of bootstrap resamples (0: none; a million is more than enough).")
+    as_int("n_permutations", n_permutations, minimum=1, maximum=MAX_RESAMPLES,
+           fix="It is the number of permutations (e.g. 2000; a million is more than enough).")
     if stride is not None:
         as_int("stride", stride, minimum=1, fix="Pass None to use the model's own analysis stride.")
     if not isinstance(progress, bool):
@@ -63,7 +65,7 @@ def resolve_task(model: Any, task: Any) -> Any:
     task = check_task(task)
     if task is not None:
         return task
-    default = getattr(model, "default_task", None)
+    default = model.default_task
     if default is None:
         raise NoDefaultTaskError(
             f"{type(model).__name__} has no default_task; pass a task, e.g. "
@@ -74,8 +76,8 @@ def resolve_task(model: Any, task: Any) -> Any:
 
 def check_fits(model: Any, task: Any) -> None:
     """Raise ContextLengthError if ``task`` needs more slots than the model's context."""
-    n_ctx = int(getattr(model.cfg, "n_ctx", 0) or 0)
-    need = int(task.seq_len(model.analysis_spec)) if callable(task.seq_len) else int(task.seq_len)
+    n_ctx = model.dims.n_ctx
+    need = int(task.seq_len(model.dims.analysis_spec)) if callable(task.seq_len) else int(task.seq_len)
     if n_ctx and need > n_ctx:
         raise ContextLengthError(
             f"the task needs {need} tokens but the model's context is {n_ctx}; shorten the task "
@@ -101,7 +103,7 @@ def check_battery_items(spec: PhaseSpec, batch: Any, stride: Any, what: str) -> 
 
 def analysis_geometry(model: Any, stride: int | None) -> PhaseSpec:
     """The model's analysis geometry, or the same origin with another ``stride``."""
-    spec = model.analysis_spec
+    spec = model.dims.analysis_spec
     return spec if stride is None else PhaseSpec(int(stride), origin=spec.origin)
 
 
@@ -127,14 +129,62 @@ def build_items(
     phase: Any = None,
     seed: int = 0,
     stride: int | None = None,
+    batch_size: int | None = None,
 ) -> tuple[Any, PhaseSpec, Any]:
     """The shared preamble of every analysis: ``(task, spec, batch)``.
 
     ``task`` may be a task (``None``: the model's default task) or a prepared ``TaskBatch``, used as it is
     (``residues`` or ``phase`` then select its rows; ``n_per_residue`` and ``seed`` do not apply). For a
     task, checks the task fits the context, picks the analysis geometry (``stride`` overrides it,
-    keeping the origin) and builds the items for ``residues`` or for the residues of ``phase``.
+    keeping the origin), prices the run before anything is allocated (the items, and one forward of
+    ``batch_size`` of them: :func:`phaselens.runtime.budget.price_run` raises ``ResourceError`` when it
+    would not fit) and builds the items for ``residues`` or for the residues of ``phase``. The items' ids
+    must lie in the model's vocabulary.
     """
+    from phaselens.runtime.budget import price_run
+
+    task, spec, residues, shape = _prepare(model, task, n_per_residue=n_per_residue, residues=residues, phase=phase,
+                                           seed=seed, stride=stride)
+    check_materialized(model)
+    if is_batch(task):
+        batch = _select(task, spec, residues)
+        price_run(model, n_items=len(batch), seq_len=batch.seq_len, per_residue=None, n_residues=0,
+                  batch_size=batch_size, query_rows=_query_rows(batch))
+        check_ids(model, batch)
+        return task, spec, batch
+    if shape is not None:
+        n_res, T = shape
+        price_run(model, n_items=int(n_per_residue) * n_res, seq_len=T, per_residue=int(n_per_residue),
+                  n_residues=n_res, batch_size=batch_size)
+    batch = task.build(spec, n_per_residue=int(n_per_residue), residues=residues, seed=int(seed))
+    check_ids(model, batch)
+    return task, spec, batch
+
+
+def plan_items(model: Any, task: Any, *, n_per_residue: int, residues: Sequence[int] | None = None,
+               phase: Any = None, seed: int = 0, stride: int | None = None) -> tuple[Any, PhaseSpec, Any]:
+    """``(task, spec, items)`` for a dry run, without building the run's items: ``items`` is the prepared
+    batch itself, or a :class:`~phaselens.runtime.planning.PlannedItems` scaled from one item per residue
+    (positions depend on the residue, not on the draw)."""
+    from phaselens.runtime.budget import items_bytes
+    from phaselens.runtime.planning import PlannedItems
+
+    task, spec, residues, _ = _prepare(model, task, n_per_residue=n_per_residue, residues=residues, phase=phase,
+                                       seed=seed, stride=stride)
+    if is_batch(task):
+        return task, spec, _select(task, spec, residues)
+    probe = task.build(spec, n_per_residue=1, residues=residues, seed=int(seed))
+    k = int(n_per_residue)
+    slots, counts = np.unique(probe.query_pos.cpu().numpy(), return_counts=True)
+    n = len(probe) * k
+    return task, spec, PlannedItems(n, probe.seq_len, {int(q): int(c) * k for q, c in zip(slots, counts)},
+                                    probe.modulus, items_bytes(n, probe.seq_len), len(probe))
+
+
+def _prepare(model: Any, task: Any, *, n_per_residue: Any, residues: Any, phase: Any, seed: Any,
+             stride: Any) -> tuple[Any, PhaseSpec, Any, tuple[int, int] | None]:
+    """Checks shared by :func:`build_items` and :func:`plan_items`: ``(task, spec, residues, (n_res, T))``
+    (the last ``None`` for a prepared batch, or when the task cannot say its length before building)."""
     from phaselens.tasks.residues import check_modulus, check_residues
 
     check_model(model)
@@ -143,20 +193,63 @@ def build_items(
         raise TaskError("pass residues or phase, not both.")
     task = resolve_task(model, task)
     if is_batch(task):
-        batch = task
-        spec = analysis_geometry(model, stride) if stride is not None else batch.spec
+        spec = analysis_geometry(model, stride) if stride is not None else task.spec
         if phase is not None:
-            residues = phase_residues(spec, batch.modulus, phase)
-        if residues is not None:
-            keep = np.isin(batch.frame["residue"].to_numpy(), check_residues(residues, batch.modulus))
-            batch = batch[np.flatnonzero(keep)]
-        if len(batch) == 0:
-            raise TaskError("the items are empty (a TaskBatch of 0 rows, or no row at the requested residues); "
-                            "pass a batch with items, or build one with n_per_residue >= 1.")
-        return task, spec, batch
+            residues = phase_residues(spec, task.modulus, phase)
+        return task, spec, residues, None
     check_fits(model, task)
     spec = analysis_geometry(model, stride)
+    modulus = check_modulus(spec, getattr(task, "modulus", None))
     if phase is not None:
-        residues = phase_residues(spec, check_modulus(spec, getattr(task, "modulus", None)), phase)
-    batch = task.build(spec, n_per_residue=int(n_per_residue), residues=residues, seed=int(seed))
-    return task, spec, batch
+        residues = phase_residues(spec, modulus, phase)
+    n_res = len(check_residues(residues, modulus))
+    try:
+        T = int(task.seq_len(spec)) if callable(task.seq_len) else int(task.seq_len)
+    except Exception:  # a task that cannot say its length before building: priced after, by its forward
+        return task, spec, residues, None
+    return task, spec, residues, (n_res, T)
+
+
+def _select(batch: Any, spec: PhaseSpec, residues: Any) -> Any:
+    from phaselens.tasks.residues import check_residues
+
+    if residues is not None:
+        keep = np.isin(batch.frame["residue"].to_numpy(), check_residues(residues, batch.modulus))
+        batch = batch[np.flatnonzero(keep)]
+    if len(batch) == 0:
+        raise TaskError("the items are empty (a TaskBatch of 0 rows, or no row at the requested residues); "
+                        "pass a batch with items, or build one with n_per_residue >= 1.")
+    return batch
+
+
+def _query_rows(batch: Any) -> int:
+    return int(batch.seq_len - int(batch.query_pos.min())) if len(batch) else 1
+
+
+def check_materialized(model: Any) -> None:
+    """Refuse a model whose weights are on the meta device (shapes without values: nothing can be computed)."""
+    from phaselens.contract.protocol import module_of
+
+    module = module_of(model)
+    if module is not None and any(t.is_meta for t in [*module.parameters(), *module.buffers()]):
+        raise InputError(
+            f"{type(model).__name__} has weights on the meta device (shapes without values), so nothing can be "
+            "computed; load real weights (e.g. phaselens.load(..., device='cpu')), or use "
+            "specialization_map(..., plan=True), which only prices a run."
+        )
+
+
+def check_ids(model: Any, batch: Any) -> None:
+    """The items' token, answer and distractor ids must lie in ``0..vocab-1`` of the model."""
+    vocab = int(getattr(model.dims, "d_vocab", 0) or 0)
+    for name in ("tokens", "answer", "wrong", "corrupted"):
+        x = getattr(batch, name)
+        if x.numel() == 0:
+            continue
+        lo, hi = int(x.min()), int(x.max())
+        if lo < 0 or (vocab and hi >= vocab):
+            what = {"answer": "answer ids", "wrong": "distractor (wrong) ids", "tokens": "token ids",
+                    "corrupted": "corrupted token ids"}[name]
+            raise InputError(
+                f"the items' {what} span {lo}..{hi}, outside the model's vocabulary 0..{vocab - 1}; build the items "
+                "for this model's tokenizer (every id must be a valid token id).")

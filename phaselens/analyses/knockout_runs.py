@@ -60,45 +60,28 @@ def engine_metrics(engine: Any, batch: Any, kos: Sequence[Knockout], *, per_pass
 KO_FIELDS = ("correct_ko", "logit_diff_ko")  # with scoring.METRICS: one item block of ``ablate``
 
 
-def ablate_blocks(model: Any, batch: Any, ko: Knockout, *, engine: str, batch_size: int = 64,
-                  progress: bool = False, store: Any = None) -> tuple[Any, dict[str, np.ndarray]]:
-    """Clean items and knocked-out metrics ``{"correct", "logit_diff": [N]}``, one unit per block of
-    ``batch_size`` items (split across ranks under torch.distributed; ``store``: a checkpoint of finished
-    blocks, fields ``METRICS + KO_FIELDS``).
+def ablate_block(model: Any, batch: Any, ko: Knockout, cell: Cell | None, block: slice, *, batch_size: int = 64
+                 ) -> tuple[np.ndarray, ...]:
+    """Clean :data:`~phaselens.analyses.scoring.METRICS` and knocked-out :data:`KO_FIELDS` of one block of
+    items (``[b]`` each).
 
-    ``engine="suffix"`` builds one query engine (clean prefix) per block; a per-item ``resample``
-    replacement is drawn for all items, then sliced per block. ``engine="full"`` runs a clean and a hooked
-    forward per block, the knockout at each item's own query slot.
+    ``cell`` (the suffix engine's knockout, a per-item ``resample`` replacement drawn for all items) runs one
+    query engine over the block; ``cell=None`` runs a clean and a hooked forward, the knockout at each item's
+    own query slot.
     """
-    from phaselens.analyses.scoring import METRICS, block_logits, items_from_metrics
-    from phaselens.runtime.distributed import block_labels, item_blocks, shard_map
-
-    blocks = item_blocks(len(batch), batch_size)
-    cell = knockout_cell(ko, len(batch)) if engine == "suffix" else None
+    from phaselens.analyses.scoring import METRICS, block_logits
 
     def hooked(tokens: torch.Tensor, query_pos: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
         return model_logits(model, tokens, query_pos, ko.fwd_hooks(query_pos, items=items))
 
-    def one(sl: slice) -> tuple[torch.Tensor, torch.Tensor]:  # clean and knocked-out query logits [b, V]
-        if cell is None:
-            clean = block_logits(lambda t, q, _i: model_logits(model, t, q), batch.tokens, batch.query_pos, sl)
-            return clean, block_logits(hooked, batch.tokens, batch.query_pos, sl)
-        eng = model.query_engine(batch.tokens[sl], batch.query_pos[sl], batch_size=batch_size)
+    if cell is None:
+        clean_lg = block_logits(lambda t, q, _i: model_logits(model, t, q), batch.tokens, batch.query_pos, block)
+        ko_lg = block_logits(hooked, batch.tokens, batch.query_pos, block)
+    else:
+        eng = model.query_engine(batch.tokens[block], batch.query_pos[block], batch_size=batch_size)
         per_item = cell.replacement is not None and cell.replacement.dim() == 3
-        logits = eng.run([Cell(cell.layer, cell.heads, cell.replacement[sl]) if per_item else cell])[0]
-        return eng.clean_logits, logits
-
-    def compute(idx: list[int]) -> list[tuple[np.ndarray, ...]]:
-        out = []
-        for b in idx:
-            sl = blocks[b]
-            clean_lg, ko_lg = one(sl)
-            clean = answer_metrics(clean_lg, batch.answer[sl], batch.wrong[sl])
-            ko_m = answer_metrics(ko_lg, batch.answer[sl], batch.wrong[sl])
-            out.append((*(clean[k] for k in METRICS), ko_m["correct"], ko_m["logit_diff"]))
-        return out
-
-    parts = shard_map(compute, block_labels(blocks), store=store, progress=progress, stage="ablate", model=model)
-    cat = [np.concatenate([p[j] for p in parts]) for j in range(len(METRICS) + 2)]
-    clean_items = items_from_metrics(batch, dict(zip(METRICS, cat)))
-    return clean_items, {"correct": cat[-2], "logit_diff": cat[-1]}
+        ko_lg = eng.run([Cell(cell.layer, cell.heads, cell.replacement[block]) if per_item else cell])[0]
+        clean_lg = eng.clean_logits
+    clean = answer_metrics(clean_lg, batch.answer[block], batch.wrong[block])
+    ko_m = answer_metrics(ko_lg, batch.answer[block], batch.wrong[block])
+    return (*(clean[k] for k in METRICS), ko_m["correct"], ko_m["logit_diff"])

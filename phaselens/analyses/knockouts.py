@@ -25,6 +25,7 @@ from torch import Tensor
 
 from phaselens.analyses.items import is_batch, resolve_task
 from phaselens.analyses.scoring import model_logits
+from phaselens.contract import hooknames
 from phaselens.contract.protocol import HookContext, PhaseModel
 from phaselens.core.errors import InputError
 from phaselens.core.heads import Head, by_layer, parse_heads
@@ -35,7 +36,8 @@ CALIBRATION_SEED = 7_919  # calibration items are built with this seed, disjoint
 
 
 def z_name(layer: int) -> str:
-    return f"blocks.{layer}.attn.hook_z"
+    """The per-head ``z`` hook of ``layer`` (the contract's hook table)."""
+    return hooknames.z(layer)
 
 
 def check_method(method: Any, allowed: tuple[str, ...] = METHODS) -> str:
@@ -89,8 +91,8 @@ def calibrate(model: Any, calibration: Any, layers: list[int], *, task: Any = No
         from phaselens.tasks.residues import check_modulus
 
         task = resolve_task(model, task)
-        modulus = check_modulus(model.analysis_spec, getattr(task, "modulus", None))
-        calibration = task.build(model.analysis_spec, n_per_residue=max(1, n // modulus), seed=CALIBRATION_SEED)
+        modulus = check_modulus(model.dims.analysis_spec, getattr(task, "modulus", None))
+        calibration = task.build(model.dims.analysis_spec, n_per_residue=max(1, n // modulus), seed=CALIBRATION_SEED)
     if isinstance(calibration, Tensor):
         if calibration.dim() != 2 or calibration.shape[0] == 0 or calibration.shape[1] == 0:
             raise InputError(f"a calibration tensor is [N, T] token ids with N, T >= 1, got {tuple(calibration.shape)}.")
@@ -254,11 +256,11 @@ def knockout(
             :class:`Calibration`; default: items of the model's task built with a disjoint seed.
     """
     from phaselens.contract.protocol import check_model
-    from phaselens.core.checks import as_int
+    from phaselens.core.checks import MAX_SEED, as_int
 
     check_model(model)
     method = check_method(method)
-    seed = as_int("seed", seed, minimum=0)
-    parsed = parse_heads(heads, model.cfg)
+    seed = as_int("seed", seed, minimum=0, maximum=MAX_SEED)
+    parsed = parse_heads(heads, model.dims)
     cal = None if method == "zero" else calibrate(model, calibration, sorted(by_layer(parsed)), task=task)
     return Knockout(model, parsed, method, _check_positions(positions), cal, seed)

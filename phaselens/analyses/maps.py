@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from phaselens.analyses.items import build_items, check_options
 from phaselens.analyses.knockout_runs import engine_metrics, full_metrics
 from phaselens.analyses.knockouts import Knockout, calibrate, check_method
+from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
 from phaselens.analyses.scoring import items_from_logits, score_items
-from phaselens.contract.protocol import PhaseModel, choose_engine, metadata_of, model_name
+from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result
-from phaselens.runtime.checkpoints import check_checkpoint_path
-from phaselens.runtime.distributed import open_checkpoint, shard_map, sharded
-from phaselens.runtime.fingerprints import analysis_fingerprint
+from phaselens.results.base import Result, renamed
 from phaselens.runtime.planning import MapPlan, plan_map
 from phaselens.stats import benjamini_hochberg
-from phaselens.stats.effects import Effects, mcnemar_p, relative_effects
+from phaselens.stats.effects import EFFECT_COLUMNS, Effects, mcnemar_p, relative_effects
 from phaselens.stats.specialization import specialization
 
 KINDS = ("head", "kv_head", "layer")
@@ -54,18 +52,26 @@ class PhaseMap(Result):
     Attributes:
         cells: one row per cell (``label``, ``kind``, ``layer``, ``index``, ``heads``).
         effects: :class:`~phaselens.stats.effects.Effects` ``[cells, residues]``: relative accuracy change (percent)
-            with bootstrap CIs and exact McNemar p-values.
-        clean_correct, clean_logit_diff: ``[N]``; ko_correct, ko_logit_diff: ``[cells, N]``; residue: ``[N]``
-            (the item-level outcomes).
+            with bootstrap CIs and exact McNemar p-values; ``phase_effects`` ``[cells, phases]`` the same with
+            residues folded mod S (the same resampling).
+        correct, logit_diff: ``[N]`` clean outcomes; correct_ko, logit_diff_ko: ``[cells, N]`` with each cell
+            knocked out; residue: ``[N]`` (the item-level outcomes, named as in every result).
         stride, modulus, method, metadata.
     """
 
+    LEVELS = ("residue", "phase")
+    COLUMNS = {
+        "residue": ("label", "kind", "layer", "index", "residue", "phase", *EFFECT_COLUMNS),
+        "phase": ("label", "kind", "layer", "index", "phase", *EFFECT_COLUMNS, "boundary"),
+    }
+
     cells: pd.DataFrame
     effects: Effects
-    clean_correct: np.ndarray
-    ko_correct: np.ndarray
-    clean_logit_diff: np.ndarray
-    ko_logit_diff: np.ndarray
+    phase_effects: Effects
+    correct: np.ndarray
+    correct_ko: np.ndarray
+    logit_diff: np.ndarray
+    logit_diff_ko: np.ndarray
     residue: np.ndarray
     stride: int
     modulus: int
@@ -105,32 +111,39 @@ class PhaseMap(Result):
         return Labelled(out, ("layer", dim, "residue"), {"layer": layers, dim: np.arange(n_idx), "residue": res},
                         olo if lo is not None else None, ohi if hi is not None else None, name=quantity)
 
-    def by_phase(self, kind: str = "head", *, n_bootstrap: int | None = None) -> pd.DataFrame:
-        """Residues folded mod S, one row per cell and phase: pooled clean / KO accuracy, relative change
-        with its bootstrap CI (``n_bootstrap`` resamples; default the map's own), McNemar p and the
-        logit-difference change."""
+    clean_correct = renamed("clean_correct", "correct", "item outcomes are named alike in every result")
+    ko_correct = renamed("ko_correct", "correct_ko", "item outcomes are named alike in every result")
+    clean_logit_diff = renamed("clean_logit_diff", "logit_diff", "item outcomes are named alike in every result")
+    ko_logit_diff = renamed("ko_logit_diff", "logit_diff_ko", "item outcomes are named alike in every result")
+
+    def _phase_frame(self, kind: str) -> pd.DataFrame:
+        """Residues folded mod S, one row per cell of ``kind`` and phase (from ``phase_effects``)."""
         sel = self._select(kind)
         idx = sel.index.to_numpy()
         S = self.stride
-        args = self.metadata.get("arguments", {})
-        e = relative_effects(self.clean_correct, self.ko_correct[idx], self.residue % S, S,
-                             clean_ld=self.clean_logit_diff, ko_ld=self.ko_logit_diff[idx],
-                             n_bootstrap=int(args.get("n_bootstrap", 500) if n_bootstrap is None else n_bootstrap),
-                             seed=int(args.get("seed", 0)))
+        e = self.phase_effects
         C = len(idx)
         return pd.DataFrame({
             "label": np.repeat(sel["label"].to_numpy(), S), "kind": kind, "layer": np.repeat(sel["layer"].to_numpy(), S),
             "index": np.repeat(sel["index"].to_numpy(), S), "phase": np.tile(np.arange(S), C), "n": np.tile(e.n, C),
-            "clean_acc": np.tile(e.clean_acc, C), "ko_acc": e.ko_acc.ravel(), "rel_change": e.rel_change.ravel(),
-            "ci_low": e.ci_low.ravel(), "ci_high": e.ci_high.ravel(), "pvalue": e.pvalue.ravel(),
-            "delta_logit_diff": e.delta_logit_diff.ravel(), "undefined": e.undefined.ravel(),
+            "clean_acc": np.tile(e.clean_acc, C), "ko_acc": e.ko_acc[idx].ravel(), "rel_change": e.rel_change[idx].ravel(),
+            "ci_low": e.ci_low[idx].ravel(), "ci_high": e.ci_high[idx].ravel(), "pvalue": e.pvalue[idx].ravel(),
+            "delta_logit_diff": e.delta_logit_diff[idx].ravel(), "undefined": e.undefined[idx].ravel(),
             "boundary": np.tile(np.arange(S) == S - 1, C),
         }).query("n > 0").reset_index(drop=True)  # phases with items (all, unless residues=... was passed)
 
     def per_phase(self, kind: str | None = None) -> pd.DataFrame:
-        """:meth:`by_phase` for one ``kind`` of cell, or every kind present (``None``)."""
+        """Residues folded mod S, one row per cell and phase: pooled clean / KO accuracy, relative change
+        with its bootstrap CI, McNemar p and the logit-difference change; for one ``kind`` of cell, or every
+        kind present (``None``)."""
         kinds = [kind] if kind else [k for k in KINDS if (self.cells["kind"] == k).any()]
-        return pd.concat([self.by_phase(k) for k in kinds], ignore_index=True)
+        return pd.concat([self._phase_frame(k) for k in kinds], ignore_index=True)
+
+    def by_phase(self, kind: str = "head") -> pd.DataFrame:
+        """Deprecated: :meth:`per_phase` (one name for one level in every result)."""
+        warnings.warn("PhaseMap.by_phase(kind) is now PhaseMap.per_phase(kind); the old name will be removed.",
+                      DeprecationWarning, stacklevel=2)
+        return self.per_phase(kind)
 
     def bh_mask(self, alpha: float = 0.05, kind: str | None = None) -> np.ndarray:
         """Benjamini-Hochberg significance over the cells x residues p-values: bool ``[cells, residues]``."""
@@ -153,15 +166,16 @@ class PhaseMap(Result):
         :mod:`phaselens.stats.specialization`. ``score`` (specialization x damage at the worst phase) ranks the
         cells: the table is sorted by it, so a head with negligible damage never heads it. ``significant``:
         a harmful total effect (pooled McNemar, Benjamini-Hochberg at ``alpha`` across cells) and phase
-        dependence (``p_perm``, BH at ``alpha``).
+        dependence (``p_perm``, BH at ``alpha``). A cell whose knockout damages no phase has no
+        specialization: ``specialization`` and its interval are NaN and ``note`` says ``"no damage"``.
         """
         sel = self._select(kind)
         idx = sel.index.to_numpy()
         seed = int(self.metadata.get("arguments", {}).get("seed", 0))
-        sp = specialization(self.clean_correct, self.ko_correct[idx], self.residue % self.stride, self.stride,
+        sp = specialization(self.correct, self.correct_ko[idx], self.residue % self.stride, self.stride,
                             n_permutations=n_permutations, n_bootstrap=n_bootstrap, seed=seed)
-        p_total = mcnemar_p(self.clean_correct[None], self.ko_correct[idx])
-        harmful = self.ko_correct[idx].mean(1) < self.clean_correct.mean()
+        p_total = mcnemar_p(self.correct[None], self.correct_ko[idx])
+        harmful = self.correct_ko[idx].mean(1) < self.correct.mean()
         sig = (benjamini_hochberg(p_total) <= alpha) & harmful & (benjamini_hochberg(sp.p_perm) <= alpha)
         out = pd.DataFrame({
             "label": sel["label"].to_numpy(), "layer": sel["layer"].to_numpy(), "index": sel["index"].to_numpy(),
@@ -169,6 +183,7 @@ class PhaseMap(Result):
             "raw_index": sp.raw, "null_mean": sp.null_mean, "worst_phase": sp.worst_phase,
             "worst_damage": sp.worst_damage, "mean_damage": sp.mean_damage, "score": sp.score,
             "p_total": p_total, "significant": sig,
+            "note": np.where(sp.worst_damage > 0, "", "no damage"),
         })
         return out.sort_values("score", ascending=False, kind="stable").reset_index(drop=True)
 
@@ -180,7 +195,7 @@ class PhaseMap(Result):
     def top_heads(self, phase: int, k: int = 5, kind: str = "head", by: str = "rel_change") -> pd.DataFrame:
         """The ``k`` cells whose knockout hurts ``phase`` most: most negative ``by`` (``rel_change`` or
         ``delta_logit_diff``); cells with an undefined value sort last."""
-        ph = self.by_phase(kind)
+        ph = self.per_phase(kind)
         return ph[ph["phase"] == phase].sort_values(by, na_position="last").head(k).reset_index(drop=True)
 
     def per_residue(self) -> pd.DataFrame:
@@ -211,23 +226,113 @@ class PhaseMap(Result):
         return plots.head_phase_heatmap(self, **kwargs)
 
 
-@sharded
+class Map(Analysis):
+    """A clean pass, then one unit per cell (a head, KV head or layer knocked out), batched by the engine."""
+
+    name = "specialization_map"
+    stage = "map"
+    unit = "cell"
+    bar_unit = "cell"
+    leave = True
+
+    def __init__(self, method: str, kinds: Any, calibration: Any, rows_per_pass: int, engine: str,
+                 plan: bool) -> None:
+        self.method, self.kinds, self.calibration = method, kinds, calibration
+        self.rows_per_pass, self.engine, self.plan = rows_per_pass, engine, plan
+
+    def check(self, model: Any, options: Common) -> None:
+        self.method = check_method(self.method)
+        self.kinds = as_names("kinds", self.kinds, KINDS)
+        self.rows_per_pass = as_int("rows_per_pass", self.rows_per_pass, minimum=1)
+        if not isinstance(self.plan, bool):
+            raise InputError(f"plan must be True or False, got {self.plan!r}.")
+        self.used = choose_engine(model, self.engine)
+        self.cells = map_cells(model.dims, tuple(self.kinds))
+
+    def prices_only(self) -> bool:
+        return bool(self.plan)
+
+    def dry_run(self, run: Run) -> MapPlan | None:
+        if not self.plan:
+            return None
+        return plan_map(run.model, run.batch, self.cells, engine=self.used, method=self.method,
+                        calibration=self.calibration, batch_size=run.options.batch_size,
+                        rows_per_pass=self.rows_per_pass)
+
+    def prepare(self, run: Run) -> None:
+        model, batch, o = run.model, run.batch, run.options
+        layers = sorted(set(self.cells["layer"]))
+        cal = None if self.method == "zero" else calibrate(model, self.calibration, layers, task=run.task,
+                                                            batch_size=o.batch_size)
+        self.cal = cal
+        self.kos = [Knockout(model, tuple(_heads(row)), self.method, "last", cal, o.seed + i)
+                    for i, row in self.cells.iterrows()]
+        if self.used == "suffix":
+            self.eng = model.query_engine(batch.tokens, batch.query_pos, rows_per_pass=self.rows_per_pass,
+                                          batch_size=o.batch_size)
+            self.clean = items_from_logits(batch, self.eng.clean_logits)
+        else:
+            self.clean = score_items(model, batch, batch_size=o.batch_size, desc="clean")
+        run.note.update(engine=self.used, calibration=None if cal is None else cal.source)
+
+    def labels(self, run: Run) -> list[str]:
+        return list(self.cells["label"])
+
+    def fields(self, run: Run) -> tuple[str, ...]:
+        return ("correct", "logit_diff")
+
+    def fingerprint(self, run: Run) -> dict[str, Any]:
+        return dict(task=getattr(run.batch, "task", ""), calibration=None if self.cal is None else self.cal.z,
+                    method=self.method, seed=run.options.seed, cells=list(self.cells["label"]), stride=run.stride)
+
+    def per_call(self, run: Run) -> int:
+        return max(1, self.rows_per_pass // len(run.batch)) if self.used == "suffix" else 1
+
+    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        batch = run.batch
+        if self.used == "suffix":
+            got: list[dict[str, np.ndarray]] = []
+            engine_metrics(self.eng, batch, [self.kos[i] for i in idx], per_pass=len(idx),
+                           on_chunk=lambda _i, m: got.extend(m))
+            return [(m["correct"], m["logit_diff"]) for m in got]
+        return [(m["correct"], m["logit_diff"]) for m in
+                (full_metrics(run.model, batch, self.kos[i], batch_size=run.options.batch_size) for i in idx)]
+
+    def result(self, run: Run, parts: list[tuple[np.ndarray, np.ndarray]]) -> PhaseMap:
+        ko_correct = np.stack([d[0] for d in parts]).astype(bool)
+        ko_ld = np.stack([d[1] for d in parts])
+        clean = self.clean
+        clean_correct = clean["correct"].to_numpy().astype(bool)
+        residue = clean["residue"].to_numpy()
+        o = run.options
+
+        def effects(groups: np.ndarray, n_groups: int) -> Effects:
+            return relative_effects(clean_correct, ko_correct, groups, n_groups, clean_ld=clean["logit_diff"].to_numpy(),
+                                    ko_ld=ko_ld, n_bootstrap=o.n_bootstrap, seed=o.seed)
+
+        return PhaseMap(self.cells, effects(residue, run.modulus), effects(residue % run.stride, run.stride),
+                        clean_correct, ko_correct, clean["logit_diff"].to_numpy(), ko_ld, residue,
+                        run.stride, run.modulus, self.method, run.model.dims.n_layers, run.model.dims.n_heads,
+                        run.metadata())
+
+
+@public
 def specialization_map(
     model: PhaseModel,
     task: Any = None,
     *,
-    method: str = "mean",
     n_per_residue: int = 64,
     residues: Any = None,
     seed: int = 0,
+    batch_size: int = 64,
+    stride: int | None = None,
+    progress: bool = True,
+    checkpoint: str | os.PathLike | None = None,
+    n_bootstrap: int = N_BOOTSTRAP,
+    method: str = "mean",
     kinds: tuple[str, ...] = KINDS,
     calibration: Any = None,
-    batch_size: int = 64,
     rows_per_pass: int = 4096,
-    checkpoint: str | os.PathLike | None = None,
-    n_bootstrap: int = 500,
-    progress: bool = True,
-    stride: int | None = None,
     engine: str = "auto",
     plan: bool = False,
 ) -> PhaseMap | MapPlan:
@@ -235,77 +340,28 @@ def specialization_map(
 
     Args:
         model: a phaselens model (our model, the DeepSeek-V4 adapter, or a phase ensemble).
+        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
+            options (docs/api.md). A checkpoint holds finished cells (one safetensors file, its manifest in the
+            header); its fingerprint covers every parameter of the model, its ``analysis_metadata``, the items,
+            the calibration and every setting that changes the numbers, so a checkpoint of another map is
+            refused.
         method: ``"mean"``, ``"zero"`` or ``"resample"`` replacement of ``z``.
         kinds: which cells to map (drawn from ``("head", "kv_head", "layer")``).
-        checkpoint: a file path (any name): finished cells are written there atomically (one safetensors file,
-            its manifest in the header) and a rerun resumes from it. The run's fingerprint covers every
-            parameter of the model, its ``analysis_metadata``, the items, the calibration and every setting
-            that changes the numbers: a checkpoint of another map is refused.
+        calibration: the calibration items for ``mean``/``resample`` (default: the task's own, another seed).
+        rows_per_pass: query rows per batched engine pass.
         engine: ``"auto"`` (the fastest exact engine the model offers), ``"suffix"`` (the query-suffix engine:
             the clean prefix once, then only the query rows per cell) or ``"full"`` (one full forward per cell,
             the reference way); ``metadata["engine"]`` names the one used.
-        plan: a dry run: return a :class:`~phaselens.runtime.planning.MapPlan` (cells, forwards, token passes, a memory
-            estimate) for this model, task and settings without running the model (items are built).
+        plan: a dry run: return a :class:`~phaselens.runtime.planning.MapPlan` (cells, forwards, token passes, a
+            memory estimate) for this model, task and settings without running the model (items are built).
 
     Example:
         >>> pm = phaselens.specialization_map(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
         >>> pm.specialization_index().head()  # doctest: +SKIP
     """
-    method = check_method(method)
-    kinds = as_names("kinds", kinds, KINDS)
-    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
-    rows_per_pass = as_int("rows_per_pass", rows_per_pass, minimum=1)
-    check_checkpoint_path(checkpoint)
-    used = choose_engine(model, engine)
-    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                                    stride=stride)
-    cells = map_cells(model.cfg, tuple(kinds))
-    if not isinstance(plan, bool):
-        raise InputError(f"plan must be True or False, got {plan!r}.")
-    if plan:
-        return plan_map(model, batch, cells, engine=used, method=method, calibration=calibration,
-                        batch_size=batch_size, rows_per_pass=rows_per_pass)
-    layers = sorted(set(cells["layer"]))
-    cal = None if method == "zero" else calibrate(model, calibration, layers, task=task, batch_size=batch_size)
-    kos = [Knockout(model, tuple(_heads(row)), method, "last", cal, seed + i) for i, row in cells.iterrows()]
-    fp = None
-    if checkpoint is not None:  # hashing every parameter is cheap here, but only needed to resume
-        fp = analysis_fingerprint(model, task=getattr(batch, "task", ""), items=batch.tokens, answers=batch.answer,
-                                  query_pos=batch.query_pos, calibration=None if cal is None else cal.z,
-                                  method=method, seed=seed, cells=list(cells["label"]), stride=spec.stride)
-    ckpt = open_checkpoint(checkpoint, fp or "", fields=("correct", "logit_diff"))
-    model_name(model)
-    per_call = 1
-    if used == "suffix":
-        eng = model.query_engine(batch.tokens, batch.query_pos, rows_per_pass=rows_per_pass, batch_size=batch_size)
-        clean = items_from_logits(batch, eng.clean_logits)
-        per_call = max(1, rows_per_pass // len(batch))
-
-        def compute(idx: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-            got: list[dict[str, np.ndarray]] = []
-            engine_metrics(eng, batch, [kos[i] for i in idx], per_pass=len(idx), on_chunk=lambda _i, m: got.extend(m))
-            return [(m["correct"], m["logit_diff"]) for m in got]
-    else:
-        clean = score_items(model, batch, batch_size=batch_size, desc="clean")
-
-        def compute(idx: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
-            return [(m["correct"], m["logit_diff"]) for m in
-                    (full_metrics(model, batch, kos[i], batch_size=batch_size) for i in idx)]
-    # cells split across ranks under torch.distributed; finished cells checkpointed after every round
-    done = shard_map(compute, list(cells["label"]), per_call=per_call, store=ckpt, unit="cell", progress=progress,
-                     stage="map", bar_unit="cell", leave=True, model=model)
-    ko_correct = np.stack([d[0] for d in done]).astype(bool)
-    ko_ld = np.stack([d[1] for d in done])
-    clean_correct = clean["correct"].to_numpy().astype(bool)
-    residue = clean["residue"].to_numpy()
-    eff = relative_effects(clean_correct, ko_correct, residue, batch.modulus, clean_ld=clean["logit_diff"].to_numpy(),
-                           ko_ld=ko_ld, n_bootstrap=n_bootstrap, seed=seed)
-    meta = metadata_of(model, method=method, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                       kinds=list(kinds), batch_size=batch_size, n_bootstrap=n_bootstrap, stride=stride, engine=engine,
-                       checkpoint=None if checkpoint is None else str(checkpoint))
-    meta.update(engine=used, calibration=None if cal is None else cal.source)
-    return PhaseMap(cells, eff, clean_correct, ko_correct, clean["logit_diff"].to_numpy(), ko_ld, residue, spec.stride,
-                    batch.modulus, method, int(model.cfg.n_layers), int(model.cfg.n_heads), meta)
+    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
+    return run(Map(method, kinds, calibration, rows_per_pass, engine, plan), model, task, options,
+               arguments_of(specialization_map, locals()))
 
 
 def _heads(row: pd.Series) -> list[Any]:

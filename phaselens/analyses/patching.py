@@ -12,8 +12,17 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.analyses.items import build_items, check_options
 from phaselens.analyses.knockouts import capture_z, z_name
+from phaselens.analyses.runner import (
+    N_BOOTSTRAP,
+    Analysis,
+    Common,
+    Run,
+    arguments_of,
+    heads_or_task,
+    public,
+    run,
+)
 from phaselens.analyses.scoring import (
     answer_metrics,
     model_logits,
@@ -21,15 +30,14 @@ from phaselens.analyses.scoring import (
     query_logits,
     query_metrics,
 )
-from phaselens.contract.protocol import HookContext, PhaseModel, check_model, choose_engine, metadata_of
+from phaselens.contract.protocol import HookContext, PhaseModel, choose_engine
 from phaselens.core.checks import as_float
 from phaselens.core.errors import InputError
 from phaselens.core.heads import Head, parse_heads
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result
-from phaselens.runtime.checkpoints import check_checkpoint_path
-from phaselens.runtime.distributed import open_checkpoint, shard_map, sharded, world
+from phaselens.results.base import Result, renamed
 from phaselens.runtime.engines import Cell
+from phaselens.runtime.world import world
 from phaselens.stats.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
 
 EPS_DENOM = 1e-3
@@ -48,8 +56,18 @@ class PatchResult(Result):
         recovery: ``Labelled[layer, head, residue]`` with 95% bootstrap CIs (items resampled per residue).
         undefined: ``[layer, head, residue]`` bool; m_clean, m_corrupt: ``[residue]``; m_patched:
             ``[layer, head, residue]`` (group means of the logit difference).
-        item_clean, item_corrupt: ``[N]``, item_patched: ``[heads, N]``, residue: ``[N]`` (per-item values).
+        logit_diff, logit_diff_corrupt: ``[N]`` (clean and corrupted items), logit_diff_patched:
+            ``[heads, N]``, residue: ``[N]`` (per-item values, named as in every result).
+        residue_frame, phase_frame: the tidy levels, computed once with the run's resampling.
     """
+
+    LEVELS = ("residue", "phase")
+    COLUMNS = {
+        "residue": ("layer", "head", "residue", "phase", "n", "recovery", "ci_low", "ci_high", "undefined",
+                    "m_clean", "m_corrupt", "m_patched"),
+        "phase": ("layer", "head", "phase", "n", "recovery", "ci_low", "ci_high", "undefined", "m_clean",
+                  "m_corrupt", "m_patched", "boundary"),
+    }
 
     recovery: Labelled
     undefined: np.ndarray
@@ -60,41 +78,26 @@ class PatchResult(Result):
     direction: str
     stride: int
     modulus: int
-    item_clean: np.ndarray
-    item_corrupt: np.ndarray
-    item_patched: np.ndarray
+    logit_diff: np.ndarray
+    logit_diff_corrupt: np.ndarray
+    logit_diff_patched: np.ndarray
     residue: np.ndarray
+    residue_frame: pd.DataFrame
+    phase_frame: pd.DataFrame
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def _frame(self, groups: np.ndarray, n_groups: int, level: str) -> pd.DataFrame:
-        args = self.metadata.get("arguments", {})
-        rec, lo, hi, und, mc, mx, mp = recovery(self.item_clean, self.item_corrupt, self.item_patched, groups,
-                                                n_groups, self.direction, float(args.get("eps", EPS_DENOM)),
-                                                n_bootstrap=int(args.get("n_bootstrap", 500)),
-                                                seed=int(args.get("seed", 0)))
-        K = len(self.heads)
-        g = np.arange(n_groups)
-        out = pd.DataFrame({
-            "layer": np.repeat([h.layer for h in self.heads], n_groups),
-            "head": np.repeat([h.head for h in self.heads], n_groups),
-            level: np.tile(g, K), "n": np.tile(group_counts(groups, n_groups), K),
-            "recovery": rec.ravel(), "ci_low": lo.ravel(), "ci_high": hi.ravel(), "undefined": und.ravel(),
-            "m_clean": np.tile(mc, K), "m_corrupt": np.tile(mx, K), "m_patched": mp.ravel(),
-        })
-        if level == "residue":
-            out.insert(3, "phase", out["residue"] % self.stride)
-        else:
-            out["boundary"] = out["phase"] == self.stride - 1
-        return out[out["n"] > 0].reset_index(drop=True)
+    item_clean = renamed("item_clean", "logit_diff", "per-item values are named alike in every result")
+    item_corrupt = renamed("item_corrupt", "logit_diff_corrupt", "per-item values are named alike in every result")
+    item_patched = renamed("item_patched", "logit_diff_patched", "per-item values are named alike in every result")
 
     def per_residue(self) -> pd.DataFrame:
         """Tidy rows per (layer, head, residue): recovery with its CI, ``undefined``, and the group means
         M_clean / M_corrupt / M_patched."""
-        return self._frame(self.residue, self.modulus, "residue")
+        return self.residue_frame.copy()
 
     def per_phase(self) -> pd.DataFrame:
         """The same per (layer, head, phase): residues folded mod S."""
-        return self._frame(self.residue % self.stride, self.stride, "phase")
+        return self.phase_frame.copy()
 
     def summary(self) -> str:
         v = self.recovery.values
@@ -106,6 +109,27 @@ class PatchResult(Result):
         from phaselens import plots
 
         return plots.patch_heatmap(self, **kwargs)
+
+
+def recovery_frame(heads: Sequence[Head], stats: tuple[np.ndarray, ...], groups: np.ndarray, n_groups: int,
+                   level: str, stride: int) -> pd.DataFrame:
+    """Tidy rows per (layer, head, group) of :func:`recovery`'s output ``stats`` (``level``: ``"residue"`` or
+    ``"phase"``)."""
+    rec, lo, hi, und, mc, mx, mp = stats
+    K = len(heads)
+    g = np.arange(n_groups)
+    out = pd.DataFrame({
+        "layer": np.repeat([h.layer for h in heads], n_groups),
+        "head": np.repeat([h.head for h in heads], n_groups),
+        level: np.tile(g, K), "n": np.tile(group_counts(groups, n_groups), K),
+        "recovery": rec.ravel(), "ci_low": lo.ravel(), "ci_high": hi.ravel(), "undefined": und.ravel(),
+        "m_clean": np.tile(mc, K), "m_corrupt": np.tile(mx, K), "m_patched": mp.ravel(),
+    })
+    if level == "residue":
+        out.insert(3, "phase", out["residue"] % stride)
+    else:
+        out["boundary"] = out["phase"] == stride - 1
+    return out[out["n"] > 0].reset_index(drop=True)
 
 
 def recovery(item_clean: np.ndarray, item_corrupt: np.ndarray, item_patched: np.ndarray, groups: np.ndarray,
@@ -146,115 +170,135 @@ def recovery(item_clean: np.ndarray, item_corrupt: np.ndarray, item_patched: np.
     return rec, lo, hi, und, mc, mx, mp
 
 
-@sharded
+class Patching(Analysis):
+    """Clean and corrupted answers once, then one unit per head: its query ``z`` patched from the source run."""
+
+    name = "patch"
+    stage = "patch"
+    unit = "cell"
+    bar_unit = "cell"
+
+    def __init__(self, heads: Any, direction: str, site: str, eps: float, engine: str) -> None:
+        self.heads, self.direction, self.site, self.eps, self.engine = heads, direction, site, eps, engine
+
+    def check(self, model: Any, options: Common) -> None:
+        if self.site != "z":
+            raise InputError(f"site {self.site!r} is not supported; patching works on per-head 'z' (site='z').")
+        if self.direction not in ("denoise", "noise"):
+            raise InputError(f"direction must be 'denoise' or 'noise', got {self.direction!r}.")
+        self.eps = as_float("eps", self.eps, positive=True, fix="It is the smallest |clean - corrupt| metric gap "
+                            f"that counts as defined (default {EPS_DENOM}).")
+        self.used = choose_engine(model, self.engine)
+        cfg = model.dims
+        self.parsed = parse_heads(self.heads if self.heads is not None else [f"L{i}" for i in range(cfg.n_layers)],
+                                  cfg)
+
+    def prepare(self, run: Run) -> None:
+        model, batch, bs = run.model, run.batch, run.options.batch_size
+        clean, corrupt = batch.tokens, batch.corrupted
+        self.base, source = (corrupt, clean) if self.direction == "denoise" else (clean, corrupt)
+        layers = sorted({h.layer for h in self.parsed})
+        self.src_z = capture_z(model, source, batch.query_pos, layers, batch_size=bs)  # {layer: [N, copies, H, d]}
+
+        def metric(tokens: torch.Tensor) -> np.ndarray:  # item blocks split across ranks under torch.distributed
+            b = SimpleNamespace(tokens=tokens, query_pos=batch.query_pos, answer=batch.answer, wrong=batch.wrong)
+            return query_metrics(plain_forward(model), b, batch_size=bs, desc="patch")["logit_diff"]
+
+        self.item_clean, self.item_corrupt = metric(clean), metric(corrupt)
+        self.eng = model.query_engine(self.base, batch.query_pos, batch_size=bs) if self.used == "suffix" else None
+        run.note["engine"] = self.used
+
+    def labels(self, run: Run) -> list[str]:
+        return [str(h) for h in self.parsed]
+
+    def fields(self, run: Run) -> tuple[str, ...]:
+        return ("logit_diff",)
+
+    def fingerprint(self, run: Run) -> dict[str, Any]:
+        return dict(corrupted=run.batch.corrupted, heads=[str(h) for h in self.parsed], direction=self.direction,
+                    site=self.site, seed=run.options.seed, engine=self.used)
+
+    def per_call(self, run: Run) -> int:
+        if run.options.checkpoint is None:  # each rank's whole share in one call: nothing to write between cells
+            return max(1, -(-len(self.parsed) // world().size))
+        # a round per engine pass (per head with full forwards): the checkpoint is written after each
+        return max(1, 4096 // max(1, len(run.batch))) if self.used == "suffix" else 1
+
+    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray]]:
+        batch, heads, src = run.batch, self.parsed, self.src_z
+        if self.eng is not None:
+            cells = [Cell(heads[i].layer, [heads[i].head], src[heads[i].layer][:, 0, [heads[i].head]]) for i in idx]
+            return [(answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"],) for lg in self.eng.run(cells)]
+        return [(answer_metrics(query_logits(_query_patch(run.model, heads[i], src[heads[i].layer]), self.base,
+                                             batch.query_pos, batch_size=run.options.batch_size),
+                                batch.answer, batch.wrong)["logit_diff"],) for i in idx]
+
+    def result(self, run: Run, parts: list[tuple[np.ndarray]]) -> PatchResult:
+        patched = np.stack([p[0] for p in parts])  # [heads, N]
+        res = run.batch.frame["residue"].to_numpy()
+        M, o = run.modulus, run.options
+        L, H = run.model.dims.n_layers, run.model.dims.n_heads
+
+        def stats(groups: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
+            return recovery(self.item_clean, self.item_corrupt, patched, groups, n, self.direction, self.eps,
+                            n_bootstrap=o.n_bootstrap, seed=o.seed)
+
+        by_residue, by_phase = stats(res, M), stats(res % run.stride, run.stride)
+        rec, lo, hi, und_k, mc, mx, mp_k = by_residue
+        li = np.array([h.layer for h in self.parsed], dtype=int)
+        hi_ = np.array([h.head for h in self.parsed], dtype=int)
+
+        def grid(values: np.ndarray, fill: Any = np.nan) -> np.ndarray:
+            out = np.full((L, H, M), fill, dtype=np.asarray(values).dtype if fill is False else float)
+            out[li, hi_] = values
+            return out
+
+        coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
+        lab = Labelled(grid(rec), ("layer", "head", "residue"), coords, grid(lo), grid(hi),
+                       name=f"{self.direction}_recovery")
+        frames = (recovery_frame(self.parsed, by_residue, res, M, "residue", run.stride),
+                  recovery_frame(self.parsed, by_phase, res % run.stride, run.stride, "phase", run.stride))
+        return PatchResult(lab, grid(und_k, False), mc, mx, grid(mp_k), self.parsed, self.direction, run.stride, M,
+                           self.item_clean, self.item_corrupt, patched, res, *frames, run.metadata())
+
+
+@public
 def patch(
     model: PhaseModel,
-    task: Any = None,
-    *,
     heads: Any = None,
     phase: Any = None,
-    residues: Sequence[int] | None = None,
-    direction: Literal["denoise", "noise"] = "denoise",
-    site: str = "z",
+    *,
+    task: Any = None,
     n_per_residue: int = 64,
+    residues: Sequence[int] | None = None,
     seed: int = 0,
     batch_size: int = 64,
-    eps: float = EPS_DENOM,
-    n_bootstrap: int = 500,
-    engine: str = "auto",
     stride: int | None = None,
-    progress: bool = False,
+    progress: bool = True,
     checkpoint: str | os.PathLike | None = None,
+    n_bootstrap: int = N_BOOTSTRAP,
+    direction: Literal["denoise", "noise"] = "denoise",
+    site: str = "z",
+    eps: float = EPS_DENOM,
+    engine: str = "auto",
 ) -> PatchResult:
     """Patch each head's query-position ``z`` between clean items and their corrupted twins.
 
     Args:
         heads: which heads (default: all); any head spec ``parse_heads`` accepts.
-        phase, residues: which items (phases, or residues; default all).
+        phase: which phases' items (default all; or pass ``residues``).
+        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
+            options (docs/api.md). A checkpoint holds finished cells (heads); its fingerprint covers the model,
+            the clean and corrupted items, the heads, direction, site, seed, batch size and engine, so a
+            checkpoint of another run is refused.
         direction: ``"denoise"`` patches clean ``z`` into the corrupted run; ``"noise"`` the reverse.
         site: only ``"z"`` (the per-head input of the output projection) is supported.
+        eps: the smallest ``|M_clean - M_corrupt|`` for which recovery is defined.
         engine: ``"auto"``, ``"suffix"`` (query rows over a cached prefix) or ``"full"``.
-        checkpoint: a file path: finished cells (heads) are written there atomically and a rerun (with any
-            number of processes) resumes. The fingerprint covers the model, the clean and corrupted items, the
-            heads, direction, site, seed, batch size and engine: a checkpoint of another run is refused.
     """
-    check_model(model)
-    if site != "z":
-        raise InputError(f"site {site!r} is not supported; patching works on per-head 'z' (site='z').")
-    if direction not in ("denoise", "noise"):
-        raise InputError(f"direction must be 'denoise' or 'noise', got {direction!r}.")
-    eps = as_float("eps", eps, positive=True, fix="It is the smallest |clean - corrupt| metric gap that counts "
-                   f"as defined (default {EPS_DENOM}).")
-    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap)
-    check_checkpoint_path(checkpoint)
-    used = choose_engine(model, engine)
-    parsed = parse_heads(heads if heads is not None else [f"L{i}" for i in range(model.cfg.n_layers)], model.cfg)
-    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, phase=phase, residues=residues,
-                                    seed=seed, stride=stride)
-    clean, corrupt = batch.tokens, batch.corrupted
-    base, source = (corrupt, clean) if direction == "denoise" else (clean, corrupt)
-    qp = batch.query_pos
-    layers = sorted({h.layer for h in parsed})
-    store = None
-    if checkpoint is not None:  # hashing every parameter is cheap here, but only needed to resume
-        from phaselens.runtime.fingerprints import analysis_fingerprint
-
-        fp = analysis_fingerprint(model, analysis="patch", items=clean, corrupted=corrupt, query_pos=qp,
-                                  answers=batch.answer, wrong=batch.wrong, heads=[str(h) for h in parsed],
-                                  direction=direction, site=site, seed=seed, batch_size=batch_size, engine=used)
-        store = open_checkpoint(checkpoint, fp, ("logit_diff",))
-    src_z = capture_z(model, source, qp, layers, batch_size=batch_size)  # {layer: [N, copies, H, d]}
-
-    def metric(tokens: torch.Tensor) -> np.ndarray:  # item blocks split across ranks under torch.distributed
-        b = SimpleNamespace(tokens=tokens, query_pos=qp, answer=batch.answer, wrong=batch.wrong)
-        return query_metrics(plain_forward(model), b, batch_size=batch_size, desc="patch")["logit_diff"]
-
-    item_clean, item_corrupt = metric(clean), metric(corrupt)
-    patched = _patched_metrics(model, base, qp, parsed, src_z, batch, batch_size, used, store)  # [heads, N]
-    res = batch.frame["residue"].to_numpy()
-    M = batch.modulus
-    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    rec, lo, hi, und_k, mc, mx, mp_k = recovery(item_clean, item_corrupt, patched, res, M, direction, eps,
-                                                 n_bootstrap=n_bootstrap, seed=seed)
-    li = np.array([h.layer for h in parsed], dtype=int)
-    hi_ = np.array([h.head for h in parsed], dtype=int)
-
-    def grid(values: np.ndarray, fill: Any = np.nan) -> np.ndarray:
-        out = np.full((L, H, M), fill, dtype=np.asarray(values).dtype if fill is False else float)
-        out[li, hi_] = values
-        return out
-
-    coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
-    lab = Labelled(grid(rec), ("layer", "head", "residue"), coords, grid(lo), grid(hi), name=f"{direction}_recovery")
-    meta = metadata_of(model, heads=[str(h) for h in parsed], phase=phase, residues=residues, direction=direction,
-                       site=site, n_per_residue=n_per_residue, seed=seed, batch_size=batch_size, eps=eps,
-                       n_bootstrap=n_bootstrap, engine=engine, stride=stride,
-                       checkpoint=None if checkpoint is None else str(checkpoint))
-    meta["engine"] = used
-    return PatchResult(lab, grid(und_k, False), mc, mx, grid(mp_k), parsed, direction, spec.stride, M,
-                       item_clean, item_corrupt, patched, res, meta)
-
-
-def _patched_metrics(model, base, qp, heads, src_z, batch, batch_size, engine, store=None) -> np.ndarray:
-    """Logit differences ``[heads, N]`` of ``base`` with each head's query ``z`` replaced from ``src_z``
-    (the heads split across ranks under torch.distributed; ``store``: a checkpoint of finished heads)."""
-    if engine == "suffix":
-        eng = model.query_engine(base, qp, batch_size=batch_size)
-
-        def compute(idx: list[int]) -> list[np.ndarray]:
-            cells = [Cell(heads[i].layer, [heads[i].head], src_z[heads[i].layer][:, 0, [heads[i].head]]) for i in idx]
-            return [(answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"],) for lg in eng.run(cells)]
-    else:
-        def compute(idx: list[int]) -> list[np.ndarray]:
-            return [(answer_metrics(query_logits(_query_patch(model, heads[i], src_z[heads[i].layer]), base, qp,
-                                                 batch_size=batch_size), batch.answer, batch.wrong)["logit_diff"],)
-                    for i in idx]
-    if store is None:  # each rank's whole share in one call: nothing to write between cells
-        per_call = max(1, -(-len(heads) // world().size))
-    else:  # a round per engine pass (per head with full forwards): the checkpoint is written after each
-        per_call = max(1, 4096 // max(1, len(batch))) if engine == "suffix" else 1
-    out = shard_map(compute, [str(h) for h in heads], per_call=per_call, store=store, unit="cell", stage="patch")
-    return np.stack([o[0] for o in out])
+    heads, task = heads_or_task(heads, task, "patch")
+    options = Common(n_per_residue, residues, phase, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
+    return run(Patching(heads, direction, site, eps, engine), model, task, options, arguments_of(patch, locals()))
 
 
 def _query_patch(model: Any, head: Head, source: torch.Tensor):

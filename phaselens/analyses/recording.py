@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,14 +15,14 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from phaselens.analyses.items import build_items, check_options
+from phaselens.analyses.runner import Analysis, Common, Run, arguments_of, public, run
 from phaselens.analyses.scoring import model_logits
-from phaselens.contract.protocol import HookContext, PhaseModel, metadata_of
+from phaselens.contract import hooknames
+from phaselens.contract.protocol import HookContext, PhaseModel
 from phaselens.core.errors import NotApplicableError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result
-from phaselens.runtime.distributed import block_labels, item_blocks, shard_map, sharded
+from phaselens.results.base import Result, renamed
 from phaselens.stats.by_residue import residue_mean_ci
 
 READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "entries", "local", "sink")
@@ -45,7 +46,7 @@ class Recording(Result):
         concentration: ``Labelled[layer, path, kv_head, measure]`` with ``measure`` in
             (``static``: exp(H(E[alpha])), ``per_window``: E[exp(H(alpha))]), each between 1 and W.
         stride, modulus, n_items, metadata.
-        items: per-item values behind the means: ``{quantity: [N, layer, head]}`` (read side) and
+        values: per-item values behind the means: ``{quantity: [N, layer, head]}`` (read side) and
             ``{"gate_key" | "gate_value": [N, compressed layer, kv_head]}``; residue: ``[N]``.
     """
 
@@ -57,11 +58,17 @@ class Recording(Result):
     stride: int
     modulus: int
     n_items: int
-    items: dict[str, np.ndarray] = field(default_factory=dict)
+    values: dict[str, np.ndarray] = field(default_factory=dict)
     residue: np.ndarray = field(default_factory=lambda: np.zeros(0, int))
     metadata: dict[str, Any] = field(default_factory=dict)
 
     LEVELS = ("residue", "phase", "model")
+    items = renamed("items", "values", "`items` is the per-item frame in every result; these are arrays")
+    COLUMNS = {
+        "residue": ("quantity", "layer", "residue", "phase", "value", "ci_low", "ci_high"),
+        "phase": ("quantity", "layer", "phase", "value", "ci_low", "ci_high", "boundary"),
+        "model": ("quantity", "layer", "value"),
+    }
 
     def per_residue(self) -> pd.DataFrame:
         """Every per-residue quantity (read side and target gate weights) as tidy rows: ``quantity``, its
@@ -78,7 +85,7 @@ class Recording(Result):
         """The same quantities with residues folded mod S (means over each phase's items, t intervals)."""
         phase = self.residue % self.stride
         parts = []
-        for name, arr in self.items.items():
+        for name, arr in self.values.items():
             m, lo, hi = residue_mean_ci(arr, phase, self.stride)  # [a, b, S]
             lab = self.read.get(name) or (self.gate_key if name == "gate_key" else self.gate_value)
             dims = (*lab.dims[:-1], "phase")
@@ -93,7 +100,7 @@ class Recording(Result):
     def per_model(self) -> pd.DataFrame:
         """Quantities without a residue axis: gate profiles by offset and gate concentration."""
         parts = [lab.to_frame() for lab in (self.gate_profile, self.concentration) if lab is not None]
-        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+        return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=list(self.COLUMNS["model"]))
 
     def summary(self) -> str:
         lay = self.read["local"].coords["layer"].tolist()
@@ -127,16 +134,34 @@ class _Accumulator:
     def add(self, store: dict, key: tuple, value: Tensor) -> None:
         store.setdefault(key, []).append(value.detach().float().cpu())
 
+    def to_unit(self) -> dict[str, np.ndarray]:
+        """One block's values as named arrays (a checkpoint unit): ``"read/{q}/{layer}/{call}"``, ..."""
+        out: dict[str, np.ndarray] = {}
+        for name in ("read", "gate_item", "profile_sum", "entropy_sum"):
+            for key, values in getattr(self, name).items():
+                for i, v in enumerate(values):
+                    out["/".join([name, *map(str, key), str(i)])] = v.numpy()
+        for key, n in self.count.items():
+            out["/".join(["count", *map(str, key)])] = np.asarray([n])  # 1-d: safetensors keeps its shape
+        return out
+
     @staticmethod
-    def merged(parts: list[_Accumulator]) -> _Accumulator:
+    def merged(units: list[dict[str, np.ndarray]]) -> _Accumulator:
+        """The blocks' units joined in item order (each block's calls in call order)."""
         out = _Accumulator()
-        for part in parts:
-            for name in ("read", "gate_item", "profile_sum", "entropy_sum"):
-                mine = getattr(out, name)
-                for key, values in getattr(part, name).items():
-                    mine.setdefault(key, []).extend(values)
-            for key, n in part.count.items():
-                out.count[key] = out.count.get(key, 0) + n
+        for unit in units:
+            calls: dict[tuple[str, tuple], list[tuple[int, Tensor]]] = {}
+            for name, value in unit.items():
+                store, *key = name.split("/")
+                if store == "count":
+                    k = (int(key[0]), key[1])
+                    out.count[k] = out.count.get(k, 0) + int(np.asarray(value).sum())
+                    continue
+                *key, call = key
+                typed = tuple(int(x) if x.lstrip("-").isdigit() else x for x in key)
+                calls.setdefault((store, typed), []).append((int(call), torch.from_numpy(np.asarray(value))))
+            for (store, key), values in calls.items():
+                getattr(out, store).setdefault(key, []).extend(v for _, v in sorted(values, key=lambda x: x[0]))
         return out
 
 
@@ -146,15 +171,6 @@ def _ordered_sum(terms: list[Tensor]) -> Tensor:
     for t in terms[1:]:
         total = total + t
     return total
-
-
-def _gate_path_hooks(model: Any, layer: int) -> list[tuple[str, str]]:
-    """The gate hooks a compressed layer exposes: ``hook_gate`` (K = V) or ``hook_gate_k`` / ``hook_gate_v``."""
-    names = model.hook_dict
-    pre = f"blocks.{layer}.attn."
-    if pre + "hook_gate" in names:
-        return [("kv", "hook_gate")]
-    return [(p, f"hook_gate_{p}") for p in ("k", "v") if pre + f"hook_gate_{p}" in names]
 
 
 def _target_gate(alpha: Tensor, entries: Tensor, offsets: Tensor, first_entry: int) -> Tensor:
@@ -173,8 +189,53 @@ def _target_gate(alpha: Tensor, entries: Tensor, offsets: Tensor, first_entry: i
     return picked.nanmean(1)
 
 
-@sharded
-@torch.no_grad()
+class Record(Analysis):
+    """Hooks keep each item's query row of every pattern and reduce the gates on the fly, one block at a time."""
+
+    name = "record"
+    stage = "record"
+
+    def prepare(self, run: Run) -> None:
+        run.state["frame"] = run.batch.frame.reset_index(drop=True)
+
+    def fields(self, run: Run) -> None:
+        return None  # a block's unit is a dict of named arrays (which layers and paths depends on the model)
+
+    @torch.no_grad()
+    def compute(self, run: Run, idx: list[int]) -> list[dict[str, np.ndarray]]:
+        return [self._block(run, run.blocks[b]).to_unit() for b in idx]
+
+    def _block(self, run: Run, sl: slice) -> _Accumulator:  # what the hooks keep from one block of items
+        model = run.model
+        acc = _Accumulator()
+        fr = run.state["frame"].iloc[sl]
+        qp = torch.as_tensor(fr["query_pos"].to_numpy().copy())
+        rows = torch.arange(len(qp))
+        t_k = torch.as_tensor(fr["t_K"].to_numpy().copy())
+        t_v = torch.as_tensor(fr["t_V"].to_numpy().copy())
+        names = model.hook_dict
+        hooks = []
+        for layer, spec in enumerate(model.dims.phase_specs):
+            full = hooknames.pattern(layer) in names
+            # a layer with entries but no phase (DeepSeek-V4.1's ratio-1 layers: one entry per token) is read
+            # with stride-1 geometry: the key's entry is the key's own token
+            entry_spec = spec if spec is not None or hooknames.pattern_entry(layer) not in names else PhaseSpec(1)
+            hooks += _read_hooks(acc, layer, entry_spec, rows, qp, t_k, t_v, full)
+            if spec is not None:
+                for path, hname in hooknames.gates(layer, names):
+                    hooks.append((hname, _gate_hook(acc, layer, path, spec, t_k, t_v)))
+        model_logits(model, run.batch.tokens[sl], qp, hooks)
+        return acc
+
+    def result(self, run: Run, parts: list[dict[str, np.ndarray]]) -> Recording:
+        model = run.model
+        acc = _Accumulator.merged(parts)
+        dims = model.dims
+        return _assemble(acc, run.state["frame"], list(dims.phase_specs), dims.n_layers, dims.n_heads, dims,
+                         run.batch, run.stride, run.metadata())
+
+
+@public
 def record(
     model: PhaseModel,
     task: Any = None,
@@ -183,63 +244,29 @@ def record(
     residues: Any = None,
     seed: int = 0,
     batch_size: int = 64,
-    progress: bool = True,
     stride: int | None = None,
+    progress: bool = True,
+    checkpoint: str | os.PathLike | None = None,
 ) -> Recording:
     """Record read-side attention and write-side gates at each item's query position.
 
     Args:
         model: a phaselens model.
         task: a task (``None``: the model's default task) or a prepared TaskBatch.
-        n_per_residue, residues, seed: how to build the items from a task.
-        stride: fold residues by this stride instead of the model's analysis stride.
+        n_per_residue, residues, seed, batch_size, stride, progress, checkpoint: the common options
+            (docs/api.md); a checkpoint holds each finished block's recorded values.
 
     Example:
         >>> rec = phaselens.record(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
         >>> rec.read["key_entries"].sel(layer=1).values  # [head, residue]  # doctest: +SKIP
     """
-    check_options(batch_size=batch_size, progress=progress)
-    _, geometry, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed, stride=stride)
-    cfg = model.cfg
-    L, H = cfg.n_layers, cfg.n_heads
-    specs: list[PhaseSpec | None] = list(model.phase_specs)
-    frame = batch.frame.reset_index(drop=True)
-    blocks = item_blocks(len(frame), batch_size)
-
-    def one(sl: slice) -> _Accumulator:  # what the hooks keep from one block of items
-        acc = _Accumulator()
-        fr = frame.iloc[sl]
-        qp = torch.as_tensor(fr["query_pos"].to_numpy().copy())
-        rows = torch.arange(len(qp))
-        t_k = torch.as_tensor(fr["t_K"].to_numpy().copy())
-        t_v = torch.as_tensor(fr["t_V"].to_numpy().copy())
-        hooks = []
-        for layer in range(L):
-            spec = specs[layer]
-            full = f"blocks.{layer}.attn.hook_pattern" in model.hook_dict
-            # a layer with entries but no phase (DeepSeek-V4.1's ratio-1 layers: one entry per token) is read
-            # with stride-1 geometry: the key's entry is the key's own token
-            entry_spec = spec if spec is not None or f"blocks.{layer}.attn.hook_pattern_entry" not in model.hook_dict \
-                else PhaseSpec(1)
-            hooks += _read_hooks(acc, layer, entry_spec, rows, qp, t_k, t_v, full)
-            if spec is not None:
-                for path, hname in _gate_path_hooks(model, layer):
-                    hooks.append((f"blocks.{layer}.attn.{hname}", _gate_hook(acc, layer, path, spec, t_k, t_v)))
-        model_logits(model, batch.tokens[sl], qp, hooks)
-        return acc
-
-    # item blocks split across ranks under torch.distributed, merged in item order
-    acc = _Accumulator.merged(shard_map(lambda idx: [one(blocks[b]) for b in idx], block_labels(blocks),
-                                        progress=progress, stage="record", model=model))
-    meta = metadata_of(model, n_per_residue=n_per_residue, residues=residues, seed=seed, batch_size=batch_size,
-                       stride=stride)
-    return _assemble(acc, frame, specs, L, H, cfg, batch, geometry.stride, meta)
+    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, 0)
+    return run(Record(), model, task, options, arguments_of(record, locals()))
 
 
 def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> list:
     """Hooks that keep the query row of each pattern. Query rows are relative to the call's first position
     (``hook.query_start``, nonzero only under chunked prefill)."""
-    pre = f"blocks.{layer}.attn."
 
     def qrow(pattern: Tensor, hook: HookContext) -> Tensor:
         _single_copy(hook)
@@ -253,14 +280,14 @@ def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> lis
             acc.add(acc.read, ("sink", layer), 1 - row.sum(-1))
             acc.add(acc.read, ("key_token", layer), row[rows, :, t_k])
             acc.add(acc.read, ("value_token", layer), row[rows, :, t_v])
-        return [(pre + "hook_pattern", full)]
+        return [(hooknames.pattern(layer), full)]
     def local(pattern: Tensor, hook: Any) -> None:
         acc.add(acc.read, ("local", layer), qrow(pattern, hook).sum(-1))
 
     def sink(pattern: Tensor, hook: Any) -> None:
         acc.add(acc.read, ("sink", layer), qrow(pattern, hook))
 
-    out = [(pre + "hook_pattern_local", local), (pre + "hook_pattern_sink", sink)]
+    out = [(hooknames.pattern_local(layer), local), (hooknames.pattern_sink(layer), sink)]
     if spec is None:  # sliding-only layer: no entries
         return out
     key_ents = torch.as_tensor(np.stack(spec.entries_containing(t_k.numpy())))
@@ -281,7 +308,7 @@ def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> lis
         acc.add(acc.read, ("other_entries", layer), total - union)
         acc.add(acc.read, ("entries", layer), total)
 
-    return out + [(pre + "hook_pattern_entry", entries)]
+    return out + [(hooknames.pattern_entry(layer), entries)]
 
 
 def _single_copy(hook: HookContext) -> None:
@@ -338,7 +365,7 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
     residue = frame["residue"].to_numpy()
     M = int(batch.modulus)
     n = len(frame)
-    items: dict[str, np.ndarray] = {}
+    values: dict[str, np.ndarray] = {}
     coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
     read: dict[str, Labelled] = {}
     names = READ_QUANTITIES + tuple(q for q in ("key_token", "value_token") if any(k[0] == q for k in acc.read))
@@ -348,12 +375,12 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
             vals = acc.read.get((q, layer))
             per_layer.append(torch.cat(vals).numpy() if vals else np.full((n, H), np.nan))
         arr = np.stack(per_layer, 1)  # [N, L, H]
-        items[q] = arr
+        values[q] = arr
         m, lo, hi = residue_mean_ci(arr, residue, M)
         read[q] = Labelled(m, ("layer", "head", "residue"), coords, lo, hi, name=f"mass_{q}")
     comp_layers = [i for i, s in enumerate(specs) if s is not None]
     if not comp_layers or not acc.profile_sum:
-        return Recording(read, None, None, None, None, stride, M, n, items, residue, meta)
+        return Recording(read, None, None, None, None, stride, M, n, values, residue, meta)
     paths = sorted({p for (_, p) in acc.profile_sum})
     Hkv = int(cfg.n_key_value_heads)
     gk, gv = [], []
@@ -363,10 +390,10 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
             # mean over the k/v paths: [N, Hkv]; NaN when no entry completed in any recorded call
             out.append(np.nanmean(np.stack(per_path), 0) if per_path else np.full((n, Hkv), np.nan))
     gcoords = {"layer": np.array(comp_layers), "kv_head": np.arange(Hkv), "residue": np.arange(M)}
-    items["gate_key"], items["gate_value"] = np.stack(gk, 1), np.stack(gv, 1)
-    mk, lk, hk = residue_mean_ci(items["gate_key"], residue, M)
+    values["gate_key"], values["gate_value"] = np.stack(gk, 1), np.stack(gv, 1)
+    mk, lk, hk = residue_mean_ci(values["gate_key"], residue, M)
     gate_key = Labelled(mk, ("layer", "kv_head", "residue"), gcoords, lk, hk, name="gate_key")
-    mv, lv, hv = residue_mean_ci(items["gate_value"], residue, M)
+    mv, lv, hv = residue_mean_ci(values["gate_value"], residue, M)
     gate_value = Labelled(mv, ("layer", "kv_head", "residue"), gcoords, lv, hv, name="gate_value")
     W = max(s.window for s in specs if s is not None)
     prof = np.full((len(comp_layers), len(paths), Hkv, W), np.nan)
@@ -387,4 +414,4 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
     gate_profile = Labelled(prof, ("layer", "path", "kv_head", "offset"), pcoords, name="gate_profile")
     ccoords = {**{k: pcoords[k] for k in ("layer", "path", "kv_head")}, "measure": np.array(["static", "per_window"])}
     concentration = Labelled(conc, ("layer", "path", "kv_head", "measure"), ccoords, name="gate_concentration")
-    return Recording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n, items, residue, meta)
+    return Recording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n, values, residue, meta)

@@ -12,14 +12,20 @@ import pandas as pd
 import torch
 
 from phaselens.analyses.evaluation import PhaseEval, eval_from_items
-from phaselens.analyses.items import build_items, check_battery_items, check_options
-from phaselens.analyses.scoring import METRICS, answer_metrics, items_from_metrics, model_logits
-from phaselens.contract.protocol import PhaseModel, check_model, metadata_of, model_name
+from phaselens.analyses.items import check_options
+from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.scoring import (
+    METRICS,
+    answer_metrics,
+    items_from_metrics,
+    model_logits,
+    stack_metrics,
+)
+from phaselens.contract.protocol import PhaseModel, model_name
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError, NotApplicableError
 from phaselens.results.base import Result
-from phaselens.runtime.checkpoints import check_checkpoint_path
-from phaselens.runtime.distributed import block_labels, item_blocks, open_checkpoint, shard_map, sharded
+from phaselens.runtime.distributed import block_labels, item_blocks, shard_map
 from phaselens.runtime.phase_shift import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
 
 
@@ -51,6 +57,11 @@ class RepairTable(Result):
         return str(r["shifts"]), str(r["combine"])
 
     LEVELS = ("residue", "phase", "rule")
+    COLUMNS = {
+        "residue": ("shifts", "combine", "residue", "phase", "n", "correct", "acc", "ci_low", "ci_high", "nll"),
+        "phase": ("shifts", "combine", "phase", "n", "correct", "acc", "ci_low", "ci_high", "boundary"),
+        "rule": ("shifts", "combine", "cost"),
+    }
 
     def per_rule(self) -> pd.DataFrame:
         """One row per (shift set, combining rule) and the baseline (the summary table)."""
@@ -122,23 +133,92 @@ def rule_metrics(per_copy: torch.Tensor, answer: torch.Tensor, wrong: torch.Tens
     return (*(np.stack([r[k] for r in rows]) for k in METRICS), copy_correct)
 
 
-@sharded
+class Repair(Analysis):
+    """Every shifted copy of each block of items once; every (shift set, rule) combines the same answers."""
+
+    name = "repair_table"
+    stage = "repair"
+    needs_phases = True
+
+    def __init__(self, shift_sets: Any, combines: Any, pad_id: Any, n_permutations: int) -> None:
+        self.shift_sets, self.combines, self.pad_id, self.n_permutations = shift_sets, combines, pad_id, n_permutations
+
+    def check(self, model: Any, options: Common) -> None:
+        check_options(n_permutations=self.n_permutations)
+        if "repair" in model.analysis_metadata:
+            raise NotApplicableError(
+                f"{model_name(model)} is already phase-repaired (it runs shifted copies); measure repair on the "
+                "model it wraps (ensemble.model)."
+            )
+        self.combines = as_names("combines", self.combines, COMBINES)
+        sets = self.shift_sets
+        if isinstance(sets, str) or not isinstance(sets, Sequence) or not len(sets):
+            raise InputError(f"shift_sets must be a non-empty list of shift sets, got {sets!r}; e.g. "
+                             "shift_sets=('all', 'opposite', (0, 2)).")
+
+    def prepare(self, run: Run) -> None:
+        S = run.stride
+        for shifts in self.shift_sets:  # every set checked before the copies run
+            resolve_shifts(shifts, S)
+        self.pad = as_int("pad_id", self.pad_id, minimum=0) if self.pad_id is not None else default_pad_id(run.model)
+        self.all_shifts = tuple(range(S))
+        self.sets = [(shifts if isinstance(shifts, str) else ",".join(map(str, resolve_shifts(shifts, S))),
+                      resolve_shifts(shifts, S)) for shifts in self.shift_sets]
+        self.rules = [(ks, rule) for _, ks in self.sets for rule in self.combines]
+        run.note["pad_id"] = self.pad
+
+    def fields(self, run: Run) -> tuple[str, ...]:
+        return (*METRICS, "copy_correct")
+
+    def fingerprint(self, run: Run) -> dict[str, Any]:
+        return dict(shifts=self.all_shifts, rules=[[list(ks), rule] for ks, rule in self.rules], pad_id=self.pad,
+                    insert_at=1, seed=run.options.seed)
+
+    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+        batch = run.batch
+        return [rule_metrics(block_copy_logits(run.model, batch, run.blocks[b], self.all_shifts, self.pad),
+                             batch.answer[run.blocks[b]], batch.wrong[run.blocks[b]], self.rules) for b in idx]
+
+    def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> RepairTable:
+        metrics = stack_metrics(parts, (*METRICS, "copy_correct"), axis=1)  # [1 + rules, N]; copies [K, N]
+        copy_correct = metrics.pop("copy_correct")
+        covered, o = run.covered(), run.options
+
+        def as_eval(r: int) -> PhaseEval:
+            items = items_from_metrics(run.batch, {k: v[r] for k, v in metrics.items()})
+            return eval_from_items(items, run.stride, run.modulus, n_permutations=self.n_permutations,
+                                   n_bootstrap=o.n_bootstrap, seed=o.seed, residues=covered)
+
+        evals: dict[tuple[str, str], PhaseEval] = {("none", "none"): as_eval(0)}
+        rows = [_row("none", "none", 1, evals[("none", "none")], copy_correct[0].mean())]
+        r = 1
+        for label, ks in self.sets:
+            any_right = copy_correct[list(ks)].any(0).mean()
+            for rule in self.combines:
+                ev = as_eval(r)
+                evals[(label, rule)] = ev
+                rows.append(_row(label, rule, len(ks), ev, any_right))
+                r += 1
+        return RepairTable(pd.DataFrame(rows), evals, run.stride, run.metadata())
+
+
+@public
 def repair_table(
     model: PhaseModel,
     task: Any = None,
     *,
-    shift_sets: Sequence[Any] = ("all", "opposite"),
-    combines: Sequence[str] = COMBINES,
     n_per_residue: int = 256,
     residues: Sequence[int] | None = None,
     seed: int = 0,
     batch_size: int = 64,
-    pad_id: int | None = None,
-    progress: bool = True,
     stride: int | None = None,
-    n_permutations: int = 2000,
-    n_bootstrap: int = 1000,
+    progress: bool = True,
     checkpoint: str | os.PathLike | None = None,
+    n_bootstrap: int = N_BOOTSTRAP,
+    shift_sets: Sequence[Any] = ("all", "opposite"),
+    combines: Sequence[str] = COMBINES,
+    pad_id: int | None = None,
+    n_permutations: int = 2000,
 ) -> RepairTable:
     """Measure phase repair: every shift set x combining rule against the unrepaired model, same items.
 
@@ -146,77 +226,18 @@ def repair_table(
     items at a time (only a block's ``[K, b, V]`` logits are held).
 
     Args:
-        checkpoint: a file path: the answer metrics of finished item blocks (every copy and rule) are written
-            there atomically and a rerun (with any number of processes) resumes. The fingerprint covers the
-            model, the items, the shift sets, combining rules, pad token, seed and batch size: a checkpoint of
-            another run is refused.
+        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
+            options (docs/api.md). A checkpoint holds the answer metrics of finished item blocks (every copy and
+            rule); its fingerprint covers the model, the items, the shift sets, combining rules, pad token, seed
+            and batch size, so a checkpoint of another run is refused.
+        shift_sets: ``"all"``, ``"opposite"`` or explicit shifts, one entry per set to compare.
+        combines: the combining rules to compare (:data:`~phaselens.runtime.phase_shift.COMBINES`).
+        pad_id: the single-token pad (default: the model's or the task's filler).
+        n_permutations: permutations of each row's gap test.
     """
-    check_model(model)
-    check_options(batch_size=batch_size, progress=progress, n_bootstrap=n_bootstrap, n_permutations=n_permutations)
-    check_checkpoint_path(checkpoint)
-    if "repair" in (getattr(model, "analysis_metadata", None) or {}):
-        raise NotApplicableError(
-            f"{model_name(model)} is already phase-repaired (it runs shifted copies); measure repair on the model "
-            "it wraps (ensemble.model)."
-        )
-    combines = as_names("combines", combines, COMBINES)
-    if isinstance(shift_sets, str) or not isinstance(shift_sets, Sequence) or not len(shift_sets):
-        raise InputError(f"shift_sets must be a non-empty list of shift sets, got {shift_sets!r}; e.g. "
-                         "shift_sets=('all', 'opposite', (0, 2)).")
-    task, spec, batch = build_items(model, task, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                                    stride=stride)
-    S = spec.stride
-    check_battery_items(spec, batch, stride, "repair_table")
-    for shifts in shift_sets:  # every set checked before the copies run
-        resolve_shifts(shifts, S)
-    pad = as_int("pad_id", pad_id, minimum=0) if pad_id is not None else default_pad_id(model)
-    all_shifts = tuple(range(S))
-    sets = [(shifts if isinstance(shifts, str) else ",".join(map(str, resolve_shifts(shifts, S))),
-             resolve_shifts(shifts, S)) for shifts in shift_sets]
-    rules = [(ks, rule) for _, ks in sets for rule in combines]
-    store = None
-    if checkpoint is not None:
-        from phaselens.runtime.fingerprints import analysis_fingerprint
-
-        fp = analysis_fingerprint(model, analysis="repair_table", items=batch.tokens, query_pos=batch.query_pos,
-                                  answers=batch.answer, wrong=batch.wrong, shifts=all_shifts,
-                                  rules=[[list(ks), rule] for ks, rule in rules], pad_id=pad, insert_at=1,
-                                  seed=seed, batch_size=batch_size)
-        store = open_checkpoint(checkpoint, fp, (*METRICS, "copy_correct"))
-    blocks = item_blocks(len(batch), batch_size)
-
-    def compute(idx: list[int]) -> list[tuple[np.ndarray, ...]]:
-        return [rule_metrics(block_copy_logits(model, batch, blocks[b], all_shifts, pad), batch.answer[blocks[b]],
-                             batch.wrong[blocks[b]], rules) for b in idx]
-
-    # item blocks split across ranks under torch.distributed; finished blocks checkpointed after every round
-    parts = shard_map(compute, block_labels(blocks), store=store, progress=progress, stage="repair", model=model)
-    metrics = {k: np.concatenate([p[j] for p in parts], 1) for j, k in enumerate(METRICS)}  # [1 + rules, N]
-    copy_correct = np.concatenate([p[-1] for p in parts], 1)  # [K, N]
-
-    covered = None if residues is None else np.unique(batch.frame["residue"].to_numpy())
-
-    def as_eval(r: int) -> PhaseEval:
-        items = items_from_metrics(batch, {k: v[r] for k, v in metrics.items()})
-        return eval_from_items(items, S, batch.modulus, n_permutations=n_permutations, n_bootstrap=n_bootstrap,
-                               seed=seed, residues=covered)
-
-    evals: dict[tuple[str, str], PhaseEval] = {("none", "none"): as_eval(0)}
-    rows = [_row("none", "none", 1, evals[("none", "none")], copy_correct[0].mean())]
-    r = 1
-    for label, ks in sets:
-        any_right = copy_correct[list(ks)].any(0).mean()
-        for rule in combines:
-            ev = as_eval(r)
-            evals[(label, rule)] = ev
-            rows.append(_row(label, rule, len(ks), ev, any_right))
-            r += 1
-    meta = metadata_of(model, shift_sets=list(shift_sets), combines=list(combines), n_per_residue=n_per_residue,
-                       residues=residues, seed=seed, batch_size=batch_size, pad_id=pad_id, stride=stride,
-                       n_permutations=n_permutations, n_bootstrap=n_bootstrap,
-                       checkpoint=None if checkpoint is None else str(checkpoint))
-    meta["pad_id"] = pad
-    return RepairTable(pd.DataFrame(rows), evals, S, meta)
+    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
+    return run(Repair(shift_sets, combines, pad_id, n_permutations), model, task, options,
+               arguments_of(repair_table, locals()))
 
 
 def _row(shifts: str, rule: str, cost: int, ev: PhaseEval, any_right: float) -> dict[str, Any]:

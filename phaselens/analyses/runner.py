@@ -11,7 +11,8 @@ An analysis (a subclass of :class:`Analysis`) declares
 :func:`run` does the rest, the same way for every analysis:
 
 1. check the model and the common options (:class:`Common`), then the analysis's own (``check``);
-2. resolve the task (``None``: the model's default task) and build the items (``items.build_items``);
+2. resolve the task (``None``: the model's default task), price the run against the memory available and
+   build the items (``items.build_items``; a dry run only prices them, ``items.plan_items``);
 3. ``prepare`` (calibration, a clean pass, ... whatever the units share);
 4. split the units across ``torch.distributed`` ranks, checkpoint finished units under a fingerprint of the
    model, the items and the analysis's settings (resume at any world size), and show one progress bar
@@ -142,6 +143,16 @@ class Analysis:
     def check(self, model: Any, options: Common) -> None:
         """Check the analysis's own options (before any item is built)."""
 
+    def dry_run(self, run: Run) -> Any:
+        """What to return instead of running, once the items are built (a plan), or ``None`` to run. When
+        :meth:`prices_only`, ``run.batch`` is a :class:`~phaselens.runtime.planning.PlannedItems`: the items'
+        shape, not the items."""
+        return None
+
+    def prices_only(self) -> bool:
+        """Whether this call is a dry run that needs only the items' shape (nothing the size of them is built)."""
+        return False
+
     def prepare(self, run: Run) -> None:
         """Compute what every unit shares (default: nothing)."""
 
@@ -175,13 +186,23 @@ def run(analysis: Analysis, model: Any, task: Any, options: Common, arguments: d
     analysis.check(model, options)
     if options.phase is not None and options.residues is not None:
         raise InputError("pass residues or phase, not both.")
+    if analysis.prices_only():  # a dry run: priced without building the run's items
+        from phaselens.analyses.items import plan_items
+
+        task, spec, items = plan_items(model, task, n_per_residue=options.n_per_residue, residues=options.residues,
+                                       phase=options.phase, seed=options.seed, stride=options.stride)
+        return analysis.dry_run(Run(analysis.name, model, task, spec, items, options, arguments))
     task, spec, batch = build_items(model, task, n_per_residue=options.n_per_residue, residues=options.residues,
-                                    phase=options.phase, seed=options.seed, stride=options.stride)
+                                    phase=options.phase, seed=options.seed, stride=options.stride,
+                                    batch_size=options.batch_size)
     if analysis.needs_phases:
         from phaselens.analyses.items import check_battery_items
 
         check_battery_items(spec, batch, options.stride, analysis.name)
     r = Run(analysis.name, model, task, spec, batch, options, arguments)
+    plan = analysis.dry_run(r)
+    if plan is not None:
+        return plan
     analysis.prepare(r)
     labels = analysis.labels(r)
     store = None
@@ -203,6 +224,26 @@ def public(fn: F) -> F:
     return sharded(fn)
 
 
+def heads_or_task(heads: Any, task: Any, what: str) -> tuple[Any, Any]:
+    """``(heads, task)`` of an analysis whose second positional argument is ``heads`` (``ablate``, ``patch``).
+
+    phaselens 0.1 took ``patch(model, task, heads=...)``: a task (or ``TaskBatch``) passed in ``heads``'s place
+    still works, with a DeprecationWarning that shows the new call.
+    """
+    from phaselens.analyses.items import is_batch
+
+    if heads is not None and (callable(getattr(heads, "build", None)) or is_batch(heads)):
+        if task is not None:
+            raise InputError(f"{what}: a task was passed twice (as the second argument and as task=); pass the "
+                             f"heads second: {what}(model, heads, phase, task=task).")
+        import warnings
+
+        warnings.warn(f"{what}(model, task) is deprecated: the second argument is now heads, as in ablate; write "
+                      f"{what}(model, heads=None, task=task).", DeprecationWarning, stacklevel=3)
+        return None, heads
+    return heads, task
+
+
 def arguments_of(fn: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:
     """The exact arguments of a call of the public ``fn`` from its ``locals()``: every parameter of its
     signature but ``model`` and ``task``, paths as strings (a result's ``metadata["arguments"]``)."""
@@ -215,4 +256,4 @@ def arguments_of(fn: Callable[..., Any], values: dict[str, Any]) -> dict[str, An
     return out
 
 
-__all__ = ["Analysis", "Common", "N_BOOTSTRAP", "Run", "arguments_of", "public", "run"]
+__all__ = ["Analysis", "Common", "N_BOOTSTRAP", "Run", "arguments_of", "heads_or_task", "public", "run"]

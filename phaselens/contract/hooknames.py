@@ -1,4 +1,8 @@
-"""Hook names that do not exist, explained; and the combined attention pattern of a split layer.
+"""The hook-name table every model kind implements (docs/hooks.md), hook names that do not exist
+explained, and the combined attention pattern of a split layer.
+
+Analyses build names only with the functions below (never string literals), so a model kind that names its
+hooks differently fails in one place.
 
 A compressed (or sliding-window) layer has no TransformerLens ``hook_pattern`` ``[batch, head, q_pos,
 k_pos]``: its softmax runs over three kinds of key at once (raw keys in the local window, compressed
@@ -17,6 +21,57 @@ from typing import Any
 from phaselens.core.errors import HookNameError
 
 _PATTERN = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
+
+
+# ---- the table: every hook name an analysis uses ---------------------------------------------------------
+def _attn(layer: int, leaf: str) -> str:
+    return f"blocks.{int(layer)}.attn.{leaf}"
+
+
+def z(layer: int) -> str:
+    """Per-head attention output before the output projection ``[batch, pos, head, d_head]``."""
+    return _attn(layer, "hook_z")
+
+
+def pattern(layer: int) -> str:
+    """Full attention probabilities ``[batch, head, q_pos, k_pos]`` (layers without compression)."""
+    return _attn(layer, "hook_pattern")
+
+
+def pattern_local(layer: int) -> str:
+    """Probabilities on the raw keys of the local window ``[batch, head, q_pos, local_window]``."""
+    return _attn(layer, "hook_pattern_local")
+
+
+def pattern_entry(layer: int) -> str:
+    """Probabilities on the compressed entries ``[batch, head, q_pos, entry]``."""
+    return _attn(layer, "hook_pattern_entry")
+
+
+def pattern_sink(layer: int) -> str:
+    """Probability on the attention sink ``[batch, head, q_pos]``."""
+    return _attn(layer, "hook_pattern_sink")
+
+
+def gate(layer: int, path: str = "kv") -> str:
+    """Compressor gate weights ``[batch, entry, slot, kv_head(, d_head)]``: ``path`` ``"kv"`` (K = V, one
+    gate), ``"k"`` or ``"v"``."""
+    return _attn(layer, "hook_gate" if path == "kv" else f"hook_gate_{path}")
+
+
+def gates(layer: int, available: Iterable[str]) -> list[tuple[str, str]]:
+    """The gate hooks a compressed layer exposes, as ``(path, name)``: ``hook_gate`` (K = V) or
+    ``hook_gate_k`` / ``hook_gate_v``."""
+    names = set(available)
+    if gate(layer) in names:
+        return [("kv", gate(layer))]
+    return [(p, gate(layer, p)) for p in ("k", "v") if gate(layer, p) in names]
+
+
+def layer_of(name: str) -> int | None:
+    """The block index in a hook name (``None`` for names outside the blocks)."""
+    m = re.match(r"^blocks\.(\d+)\.", name)
+    return int(m.group(1)) if m else None
 
 
 def explain_missing(name: Any, available: Iterable[str]) -> str:

@@ -23,12 +23,14 @@ from typing import Any, Protocol, runtime_checkable
 
 from torch import Tensor
 
+from phaselens.contract.dims import ModelDims, ModelIdentity
 from phaselens.core.errors import InputError, NotApplicableError, UnsupportedModelError
-from phaselens.core.geometry import PhaseSpec
 
 # analysis_metadata keys that record what runs observed (they grow as a model runs), not what the model is:
 # results carry them, fingerprints leave them out (a checkpoint must resume on the same model after a run).
-OBSERVED_METADATA = frozenset({"max_entries_seen", "index_topk_binding", "candidate_filter_binding"})
+OBSERVED_METADATA = frozenset(
+    {"max_entries_seen", "index_topk_binding", "index_topk_fragile_picks", "candidate_filter_binding"}
+)
 
 
 HookFn = Callable[..., Tensor | None]
@@ -47,36 +49,41 @@ ENGINES = ("auto", "suffix", "full")
 
 @runtime_checkable
 class PhaseModel(Protocol):
-    """What phaselens needs from a model (everything an analysis may call).
+    """What phaselens needs from a model: every member an analysis may use, and nothing else.
 
-    * ``cfg``: ``n_layers``, ``n_heads``, ``n_key_value_heads``, ``d_head``, ``d_vocab``, ``n_ctx``, ``device``;
-    * ``phase_specs``: per-layer :class:`PhaseSpec` (``None`` where a layer does not compress);
-    * ``analysis_spec``: the geometry that defines phases for analysis;
+    * ``dims``: sizes and phase geometry as one value (:class:`~phaselens.contract.dims.ModelDims`);
+    * ``name``: what results call the model;
     * ``default_task``: the task a model card's numbers came from, or ``None``;
     * ``analysis_metadata``: what a result must carry to be read correctly (a dict; may be empty); keys that
       record what runs observed rather than what the model is (e.g. the longest input seen) are named in
       :data:`OBSERVED_METADATA`, so a model's fingerprint does not change when it runs;
+    * ``identity()``: what determines the numbers (:class:`~phaselens.contract.dims.ModelIdentity`: kind,
+      config, the module with the weights), for fingerprints;
     * ``__call__(tokens [B, T], *, logits="all" | "query", query_len=n)``: logits ``[B, T, vocab]``, or only the
       last ``n`` rows ``[B, n, vocab]`` with ``logits="query"``; ``returns_query_logits`` says whether
       analyses should ask for the query rows only (a model that prefills in chunks);
     * ``hooks(fwd_hooks=...)``: a context manager that applies ``(name_or_filter, fn)`` hooks to every forward
       inside it and removes them in ``finally``; ``run_with_hooks(tokens, fwd_hooks=...)``; ``hook_dict``:
-      every hook name.
+      every hook name (names from the table in :mod:`phaselens.contract.hooknames`);
+    * optional capabilities (:data:`CAPABILITIES`), asked for with :func:`capability`.
+
+    Models keep their own configuration (``cfg``, ``phase_specs``, ...) for their users; analyses read
+    ``dims`` instead (``tests/contract/test_strict_model.py`` runs every analysis on a model that exposes
+    only these members).
     """
 
     @property
-    def cfg(self) -> Any: ...
+    def dims(self) -> ModelDims: ...
 
     @property
-    def phase_specs(self) -> list[PhaseSpec | None]: ...
-
-    @property
-    def analysis_spec(self) -> PhaseSpec: ...
+    def name(self) -> str: ...
 
     default_task: Any
 
     @property
     def analysis_metadata(self) -> dict[str, Any]: ...
+
+    def identity(self) -> ModelIdentity: ...
 
     @property
     def returns_query_logits(self) -> bool: ...
@@ -89,6 +96,11 @@ class PhaseModel(Protocol):
     def run_with_hooks(self, tokens: Tensor, *, fwd_hooks: FwdHooks = ..., **kwargs: Any) -> Tensor: ...
 
     def __call__(self, tokens: Tensor, *args: Any, **kwargs: Any) -> Any: ...
+
+
+# The members above, by name (what the strict-model contract test allows an analysis to touch).
+MEMBERS = ("dims", "name", "default_task", "analysis_metadata", "identity", "returns_query_logits", "hook_dict",
+           "hooks", "run_with_hooks", "__call__")
 
 
 # ---- the hook context ---------------------------------------------------------------------------------
@@ -238,24 +250,34 @@ def choose_engine(model: Any, engine: str) -> str:
 
 
 def model_name(model: Any) -> str:
-    name = getattr(model, "name", None)
-    return str(name) if name else type(model).__name__
+    """What results and progress bars call ``model``."""
+    return str(model.name)
 
 
 def metadata_of(model: Any, **arguments: Any) -> dict[str, Any]:
     """A result's ``metadata``: the model's name and ``analysis_metadata``, and the exact ``arguments``."""
-    md = dict(getattr(model, "analysis_metadata", None) or {})
-    return {"model": model_name(model), **md, "arguments": dict(arguments)}
+    return {"model": model_name(model), **dict(model.analysis_metadata), "arguments": dict(arguments)}
 
 
 def check_model(model: Any) -> Any:
     """Refuse what is not a model (a name, a path, None) before anything reads from it."""
-    if all(hasattr(model, a) for a in ("cfg", "analysis_spec")) and callable(model):
+    if callable(model) and callable(getattr(model, "identity", None)) and hasattr(model, "dims"):
         return model
     if isinstance(model, str):
         raise UnsupportedModelError(f"model is the string {model!r}, not a model; load it first: "
                                     f"model = phaselens.load({model!r}).")
     raise UnsupportedModelError(
-        f"{type(model).__name__} is not a phaselens model (it needs cfg, analysis_spec and a forward); pass a "
+        f"{type(model).__name__} is not a phaselens model (it needs dims, identity() and a forward); pass a "
         "model from phaselens.load(...), a CompressedTransformer, or phaselens.from_hf(...)."
     )
+
+
+def module_of(model: Any) -> Any:
+    """The ``torch.nn.Module`` with a model's weights (``model.identity().module``; a bare module is its own),
+    or ``None``."""
+    import torch
+
+    if isinstance(model, torch.nn.Module) and not callable(getattr(model, "identity", None)):
+        return model
+    ident = getattr(model, "identity", None)
+    return ident().module if callable(ident) else None

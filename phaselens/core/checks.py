@@ -14,14 +14,25 @@ import numpy as np
 from phaselens.core.errors import InputError
 
 
-def as_int(name: str, value: Any, *, minimum: int | None = None, fix: str = "") -> int:
-    """``value`` as a Python int (numpy integers accepted); bool, float and str are refused."""
+def as_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None, fix: str = "") -> int:
+    """``value`` as a Python int (numpy integers accepted) in ``minimum..maximum``; bool, float and str are
+    refused."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise InputError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).{fix and ' ' + fix}")
     value = int(value)
     if minimum is not None and value < minimum:
         raise InputError(f"{name} must be >= {minimum}, got {value}.{fix and ' ' + fix}")
+    if maximum is not None and value > maximum:
+        raise InputError(f"{name} must be <= {maximum:,}, got {value:,}.{fix and ' ' + fix}")
     return value
+
+
+#: Seeds fit in a signed 64-bit integer (torch's generators take at most 64 bits, and analyses add a cell's
+#: index to the seed).
+MAX_SEED = 2**63 - 1
+#: Resampling counts: beyond a million, a p-value's Monte Carlo error (at most 0.5 / sqrt(n) = 5e-4) is far
+#: below anything a decision rests on, while the resamples' arrays grow without bound.
+MAX_RESAMPLES = 10**6
 
 
 def as_float(name: str, value: Any, *, positive: bool = False, fix: str = "") -> float:

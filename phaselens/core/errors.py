@@ -32,6 +32,11 @@ class InputError(PhaseLensError, ValueError):
     """Token ids or tensors with the wrong shape, dtype or range for the model."""
 
 
+class DeviceMapError(InputError):
+    """A ``device_map`` / ``max_memory`` that cannot place the model: an unknown module name, a GPU this machine
+    lacks, a module left without a device, or a model that does not fit (the message names the fix)."""
+
+
 class HookNameError(InputError, KeyError):
     """A hook name that the model does not have (e.g. ``hook_pattern`` on a compressed layer).
 
@@ -95,6 +100,11 @@ class OutputError(PhaseLensError):
     holding files phaselens did not write (pass ``overwrite=True`` to replace only phaselens's own files)."""
 
 
+class ResourceError(PhaseLensError):
+    """A run that would not fit in the memory available, priced before anything is allocated (or an
+    allocation that failed); says the largest ``n_per_residue`` or ``batch_size`` that fits."""
+
+
 class NonFiniteError(PhaseLensError):
     """A forward pass whose logits hold NaN or inf (usually a NaN/inf weight); names the first layer whose
     output is non-finite."""
@@ -119,6 +129,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "ContextLengthError",
+    "DeviceMapError",
     "DistributedError",
     "HeadSpecError",
     "HookNameError",
@@ -132,6 +143,7 @@ __all__ = [
     "PhaseLensError",
     "RankError",
     "ResidueError",
+    "ResourceError",
     "StatsInputError",
     "TaskError",
     "UnsupportedModelError",

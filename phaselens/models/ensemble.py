@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from phaselens.contract.dims import ModelDims, ModelIdentity
 from phaselens.contract.protocol import PhaseModel, call_state, check_model
 from phaselens.core.checks import as_int
 from phaselens.core.errors import ContextLengthError, InputError
@@ -70,6 +71,16 @@ class PhaseEnsemble:
     @property
     def cost(self) -> int:
         return len(self.shifts)
+
+    @property
+    def dims(self) -> ModelDims:
+        """The wrapped model's sizes, ``copies`` forwards per input."""
+        return self.model.dims.with_copies(self.cost)
+
+    def identity(self) -> ModelIdentity:
+        """The wrapped model's config and weights (the shifts and rule are in ``analysis_metadata``)."""
+        inner = self.model.identity()
+        return ModelIdentity(type(self).__qualname__, inner.config, inner.module)
 
     @property
     def analysis_metadata(self) -> dict[str, Any]:
@@ -145,17 +156,19 @@ class PhaseEnsemble:
         return f"PhaseEnsemble({self.name}, cost {self.cost}x forward)"
 
 
-def phase_ensemble(model: PhaseModel, shifts: Any = "all", combine: str = "max_conf", pad_id: int | None = None,
-                   **kwargs: Any) -> PhaseEnsemble:
+def phase_ensemble(model: PhaseModel, shifts: Any = "all", combine: str = "max_conf", pad_id: int | None = None, *,
+                   tokenizer: Any = None, pad_unit: str | None = None, insert_at: int = 1) -> PhaseEnsemble:
     """Wrap ``model`` so that every input runs as shifted copies combined by ``combine``.
 
     Args:
         shifts: ``"all"`` (0..S-1, S x cost), ``"opposite"`` ({0, S/2}, 2 x cost) or explicit shifts in 0..S-1.
         combine: ``"max_conf"`` (the most confident copy), ``"vote"``, ``"mean_logprob"`` or ``"mean_prob"``.
         pad_id: the single-token pad; default: ``pad_unit`` checked with ``tokenizer``, or the task's filler.
+        tokenizer, pad_unit: a text model's tokenizer and the pad's text (checked to be one token).
+        insert_at: the slot the pads go before (1: right after BOS).
 
     Example:
         >>> fixed = phaselens.phase_ensemble(phaselens.load("zoo:w4s4"))  # doctest: +SKIP
         >>> phaselens.evaluate(fixed).gap  # doctest: +SKIP
     """
-    return PhaseEnsemble(model, shifts, combine, pad_id, **kwargs)
+    return PhaseEnsemble(model, shifts, combine, pad_id, tokenizer=tokenizer, pad_unit=pad_unit, insert_at=insert_at)

@@ -17,6 +17,7 @@ from typing import Any
 from phaselens.contract.protocol import hook_context, hook_pairs
 
 _START: contextvars.ContextVar[int] = contextvars.ContextVar("phaselens_query_start", default=0)
+_SILENT: contextvars.ContextVar[bool] = contextvars.ContextVar("phaselens_hooks_silent", default=False)
 _FIRST_ENTRY_SITES = ("hook_gate", "hook_payload", "hook_entry")
 
 
@@ -28,6 +29,17 @@ def query_start(slot: int) -> Iterator[None]:
         yield
     finally:
         _START.reset(token)
+
+
+@contextlib.contextmanager
+def silent_hooks() -> Iterator[None]:
+    """Inside the block, hooks added through ``hooks`` / ``run_with_hooks`` / ``run_with_cache`` do not run (a
+    chunked prefill's prefix pieces: only the query piece is hooked, as in the DeepSeek-V4 adapter)."""
+    token = _SILENT.set(True)
+    try:
+        yield
+    finally:
+        _SILENT.reset(token)
 
 
 def _layer_of(name: str) -> int | None:
@@ -53,6 +65,8 @@ class ContextHooks:
 
     def _with_context(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(tensor: Any, hook: Any) -> Any:
+            if _SILENT.get():
+                return None
             return fn(tensor, hook=self._context(hook))
 
         call.__wrapped__ = fn  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from phaselens.core.errors import CheckpointError
+from phaselens.runtime.oserrors import reading
 
 
 def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> Any:
@@ -28,6 +29,11 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
 
     resolve_device(device)  # a GPU this machine lacks is an InputError here, not an AssertionError in torch
     text = str(source)
+    with reading(text.split(":", 1)[-1] if text.startswith(("zoo:", "hf:")) else text):  # name too long, ...
+        return _load(text, device, kwargs)
+
+
+def _load(text: str, device: str, kwargs: dict[str, Any]) -> Any:
     if not text.startswith(("zoo:", "hf:")) and not Path(text).exists():
         from phaselens.models.zoo import list_models
 
@@ -46,6 +52,7 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
 
         return load_zoo_model(text[4:], device=device)
     if text.startswith("hf:"):
+        _check_hf_path(text[3:])
         from phaselens.models.deepseek_v41 import is_v41_checkpoint, load_v41
 
         if is_v41_checkpoint(text[3:]):  # transformers has no deepseek_v41: phaselens' own implementation
@@ -55,7 +62,56 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
         return load_hf(text[3:], device=device, **kwargs)
     path = Path(text)
     if not path.exists():
-        raise CheckpointError(f"no checkpoint at {path}; pass a directory written by model.save(path), or 'zoo:NAME'.")
+        hint = ""
+        if not path.is_absolute() and len(path.parts) == 2 and not text.startswith("."):  # "org/name": a hub id
+            hint = (f" It looks like a Hugging Face repository id: phaselens never downloads; download it first "
+                    f"(e.g. `huggingface-cli download {text} --local-dir DIR`), then phaselens.load('hf:DIR').")
+        raise CheckpointError(f"no checkpoint at {path}; pass a directory written by model.save(path), 'zoo:NAME', "
+                              f"or 'hf:DIR' for a local transformers checkpoint.{hint}")
+    kind = _model_type(path)
+    if kind is not None:
+        raise CheckpointError(f"{path} holds a transformers checkpoint (model_type {kind!r}), not one phaselens "
+                              f"saved; load it with phaselens.load('hf:{path}').")
     from phaselens.models.compressed.loader import load_model
 
     return load_model(path, device=device)
+
+
+def meta_model(path: str | os.PathLike) -> Any:
+    """The model of the local checkpoint directory ``path`` (``hf:`` prefix optional) on the meta device, as
+    ``load("hf:PATH")`` would build it (no weights read, no memory): what
+    :func:`phaselens.runtime.replicas.replica_device_map` needs before loading. DeepSeek-V4.1 comes in its
+    packed layout; anything else is transformers' model."""
+    text = str(path)
+    root = text[3:] if text.startswith("hf:") else text
+    from phaselens.models.deepseek_v41 import is_v41_checkpoint
+
+    if is_v41_checkpoint(root):
+        from phaselens.models.deepseek_v41.checkpoint import meta_v41
+
+        return meta_v41(root)
+    from phaselens.runtime.replicas import meta_model as transformers_meta
+
+    return transformers_meta(root)
+
+
+def _model_type(path: Path) -> str | None:
+    """The ``model_type`` of a transformers checkpoint directory (``None``: not one, e.g. a phaselens save)."""
+    import json
+
+    try:
+        raw = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    kind = raw.get("model_type") if isinstance(raw, dict) and "format" not in raw else None
+    return str(kind) if kind else None
+
+
+def _check_hf_path(rest: str) -> None:
+    """An ``hf:`` source naming a zoo model (``hf:w4s4``, ``hf:zoo:w4s4``) gets the ``zoo:`` form suggested."""
+    from phaselens.models.zoo import list_models
+
+    name = rest[4:] if rest.startswith("zoo:") else rest
+    if not Path(rest).exists() and name in list_models():
+        raise CheckpointError(f"'hf:{rest}' names a local transformers checkpoint directory, but {name!r} is a zoo "
+                              f"model: use phaselens.load('zoo:{name}').")

@@ -111,7 +111,8 @@ def gate_concentration(rec: Any, *, title: str | None = None) -> go.Figure:
 def r2_note(r2: float) -> str:
     """What an R^2 value says about gate cycling, in words (a negative R^2 is common and needs saying)."""
     if not np.isfinite(r2):
-        return "R^2 undefined: the observed accuracies do not vary"
+        return ("R^2 undefined: the observed accuracies do not vary over the phases, so the test cannot tell "
+                "whether the weak phases move with the gates")
     if r2 < 0:
         return (f"R^2 = {r2:.2f} < 0: the cycled prediction fits worse than a flat line at the mean accuracy, "
                 "so the weak phases did not move with the gates")
@@ -125,7 +126,9 @@ def gate_cycling_scatter(res: Any, *, title: str | None = None) -> go.Figure:
     the observed mean, which the title then says in words.
     """
     f = res.frame
-    head = f"Gate cycling: R^2 = {res.r2:.2f} without the boundary phase ({res.r2_all:.2f} with it)"
+    head = (f"Gate cycling: R^2 = {res.r2:.2f} without the boundary phase ({res.r2_all:.2f} with it)"
+            if np.isfinite(res.r2) else
+            "Gate cycling: R^2 undefined (the observed accuracy does not vary over the phases: no finding)")
     if res.r2 < 0:
         head += "<br><sup>R^2 < 0: predicting A_0((p - delta) mod S) fits worse than a flat line at the mean</sup>"
     fig = figure(title or head, xaxis_title="predicted: A_0((p - delta) mod S)", yaxis_title="observed: A_delta(p)")

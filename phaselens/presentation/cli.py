@@ -54,6 +54,8 @@ MODEL_HELP = "Zoo name (see `phaselens zoo list`), checkpoint directory, or hf:P
 PROGRESS_HELP = "Show progress bars (named by model and stage) on stderr."
 FORCE_HELP = ("Write into a directory that holds other files too, replacing only phaselens's own files there "
               "(without it such a directory is refused).")
+FORCE_FILE_HELP = ("Replace the --out file even if phaselens cannot show it wrote it (without it, only a file "
+                   "phaselens wrote there and nobody changed is replaced).")
 
 
 def one_line(err: BaseException) -> str:
@@ -61,17 +63,48 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
+def as_phaselens_error(err: BaseException) -> PhaseLensError:
+    """Any error a command meets, as a :class:`PhaseLensError` that says what happened in words: the OS's
+    refusals (a full disk, a permission, a name too long), memory, numbers too large; anything else is an
+    internal error to report."""
+    import errno
+
+    from phaselens.core.errors import OutputError, ResourceError
+    from phaselens.runtime.oserrors import why_os_error
+
+    if isinstance(err, PhaseLensError):
+        return err
+    if isinstance(err, MemoryError):
+        said = f" ({err})" if str(err) else ""
+        return ResourceError(f"ran out of memory{said}; use a smaller --n-per-residue (or --batch-size), or free "
+                             "memory first.")
+    if isinstance(err, OSError):
+        writing = (errno.ENOSPC, getattr(errno, "EDQUOT", -1), errno.EROFS, errno.EACCES, errno.EPERM,
+                   errno.ENAMETOOLONG)
+        return (OutputError if err.errno in writing else InputError)(why_os_error(err))
+    if isinstance(err, OverflowError):
+        return InputError(f"a number is too large for this computation ({err}); use a smaller value.")
+    return PhaseLensError(f"internal error ({type(err).__name__}: {err}); rerun with --debug to see the traceback, "
+                          "and please report it.")
+
+
 def friendly_errors(fn: F) -> F:
-    """Turn a PhaseLensError into one readable line and exit code 3 (unless --debug)."""
+    """Turn any error into one readable line (``error: ...``) and exit code 3, never a traceback (unless
+    --debug); usage errors (exit 2), exits and Ctrl-C pass through."""
+    from typer.exceptions import TyperException  # usage errors (typer vendors click)
+
+    passed = (typer.Exit, typer.Abort, TyperException, SystemExit, KeyboardInterrupt)
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except PhaseLensError as err:
+        except passed:
+            raise
+        except Exception as err:
             if _state["debug"]:
                 raise
-            _report(err)
+            _report(as_phaselens_error(err))
             raise typer.Exit(3) from None
 
     return wrapper  # type: ignore[return-value]
@@ -83,6 +116,21 @@ def _world_env() -> tuple[int, int]:
         return int(os.environ.get("RANK", "0") or 0), int(os.environ.get("WORLD_SIZE", "1") or 1)
     except ValueError:
         return 0, 1
+
+
+def _check_world() -> None:
+    """torchrun's RANK, LOCAL_RANK and WORLD_SIZE, when set, must be counts that agree (a typo would
+    otherwise run every process as rank 0 of 1, each writing the same outputs). Every process prints it: the
+    ranks themselves are in doubt."""
+    from phaselens.runtime.world import check_world_env
+
+    try:
+        check_world_env(os.environ)
+    except PhaseLensError as err:
+        if _state["debug"]:
+            raise
+        typer.echo(f"error: {one_line(err)}", err=True)
+        raise typer.Exit(3) from None
 
 
 def main_rank() -> bool:
@@ -113,37 +161,58 @@ def _report(err: PhaseLensError) -> None:
         typer.echo(f"error: {one_line(err)}", err=True)
 
 
-def check_out(path: str | None, *, kind: str, what: str = "the output is a folder") -> Path | None:
-    """Refuse an output path before any computation: its parent must exist and be writable.
+CLI_OUTPUT = "command-line output"  # the writer's name in a folder's manifest
+
+
+def check_out(path: str | None, *, kind: str, what: str = "the output is a folder", force: bool = False) -> Path | None:
+    """Refuse an output path before any computation: its parent must exist and be writable, and an existing
+    file there must be one phaselens wrote (by the folder's manifest) unless ``force``.
 
     ``kind`` is ``"file"`` (a CSV; must not be a directory) or ``"dir"`` (must not be a file; ``what`` says
     why in the message).
     """
+    from phaselens.core.errors import OutputError
+    from phaselens.runtime.files import owns_file
+    from phaselens.runtime.oserrors import why_not_written
+
     if path is None:
         return None
     p = Path(path).expanduser()
     parent = p.parent if str(p.parent) else Path(".")
-    if parent.exists() and not parent.is_dir():
-        raise InputError(f"--out {path}: {parent} is a file, not a folder; choose another path.")
-    if not parent.is_dir():
-        raise InputError(f"--out {path}: the folder {parent} does not exist; create it first or choose another path.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--out {path}: the folder {parent} is not writable; choose a path you can write to.")
-    if kind == "file" and p.is_dir():
-        raise InputError(f"--out {path} is a directory; give a file name such as {p / 'out.csv'}.")
-    if kind == "dir" and p.exists() and not p.is_dir():
-        raise InputError(f"--out {path} is an existing file; give a directory name ({what}).")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise InputError(f"--out {path} exists and is not writable; choose another path.")
+    try:
+        if parent.exists() and not parent.is_dir():
+            raise OutputError(f"--out {path}: {parent} is a file, not a folder; choose another path.")
+        if not parent.is_dir():
+            raise OutputError(f"--out {path}: the folder {parent} does not exist; create it first or choose another "
+                              "path.")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            raise OutputError(f"--out {path}: the folder {parent} is not writable (permission denied); choose a path "
+                              "you can write to.")
+        if kind == "file" and p.is_dir():
+            raise OutputError(f"--out {path} is a directory; give a file name such as {p / 'out.csv'}.")
+        if kind == "dir" and p.exists() and not p.is_dir():
+            raise OutputError(f"--out {path} is an existing file; give a directory name ({what}).")
+        if p.exists() and not os.access(p, os.W_OK):
+            raise OutputError(f"--out {path} exists and is not writable (permission denied); choose another path.")
+        if kind == "file" and os.path.lexists(p) and not force and not owns_file(p, CLI_OUTPUT):
+            raise OutputError(f"--out {path} already exists and phaselens cannot show it wrote it (it is not in "
+                              "that folder's phaselens manifest, or was changed since), so it is kept; choose "
+                              "another name, or pass --force to replace that file.")
+        if len(p.name.encode()) > 255:
+            raise OSError(36, "File name too long", str(p))
+    except OSError as err:
+        raise OutputError(f"--out {path}: {why_not_written(err, p)}") from None
     return p
 
 
-def write_csv(frame: Any, path: Path) -> None:
-    """Write ``frame`` as CSV to ``path`` atomically (a kill leaves the old file or the new one, never half)."""
+def write_csv(frame: Any, path: Path, *, force: bool = False) -> None:
+    """Write ``frame`` as CSV to ``path`` atomically (a kill leaves the old file or the new one, never half),
+    recorded in the folder's manifest; an existing file phaselens cannot prove it wrote needs ``force``."""
     from phaselens.presentation.reporting.write import integer_columns
-    from phaselens.runtime.files import atomic_write_file
+    from phaselens.runtime.files import write_owned_file
 
-    atomic_write_file(path, lambda tmp: integer_columns(frame).to_csv(tmp, index=False))
+    write_owned_file(path, lambda tmp: integer_columns(frame).to_csv(tmp, index=False), by=CLI_OUTPUT,
+                     overwrite=force, force_hint="--force")
 
 
 def _version(value: bool) -> None:
@@ -172,6 +241,7 @@ def main(
     """
     _state["debug"] = debug
     _state["gpus_per_replica"] = gpus_per_replica
+    _check_world()
     if _world_env()[1] > 1:
         if not main_rank():
             import warnings
@@ -192,7 +262,8 @@ def _load(model: str) -> Any:
     k = int(_state["gpus_per_replica"])
     device = rank_device(k)
     if model.startswith("hf:") and k > 1 and device != "cpu":  # one copy spread over this rank's GPUs
-        from phaselens.runtime.replicas import meta_model, replica_device_map
+        from phaselens.models.sources import meta_model
+        from phaselens.runtime.replicas import replica_device_map
 
         return phaselens.load(model, device_map=replica_device_map(meta_model(model[3:]), replica_gpus(k)))
     return phaselens.load(model, device=device)
@@ -201,7 +272,7 @@ def _load(model: str) -> Any:
 def _load_for_phases(model: str, stride: int | None) -> Any:
     """Load ``model``; a model without compressed layers needs ``--stride`` to fold residues into phases."""
     m = _load(model)
-    if stride is None and all(s is None for s in getattr(m, "phase_specs", [None])):
+    if stride is None and all(s is None for s in m.dims.phase_specs):
         raise InputError(f"{model} has no compressed layers, so it has no stride to fold residues by: pass "
                          "--stride S (the stride of the compressed model you compare it with, e.g. --stride 4).")
     return m
@@ -226,6 +297,7 @@ def eval_cmd(
     out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the per-item frame as CSV.")] = None,
     checkpoint: Annotated[str | None, typer.Option(metavar="FILE",
                                                    help="Resumable file of finished item blocks (rerun to resume).")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Phase-aware evaluation with the statistics battery.
@@ -234,13 +306,13 @@ def eval_cmd(
     """
     import phaselens
 
-    path = check_out(out, kind="file")
+    path = check_out(out, kind="file", force=force)
     with _label(model):
         ev = phaselens.evaluate(_load_for_phases(model, stride), n_per_residue=n_per_residue, seed=seed,
                                 progress=progress, stride=stride, checkpoint=checkpoint)
     say(ev.summary())
     if path and main_rank():
-        write_csv(ev.to_frame("item"), path)
+        write_csv(ev.to_frame("item"), path, force=force)
 
 
 @app.command("record", cls=_Command)
@@ -251,6 +323,7 @@ def record_cmd(
                                                help="Items per residue to average attention and gates over.")] = 64,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items.")] = 0,
     out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the tidy recording as CSV.")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
 ) -> None:
     """Record attention into compressed entries and the compressors' gate weights, by residue.
@@ -259,12 +332,12 @@ def record_cmd(
     """
     import phaselens
 
-    path = check_out(out, kind="file")
+    path = check_out(out, kind="file", force=force)
     with _label(model):
         rec = phaselens.record(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
     say(repr(rec))
     if path and main_rank():
-        write_csv(rec.to_frame(), path)
+        write_csv(rec.to_frame(), path, force=force)
 
 
 KINDS = ("head", "kv_head", "layer")
@@ -293,6 +366,7 @@ def map_cmd(
     checkpoint: Annotated[str | None, typer.Option(metavar="FILE.npz",
                                                    help="Resumable file of finished cells (rerun to resume).")] = None,
     out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the tidy map as CSV.")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
     plan: Annotated[bool, typer.Option("--plan", help="Print what the map would run (cells, forwards, token passes, "
                                                       "a memory estimate) and exit without running it.")] = False,
@@ -309,7 +383,7 @@ def map_cmd(
                                                      n_per_residue=n_per_residue, seed=seed, kinds=kind_tuple,
                                                      stride=stride, plan=True)))
         return
-    path = check_out(out, kind="file")
+    path = check_out(out, kind="file", force=force)
     with _label(model):
         pm = phaselens.specialization_map(_load_for_phases(model, stride), method=method, n_per_residue=n_per_residue, seed=seed,
                                           kinds=kind_tuple, stride=stride, checkpoint=checkpoint, progress=progress)
@@ -317,7 +391,37 @@ def map_cmd(
     if "head" in kind_tuple:
         say(pm.specialization_index().to_string(index=False))
     if path and main_rank():
-        write_csv(pm.to_frame(), path)
+        write_csv(pm.to_frame(), path, force=force)
+
+
+@app.command("plan", cls=_Command)
+@friendly_errors
+def plan_cmd(
+    source: Annotated[str, typer.Argument(
+        metavar="SOURCE", help="A checkpoint directory (or hf:DIR); one that holds only config.json is enough.")],
+    context: Annotated[int, typer.Option("--context", metavar="T", min=1, help="Tokens per sequence.")] = 131072,
+    gpu_memory: Annotated[str, typer.Option(
+        "--gpu-memory", metavar="GB", help="Memory of one GPU: GB (141), '80GiB', or H100 / H200 / B200.")] = "141",
+    chunk: Annotated[int | None, typer.Option(
+        "--chunk", metavar="N", min=1,
+        help="Prefill chunk (default: the largest that fits the smallest node found for a 128K map).")] = None,
+    batch: Annotated[int, typer.Option("--batch", metavar="B", min=1, help="Sequences per forward.")] = 1,
+    engram: Annotated[str, typer.Option(
+        "--engram", metavar="run|drop", help="DeepSeek-V4.1: plan with Engram's tables (run, load's default) or "
+                                             "without them (drop).")] = "run",
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (bytes).")] = False,
+) -> None:
+    """What a DeepSeek-V4 / V4.1 checkpoint needs, from config.json alone (no weights read): weights as stored
+    and as loaded, cache and activations at --context, GPUs of --gpu-memory, the smallest node for a 128K map.
+
+    Example: phaselens plan hf:/data/DeepSeek-V4.1-Flash --gpu-memory H200 --json
+    """
+    import json
+
+    from phaselens.models.capacity import plan_model
+
+    plan = plan_model(source, context=context, gpu_memory=gpu_memory, chunk=chunk, batch=batch, engram=engram)
+    say(json.dumps(plan.to_dict(), indent=2) if as_json else str(plan))
 
 
 zoo_app = typer.Typer(help="The embedded zoo of tiny compressed models.", no_args_is_help=True, cls=_Group)
@@ -400,6 +504,9 @@ def train(
 
     Example: phaselens train --recipe paper-w4s4 --size 0.6b --plan
     """
+    from phaselens.runtime.budget import check_threads
+
+    check_threads(threads, name="--threads")  # torch/OpenMP abort the whole process on a count they cannot start
     if recipe.startswith("paper-"):
         from phaselens.train.family.command import FamilyArgs
         from phaselens.train.family.command import run as run_family
@@ -444,9 +551,7 @@ def train(
 
     check_output_dir(Path(out) / recipe, checkpoint_kind(extra=("eval_batch.safetensors",)), overwrite=force)
     run_dir = Path(runs) / recipe
-    for where in (run_dir, *run_dir.parents):
-        if where.exists() and not where.is_dir():
-            raise InputError(f"--runs {runs}: {where} is a file; point --runs at a directory.")
+    _check_runs(runs, run_dir)
     total = steps or chosen.settings.steps
     again = " ".join(["phaselens", "train", "--recipe", recipe, "--out", out, "--runs", runs, "--threads", str(threads),
                       *(["--steps", str(steps)] if steps else []), *(["--force"] if force else [])])
@@ -471,6 +576,26 @@ def train(
     b = card["battery"]
     typer.echo(f"{recipe}: mean {100 * b['mean']:.1f}%, worst {100 * b['worst']:.1f}%, gap {100 * b['gap']:.1f} pp, "
                f"period {b['period']}; written to {Path(out) / recipe}")
+
+
+def _check_runs(runs: str, run_dir: Path) -> None:
+    """``--runs``: a folder that exists or can be made, and written to (before any training)."""
+    from phaselens.core.errors import OutputError
+    from phaselens.runtime.files import nearest_existing, writable
+    from phaselens.runtime.oserrors import why_not_written
+
+    try:
+        for where in (run_dir, *run_dir.parents):
+            if where.exists() and not where.is_dir():
+                raise InputError(f"--runs {runs}: {where} is a file; point --runs at a directory.")
+        if any(len(part.encode()) > 255 for part in run_dir.parts):
+            raise OSError(36, "File name too long", str(run_dir))
+        where = nearest_existing(run_dir)
+        if not writable(where):
+            raise OutputError(f"--runs {runs}: {where} is not writable (permission denied), so checkpoints cannot "
+                              "be written there; point --runs at a folder you can write to.")
+    except OSError as err:
+        raise OutputError(f"--runs {runs}: {why_not_written(err, run_dir)}") from None
 
 
 def _p(p: float | None) -> str:

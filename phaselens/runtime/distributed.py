@@ -114,7 +114,7 @@ def shard_map(
             raise RuntimeError(f"compute returned {len(out)} results for {len(idx)} units")
         for i, r in zip(idx, out):
             if store is not None:
-                store.add(labels[i], *r)
+                store.add(labels[i], *((r,) if isinstance(r, dict) else r))
             else:
                 results[i] = r
 
@@ -231,7 +231,7 @@ def gather(obj: Any, *, stage: str = "") -> list[Any]:
     return out
 
 
-def open_checkpoint(path: Any, fingerprint: str, fields: tuple[str, ...]) -> Any:
+def open_checkpoint(path: Any, fingerprint: str, fields: tuple[str, ...] | None) -> Any:
     """A :class:`~phaselens.runtime.checkpoints.CellCheckpoint` shared by the ranks.
 
     Only rank 0 reads and writes ``path``; the others hold its finished units in memory (they need no

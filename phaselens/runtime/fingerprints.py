@@ -21,18 +21,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from phaselens.contract.protocol import OBSERVED_METADATA
+
 FULL_LIMIT = 2**30  # bytes of parameters hashed in full
 SAMPLE = 4096  # elements per tensor above the limit
-
-
-def torch_module(model: Any) -> torch.nn.Module | None:
-    """The ``nn.Module`` holding a model's weights: the model itself, or what a wrapper (adapter, phase
-    ensemble) keeps in ``.model``; ``None`` when there is none."""
-    seen = 0
-    while not isinstance(model, torch.nn.Module) and seen < 4:
-        model = getattr(model, "model", None)
-        seen += 1
-    return model if isinstance(model, torch.nn.Module) else None
 
 
 def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
@@ -106,31 +98,17 @@ def fingerprint(**parts: Any) -> str:
     return h.hexdigest()
 
 
-def _config_dict(module: torch.nn.Module | None, model: Any) -> Any:
-    cfg = getattr(model, "config", None)
-    if cfg is None and module is not None:
-        cfg = getattr(module, "config", None)
-    if cfg is None:
-        return None
-    if dataclasses.is_dataclass(cfg) and hasattr(cfg, "to_dict"):
-        return cfg.to_dict()
-    if hasattr(cfg, "to_dict"):  # a transformers config: drop bookkeeping that does not change numbers
-        return {k: v for k, v in cfg.to_dict().items() if not str(k).startswith("_") and k != "transformers_version"}
-    return repr(cfg)
-
-
 def model_fingerprint(model: Any, *, full_limit: int = FULL_LIMIT, sample: int = SAMPLE) -> str:
     """A fingerprint of a model: every parameter and buffer, the config, the default task and the
     adapter's ``analysis_metadata`` (e.g. a phase ensemble's shifts). See the module docstring for sizes."""
-    module = torch_module(model)
+    ident = model.identity()
+    module = ident.module
     h = hashlib.sha256()
-    feed(h, type(model).__qualname__)
-    feed(h, _config_dict(module, model))
-    task = getattr(model, "default_task", None)
+    feed(h, ident.kind)
+    feed(h, ident.config)
+    task = model.default_task
     feed(h, task.to_dict() if hasattr(task, "to_dict") else None)
-    from phaselens.contract.protocol import OBSERVED_METADATA
-
-    md = getattr(model, "analysis_metadata", None) or {}
+    md = model.analysis_metadata
     feed(h, {k: v for k, v in md.items() if k not in OBSERVED_METADATA})  # what the model is, not what it saw
     if module is not None:
         tensors = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from phaselens.contract.protocol import module_of
 from phaselens.core.errors import NonFiniteError
-from phaselens.runtime.fingerprints import torch_module
 
 
 def _first_tensor(out: Any) -> Tensor | None:
@@ -38,7 +38,7 @@ def _first_tensor(out: Any) -> Tensor | None:
 def first_nonfinite(model: Any, run: Callable[[], Any]) -> str | None:
     """Run ``run()`` and return the name of the first submodule (in completion order) whose output holds
     NaN or inf, or ``None`` (no module, or every output finite)."""
-    module = torch_module(model)
+    module = module_of(model)
     if module is None:
         return None
     names = {id(m): n for n, m in module.named_modules()}
@@ -95,11 +95,8 @@ def raise_nonfinite(model: Any, run_clean: Callable[[], Any], run_hooked: Callab
     context = _hooks_active(model)  # hooks a context manager (knockout, patch) left on the model
     where = first_nonfinite(model, run_clean)
     if not context and (where is not None or run_hooked is None):
-        raise NonFiniteError(
-            f"the model's logits hold NaN or inf on a clean forward pass: {_where(where)}. A weight (or the "
-            "embedding of an input token) is NaN/inf: check the checkpoint (e.g. `torch.isfinite(p).all()` for "
-            "each parameter) or the code that edited it; analyses of such a model would return NaN effects."
-        )
+        raise NonFiniteError(f"the model's logits hold NaN or inf on a clean forward pass: {_where(where)}. "
+                             + _cause(model))
     if run_hooked is not None:
         where = first_nonfinite(model, run_hooked)
     raise NonFiniteError(
@@ -109,6 +106,25 @@ def raise_nonfinite(model: Any, run_clean: Callable[[], Any], run_hooked: Callab
     )
 
 
+def _cause(model: Any) -> str:
+    """Why a clean pass is not finite: the non-finite weights by name, or, with every weight finite, an
+    overflow of a narrow dtype (float16 tops out at 65504), or else the values the weights produce."""
+    module = module_of(model)
+    if module is None:
+        return "Check the weights (e.g. `torch.isfinite(p).all()` for each parameter)."
+    bad = [n for n, t in [*module.named_parameters(), *module.named_buffers()]
+           if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+    if bad:
+        return (f"These weights hold NaN/inf: {bad[:4]}{' and more' if len(bad) > 4 else ''}; check the "
+                "checkpoint or the code that edited them. Analyses of such a model would return NaN effects.")
+    dtypes = {t.dtype for t in module.parameters() if t.is_floating_point()}
+    if torch.float16 in dtypes:
+        return ("Every weight is finite, so an activation overflowed: float16 holds values up to 65504 only. Run "
+                "the model in float32 (model.float()) or bfloat16 (model.to(torch.bfloat16)).")
+    return ("Every weight is finite, so the activations themselves overflowed or became NaN (very large weights "
+            "or inputs); check the weights' scale, or run in float32 (model.float()).")
+
+
 def _hooks_active(model: Any) -> bool:
-    module = torch_module(model)
+    module = module_of(model)
     return module is not None and any(m._forward_hooks or m._forward_pre_hooks for m in module.modules())

@@ -57,7 +57,7 @@ def default_pad_id(model: Any, tokenizer: Any = None, pad_unit: str | None = Non
             raise PaddingError(f"pad unit {pad_unit!r} is {len(ids or [])} tokens, not one; pick a unit that "
                                "encodes to exactly one token (e.g. ' .').")
         return int(ids[0])
-    task = getattr(model, "default_task", None)
+    task = model.default_task
     filler = getattr(task, "filler_ids", None)
     if filler is not None and len(filler):
         return int(filler[0])

@@ -1,6 +1,6 @@
 """Model replicas on groups of GPUs: which GPUs a torchrun rank owns, and a ``device_map`` over them.
 
-A model too large for one GPU (DeepSeek-V4-Flash in bf16) runs as one *replica* per rank, each spread over
+A model too large for one GPU (DeepSeek-V4-Flash, DeepSeek-V4.1-Flash) runs as one *replica* per rank, each spread over
 ``gpus_per_replica`` GPUs of its node. Local rank ``r`` owns GPUs ``r*k .. r*k+k-1`` (``k`` =
 ``gpus_per_replica``), so ``torchrun --nproc-per-node G/k`` uses all ``G`` GPUs of a node once::
 
@@ -103,19 +103,21 @@ def replica_device_map(model: Any, gpus: Sequence[int]) -> dict[str, int]:
     gpus = [int(g) for g in gpus]
     if not gpus or len(set(gpus)) != len(gpus):
         raise InputError(f"gpus must be distinct GPU indices, at least one; got {list(gpus)!r}.")
-    from phaselens.runtime.fingerprints import torch_module
+    from phaselens.contract.protocol import module_of
 
-    module = torch_module(model)
+    module = module_of(model)
     if module is None:
         raise InputError(f"{type(model).__name__} holds no torch module to spread over GPUs.")
     units = _units(module)
-    total = sum(b for _, b in units) or 1
-    k = len(gpus)
-    out: dict[str, int] = {}
-    before = 0
-    for name, size in units:
-        part = min(k - 1, int(k * (before + size / 2) / total))
-        out[name] = gpus[part]
+    return {name: gpus[part] for (name, _), part in zip(units, split_units([b for _, b in units], len(gpus)))}
+
+
+def split_units(sizes: Sequence[int], k: int) -> list[int]:
+    """The run (``0..k-1``) of each piece of ``sizes`` bytes, in order: ``floor(k * midpoint / total)``."""
+    total = sum(sizes) or 1
+    out, before = [], 0
+    for size in sizes:
+        out.append(min(k - 1, int(k * (before + size / 2) / total)))
         before += size
     return out
 
@@ -131,7 +133,8 @@ def rank_device(gpus_per_replica: int = 1) -> str:
 
 def meta_model(path: str | os.PathLike) -> Any:
     """The transformers model of the local checkpoint directory ``path`` on the meta device (no weights
-    read, no memory): what :func:`replica_device_map` needs before loading."""
+    read, no memory): what :func:`replica_device_map` needs before loading. For any source (DeepSeek-V4.1
+    included) use :func:`phaselens.models.sources.meta_model`."""
     import warnings
     from pathlib import Path
 
@@ -141,6 +144,7 @@ def meta_model(path: str | os.PathLike) -> Any:
     root = Path(path).expanduser()
     if not (root / "config.json").is_file():
         raise InputError(f"no config.json in {root}; pass a local transformers checkpoint directory.")
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = AutoConfig.from_pretrained(str(root), local_files_only=True)

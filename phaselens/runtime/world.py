@@ -6,7 +6,7 @@ alone. Progress bars and output writers ask :func:`is_main_process`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -43,6 +43,33 @@ def world() -> World:
 def is_main_process() -> bool:
     """True outside a process group and on rank 0: the process that writes outputs and shows progress."""
     return process_world().main
+
+
+def check_world_env(env: Mapping[str, str]) -> None:
+    """Refuse a torchrun environment that does not describe a process group: ``WORLD_SIZE`` >= 1, ``RANK``
+    in ``0..WORLD_SIZE-1``, ``LOCAL_RANK`` >= 0 (each a whole number when set)."""
+    from phaselens.core.errors import InputError
+
+    values = {}
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        raw = env.get(name)
+        if raw in (None, ""):
+            continue
+        try:
+            values[name] = int(raw)
+        except ValueError:
+            raise InputError(f"the environment variable {name}={raw!r} is not a whole number; torchrun sets it "
+                             "(unset it to run one process).") from None
+    size = values.get("WORLD_SIZE", 1)
+    if size < 1:
+        raise InputError(f"WORLD_SIZE={size}: a process group has at least one process; unset it or launch with "
+                         "torchrun --nproc-per-node N.")
+    rank = values.get("RANK", 0)
+    if not 0 <= rank < size:
+        raise InputError(f"RANK={rank} is outside 0..{size - 1} (WORLD_SIZE={size}); launch with torchrun, which "
+                         "sets both.")
+    if values.get("LOCAL_RANK", 0) < 0:
+        raise InputError(f"LOCAL_RANK={values['LOCAL_RANK']} is negative; launch with torchrun.")
 
 
 @contextmanager

@@ -22,6 +22,10 @@ from phaselens.stats.by_residue import (
     residue_mean,
 )
 
+# the columns of an effects frame (one row per group), in order
+EFFECT_COLUMNS = ("n", "clean_acc", "ko_acc", "rel_change", "ci_low", "ci_high", "pvalue", "delta_logit_diff",
+                  "undefined")
+
 
 @dataclass(frozen=True)
 class Effects:

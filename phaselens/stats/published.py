@@ -141,7 +141,7 @@ def gate_cycling_summary(clean: ArrayLike, observed: Mapping[int, ArrayLike]) ->
     * ``r2_excl_last``, ``r2_interior``, ``r2_all``: squared Pearson correlation between the observed change
       ``observed − clean`` and the predicted change ``predicted − clean``, over the phases other than S − 1,
       the phases other than both boundary phases, and all phases. This is the definition that reproduces the
-      paper's published R² (tests/test_stats_published.py); it is not 1 − SS_res/SS_tot of the levels.
+      paper's published R² (tests/stats/test_published.py); it is not 1 − SS_res/SS_tot of the levels.
     * ``mae_all``, ``mae_interior``: mean |observed − predicted| over all and over the interior phases.
     * ``acc_change``: mean(observed) − mean(clean); ``accuracy``: mean(observed).
     * ``plain_r2_excl_last``: 1 − SS_res/SS_tot of the levels without phase S − 1, for comparison.

@@ -14,6 +14,10 @@ fixed) and ``p_perm`` is the permutation p-value of ``I``.
 
 Rankings weigh magnitude: ``score = SI x (damage at the worst phase)``, so a head whose damage is negligible
 never heads a list however concentrated its noise looks.
+
+A knockout that damages no phase at all has no specialization: its SI, interval and raw index are NaN (not
+0, and not the negative value ``(0 - E[I_null]) / (1 - E[I_null])`` would give, which reads as
+"anti-specialized"), ``worst_phase`` is -1 and its score 0.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ def relative_damage(clean_acc: np.ndarray, ko_acc: np.ndarray, eps: float = EPS_
 class Specialization:
     """Arrays ``[cells]``: ``specialization`` (SI) with ``ci_low`` / ``ci_high``, the ``raw`` index, the
     ``null_mean`` it is corrected by, ``p_perm``, ``worst_phase``, ``worst_damage`` (relative, 0..1),
-    ``mean_damage`` (over phases) and the ranking ``score``."""
+    ``mean_damage`` (over phases) and the ranking ``score``. A cell with no damage at any phase has NaN
+    ``specialization``, interval and ``raw`` (undefined), ``worst_phase`` -1 and ``score`` 0."""
 
     specialization: np.ndarray
     ci_low: np.ndarray
@@ -115,5 +120,8 @@ def specialization(
             warnings.simplefilter("ignore", RuntimeWarning)
             lo, hi = np.nanquantile(si_b, [(1 - level) / 2, (1 + level) / 2], axis=1)
     worst = dmg.max(1)
+    none = worst <= 0  # no phase damaged: how concentrated nothing is has no answer (not 0, not negative)
+    si, raw = np.where(none, np.nan, si), np.where(none, np.nan, raw)
+    lo, hi = np.where(none, np.nan, lo), np.where(none, np.nan, hi)
     return Specialization(si, lo, hi, raw, null_mean, p_perm, np.where(worst > 0, dmg.argmax(1), -1), worst,
-                          dmg.mean(1), np.clip(si, 0, None) * worst)
+                          dmg.mean(1), np.where(none, 0.0, np.clip(si, 0, None) * worst))

@@ -14,7 +14,7 @@ phases they fall in (r mod S):
 
 Undefined without the whole cycle: the harmonic fraction (a DFT over all M residues) and period detection
 (it compares every divisor of M). Those results are ``None`` and ``skipped`` names the reason.
-tests/test_stats_subset.py checks the size of the tests and the coverage of the interval by seeded simulation.
+tests/stats/test_subset.py checks the size of the tests and the coverage of the interval by seeded simulation.
 """
 
 from __future__ import annotations

@@ -58,8 +58,8 @@ def check_residues(residues: Sequence[int] | None, modulus: int) -> np.ndarray:
 
 def check_seed(seed: Any) -> int:
     """A build's seed as a Python int >= 0 (numpy integers accepted)."""
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-        raise TaskError(f"seed must be an integer >= 0, got {seed!r}.")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < 2**63:
+        raise TaskError(f"seed must be an integer >= 0 and below 2**63, got {seed!r}.")
     return int(seed)
 
 

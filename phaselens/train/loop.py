@@ -28,8 +28,9 @@ from safetensors.torch import save_file
 from phaselens.core.errors import CheckpointError, ConfigError, InputError, OutputError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.transformer import CompressedTransformer
+from phaselens.runtime.budget import check_threads
 from phaselens.runtime.checkpoints import load_safetensors, read_json, safetensors_metadata
-from phaselens.runtime.files import atomic_write_file, atomic_write_text
+from phaselens.runtime.files import write_owned_file
 from phaselens.runtime.fingerprints import fingerprint, model_fingerprint
 
 STATE_WEIGHTS = "train_state.safetensors"
@@ -67,7 +68,10 @@ class TrainSettings:
             if not isinstance(self.threads, numbers.Integral) or isinstance(self.threads, bool) or self.threads < 1:
                 raise ConfigError(f"TrainSettings.threads must be a positive int (CPU threads) or None (torch's "
                                   f"default), got {self.threads!r}.")
-            object.__setattr__(self, "threads", int(self.threads))
+            try:  # torch/OpenMP abort the process on a count they cannot start
+                object.__setattr__(self, "threads", check_threads(self.threads, name="TrainSettings.threads"))
+            except InputError as err:
+                raise ConfigError(str(err)) from None
         for name, positive in (("lr", True), ("grad_clip", True), ("weight_decay", False)):
             value = getattr(self, name)
             ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
@@ -111,9 +115,30 @@ def _atomic_save(run_dir: Path, tensors: dict[str, torch.Tensor], meta: dict[str
     """One atomic replace: the run's metadata travels inside the safetensors header, so weights and meta can
     never disagree; ``train_state.json`` is a readable copy written afterwards (a kill between the two leaves
     the copy one checkpoint behind, which resuming ignores)."""
-    atomic_write_file(run_dir / STATE_WEIGHTS, lambda tmp: save_file(
-        tensors, str(tmp), metadata={"phaselens_train_state": json.dumps(meta)}))
-    atomic_write_text(run_dir / STATE_JSON, json.dumps(meta))
+    text = json.dumps(meta)
+    write_owned_file(run_dir / STATE_WEIGHTS, lambda tmp: save_file(
+        tensors, str(tmp), metadata={"phaselens_train_state": text}), by="training run", proves=_is_state,
+        record=False)
+    write_owned_file(run_dir / STATE_JSON, lambda tmp: tmp.write_text(text, encoding="utf-8"), by="training run",
+                     proves=_is_state_copy, record=False)
+
+
+def _is_state(path: Path) -> bool:
+    """A training state phaselens wrote: its safetensors header carries the run's metadata."""
+    try:
+        return "phaselens_train_state" in safetensors_metadata(path, fix="")
+    except CheckpointError:
+        return False
+
+
+def _is_state_copy(path: Path) -> bool:
+    """The JSON copy of a training state: a JSON object with its writer's keys (``step`` first)."""
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(meta, dict) and list(meta)[:3] == ["step", "losses", "val_acc"] \
+        and isinstance(meta["step"], int) and not isinstance(meta["step"], bool)
 
 
 _PARTS = {

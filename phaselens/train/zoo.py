@@ -111,6 +111,14 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
                        "accuracy": float(fixed_correct.mean()), "correct": fixed_correct.astype(int).tolist()},
     }
 
+    save_zoo_model(Path(out) / name, model, eval_batch, card, overwrite=overwrite)
+    return card
+
+
+def save_zoo_model(target: Path, model: Any, eval_batch: Any, card: dict[str, Any], *, overwrite: bool = False) -> None:
+    """Write a zoo model's directory: the checkpoint, its fixed evaluation batch and its card (which gets the
+    files' digests), atomically and under the ownership rule of :func:`~phaselens.runtime.files.atomic_write_dir`."""
+
     def write(tmp: Path) -> None:
         save_model(model, tmp / "model", metadata=None)
         for f in (tmp / "model").iterdir():
@@ -123,5 +131,4 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
         card.update(file_digests(tmp))  # weights and config (with the default task)
         (tmp / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True))
 
-    atomic_write_dir(Path(out) / name, write, kind=kind, overwrite=overwrite)
-    return card
+    atomic_write_dir(target, write, kind=checkpoint_kind(extra=("eval_batch.safetensors",)), overwrite=overwrite)

@@ -49,10 +49,10 @@ def checkpoint_kind(extra: tuple[str, ...] = ()) -> DirKind:
     """The :class:`DirKind` of checkpoint directories (plus ``extra`` files, e.g. a zoo model's eval batch)."""
     names = CHECKPOINT_FILES + tuple(extra)
 
-    def owned(path: Path) -> frozenset[str]:
+    def legacy(path: Path) -> frozenset[str]:  # a checkpoint saved before manifests existed
         return frozenset(n for n in names if (path / n).exists()) if is_phaselens_checkpoint(path) else frozenset()
 
-    return DirKind("model checkpoint", owned)
+    return DirKind("model checkpoint", legacy)
 
 
 def tied_names(cfg: CompressedConfig) -> tuple[str, ...]:
@@ -67,6 +67,9 @@ def resolve_device(device: Any) -> torch.device:
         dev = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as err:
         raise InputError(f"device={device!r} is not a device ({err}); use 'cpu', 'cuda', 'cuda:0' or 'mps'.") from None
+    if dev.type == "meta":
+        raise InputError(f"device={device!r} holds shapes without values, so nothing could be computed or loaded; "
+                         "use 'cpu' or 'cuda' (a dry run needs no device: specialization_map(..., plan=True)).")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             raise InputError(f"device={device!r}, but torch sees no CUDA GPU on this machine "

@@ -12,7 +12,7 @@ from phaselens.core.errors import CheckpointError, OutputError, PhaseLensError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.io import CARD, CONFIG, FORMAT, WEIGHTS, resolve_device, tied_names
 from phaselens.models.compressed.transformer import CompressedTransformer
-from phaselens.runtime.checkpoints import load_safetensors, read_json
+from phaselens.runtime.checkpoints import check_tensor_names, load_safetensors, read_json
 from phaselens.runtime.files import recover_dir
 
 
@@ -48,18 +48,12 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -
     expected = model.state_dict()
     for name in tied_names(cfg):  # stored once, under the name it is tied to
         expected.pop(name)
-    missing = sorted(set(expected) - set(tensors))
-    unexpected = sorted(set(tensors) - set(expected))
-    if missing:
-        raise CheckpointError(f"{path / WEIGHTS} is missing tensor(s) {missing[:5]} for this config.")
-    if unexpected:
-        raise CheckpointError(f"{path / WEIGHTS} has unexpected tensor(s) {unexpected[:5]} for this config.")
-    for name, tensor in tensors.items():
-        if tuple(tensor.shape) != tuple(expected[name].shape):
-            raise CheckpointError(
-                f"tensor {name!r} in {path / WEIGHTS} has shape {tuple(tensor.shape)}, "
-                f"but the config needs {tuple(expected[name].shape)}."
-            )
+    check_tensor_names({k: v.shape for k, v in expected.items()}, {k: v.shape for k, v in tensors.items()},
+                       where=f"{path / WEIGHTS}", fix=f"config.json and the weights disagree; {fix}")
+    # the saved dtype comes back (a bf16 model saved is a bf16 model loaded, not fp32)
+    dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
+    if len(dtypes) == 1:
+        model = model.to(next(iter(dtypes)))
     model.load_state_dict(tensors, strict=not tied_names(cfg))
     if raw.get("default_task") is not None:
         from phaselens.tasks import task_from_dict

@@ -2,7 +2,7 @@
 
 A Qwen3 decoder is a :class:`CompressedConfig` with ``qk_norm=True, mlp="swiglu", mlp_bias=False, sink=False``,
 a ``"half"`` RoPE over the whole head and (for the small sizes) ``tie_embeddings=True``. With
-``compression=None`` the two models compute the same function (``tests/test_qwen3.py`` holds the fp32 logits
+``compression=None`` the two models compute the same function (``tests/models/compressed/test_qwen3.py`` holds the fp32 logits
 to 1e-5); with a :class:`CompressorSpec` the same backbone gets compressed attention (the paper's family).
 
 Weight names (transformers -> phaselens, ``W`` transposed to phaselens's ``x @ W`` convention)::

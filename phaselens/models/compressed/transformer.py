@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.core.checks import as_int
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
@@ -130,6 +131,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
             self.unembed.weight = self.embed.weight  # one parameter, [d_vocab, d_model] in both roles
         self.default_task = None
         self.metadata: dict[str, Any] = {}
+        self.name = "CompressedTransformer"  # what results call the model (the zoo sets its name)
         if self.embed.weight.device.type != "meta":  # on the meta device (size planning) there is nothing to fill
             generator = torch.Generator().manual_seed(cfg.seed)
             default_init_(self, cfg.init_std, generator)
@@ -229,6 +231,20 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
     def analysis_metadata(self) -> dict[str, Any]:
         """What a result must carry to be read correctly: nothing beyond the model's name for this model."""
         return {}
+
+    @property
+    def dims(self) -> ModelDims:
+        """Sizes and phase geometry as analyses read them (the model contract)."""
+        c, w = self.config, self.unembed.weight
+        specs = tuple(self.phase_specs)
+        return ModelDims(n_layers=c.n_layers, n_heads=c.n_heads, n_key_value_heads=c.n_key_value_heads,
+                         d_head=c.d_head, d_vocab=c.d_vocab, n_ctx=c.n_ctx, phase_specs=specs,
+                         analysis_spec=self.analysis_spec, local_window=c.local_window, dtype=w.dtype,
+                         device=w.device)
+
+    def identity(self) -> ModelIdentity:
+        """The config and the module with every weight (fingerprints)."""
+        return ModelIdentity(type(self).__qualname__, config_dict(self.config), self)
 
     @property
     def returns_query_logits(self) -> bool:

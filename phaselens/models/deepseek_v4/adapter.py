@@ -23,6 +23,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v4.config import DeepSeekV4Cfg, build_cfg, check_eager
@@ -58,6 +59,11 @@ class DeepSeekV4Adapter:
         default_task: the task analyses use when none is passed (``None``: pass one).
         indexer_picks: ``{layer: [B, n, k]}`` indexer picks of the last call's query rows, kept for the CSA
             layers whose ``index_topk`` truncated the entries (see :class:`IndexTopKWarning`).
+        indexer_fragile: ``{layer: share}`` for the same layers: the share of those picks that score within
+            rounding (half the model dtype's epsilon, relative) of the best entry left out, so that a
+            rounding-sized change could swap them. Their mean over layers is
+            ``analysis_metadata["index_topk_fragile_picks"]`` (docs/deepseek_v4.md: in bf16 it predicts the
+            share of picks on which the adapter and DeepSeek's reference disagree).
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class DeepSeekV4Adapter:
         self.default_task: Any = None
         self.chunk = chunk
         self.indexer_picks: dict[int, Tensor] = {}
+        self.indexer_fragile: dict[int, float] = {}
         self._geometry = geometry
         self._cfg = build_cfg(model, geometry)
         self._stride = analysis_stride
@@ -121,6 +128,19 @@ class DeepSeekV4Adapter:
     @property
     def layer_geometry(self) -> list[LayerGeometry]:
         return list(self._geometry)
+
+    @property
+    def dims(self) -> ModelDims:
+        """Sizes and phase geometry as analyses read them (the model contract)."""
+        c = self.cfg
+        return ModelDims(n_layers=c.n_layers, n_heads=c.n_heads, n_key_value_heads=c.n_key_value_heads,
+                         d_head=c.d_head, d_vocab=c.d_vocab, n_ctx=c.n_ctx, phase_specs=tuple(self.phase_specs),
+                         analysis_spec=self.analysis_spec, local_window=c.local_window, prefill_chunk=self.chunk,
+                         dtype=c.dtype, device=c.device)
+
+    def identity(self) -> ModelIdentity:
+        """transformers' config and model (fingerprints); the numerics are in ``analysis_metadata``."""
+        return ModelIdentity(type(self).__qualname__, config_dict(self.model.config), self.model)
 
     @property
     def returns_query_logits(self) -> bool:
@@ -216,6 +236,7 @@ class DeepSeekV4Adapter:
         """Warn when an indexer keeps fewer entries than exist at length ``T``; return the layers to record
         (the binding ones)."""
         self.indexer_picks = {}
+        self.indexer_fragile = {}
         if not self._csa_layers:
             return ()
         rate = int(self._cfg.compress_rates["compressed_sparse_attention"])
@@ -240,6 +261,16 @@ class DeepSeekV4Adapter:
         return binding
 
     def _hooked_call(self, kwargs: dict[str, Any], run: RunInfo, topk_layers: tuple[int, ...]) -> Any:
+        fragile: dict[int, tuple[int, int]] = {}
+        out = self._hooked_forward(kwargs, run, topk_layers, fragile if topk_layers else None)
+        shares = {layer: f / n for layer, (f, n) in sorted(fragile.items()) if n}
+        if shares:
+            self.indexer_fragile = shares
+            self._metadata["index_topk_fragile_picks"] = sum(shares.values()) / len(shares)
+        return out
+
+    def _hooked_forward(self, kwargs: dict[str, Any], run: RunInfo, topk_layers: tuple[int, ...],
+                        fragile: dict[int, tuple[int, int]] | None) -> Any:
         resolved = self._merged_hooks()
         record = self.indexer_picks if topk_layers else None
         module_plan = [
@@ -248,7 +279,8 @@ class DeepSeekV4Adapter:
         use_nnsight = self._backend == "nnsight" and (bool(module_plan) or self._remote)
         if not use_nnsight:
             with torch_sites(
-                self.model, self._points, resolved, run, record_topk=record, topk_layers=topk_layers
+                self.model, self._points, resolved, run, record_topk=record, topk_layers=topk_layers,
+                record_fragile=fragile,
             ):
                 return self.model(**kwargs)
         n_heads = self._cfg.n_heads
@@ -267,6 +299,7 @@ class DeepSeekV4Adapter:
             skip=MODULE_SITES,
             record_topk=record,
             topk_layers=topk_layers,
+            record_fragile=fragile,
         ):
             return run_traced(self.model, self._envoy, kwargs, module_plan, run, n_heads=n_heads)
 

@@ -14,9 +14,10 @@ import torch
 
 from phaselens.core.errors import CheckpointError, UnsupportedModelError
 from phaselens.models.deepseek_v4.adapter import DeepSeekV4Adapter
+from phaselens.models.deepseek_v4.config_checks import check_v4_config
 from phaselens.models.deepseek_v4.construct import from_hf
 from phaselens.models.deepseek_v4.notices import LayerTypesWarning
-from phaselens.runtime.checkpoints import read_json, safetensors_metadata
+from phaselens.runtime.checkpoints import read_json, safetensors_metadata, tensor_mismatch
 
 PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -79,6 +80,7 @@ def load_hf(
             f"{len(given) if hasattr(given, '__len__') and not isinstance(given, str) else repr(given)} entries; "
             "pass a list of that length (e.g. ['sliding_attention', 'compressed_sparse_attention', ...])."
         )
+    check_v4_config(raw, where=f"{root / 'config.json'}", overrides=kwargs)
     if layer_types is not None:
         kwargs["layer_types"] = list(layer_types)
     elif "layer_types" not in raw and "compress_ratios" not in raw:
@@ -92,15 +94,18 @@ def load_hf(
         )
     from transformers import DeepseekV4ForCausalLM
 
-    model = DeepseekV4ForCausalLM.from_pretrained(
+    model, info = DeepseekV4ForCausalLM.from_pretrained(
         str(root),
         local_files_only=True,
         use_safetensors=True,  # never unpickle pytorch_model.bin
         attn_implementation="eager",
         dtype=dtype,
         device_map=device_map,
+        output_loading_info=True,  # what it could not fill: refused below, never random-initialised
+        ignore_mismatched_sizes=True,  # so phaselens, not transformers, names the mismatched tensors
         **kwargs,
     )
+    _check_loaded(root, info)
     if device_map is None:
         model = model.to(device)
     return from_hf(model, **adapter_kw)
@@ -132,3 +137,15 @@ def _check_weights(root: Path) -> None:
         )
     for shard in shards:
         safetensors_metadata(shard, fix="the download is incomplete or damaged: download this shard again.")
+
+
+def _check_loaded(root: Path, info: dict[str, Any]) -> None:
+    """Every weight of the model came from the checkpoint and every checkpoint tensor found its place
+    (transformers would random-initialise a missing ``lm_head`` and report success)."""
+    missing = sorted(info.get("missing_keys") or ())
+    unexpected = sorted(info.get("unexpected_keys") or ())
+    wrong = [f"{k} {tuple(a)} where the model needs {tuple(b)}" for k, a, b in info.get("mismatched_keys") or ()]
+    if missing or unexpected or wrong:
+        raise tensor_mismatch(missing, unexpected, wrong, where=f"{root}", fix=(
+            "config.json and the weights disagree, or a shard is missing tensors; restore both from the "
+            "checkpoint's source (a missing weight is never initialised at random instead)."))

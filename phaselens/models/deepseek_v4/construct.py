@@ -10,7 +10,7 @@ from phaselens.core.errors import InputError
 from phaselens.models.deepseek_v4.adapter import Backend, DeepSeekV4Adapter
 from phaselens.models.deepseek_v4.config import check_model, unwrap
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, resolve_analysis_stride
-from phaselens.models.deepseek_v4.numerics import Numerics, Quantize, configure
+from phaselens.models.deepseek_v4.numerics import Numerics, Quantize, configure, pick_agreement
 
 
 def from_hf(
@@ -35,13 +35,15 @@ def from_hf(
         backend: ``"torch"`` (torch hooks) or ``"nnsight"`` (module-site interventions through nnsight).
         remote: run traces on NDIF (``backend="nnsight"`` only). **Untested**: no network here.
         chunk: default prefill chunk for ``adapter(tokens)``.
-        numerics: ``"reference"`` (default; ``"transformers"`` with ``remote=True``) computes the compressors'
-            projections, gating and pooling and the RoPE tables in fp32, as DeepSeek's reference inference
-            does, when the model is bf16 or fp16 (an fp32 model already does); ``"transformers"`` leaves
-            transformers' own computation (the model dtype throughout).
-        quantize: ``"fp8"`` simulates the reference's quantization steps (FP8 on the non-RoPE dims of the window
-            KV and the compressed entries, Hadamard + FP4 on the indexer's queries and keys); ``None``
-            (default) does not, as transformers does not.
+        numerics: ``"reference"`` (default; ``"transformers"`` with ``remote=True``) computes as DeepSeek's
+            reference inference does: in any dtype the shared expert is not clamped and a compressed YaRN
+            RoPE has no magnitude scale; in bf16 / fp16 also the reference's rounding (fp32 compressor pooling
+            and RoPE tables, the attention kernel's fp32 softmax, fp32 router, experts and head; see
+            :mod:`.numerics`). ``"transformers"`` leaves transformers' own computation.
+        quantize: ``"published"`` does what DeepSeek's published ``kernel.py`` does: Hadamard + FP4 on the
+            indexer's queries and keys (its FP8 step casts through bf16 and changes nothing); ``"fp8"`` adds
+            FP8 e4m3 on the non-RoPE dims of the window KV and the compressed entries, as an FP8 KV cache
+            stores them; ``None`` (default) neither, as transformers.
 
     The model is put in ``eval()`` mode. ``numerics`` and ``quantize`` change the transformers model in place
     (module classes are swapped, weights untouched; see :mod:`.numerics`) and are recorded in
@@ -54,8 +56,8 @@ def from_hf(
         raise InputError("remote=True runs through NDIF, which needs backend='nnsight'.")
     if remote and (numerics == "reference" or quantize is not None):
         raise InputError(
-            "numerics='reference' and quantize='fp8' change the local transformers model, but with remote=True "
-            "NDIF runs its own copy: pass numerics='transformers' (the default remotely) and quantize=None."
+            "numerics='reference' and quantize change the local transformers model, but with remote=True NDIF "
+            "runs its own copy: pass numerics='transformers' (the default remotely) and quantize=None."
         )
     geometry = check_model(hf_model)
     stride = resolve_analysis_stride(geometry, analysis_stride)
@@ -94,6 +96,8 @@ def from_hf(
         "quantize": quantize,
         "numerics_changes": numerics_changes,
         "index_topk_binding": False,
+        "index_topk_fragile_picks": None,
+        "index_topk_pick_agreement": pick_agreement(numerics, hf_model.get_input_embeddings().weight.dtype),
         "max_entries_seen": 0,
         "chunk": chunk,
     }

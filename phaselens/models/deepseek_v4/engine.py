@@ -24,7 +24,9 @@ all query heads (a ``[B, H, keys, d]`` copy) and then runs ``B * H`` one-row pro
 costs far more than the arithmetic. During the engine's query passes :func:`query_attention` computes the same
 formula (scaled scores, additive mask, per-head sink column, max-subtracted softmax, sink dropped, weights
 times values) as one ``[H, d] x [d, keys]`` product per row over the shared head; the prefix prefill runs
-transformers' own function. The tests hold both against full eager forwards.
+transformers' own function. Under ``numerics="reference"`` both run the reference's core
+(:func:`~.reference_ops.reference_attention`, itself one product over the shared head). The tests hold both
+against full eager forwards.
 
 Exactness: with ``index_topk`` at least the number of entries (``from_hf(..., index_topk="all")``) every cell
 equals the full forward at that cell to float rounding (tested at 1e-5 in fp32). With a binding ``index_topk``
@@ -46,6 +48,12 @@ from torch import Tensor
 from phaselens.core.errors import UnsupportedModelError
 from phaselens.models.deepseek_v4.hookpoints import HookFn
 from phaselens.models.deepseek_v4.prefill import plan_chunks, run_prefix
+from phaselens.models.deepseek_v4.reference_ops import (
+    CORE_AWARE,
+    ReferenceAttention,
+    attention_for,
+    reference_attention,
+)
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
 from phaselens.runtime.engines import PASS_BYTES, Cell, run_by_layer
 
@@ -101,7 +109,10 @@ def query_attention() -> Iterator[None]:
     def shared_head(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                     scaling: float, dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, Tensor]:
         if key.shape[1] != 1 or value.shape[1] != 1 or dropout or module.training:
-            return previous(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+            return attention_for(module, previous)(module, query, key, value, attention_mask, scaling, dropout,
+                                                   **kwargs)
+        if isinstance(module, ReferenceAttention):  # numerics="reference": the kernel's core, one shared head
+            return reference_attention(module, query, key, value, attention_mask, scaling)
         B, H, n, d = query.shape  # key, value: [B, 1, K, d]
         scores = torch.matmul(query.reshape(B, H * n, d), key[:, 0].transpose(1, 2)).view(B, H, n, -1) * scaling
         if attention_mask is not None:
@@ -113,6 +124,7 @@ def query_attention() -> Iterator[None]:
         out = torch.matmul(probs.reshape(B, H * n, -1), value[:, 0]).view(B, H, n, -1)
         return out.transpose(1, 2).contiguous(), probs
 
+    setattr(shared_head, CORE_AWARE, True)
     hf.eager_attention_forward = shared_head
     try:
         yield

@@ -9,9 +9,12 @@ them (optionally prefilled in chunks, see :mod:`.prefill`):
   (``T // S`` rows of ``head_dim``), in CSA layers the indexer's keys (``T // S`` rows of ``index_head_dim``),
   and the compressors' unfinished block and overlap half (a few rows);
 * ``attention``: the largest attention-probability tensor one call builds, ``[B, H, n, keys]`` with
-  ``keys = cached window + n + entries``. Eager attention holds a few transient tensors of this size at once
-  (logits, masked logits, softmax), so budget about four times it;
-* ``logits``: the returned logits, ``[B, T, vocab]`` (or ``[B, query_len, vocab]`` with ``logits="query"``).
+  ``keys = cached window + n + entries``, in the model dtype. Eager attention holds a few transient tensors of
+  this size at once (logits, masked logits, softmax), so budget about four times it; under
+  ``numerics="reference"`` in half precision the scores and their exponentials are fp32, as in DeepSeek's
+  kernel: budget about five times;
+* ``logits``: the returned logits, ``[B, T, vocab]`` (or ``[B, query_len, vocab]`` with ``logits="query"``),
+  fp32 when the head runs in fp32 (``numerics="reference"``).
 
 Sizes are the tensors' own (``numel * itemsize``); a window slice may keep the storage of its last call's
 concatenation (up to one chunk more rows) alive.
@@ -28,6 +31,7 @@ from torch import nn
 from phaselens.models.deepseek_v4.config import unwrap
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
 from phaselens.models.deepseek_v4.numerics import Fp32Projection
+from phaselens.models.deepseek_v4.packed import is_packed
 from phaselens.models.deepseek_v4.prefill import plan_chunks
 
 GiB = 2**30
@@ -80,8 +84,8 @@ def estimate_memory(
     attention = max(_probs(hf, geometry, start, stop, batch) for start, stop in calls)
     emb = hf.get_input_embeddings().weight
     rows = tokens if logits == "all" else plan.query[1] - plan.query[0]
-    head_dtype = hf.lm_head.weight.dtype
-    n_logits = batch * rows * int(hf.config.vocab_size) * _size(head_dtype)
+    head = 4 if isinstance(hf.lm_head, Fp32Projection) else _size(hf.lm_head.weight.dtype)
+    n_logits = batch * rows * int(hf.config.vocab_size) * head
     cache = sum(_cache_bytes(hf, g, int(tokens), batch, emb.dtype) for g in geometry) if plan.prefix else 0
     return MemoryEstimate(
         int(tokens), batch, chunk, plan.query[1] - plan.query[0], weights, cache, attention, n_logits
@@ -121,7 +125,8 @@ def _cache_bytes(hf: nn.Module, g: LayerGeometry, T: int, batch: int, dtype: tor
 def _compressor_bytes(module: nn.Module, T: int, S: int, d: int, item: int, *, overlap: bool) -> int:
     """Entries ``[T // S, d]``, the unfinished block's projections ``[T % S, C]`` (kv and gate, C = 2d with
     overlap) and, with overlap, the last block's ``Ca`` half ``[S, d]`` (kv, and gate with the fp32 bias added)."""
-    proj = 4 if isinstance(module.kv_proj, Fp32Projection) else _size(module.kv_proj.weight.dtype)
+    proj = 4 if isinstance(module.kv_proj, Fp32Projection) else item if is_packed(module.kv_proj) else _size(
+        module.kv_proj.weight.dtype)
     width = (2 if overlap else 1) * d
     total = (T // S) * d * item + 2 * (T % S) * width * proj
     if overlap and T >= S:

@@ -9,6 +9,7 @@ the logits from the same ``query``, ``key`` and mask; the sink mass is then comp
 The tap replaces the module-level ``eager_attention_forward`` of transformers' DeepSeek-V4 module (the
 function its attention calls when ``_attn_implementation == "eager"``) for the duration of one forward,
 and puts the previous one back in ``finally``. Modules other than the tapped ones pass straight through.
+Each call runs the function the layer's numerics say (:func:`~.reference_ops.attention_for`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 import torch
 from jaxtyping import Float
 from torch import Tensor
+
+from phaselens.models.deepseek_v4.reference_ops import CORE_AWARE, attention_for
 
 Tap = Callable[[Any, Tensor, Tensor, Tensor | None, float], None]
 
@@ -45,13 +48,14 @@ def attention_tap(taps: dict[int, Tap]) -> Iterator[None]:
         *args: Any,
         **kwargs: Any,
     ):
-        out = previous(module, query, key, value, attention_mask, *args, **kwargs)
+        out = attention_for(module, previous)(module, query, key, value, attention_mask, *args, **kwargs)
         tap = taps.get(id(module))
         if tap is not None:
             scaling = kwargs["scaling"] if "scaling" in kwargs else args[0]
             tap(module, query, key, attention_mask, float(scaling))
         return out
 
+    setattr(tapped, CORE_AWARE, True)
     hf.eager_attention_forward = tapped
     try:
         yield

@@ -1,17 +1,21 @@
-"""The quantization steps DeepSeek's reference V4 inference simulates, as plain tensor functions.
+"""The quantization steps of DeepSeek's V4 inference, as plain tensor functions.
 
-DeepSeek's ``inference/model.py`` rounds some activations through low-precision formats and back ("fused
-quant + dequant"), to match what the model saw in quantization-aware training:
+DeepSeek's ``inference/model.py`` calls "fused quant + dequant" steps on some activations, to match what the
+model saw in quantization-aware training:
 
 * **FP8** (``e4m3``, largest finite value 448) on the non-RoPE dims of the window KV of every layer and of the
-  compressed entries, in blocks of 64 channels;
+  compressed entries, in blocks of 64 channels. As the published ``kernel.py`` is written this step does not
+  round: with ``inplace=True`` its ``act_quant`` casts ``x / s`` to its output dtype, which is then the
+  input's (bf16), and back, so a bf16 input comes out unchanged. :func:`fp8_simulate` rounds through e4m3
+  instead, as an FP8 KV cache (or an FP8 attention kernel reading one) does: ``quantize="fp8"``.
 * a **Hadamard rotation** (Sylvester order, scaled by ``n**-0.5``) then **FP4** (``e2m1``, largest value 6) on
-  the indexer's queries and compressed keys, in blocks of 32 channels.
+  the indexer's queries and compressed keys, in blocks of 32 channels; the published ``fp4_act_quant`` does
+  round through FP4 (``quantize="published"`` and ``"fp8"`` both do this).
 
 Every block gets one power-of-two scale (the ``ue8m0`` scale format): ``s = 2**ceil(log2(amax * (1/qmax)))``
 with ``amax`` the block's largest magnitude (at least ``1e-4`` for FP8, ``6 * 2**-126`` for FP4), computed in
 fp32 as the reference's kernels do. Each value becomes ``round(clamp(x / s, -qmax, qmax)) * s``, rounded to
-nearest with ties to even on the format's grid, then cast back to the input dtype. Because ``s`` is a power
+nearest with ties to even on the format's grid (e4m3 or e2m1), then cast back to the input dtype. Because ``s`` is a power
 of two, ``x / s`` and the product are exact; only the rounding to the grid loses information.
 
 These functions do the arithmetic only; :mod:`.numerics` places them in a transformers model.

@@ -193,10 +193,12 @@ def torch_sites(
     skip: frozenset[str] = frozenset(),
     record_topk: dict[int, Tensor] | None = None,
     topk_layers: tuple[int, ...] = (),
+    record_fragile: dict[int, tuple[int, int]] | None = None,
 ) -> Iterator[None]:
     """Install the hooks of ``resolved`` (except sites in ``skip``) for the forwards inside the block.
 
-    ``record_topk``: a dict that receives the indexer picks ``[B, n, k]`` of ``topk_layers``.
+    ``record_topk``: a dict that receives the indexer picks ``[B, n, k]`` of ``topk_layers``;
+    ``record_fragile``: one that receives their :func:`fragile_picks` counts.
     """
     handles: list[Any] = []
     with ExitStack() as stack:
@@ -226,6 +228,10 @@ def torch_sites(
         for layer in topk_layers if record_topk is not None else ():
             indexer = model.model.layers[layer].self_attn.compressor.indexer
             handles.append(indexer.register_forward_hook(_recorder(record_topk, layer)))
+        eps = float(torch.finfo(model.get_input_embeddings().weight.dtype).eps)
+        for layer in topk_layers if record_fragile is not None else ():
+            indexer = model.model.layers[layer].self_attn.compressor.indexer
+            handles.append(indexer.scorer.register_forward_hook(_fragile_recorder(record_fragile, layer, indexer, run, eps)))
         if taps:
             stack.enter_context(attention_tap(taps))
         yield
@@ -256,6 +262,37 @@ def _pattern_tap(
 def _recorder(store: dict[int, Tensor], layer: int) -> Callable:
     def hook(_m: nn.Module, _args: tuple, out: Tensor) -> None:
         store[layer] = out.detach().clone()
+
+    return hook
+
+
+def fragile_picks(scores: Tensor, start: int, rate: int, k: int, eps: float) -> tuple[int, int]:
+    """``(fragile, picks)``: of the top-``k`` picks of the query rows whose ``k`` is binding, how many score
+    within ``eps / 2`` (relative; one unit in the last place of the model dtype at least) of the best entry
+    left out, so that a rounding-sized change of the scores could swap them.
+
+    ``scores``: the indexer scorer's ``[B, n, E]`` for the rows at slots ``start..start+n-1``; a row sees the
+    entries ``j < (slot + 1) // rate``, as the indexer's own mask says.
+    """
+    B, n, E = scores.shape
+    visible = (torch.arange(start, start + n, device=scores.device) + 1) // rate  # [n]
+    rows = visible > k
+    if not bool(rows.any()):
+        return 0, 0
+    future = torch.arange(E, device=scores.device)[None, :] >= visible[rows][:, None]
+    s = scores[:, rows].float().masked_fill(future, float("-inf"))
+    top = s.topk(k + 1, dim=-1).values  # [B, r, k + 1]
+    cut = top[..., k:]
+    close = top[..., :k] <= cut + cut.abs() * (eps / 2)
+    return int(close.sum()), close.numel()
+
+
+def _fragile_recorder(store: dict[int, tuple[int, int]], layer: int, indexer: nn.Module, run: RunInfo,
+                      eps: float) -> Callable:
+    def hook(_m: nn.Module, _args: tuple, out: Tensor) -> None:
+        with torch.no_grad():
+            store[layer] = fragile_picks(out, run.query_start, int(indexer.compress_rate),
+                                         int(indexer.index_topk), eps)
 
     return hook
 

@@ -1,8 +1,9 @@
 """DeepSeek-V4.1 (period 2): phaselens' own implementation of the text model, loaded from a local checkpoint.
 
-* :func:`load_v41` (``phaselens.load("hf:DIR")``) reads ``config.json`` (``text_config``) and the sharded,
-  quantized safetensors;
-* :class:`DeepSeekV41` is the model: the phaselens model contract, TransformerLens hooks, a real cache;
+* :func:`load_v41` (``phaselens.load("hf:DIR")``) reads ``config.json`` (``text_config``), the sharded,
+  quantized safetensors and, for Engram, ``tokenizer.json``;
+* :class:`DeepSeekV41` is the model, Engram included (:mod:`.engram`, :mod:`.engram_hash`): the phaselens model
+  contract, TransformerLens hooks, a real cache;
 * :class:`V41Config` is the parsed config with the layers' sharing roles (:meth:`V41Config.topology`).
 
 See ``docs/deepseek_v41.md``.

@@ -27,6 +27,7 @@ from phaselens.models.deepseek_v41.compressed import (
 )
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
 from phaselens.models.deepseek_v41.layers import (
+    GroupedLinear,
     Linear,
     Numerics,
     RMSNorm,
@@ -54,14 +55,15 @@ class V41Attention(nn.Module):
         self.cand_blocks, self.cand_size = cfg.candidate_topk_blocks, cfg.candidate_block_size
         ct = compute_dtype(dtype)
         self.attn_sink = nn.Parameter(torch.zeros(H, dtype=ct))
-        self.wq_a = Linear(D, cfg.q_lora_rank, numerics, quantized=True, dtype=dtype)
+        fp8 = {"quantized": True, "dtype": dtype, "stored": "fp8"}  # FP8 in the release, FP8 GEMMs in the reference
+        self.wq_a = Linear(D, cfg.q_lora_rank, numerics, **fp8)
         self.q_norm = RMSNorm(cfg.q_lora_rank, cfg.rms_norm_eps, dtype)
-        self.wq_b = Linear(cfg.q_lora_rank, H * d, numerics, quantized=True, dtype=dtype)
-        self.wkv = Linear(D, d, numerics, quantized=True, dtype=dtype)
+        self.wq_b = Linear(cfg.q_lora_rank, H * d, numerics, **fp8)
+        self.wkv = Linear(D, d, numerics, **fp8)
         self.kv_norm = RMSNorm(d, cfg.rms_norm_eps, dtype)
-        # block-diagonal over o_groups, applied as an einsum with no activation round trip (reference)
-        self.wo_a = Linear(H * d // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, numerics, quantized=False, dtype=dtype)
-        self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, D, numerics, quantized=True, dtype=dtype)
+        # block-diagonal over o_groups; stored FP8, but an einsum with no activation round trip (reference)
+        self.wo_a = GroupedLinear(H * d, cfg.o_groups, cfg.o_lora_rank, numerics, dtype=dtype, stored="fp8")
+        self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, D, numerics, **fp8)
         if role.is_kv_source:
             self.compressor = Compressor(D, d, role.ratio, cfg.rms_norm_eps, numerics, dtype)
         if role.is_kv_source or role.is_index_source:
@@ -106,16 +108,15 @@ class V41Attention(nn.Module):
         if self.ratio:
             if self.role.is_kv_source:
                 self._compress(x, start, cache, rt)
-            entries = rt.entries[self.role.kv_source]
+            # shared state may come from a layer on another device (device_map): read it here
+            entries = rt.entries[self.role.kv_source].to(x.device)
             if self.role.is_index_source:
                 rt.picks[self.layer] = self._index(x, qr, pos, entries.shape[1], rt)
-            mask = rt.picks[self.role.index_source]
+            mask = rt.picks[self.role.index_source].to(x.device)
         o = self._attend(q, keys, pos, entries, mask)
         o = rope(o, pos, self.inv_freq, inverse=True)
         o = self.hook_z(o)
-        wo_a = self.wo_a.weight.view(self.groups, self.o_rank, -1)
-        o = torch.einsum("bngi,gri->bngr", o.reshape(B, n, self.groups, -1).to(wo_a.dtype), wo_a)
-        return self.wo_b(o.flatten(2))
+        return self.wo_b(self.wo_a(o.flatten(2)).flatten(2))
 
     def _attend(self, q: Tensor, keys: Tensor, pos: Tensor, entries: Tensor | None, mask: Tensor | None) -> Tensor:
         """One softmax over the window, the picked entries and the sink; fp32 scores and probabilities."""
@@ -202,7 +203,7 @@ class V41Attention(nn.Module):
         qi = rope(idx.wq_b(qr).unflatten(-1, (idx.n_heads, idx.head_dim)), pos, self.inv_freq)
         if self.numerics.kv:
             qi = fp4_round_trip(qi, 32, "ue8m0")
-        scores = idx.scores(x, qi, rt.index_keys[self.role.kv_source]).masked_fill(~vis, NEG_INF)
+        scores = idx.scores(x, qi, rt.index_keys[self.role.kv_source].to(x.device)).masked_fill(~vis, NEG_INF)
         allowed = vis.expand(B, n, E)
         if self.role.is_candidate_source:
             lens = vis.sum(-1)
@@ -210,9 +211,10 @@ class V41Attention(nn.Module):
             rt.candidates = self.hook_candidates(cand)
         elif self.role.uses_candidates:
             assert rt.candidates is not None
-            scores = scores.masked_fill(~rt.candidates, NEG_INF)
-            allowed = allowed & rt.candidates
-            if bool((vis & ~rt.candidates).any()):
+            candidates = rt.candidates.to(x.device)
+            scores = scores.masked_fill(~candidates, NEG_INF)
+            allowed = allowed & candidates
+            if bool((vis & ~candidates).any()):
                 rt.candidate_binding.add(self.layer)
         if E and int(allowed.sum(-1).max()) > self.index_topk:
             rt.topk_binding.add(self.layer)

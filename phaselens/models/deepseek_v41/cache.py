@@ -2,7 +2,7 @@
 
 :class:`V41Cache` holds what later calls need: per layer the last ``sliding_window - 1`` window keys, and per
 KV *source* layer its compressed entries, the index keys derived from them and the projections of the
-current, incomplete group. Consumer layers store nothing of their own: they read their source's entries, which
+current, incomplete group, and the last ``max_ngram - 1`` compressed token ids (Engram's n-gram history). Consumer layers store nothing of their own: they read their source's entries, which
 is what sharing means. A call stages its updates and :meth:`V41Cache.commit` applies them only once the whole
 forward succeeded, so an error (or an interrupted hook) leaves the cache as it was.
 
@@ -47,6 +47,8 @@ class V41Cache:
         self.sources: dict[int, SourceState] = {}
         self._staged_window: dict[int, Tensor] = {}
         self._staged_sources: dict[int, SourceState] = {}
+        self.ngram_history: Tensor | None = None  # [B, h] compressed ids of the last h <= max_ngram - 1 slots
+        self._staged_ngram: Tensor | None = None
         self._model_id = id(model)
 
     def check(self, model: Any, batch: int) -> None:
@@ -62,16 +64,22 @@ class V41Cache:
     def stage_source(self, layer: int, state: SourceState) -> None:
         self._staged_sources[layer] = state
 
+    def stage_ngram_history(self, history: Tensor) -> None:
+        self._staged_ngram = history
+
     def commit(self, n: int) -> None:
         """Apply the staged updates of a call of ``n`` tokens."""
         self.window.update(self._staged_window)
         self.sources.update(self._staged_sources)
+        if self._staged_ngram is not None:
+            self.ngram_history = self._staged_ngram
         self.discard()
         self.length += int(n)
 
     def discard(self) -> None:
         self._staged_window.clear()
         self._staged_sources.clear()
+        self._staged_ngram = None
 
     @property
     def n_entries(self) -> dict[int, int]:

@@ -1,35 +1,46 @@
 """``load_v41``: a local DeepSeek-V4.1 checkpoint directory -> :class:`DeepSeekV41` (``phaselens.load("hf:DIR")``).
 
-Never downloads. The model is built on the meta device and each parameter is filled once from the shards,
-so peak memory is about the dequantized model (2 bytes per parameter in bf16) plus one tensor.
+Never downloads. The model is built on the meta device, switched to the checkpoint's packed layout
+(``weights="packed"``, the default: FP8 and FP4 weights stay as stored), allocated on its device(s) and filled
+once from the shards, one shard at a time: peak memory is the packed model plus one shard (with
+``weights="dequantized"``, the dequantized model plus one tensor).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
+from phaselens.core.errors import CheckpointError, InputError
+from phaselens.models.deepseek_v41 import placement
 from phaselens.models.deepseek_v41.config import V41Config
+from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import Quantize
 from phaselens.models.deepseek_v41.model import DeepSeekV41
 from phaselens.models.deepseek_v41.notices import EngramDroppedWarning
-from phaselens.models.deepseek_v41.weights import load_weights
+from phaselens.models.deepseek_v41.weights import (
+    load_weights,
+    pack_as_released,
+    pack_from_headers,
+    read_index,
+)
+from phaselens.runtime.checkpoints import check_tensor_names, read_json
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
            "fp64": torch.float64, "float64": torch.float64}
 
-ENGRAM_REASON = (
-    "its config lists Engram layers {layers}: before each of them the reference adds a gated n-gram "
-    "hash-table lookup to every hyper-connection stream (gate = sigmoid of a signed square root, never 0), so "
-    "the text model's hidden states from layer {first} on depend on it. phaselens does not implement "
-    "Engram's tokenizer-dependent n-gram hashing or its tables, and will not silently analyse a different model. "
-    "Pass engram='drop' to analyse the model without Engram (recorded in analysis_metadata as a modification)."
+NO_TOKENIZER = (
+    "{root} has no tokenizer.json, which Engram needs: its config lists Engram lookups before layers {layers}, "
+    "and they hash n-grams of normalized tokens read from the checkpoint's tokenizer. Copy tokenizer.json from "
+    "the release into {root}, or pass engram='drop' to analyse the model without Engram (an ablation, recorded "
+    "in analysis_metadata)."
 )
 
 
@@ -50,27 +61,46 @@ def load_v41(
     quantize: Quantize = None,
     index_topk: int | str | None = None,
     analysis_stride: int | None = None,
-    engram: Literal["refuse", "drop"] = "refuse",
+    engram: str = "run",
     n_layers: int | None = None,
+    weights: Literal["packed", "dequantized"] = "packed",
+    kernels: Kernels = "auto",
+    device_map: Any = None,
+    max_memory: Any = None,
+    chunk: int | None = None,
 ) -> DeepSeekV41:
     """Load the text model of a DeepSeek-V4.1 checkpoint directory.
 
     Args:
         path: a directory with ``config.json`` (``model_type`` ``deepseek_v41``, the text model under
             ``text_config``) and sharded safetensors.
-        device: where the parameters go.
-        dtype: ``torch.bfloat16`` (as the reference) or ``torch.float32``; quantized weights are dequantized
-            to it.
+        device: where the parameters go (ignored with ``device_map``).
+        dtype: ``torch.bfloat16`` (as the reference) or ``torch.float32``: the dtype of the dense weights and
+            of the computation; packed weights are dequantized to it.
         quantize: ``None``, ``"kv"`` (the reference's KV-path round trips) or ``"fp8"`` (those plus FP8
             activations into FP8/FP4 GEMMs: the reference's full numerics). Recorded in ``analysis_metadata``.
         index_topk: ``None`` (the config's), an int, or ``"all"`` (keep every visible entry, lift the
             candidate filter; recorded as a modification).
         analysis_stride: the stride that defines phases (default: the smallest ratio >= 2, i.e. 2).
-        engram: ``"refuse"`` raises :class:`UnsupportedModelError` on a checkpoint with Engram layers;
-            ``"drop"`` loads it without them (a different model; recorded and warned).
+        engram: ``"run"`` (default) computes the Engram lookups of ``engram_layer_ids`` as the reference does;
+            it needs the checkpoint's ``tokenizer.json`` (a :class:`CheckpointError` names the fix when it is
+            missing). ``"drop"`` loads the model without them: an explicit ablation (warned, recorded).
         n_layers: load only the first ``n_layers`` backbone layers, the head reading the last of them (a
             truncated model, recorded as a modification): for parity checks against the reference truncated
             the same way, and for exploring early layers with less memory.
+        weights: ``"packed"`` keeps FP8 and FP4 weights as stored (about a quarter of the dequantized size for
+            the FP4 experts) and dequantizes them inside the forward, per layer and per selected expert;
+            ``"dequantized"`` dequantizes everything at load. Both give the same numbers.
+        kernels: ``"auto"`` multiplies packed weights with transformers' finegrained-fp8 kernels where they
+            apply (CUDA, ``quantize="fp8"``, bf16), else dequantizes; ``"torch"`` always dequantizes (see
+            :mod:`~phaselens.models.deepseek_v41.kernels`).
+        device_map: spread the model over devices, with transformers/accelerate conventions: ``"auto"``,
+            ``"balanced"``, ``"sequential"``, a dict ``{module name: device}`` (e.g.
+            :func:`phaselens.runtime.replicas.replica_device_map`) or one device (see
+            :mod:`~phaselens.models.deepseek_v41.placement`).
+        max_memory: the per-device budget of ``device_map="auto"``, e.g. ``{0: "70GiB", "cpu": "100GiB"}``.
+        chunk: prefill in pieces of this many tokens (hooks see the query piece only); what long contexts
+            need (``phaselens plan`` says which chunk fits).
 
     Example:
         >>> model = phaselens.load("hf:/data/DeepSeek-V4.1-Flash", device="cuda")  # doctest: +SKIP
@@ -81,46 +111,171 @@ def load_v41(
             f"no checkpoint at {root} (a directory with config.json and *.safetensors is needed); phaselens "
             "never downloads: fetch the weights first."
         )
+    model, index = _build(root, dtype=dtype, quantize=quantize, index_topk=index_topk,
+                          analysis_stride=analysis_stride, engram=engram, n_layers=n_layers, weights=weights,
+                          kernels=kernels, chunk=chunk, need_weights=True)
+    keep = {"skip_engram": engram == "drop", "n_layers": model.config.num_hidden_layers}
+    if device_map is None:
+        model.to_empty(device=device)
+    else:
+        placed = placement.resolve(model, device_map, max_memory=max_memory)
+        placement.materialize(model, placed)
+    _restore_buffers(model)  # non-persistent buffers come back uninitialised from the meta device
+    load_weights(model, root, index=index, **keep)
+    if device_map is not None:
+        placement.dispatch(model, placed)
+    model.set_engram_tokenizer(root / "tokenizer.json")
+    return model.eval()
+
+
+def meta_v41(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.bfloat16,
+             weights: Literal["packed", "dequantized"] = "packed", engram: str = "run",
+             n_layers: int | None = None, **model_kw: Any) -> DeepSeekV41:
+    """The model of the checkpoint directory ``path`` on the meta device (shapes and dtypes, no memory): what
+    :func:`phaselens.runtime.replicas.replica_device_map` and ``phaselens plan`` need before loading.
+
+    ``path`` may hold ``config.json`` alone: packed weights then take the release's formats
+    (:func:`~phaselens.models.deepseek_v41.weights.pack_as_released`); with shards, their headers decide.
+    """
+    root = Path(path).expanduser()
+    if not (root / "config.json").is_file():
+        raise CheckpointError(f"no config.json in {root}; pass a DeepSeek-V4.1 checkpoint directory.")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", EngramDroppedWarning)
+        model, _ = _build(root, dtype=dtype, weights=weights, engram=engram, n_layers=n_layers,
+                          need_weights=False, **model_kw)
+    return model
+
+
+def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n_layers: int | None,
+           need_weights: bool, quantize: Quantize = None, index_topk: int | str | None = None,
+           analysis_stride: int | None = None, kernels: Kernels = "auto",
+           chunk: int | None = None) -> tuple[DeepSeekV41, dict[str, Any] | None]:
+    """The model on the meta device, in its packed layout when ``weights="packed"``, and the checkpoint's
+    header index (``None`` without shards, unless ``need_weights``)."""
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
             raise InputError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}.")
         dtype = _DTYPES[dtype]
-    if engram not in ("refuse", "drop"):
-        raise InputError(f"engram must be 'refuse' or 'drop', got {engram!r}.")
-    try:
-        raw = json.loads((root / "config.json").read_text())
-    except ValueError as exc:
-        raise CheckpointError(f"{root / 'config.json'} is not valid JSON: {exc}.") from None
-    metadata: dict[str, Any] = {"checkpoint": str(root), "engram": "absent", "modifications": []}
+    if engram not in ("run", "drop"):
+        raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
+    if weights not in ("packed", "dequantized"):
+        raise InputError(f"weights must be 'packed' or 'dequantized', got {weights!r}.")
+    if kernels not in ("auto", "torch"):
+        raise InputError(f"kernels must be 'auto' or 'torch', got {kernels!r}.")
+    raw = read_json(root / "config.json", fix="restore config.json from the checkpoint's source.")
+    digest = hashlib.sha256((root / "config.json").read_bytes()).hexdigest()
+    # the config's hash: two analyses of differently edited configs never pass for the same model
+    metadata: dict[str, Any] = {"checkpoint": str(root), "config_sha256": digest, "engram": "absent",
+                                "modifications": []}
     if n_layers is not None:
         raw = truncate_config(raw, n_layers)
         metadata.update(model_modified=True, modifications=[f"truncated to the first {n_layers} layers"])
     config = V41Config.from_dict(raw, name=root.name)
-    if config.engram_layer_ids:
-        layers = list(config.engram_layer_ids)
-        if engram == "refuse":
-            raise UnsupportedModelError(f"{root} cannot be loaded faithfully: " + ENGRAM_REASON.format(
-                layers=layers, first=min(layers)))
+    layers = list(config.engram_layer_ids)
+    if layers and engram == "run":
+        if need_weights and not (root / "tokenizer.json").is_file():
+            raise CheckpointError(NO_TOKENIZER.format(root=root, layers=layers))
+        metadata["engram"] = "applied"
+    elif layers:
         warnings.warn(EngramDroppedWarning(
-            f"Engram lookups at layers {layers} were dropped: results describe the model without them."), stacklevel=2)
+            f"Engram lookups at layers {layers} were dropped: results describe the model without them."), stacklevel=3)
         metadata.update(engram="dropped", model_modified=True,
                         modifications=[*metadata["modifications"], f"Engram dropped at layers {layers}"])
+    metadata["weights"] = weights
     with torch.device("meta"):
         model = DeepSeekV41(config, dtype=dtype, quantize=quantize, index_topk=index_topk,
-                            analysis_stride=analysis_stride, metadata=metadata)
-    model.to_empty(device=device)
-    _restore_buffers(model, device)  # non-persistent buffers come back uninitialised from the meta device
-    load_weights(model, root, skip_engram=engram == "drop", n_layers=config.num_hidden_layers)
-    return model.eval()
+                            analysis_stride=analysis_stride, metadata=metadata, engram=engram, kernels=kernels,
+                            chunk=chunk)
+    keep = {"skip_engram": engram == "drop", "n_layers": config.num_hidden_layers}
+    has_shards = any(root.glob("*.safetensors")) or (root / "model.safetensors.index.json").is_file()
+    if has_shards or need_weights:  # names checked against the dense layout, before a byte of weights is read
+        check_v41_weights(model, root, config, skip_engram=engram == "drop")
+    index = read_index(root) if need_weights or has_shards else None
+    if weights == "packed":
+        if index is not None:
+            pack_from_headers(model, index, **keep)
+        else:
+            pack_as_released(model)
+    return model, index
+
+
+FIX = ("config.json and the weights disagree, or a shard is incomplete; restore both from the checkpoint's source "
+       "(download them again).")
+
+
+def check_v41_weights(model: DeepSeekV41, root: Path, config: V41Config, *, skip_engram: bool) -> None:
+    """The checkpoint's tensor names (read from its index or shard headers, no data) against the model the
+    config builds: first the layer roles the names imply (which layers compress, gate and index: a config
+    field that disagrees is named), then every name (:func:`~phaselens.runtime.checkpoints.check_tensor_names`).
+
+    What the weights cannot show is not checked: a compress ratio's value above 1 (2 and 4 give the same
+    tensors) and whether a layer that reuses another's KV is compressed at all (it owns no tensors of it).
+    """
+    from phaselens.models.deepseek_v41.weights import SKIP_PREFIXES, normalize, shard_map
+
+    n = config.num_hidden_layers
+    present = {normalize(k) for k in shard_map(root)}
+
+    def kept(name: str) -> bool:
+        layer = re.match(r"^layers\.(\d+)\.", name)
+        return not (name.startswith(SKIP_PREFIXES) or (skip_engram and ".engram." in name)
+                    or (layer is not None and int(layer[1]) >= n))
+
+    present = {p for p in present if kept(p)}
+    present -= {p for p in present if p.endswith(".scale") and p[: -len("scale")] + "weight" in present}
+    _check_roles(config, present, root)
+    expected: set[str] = set()
+    for key, param in model.named_parameters():
+        name = "layers." + key[len("blocks."):] if key.startswith("blocks.") else key
+        experts = re.match(r"^(layers\.\d+\.ffn\.experts)\.(w[123])$", name)
+        if experts:
+            expected |= {f"{experts[1]}.{e}.{experts[2]}.weight" for e in range(param.shape[0])}
+        else:
+            expected.add(name)
+    expected -= {e for e in expected if e.endswith(".scale") and e[: -len("scale")] + "weight" in expected}
+    check_tensor_names(dict.fromkeys(expected), dict.fromkeys(present), where=str(root), fix=FIX, shapes=False)
+
+
+def _check_roles(config: V41Config, present: set[str], root: Path) -> None:
+    """Which layers the weights make KV sources (a compressor), gated (``wgate``: ratio > 1) and index
+    sources (an indexer's queries), against ``kv_source_layer_ids``, ``compress_ratios`` and
+    ``index_source_layer_ids``."""
+    found = []
+    kv, idx = set(config.kv_source_layer_ids), set(config.index_source_layer_ids)
+    for layer in range(config.num_hidden_layers):
+        p = f"layers.{layer}.attn."
+        comp = any(x.startswith(p + "compressor.") for x in present)
+        gate = p + "compressor.wgate.weight" in present
+        query = p + "indexer.wq_b.weight" in present
+        if comp != (layer in kv):
+            found.append(f"layer {layer}'s weights {'hold' if comp else 'lack'} a compressor, but kv_source_layer_ids "
+                         f"{'omits' if comp else 'lists'} it")
+        elif comp and gate != (config.compress_ratios[layer] > 1):
+            found.append(f"layer {layer}'s compressor {'has' if gate else 'has no'} gate (wgate), which means a ratio "
+                         f"{'above' if gate else 'of'} 1, but compress_ratios[{layer}] is {config.compress_ratios[layer]}")
+        if query != (layer in idx):
+            found.append(f"layer {layer}'s weights {'hold' if query else 'lack'} an indexer, but index_source_layer_ids "
+                         f"{'omits' if query else 'lists'} it")
+    if found:
+        raise CheckpointError(f"{root / 'config.json'} disagrees with the weights: " + "; ".join(found[:4])
+                              + (f" (and {len(found) - 4} more)" if len(found) > 4 else "") + f". {FIX}")
 
 
 def truncate_config(raw: dict[str, Any], n_layers: int) -> dict[str, Any]:
-    """``config.json`` cut to the first ``n_layers`` backbone layers (sources and Engram layers beyond dropped)."""
+    """``config.json`` cut to the first ``n_layers`` backbone layers (sources and Engram layers beyond dropped).
+
+    Engram layers are hashed in increasing order, so the kept ones keep their primes and multipliers.
+    """
     text = dict(raw.get("text_config") or {})
     total = int(text.get("num_hidden_layers", 0))
     if not isinstance(n_layers, int) or not 1 <= n_layers <= total:
         raise InputError(f"n_layers must lie in 1..{total}, got {n_layers!r}.")
     keep = lambda ids: [int(i) for i in ids or () if int(i) < n_layers]  # noqa: E731
+    engram = [int(i) for i in text.get("engram_layer_ids") or ()]
+    tables = list(text.get("engram_num_embeddings") or [])
+    if len(tables) == len(engram):  # one table per kept Engram layer (a mismatch is reported by the config check)
+        text["engram_num_embeddings"] = [t for i, t in zip(engram, tables) if i < n_layers]
     text.update(
         num_hidden_layers=n_layers,
         compress_ratios=list(text.get("compress_ratios", []))[:n_layers],
@@ -133,8 +288,8 @@ def truncate_config(raw: dict[str, Any], n_layers: int) -> dict[str, Any]:
     return {**raw, "text_config": text}
 
 
-def _restore_buffers(model: DeepSeekV41, device: str | torch.device) -> None:
-    """Recompute the RoPE frequencies (buffers are not in the checkpoint)."""
+def _restore_buffers(model: DeepSeekV41) -> None:
+    """Recompute the RoPE frequencies (buffers are not in the checkpoint), on each layer's device."""
     from phaselens.models.deepseek_v41.layers import rope_frequencies
 
     c = model.config
@@ -144,4 +299,4 @@ def _restore_buffers(model: DeepSeekV41, device: str | torch.device) -> None:
                                  original=c.rope_original_max_position, beta_fast=c.beta_fast, beta_slow=c.beta_slow)
         else:
             f = rope_frequencies(c.qk_rope_head_dim, c.rope_theta)
-        block.attn.inv_freq = f.to(device)
+        block.attn.inv_freq = f.to(block.attn.inv_freq.device)

@@ -48,7 +48,7 @@ class Indexer(nn.Module):
         Hi, di = cfg.index_n_heads, cfg.index_head_dim
         self.n_heads, self.head_dim = Hi, di
         if has_queries:
-            self.wq_b = Linear(cfg.q_lora_rank, Hi * di, numerics, quantized=True, dtype=dtype)
+            self.wq_b = Linear(cfg.q_lora_rank, Hi * di, numerics, quantized=True, dtype=dtype, stored="fp8")
             self.weights_proj = Linear(cfg.hidden_size, Hi, numerics, quantized=False, dtype=dtype)
         if owns_keys:
             self.wk = Linear(cfg.head_dim, di, numerics, quantized=False, dtype=dtype)

@@ -10,6 +10,9 @@ Facts checked against DeepSeek's reference ``inference/model.py`` (revision dba1
   latest source at or before it. Only ``index_source_layer_ids`` run an indexer; the others reuse the picks
   of the latest index source. Index keys are produced at KV sources only.
 * ``candidate_source_layer_id`` (``-1``: off) publishes a block mask that later index sources apply.
+* ``engram_*``: the Engram n-gram lookups added to the streams before the layers in ``engram_layer_ids``
+  (:mod:`.engram`); ``engram_num_embeddings`` has one table size per Engram layer. The pad token is
+  ``engram_pad_token_id`` in the Hugging Face config (``engram_pad_id`` in the reference's own config).
 
 :meth:`V41Config.topology` turns those lists into per-layer roles and refuses configs the reference would
 compute something ill-defined for (see ``docs/deepseek_v41.md``).
@@ -89,6 +92,13 @@ class V41Config:
     hc_sinkhorn_iters: int = 20
     hc_eps: float = 1e-6
     engram_layer_ids: tuple[int, ...] = ()
+    engram_num_embeddings: tuple[int, ...] = ()
+    engram_max_ngram_size: int = 1
+    engram_vocab_size: int = 0
+    engram_n_heads: int = 0
+    engram_head_dim: int = 0
+    engram_pad_id: int = 2
+    engram_compressed_vocab_size: int = 0
     num_nextn_predict_layers: int = 0
     weight_block_size: tuple[int, int] = (32, 32)
     name: str = ""
@@ -173,6 +183,13 @@ class V41Config:
             hc_sinkhorn_iters=int(text.get("hc_sinkhorn_iters", 20)),
             hc_eps=float(text.get("hc_eps", 1e-6)),
             engram_layer_ids=tuple(int(x) for x in text.get("engram_layer_ids", ()) or ()),
+            engram_num_embeddings=tuple(int(x) for x in text.get("engram_num_embeddings", ()) or ()),
+            engram_max_ngram_size=int(text.get("engram_max_ngram_size", 1)),
+            engram_vocab_size=int(text.get("engram_vocab_size", 0)),
+            engram_n_heads=int(text.get("engram_n_heads", 0)),
+            engram_head_dim=int(text.get("engram_head_dim", 0)),
+            engram_pad_id=int(text.get("engram_pad_token_id", text.get("engram_pad_id", 2))),
+            engram_compressed_vocab_size=int(text.get("engram_compressed_vocab_size", 0)),
             num_nextn_predict_layers=int(text.get("num_nextn_predict_layers", 0)),
             weight_block_size=(int(block[0]), int(block[-1])),
             name=name,

@@ -17,6 +17,8 @@ from torch import Tensor, nn
 
 from phaselens.models.compressed.compressor import rms_norm
 from phaselens.models.compressed.rope import apply_rope
+from phaselens.models.deepseek_v41.kernels import CALLS, Kernels, kernel_linear, wants_kernel
+from phaselens.models.deepseek_v41.packed import PackedFormat, dequantize
 from phaselens.models.deepseek_v41.quant import fp8_round_trip
 
 Quantize = Literal["kv", "fp8"] | None
@@ -29,9 +31,11 @@ class Numerics:
     ``quantize``: ``None`` (no round trips), ``"kv"`` (the reference's round trips on the window KV, the
     compressed KV and the indexer's queries and keys) or ``"fp8"`` (``"kv"`` plus FP8 activations into every
     GEMM whose weight the checkpoint stores in FP8 or FP4: the reference's full numerics).
+    ``kernels``: how GEMMs on packed weights run (:mod:`~phaselens.models.deepseek_v41.kernels`).
     """
 
     quantize: Quantize = None
+    kernels: Kernels = "auto"
 
     @property
     def kv(self) -> bool:
@@ -48,20 +52,71 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 class Linear(nn.Module):
-    """``y = x W^T`` in the weight's dtype. ``quantized`` marks layers whose checkpoint weight is FP8/FP4: the
-    reference quantizes their input to FP8 (groups of 32), which ``Numerics(quantize="fp8")`` simulates."""
+    """``y = x W^T`` in the model dtype. ``quantized`` marks layers whose GEMM the reference runs in FP8/FP4: it
+    quantizes their input to FP8 (groups of 32), which ``Numerics(quantize="fp8")`` simulates.
 
-    def __init__(self, d_in: int, d_out: int, numerics: Numerics, *, quantized: bool, dtype: torch.dtype) -> None:
+    The weight is either dense (``weight`` ``[d_out, d_in]`` in ``dtype``) or packed as the checkpoint stores it
+    (:meth:`set_packed`: ``weight`` holds the FP8/FP4 bytes and ``scale`` the block scales; see
+    :mod:`~phaselens.models.deepseek_v41.packed`), dequantized per call (or multiplied by transformers' kernel).
+    ``stored`` is the release's format of this weight (``"fp8"`` or ``None``), for plans made without a checkpoint.
+    """
+
+    def __init__(self, d_in: int, d_out: int, numerics: Numerics, *, quantized: bool, dtype: torch.dtype,
+                 stored: str | None = None) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(d_out, d_in, dtype=dtype))
-        self.quantized = quantized
-        self.numerics = numerics
+        self.register_parameter("scale", None)
+        self.quantized, self.numerics, self.dtype, self.stored = quantized, numerics, dtype, stored
+        self.fmt: PackedFormat | None = None
+        self.shape = (d_out, d_in)
+
+    def set_packed(self, fmt: PackedFormat, scale_dtype: torch.dtype = torch.uint8) -> None:
+        """Hold the weight packed in ``fmt`` (empty tensors on the weight's device, to be filled)."""
+        device = self.weight.device
+        self.weight = nn.Parameter(torch.empty(fmt.values_shape(*self.shape), dtype=torch.uint8, device=device),
+                                   requires_grad=False)
+        self.scale = nn.Parameter(torch.empty(fmt.scale_shape(*self.shape), dtype=scale_dtype, device=device),
+                                  requires_grad=False)
+        self.fmt = fmt
+
+    def dense_weight(self) -> Tensor:
+        """The weight ``[d_out, d_in]`` in the model dtype (dequantized when packed)."""
+        if self.fmt is None:
+            return self.weight
+        return dequantize(self.weight, self.scale, self.fmt, self.dtype)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = x.to(self.weight.dtype)
-        if self.quantized and self.numerics.activations:
+        x = x.to(self.weight.dtype if self.fmt is None else self.dtype)  # dense: follows model.to(dtype)
+        fp8_in = self.quantized and self.numerics.activations
+        if self.fmt is not None and wants_kernel(self.numerics.kernels, x, self.weight, fp8_in):
+            y = kernel_linear(x, self.weight, self.scale, self.fmt)
+            if y is not None:
+                return y
+        if fp8_in:
             x = fp8_round_trip(x, 32)
-        return F.linear(x, self.weight)
+        if self.fmt is not None:
+            CALLS["dequantize"] += 1
+        return F.linear(x, self.dense_weight())
+
+    def extra_repr(self) -> str:
+        packed = f", packed={self.fmt.kind} {self.fmt.block[0]}x{self.fmt.block[1]}" if self.fmt else ""
+        return f"d_in={self.shape[1]}, d_out={self.shape[0]}{packed}"
+
+
+class GroupedLinear(Linear):
+    """``wo_a``: block-diagonal over ``groups``, each group projecting its own ``d_in / groups`` inputs to
+    ``rank`` outputs (weight ``[groups * rank, d_in / groups]``), applied as one einsum with no activation round
+    trip (as the reference). A module call, so a device map's hooks see its weight."""
+
+    def __init__(self, d_in: int, groups: int, rank: int, numerics: Numerics, *, dtype: torch.dtype,
+                 stored: str | None = None) -> None:
+        super().__init__(d_in // groups, groups * rank, numerics, quantized=False, dtype=dtype, stored=stored)
+        self.groups, self.rank = groups, rank
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``x`` ``[B, n, groups * d_in/groups]`` -> ``[B, n, groups, rank]``."""
+        w = self.dense_weight().view(self.groups, self.rank, -1)
+        return torch.einsum("bngi,gri->bngr", x.unflatten(-1, (self.groups, -1)).to(w.dtype), w)
 
 
 class RMSNorm(nn.Module):

@@ -10,6 +10,11 @@ computed from the streams it sees, but its ``pre`` (collapse) weights are used b
 block's attention collapses its input with the ``pre`` that the previous block's FFN mix produced (one-hot on
 stream 0 before the first block), its FFN with the ``pre`` of its own attention mix, and the final collapse
 before the norm and head uses the last FFN mix's ``pre``.
+
+Engram (:mod:`.engram`): before each layer of ``engram_layer_ids`` the streams get a gated n-gram table lookup,
+so that layer's ``hook_resid_pre`` already holds it (the streams before it are the previous layer's
+``hook_resid_post``). The n-gram hashes of a call are computed once (:mod:`.engram_hash`) from the token ids
+and, when decoding, the cache's last ``max_ngram - 1`` compressed ids.
 """
 
 from __future__ import annotations
@@ -19,17 +24,25 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.protocol import HookContext, hook_context
-from phaselens.core.errors import InputError, PhaseGeometryError
+from phaselens.core.errors import CheckpointError, InputError, PhaseGeometryError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v41.attention import V41Attention
 from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
+from phaselens.models.deepseek_v41.engram import Engram
+from phaselens.models.deepseek_v41.engram_hash import (
+    EngramLayout,
+    NgramHasher,
+    compressed_token_map,
+    history_after,
+)
+from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import (
     Numerics,
     Quantize,
@@ -41,7 +54,10 @@ from phaselens.models.deepseek_v41.layers import (
 )
 from phaselens.models.deepseek_v41.moe import MoE
 from phaselens.models.deepseek_v41.notices import IndexTopKWarning
-from phaselens.models.hooking import ContextHooks, query_start
+from phaselens.models.deepseek_v41.placement import input_device
+from phaselens.models.hooking import ContextHooks, query_start, silent_hooks
+
+_UNSET = object()
 
 
 @dataclass(frozen=True)
@@ -65,14 +81,17 @@ class V41Cfg:
     candidate_source_layer_id: int
     index_topk: int | str
     rope_dims: int
+    engram_layer_ids: tuple[int, ...] = ()
 
 
 class Block(nn.Module):
     """One layer: hyper-connected attention and MoE sublayers (checkpoint names ``hc_attn_fn``, ...)."""
 
     def __init__(self, cfg: V41Config, role: LayerRole, numerics: Numerics, dtype: torch.dtype,
-                 index_topk: int | None) -> None:
+                 index_topk: int | None, engram: EngramLayout | None = None) -> None:
         super().__init__()
+        if engram is not None and role.layer in engram.layer_ids:
+            self.engram = Engram(cfg, engram.layer_ids.index(role.layer), numerics, dtype, engram.n_cols)
         hc, D = cfg.hc_mult, cfg.hidden_size
         ct = compute_dtype(dtype)
         mix = (2 + hc) * hc
@@ -88,8 +107,14 @@ class Block(nn.Module):
         self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint(), HookPoint()
         self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint()
 
-    def forward(self, x: Tensor, pre: Tensor, start: int, cache: V41Cache, rt: StackRuntime) -> tuple[Tensor, Tensor]:
-        """``x`` ``[B, n, hc, D]``, ``pre`` ``[B, n, hc]`` -> (new streams, the ``pre`` for the next block)."""
+    def forward(self, x: Tensor, pre: Tensor, start: int, cache: V41Cache, rt: StackRuntime,
+                rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``x`` ``[B, n, hc, D]``, ``pre`` ``[B, n, hc]`` -> (new streams, the ``pre`` for the next block).
+
+        ``rows`` ``[B, n, n_engram_layers, cols]``: the Engram table rows of the call (Engram layers only).
+        """
+        if hasattr(self, "engram"):
+            x = self.engram(x, rows[:, :, self.engram.index])
         x = self.hook_resid_pre(x)
         a_pre, a_post, a_comb = hc_mixes(x, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, **self.hc_kw)
         out = self.hook_attn_out(self.attn(self.attn_norm(hc_pre(x, pre)), start, cache, rt))
@@ -100,7 +125,7 @@ class Block(nn.Module):
 
 
 class DeepSeekV41(ContextHooks, HookedRootModule):
-    """The DeepSeek-V4.1 text model (no Engram, no vision tower, no draft layers).
+    """The DeepSeek-V4.1 text model with Engram (no vision tower, no draft layers).
 
     Build it with :func:`phaselens.models.deepseek_v41.load_v41` (``phaselens.load("hf:DIR")``).
 
@@ -110,14 +135,22 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         quantize: ``None``, ``"kv"`` or ``"fp8"`` (see :class:`~phaselens.models.deepseek_v41.layers.Numerics`).
         index_topk: ``None`` (the config's), an int, or ``"all"`` (every visible entry; lifts the candidate filter).
         analysis_stride: the stride that defines phases (default: the smallest compression ratio >= 2).
+        engram: ``"run"`` (Engram at the config's layers, as the reference) or ``"drop"`` (built without it: an
+            ablation). Running it needs the tokenizer: :meth:`set_engram_tokenizer` (``load_v41`` calls it).
+        kernels: how GEMMs on packed weights run (:mod:`~phaselens.models.deepseek_v41.kernels`).
+        chunk: prefill in pieces of this many tokens (see :meth:`forward`); needed at long context.
     """
 
     default_task: Any = None
+    chunk: int | None = None  # tokens per prefill piece (forward's chunk), None: one call
 
     def __init__(self, config: V41Config, *, dtype: torch.dtype = torch.bfloat16, quantize: Quantize = None,
                  index_topk: int | str | None = None, analysis_stride: int | None = None,
-                 metadata: dict[str, Any] | None = None) -> None:
+                 metadata: dict[str, Any] | None = None, engram: str = "run", kernels: Kernels = "auto",
+                 chunk: int | None = None) -> None:
         super().__init__()
+        if engram not in ("run", "drop"):
+            raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
         if quantize not in (None, "kv", "fp8"):
             raise InputError(f"quantize must be None, 'kv' or 'fp8', got {quantize!r}.")
         if index_topk == "all":
@@ -128,13 +161,17 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
             topk = index_topk
         else:
             raise InputError(f"index_topk must be None, a positive int or 'all', got {index_topk!r}.")
-        self.config, self.numerics, self.default_task = config, Numerics(quantize), None
+        self.config, self.numerics, self.default_task = config, Numerics(quantize, kernels), None
+        self.chunk = chunk
         self.roles = config.topology()
         self._index_topk = topk
         D, V, ct = config.hidden_size, config.vocab_size, compute_dtype(dtype)
         self.embed = nn.Embedding(V, D, dtype=dtype)
         self.hook_embed = HookPoint()
-        self.blocks = nn.ModuleList([Block(config, r, self.numerics, dtype, topk) for r in self.roles])
+        self.engram_layout = EngramLayout.from_config(config) if config.engram_layer_ids and engram == "run" else None
+        self.engram_hasher: NgramHasher | None = None  # needs the tokenizer: set_engram_tokenizer
+        self.blocks = nn.ModuleList([Block(config, r, self.numerics, dtype, topk, self.engram_layout)
+                                     for r in self.roles])
         self.norm = RMSNorm(D, config.rms_norm_eps, dtype)
         self.head = nn.Linear(D, V, bias=False, dtype=ct)
         strides = sorted({r.ratio for r in self.roles if r.ratio >= 2})
@@ -164,6 +201,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
             kv_source_layer_ids=c.kv_source_layer_ids, index_source_layer_ids=c.index_source_layer_ids,
             candidate_source_layer_id=c.candidate_source_layer_id,
             index_topk="all" if self._index_topk is None else self._index_topk, rope_dims=c.qk_rope_head_dim,
+            engram_layer_ids=() if self.engram_layout is None else self.engram_layout.layer_ids,
         )
 
     @property
@@ -175,6 +213,20 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
     def analysis_spec(self) -> PhaseSpec:
         """``PhaseSpec(analysis_stride)`` (2 for V4.1), origin 0: BOS and any template count as slots."""
         return PhaseSpec(self._stride)
+
+    @property
+    def dims(self) -> ModelDims:
+        """Sizes and phase geometry as analyses read them (the model contract)."""
+        c, w = self.config, self.embed.weight
+        return ModelDims(n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads, n_key_value_heads=1,
+                         d_head=c.head_dim, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings,
+                         phase_specs=tuple(self.phase_specs), analysis_spec=self.analysis_spec,
+                         local_window=c.sliding_window, prefill_chunk=self.chunk, dtype=w.dtype,
+                         device=input_device(self))
+
+    def identity(self) -> ModelIdentity:
+        """The V4.1 config and this module's weights (fingerprints)."""
+        return ModelIdentity(type(self).__qualname__, config_dict(self.config), self)
 
     @property
     def returns_query_logits(self) -> bool:
@@ -205,22 +257,84 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
             md["modifications"] = [*md["modifications"], f"index_topk={self.cfg.index_topk} (config: {c.index_topk})"]
         return md
 
+    # ---- Engram ------------------------------------------------------------------------------------
+    def set_engram_tokenizer(self, tokenizer_json: str | Any) -> None:
+        """Build Engram's n-gram hasher from the checkpoint's ``tokenizer.json`` (:mod:`.engram_hash`).
+
+        Raises :class:`CheckpointError` when the tokenizer's compressed vocabulary does not have the config's
+        ``engram_compressed_vocab_size`` ids: every hash would then address the wrong rows.
+        """
+        if self.engram_layout is None:
+            return
+        token_map, size = compressed_token_map(tokenizer_json)
+        want = self.config.engram_compressed_vocab_size
+        if size != want:
+            raise CheckpointError(
+                f"{tokenizer_json} normalizes to {size} distinct tokens but the config's "
+                f"engram_compressed_vocab_size is {want}: Engram's hashes derive from that number, so this "
+                "tokenizer is not the checkpoint's (or the tokenizers library normalizes differently)."
+            )
+        device = input_device(self)  # where the token ids go (the embedding may be offloaded)
+        self.engram_hasher = NgramHasher(self.engram_layout, token_map, size, self.config.engram_pad_id).to(device)
+
+    def _engram_rows(self, tokens: Tensor, run: V41Cache) -> Tensor | None:
+        """Table rows ``[B, n, n_engram_layers, cols]`` of the call; stages the cache's n-gram history."""
+        if self.engram_layout is None:
+            return None
+        if self.engram_hasher is None:
+            raise CheckpointError(
+                "this model runs Engram but has no tokenizer: call model.set_engram_tokenizer('DIR/tokenizer.json') "
+                "or load it with phaselens.load('hf:DIR') from a checkpoint directory holding tokenizer.json."
+            )
+        ids = self.engram_hasher.compress(tokens)
+        history = run.ngram_history if run.ngram_history is not None else ids[:, :0]
+        run.stage_ngram_history(history_after(history, ids, self.engram_layout.max_ngram - 1))
+        return self.engram_hasher(ids, history)
+
     # ---- forward -----------------------------------------------------------------------------------
     def new_cache(self, batch_size: int = 1) -> V41Cache:
         """An empty :class:`V41Cache` for ``batch_size`` sequences."""
         return V41Cache(self, batch_size)
 
     def forward(self, tokens: Tensor, *, cache: V41Cache | None = None,
-                logits: Literal["all", "query"] = "all", query_len: int | None = None) -> Tensor:
+                logits: Literal["all", "query"] = "all", query_len: int | None = None,
+                chunk: int | None | object = _UNSET) -> Tensor:
         """Logits ``[B, n, vocab]`` (fp32) for token ids ``[B, n]`` (or ``[n]``).
 
         Args:
             cache: continue the cached sequence at slot ``cache.length`` (and advance it).
             logits: ``"query"`` computes only the last ``query_len`` rows' logits (``[B, query_len, vocab]``).
+            chunk: without ``cache``, prefill in pieces of this many tokens through a fresh cache, then run the
+                query piece (the last ``query_len`` tokens, default ``min(chunk, n)``); hooks fire only for
+                the query piece, as in the DeepSeek-V4 adapter. Default: the model's ``chunk`` (``None``: one
+                call). Attention then holds ``[B, H, chunk, window + entries]`` scores instead of
+                ``[B, H, n, ...]``; logits equal the unchunked ones to float rounding.
         """
         if logits not in ("all", "query"):
             raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
         tokens = self._check_tokens(tokens)
+        chunk = self.chunk if chunk is _UNSET else chunk
+        if cache is not None or chunk is None:
+            return self._call(tokens, cache, logits, query_len)
+        T = tokens.shape[1]
+        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+            raise InputError(f"chunk must be a positive int (tokens per prefill piece) or None, got {chunk!r}.")
+        q = min(chunk, T) if query_len is None else query_len
+        if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= T:
+            raise InputError(f"query_len must be an int in 1..{T} (the query piece), got {query_len!r}.")
+        run = V41Cache(self, tokens.shape[0])
+        kept = []
+        with torch.no_grad(), silent_hooks():
+            for a in range(0, T - q, chunk):
+                out = self._call(tokens[:, a : min(a + chunk, T - q)], run, "all", None, head=logits == "all")
+                kept.append(out)
+        out = self._call(tokens[:, T - q :], run, "all", None)
+        return torch.cat([*kept, out], dim=1) if logits == "all" else out
+
+    def _call(self, tokens: Tensor, cache: V41Cache | None, logits: str, query_len: int | None,
+              head: bool = True) -> Tensor | None:
+        """One forward of ``tokens`` (checked ids) through ``cache`` (``None``: a fresh one); ``head=False``:
+        no logits (a prefix piece)."""
         B, n = tokens.shape
         run = cache if cache is not None else V41Cache(self, B)
         run.check(self, B)
@@ -233,19 +347,22 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         rt = StackRuntime()
         try:
             with query_start(start):
+                rows = self._engram_rows(tokens, run)
                 h = self.hook_embed(self.embed(tokens))
                 x = h.unsqueeze(2).repeat(1, 1, self.config.hc_mult, 1)
                 pre = torch.zeros(B, n, self.config.hc_mult, dtype=compute_dtype(h.dtype), device=h.device)
                 pre[..., 0] = 1.0  # one-hot: the first block's attention reads stream 0
                 for block in self.blocks:
-                    x, pre = block(x, pre, start, run, rt)
+                    x, pre = block(x, pre, start, run, rt, rows)
         except BaseException:
             run.discard()
             raise
         run.commit(n)
         self._note_binding(rt, start + n)
+        if not head:
+            return None
         final = self.norm(hc_pre(x[:, n - q :], pre[:, n - q :]))
-        return F.linear(final.to(self.head.weight.dtype), self.head.weight)
+        return self.head(final.to(self.head.weight.dtype))  # a module call: a device map's hook sees it
 
     def _context(self, point: Any) -> HookContext:
         """The hook context; ``first_entry`` of compressor hooks counts entries of the layer's own ratio (ratio-1
@@ -253,8 +370,9 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         ctx = super()._context(point)
         layer = ctx.layer_index
         if ctx.name.rsplit(".", 1)[-1] in ("hook_gate", "hook_payload", "hook_entry") and layer is not None:
+            attn = f"blocks.{layer}.attn." in ctx.name  # Engram's hook_gate is per token: no entries
             return hook_context(point, ctx.name, layer, query_start=ctx.query_start,
-                                first_entry=ctx.query_start // self.roles[layer].ratio)
+                                first_entry=ctx.query_start // self.roles[layer].ratio if attn else None)
         return ctx
 
     def _check_tokens(self, tokens: Any) -> Tensor:
@@ -266,7 +384,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         V = self.config.vocab_size
         if int(tokens.min()) < 0 or int(tokens.max()) >= V:
             raise InputError(f"token ids must lie in 0..{V - 1}, got {int(tokens.min())}..{int(tokens.max())}.")
-        return tokens.long().to(self.embed.weight.device)
+        return tokens.long().to(input_device(self))
 
     def _note_binding(self, rt: StackRuntime, length: int) -> None:
         md = self._metadata
@@ -289,6 +407,14 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
                 "index_topk='all' to keep every visible entry (recorded as a modification of the model)."
             ), stacklevel=3)
 
+    def estimate_memory(self, tokens: int, *, batch: int = 1, query_len: int | None = None,
+                        logits: Literal["all", "query"] = "all") -> Any:
+        """Bytes of a forward over ``batch`` x ``tokens`` tokens in this model's ``chunk``
+        (:func:`~phaselens.models.deepseek_v41.memory.estimate_memory`; a meta-device model will do)."""
+        from phaselens.models.deepseek_v41.memory import estimate_memory
+
+        return estimate_memory(self, tokens, batch=batch, chunk=self.chunk, query_len=query_len, logits=logits)
+
     def with_metadata(self, **entries: Any) -> DeepSeekV41:
         self._metadata.update(entries)
         return self
@@ -296,7 +422,8 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
     def __repr__(self) -> str:
         kinds = "".join("S" if r.ratio == 0 else str(r.ratio) for r in self.roles)
         return (f"DeepSeekV41({self.name!r}, layers={kinds}, kv_sources={list(self.config.kv_source_layer_ids)}, "
-                f"index_sources={list(self.config.index_source_layer_ids)}, analysis_stride={self._stride}, "
+                f"index_sources={list(self.config.index_source_layer_ids)}, engram={list(self.cfg.engram_layer_ids)}, "
+                f"analysis_stride={self._stride}, "
                 f"dtype={self.cfg.dtype}, quantize={self.numerics.quantize})")
 
 

@@ -13,7 +13,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from phaselens.models.deepseek_v41.config import V41Config
+from phaselens.models.deepseek_v41.kernels import CALLS, kernel_linear, wants_kernel
 from phaselens.models.deepseek_v41.layers import Linear, Numerics, compute_dtype
+from phaselens.models.deepseek_v41.packed import PackedFormat, dequantize
 from phaselens.models.deepseek_v41.quant import fp8_round_trip
 
 
@@ -28,9 +30,10 @@ def swiglu(gate: Tensor, up: Tensor, limit: float) -> Tensor:
 class SharedExpert(nn.Module):
     def __init__(self, d_model: int, d_ff: int, numerics: Numerics, dtype: torch.dtype, limit: float) -> None:
         super().__init__()
-        self.w1 = Linear(d_model, d_ff, numerics, quantized=True, dtype=dtype)
-        self.w2 = Linear(d_ff, d_model, numerics, quantized=True, dtype=dtype)
-        self.w3 = Linear(d_model, d_ff, numerics, quantized=True, dtype=dtype)
+        fp8 = {"quantized": True, "dtype": dtype, "stored": "fp8"}
+        self.w1 = Linear(d_model, d_ff, numerics, **fp8)
+        self.w2 = Linear(d_ff, d_model, numerics, **fp8)
+        self.w3 = Linear(d_model, d_ff, numerics, **fp8)
         self.limit = limit
 
     def forward(self, x: Tensor) -> Tensor:
@@ -41,17 +44,53 @@ class SharedExpert(nn.Module):
 
 class RoutedExperts(nn.Module):
     """The routed experts' weights stacked per layer: ``w1``, ``w3`` ``[E, d_ff, D]`` and ``w2`` ``[E, D, d_ff]``
-    (checkpoint ``ffn.experts.{e}.w{1,2,3}.weight``, FP4 there)."""
+    (checkpoint ``ffn.experts.{e}.w{1,2,3}.weight``, FP4 in the release).
+
+    Packed (:meth:`set_packed`), ``w{1,2,3}`` hold the stored bytes (FP4: ``[E, d_ff, D/2]`` ...) and
+    ``w{1,2,3}_scale`` the scales; each forward dequantizes only the experts its tokens selected, in groups of
+    at most ``chunk_bytes`` of dequantized weights, each group in one vectorised call.
+    """
+
+    chunk_bytes = 1 << 30  # dequantized expert weights alive at once (1 GiB: ~23 experts of the released Flash)
+    stored = "fp4"  # the release's format (plans made without a checkpoint)
 
     def __init__(self, n: int, d_model: int, d_ff: int, numerics: Numerics, dtype: torch.dtype, limit: float) -> None:
         super().__init__()
-        self.w1 = nn.Parameter(torch.empty(n, d_ff, d_model, dtype=dtype))
-        self.w2 = nn.Parameter(torch.empty(n, d_model, d_ff, dtype=dtype))
-        self.w3 = nn.Parameter(torch.empty(n, d_ff, d_model, dtype=dtype))
-        self.numerics, self.limit = numerics, limit
+        self.shapes = {"w1": (n, d_ff, d_model), "w2": (n, d_model, d_ff), "w3": (n, d_ff, d_model)}
+        for name, shape in self.shapes.items():
+            setattr(self, name, nn.Parameter(torch.empty(*shape, dtype=dtype)))
+            self.register_parameter(f"{name}_scale", None)
+        self.numerics, self.limit, self.dtype = numerics, limit, dtype
+        self.fmt: PackedFormat | None = None
+
+    def set_packed(self, fmt: PackedFormat, scale_dtype: torch.dtype = torch.uint8) -> None:
+        """Hold the experts packed in ``fmt`` (empty tensors on the weights' device, to be filled)."""
+        for name, (n, rows, cols) in self.shapes.items():
+            device = getattr(self, name).device
+            setattr(self, name, nn.Parameter(torch.empty(n, *fmt.values_shape(rows, cols), dtype=torch.uint8,
+                                                         device=device), requires_grad=False))
+            setattr(self, f"{name}_scale", nn.Parameter(torch.empty(n, *fmt.scale_shape(rows, cols),
+                                                                    dtype=scale_dtype, device=device),
+                                                        requires_grad=False))
+        self.fmt = fmt
+
+    def dense(self, name: str, experts: Tensor) -> Tensor:
+        """Weights ``name`` of ``experts`` ``[k]`` as ``[k, rows, cols]`` in the model dtype (dequantized in one
+        call when packed)."""
+        w = getattr(self, name)
+        if self.fmt is None:
+            return w[experts]
+        return dequantize(w[experts], getattr(self, f"{name}_scale")[experts], self.fmt, self.dtype)
 
     def _in(self, x: Tensor) -> Tensor:
         return fp8_round_trip(x, 32) if self.numerics.activations else x
+
+    def _groups(self, experts: list[int]) -> list[list[int]]:
+        """``experts`` cut into runs whose dequantized weights fit ``chunk_bytes``."""
+        _, rows, cols = self.shapes["w1"]
+        per = 3 * rows * cols * torch.empty((), dtype=self.dtype).element_size()
+        size = max(1, self.chunk_bytes // per)
+        return [experts[i : i + size] for i in range(0, len(experts), size)]
 
     def forward(self, x: Tensor, indices: Tensor, weights: Tensor) -> Tensor:
         """``x`` ``[N, D]``, ``indices`` / ``weights`` ``[N, k]`` -> fp32 ``[N, D]``.
@@ -61,13 +100,50 @@ class RoutedExperts(nn.Module):
         """
         ct = compute_dtype(x.dtype)
         y = torch.zeros(x.shape[0], x.shape[1], dtype=ct, device=x.device)
-        for e in torch.unique(indices).tolist():
-            rows, slot = torch.where(indices == e)
-            xe = self._in(x[rows])
-            h = swiglu(F.linear(xe, self.w1[e]).to(ct), F.linear(xe, self.w3[e]).to(ct), self.limit)
-            h = (weights[rows, slot, None] * h).to(x.dtype)
-            y.index_add_(0, rows, F.linear(self._in(h), self.w2[e]).to(ct))
+        chosen = torch.unique(indices).tolist()
+        if self.fmt is None:
+            for e in chosen:
+                self._expert(x, y, indices, weights, e, self.w1[e], self.w2[e], self.w3[e])
+            return y
+        for group in self._groups(chosen):
+            ids = torch.tensor(group, device=self.w1.device)
+            if self._kernel_group(x, y, indices, weights, group):
+                continue
+            CALLS["dequantize"] += 1
+            w1, w2, w3 = (self.dense(name, ids) for name in ("w1", "w2", "w3"))
+            for j, e in enumerate(group):
+                self._expert(x, y, indices, weights, e, w1[j], w2[j], w3[j])
         return y
+
+    def _expert(self, x: Tensor, y: Tensor, indices: Tensor, weights: Tensor, e: int,
+                w1: Tensor, w2: Tensor, w3: Tensor) -> None:
+        """Add expert ``e``'s weighted output to ``y`` for the tokens that chose it."""
+        ct = y.dtype
+        rows, slot = torch.where(indices == e)
+        xe = self._in(x[rows])
+        h = swiglu(F.linear(xe, w1).to(ct), F.linear(xe, w3).to(ct), self.limit)
+        h = (weights[rows, slot, None] * h).to(x.dtype)
+        y.index_add_(0, rows, F.linear(self._in(h), w2).to(ct))
+
+    def _kernel_group(self, x: Tensor, y: Tensor, indices: Tensor, weights: Tensor, group: list[int]) -> bool:
+        """transformers' kernel on each expert of ``group`` (CUDA, ``quantize="fp8"``), added to ``y`` only if
+        every GEMM ran; ``False``: not used (the caller dequantizes)."""
+        if not wants_kernel(self.numerics.kernels, x, self.w1, self.numerics.activations):
+            return False
+        part = torch.zeros_like(y)
+        for e in group:
+            rows, slot = torch.where(indices == e)
+            gate, up = (kernel_linear(x[rows], getattr(self, n)[e], getattr(self, f"{n}_scale")[e], self.fmt)
+                        for n in ("w1", "w3"))
+            if gate is None or up is None:
+                return False
+            h = (weights[rows, slot, None] * swiglu(gate.to(y.dtype), up.to(y.dtype), self.limit)).to(x.dtype)
+            out = kernel_linear(h, self.w2[e], self.w2_scale[e], self.fmt)
+            if out is None:
+                return False
+            part.index_add_(0, rows, out.to(y.dtype))
+        y += part
+        return True
 
 
 class Gate(nn.Module):

@@ -18,3 +18,8 @@ class IndexTopKWarning(DeepSeekV41Warning):
 
 class EngramDroppedWarning(DeepSeekV41Warning):
     """The checkpoint's Engram lookups were dropped on request: the loaded model is not the released one."""
+
+
+class KernelFallbackWarning(DeepSeekV41Warning):
+    """transformers' FP8/FP4 kernel could not run; packed weights are dequantized inside the forward instead
+    (the same numbers as ``kernels="torch"``)."""

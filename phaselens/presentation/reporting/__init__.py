@@ -29,12 +29,23 @@ def _resolve(model: Any) -> tuple[str, Any, str]:
         m = phaselens.load(model)
         card = getattr(m, "metadata", {}) or {}
         return model.split(":")[-1], m, card.get("description", "")
-    name = getattr(model, "name", None) or type(model).__name__
+    name = model.name
     return str(name), model, ""
 
 
+def _as_list(models: Any) -> list[Any]:
+    """``models`` as a list: one name, path or model is a list of one (a string is never read letter by letter)."""
+    import os
+
+    if models is None:
+        return []
+    if isinstance(models, str | bytes | os.PathLike) or not isinstance(models, list | tuple | set | frozenset):
+        return [models]
+    return list(models)
+
+
 def _is_control(model: Any) -> bool:
-    return all(s is None for s in model.phase_specs)
+    return all(s is None for s in model.dims.phase_specs)
 
 
 def report(
@@ -47,7 +58,8 @@ def report(
     command: str | None = None,
     overwrite: bool = False,
 ) -> Path:
-    """Build the report for ``models`` (zoo names, checkpoint paths, or model objects) into ``out``.
+    """Build the report for ``models`` (zoo names, checkpoint paths, or model objects; one of them, or a list)
+    into ``out``.
 
     With no models it runs on the embedded default: the DeepSeek-style zoo model ``w8s4`` beside the
     full-attention control ``full``. A model without compressed layers is treated as the control and
@@ -69,13 +81,13 @@ def report(
     check_output_dir(out, REPORT, overwrite=overwrite)  # fail now, not after minutes of computing
     settings = settings or ReportSettings()
     t0 = time.time()
-    resolved = [_resolve(m) for m in (models or DEFAULT_MODELS)]
+    resolved = [_resolve(m) for m in (_as_list(models) or DEFAULT_MODELS)]
     seen: dict[str, int] = {}
     for i, (name, m, desc) in enumerate(resolved):  # unique names: they prefix the CSV files
         seen[name] = seen.get(name, 0) + 1
         if seen[name] > 1:
             resolved[i] = (f"{name}-{seen[name]}", m, desc)
-    strides = [m.analysis_spec.stride for _, m, _ in resolved if not _is_control(m)]
+    strides = [m.dims.analysis_spec.stride for _, m, _ in resolved if not _is_control(m)]
     compare = min(strides) if strides else 4
     results: list[ModelResults] = []
     for name, model, desc in resolved:

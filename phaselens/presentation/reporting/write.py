@@ -1,6 +1,6 @@
 """Writing the report: files into a temporary directory, put into place at the end (atomic; see
-:mod:`phaselens.runtime.files`). A directory holding files that are not a previous report is refused unless
-``overwrite=True``, which replaces only the report's own files."""
+:mod:`phaselens.runtime.files`). A directory holding files that are not a previous report's (by its manifest)
+is refused unless ``overwrite=True``, which replaces only the report's own files, in ``figures/`` too."""
 
 from __future__ import annotations
 
@@ -88,22 +88,20 @@ def export_static(secs: list[Section], folder: Path) -> str:
         return f"skipped: kaleido could not render ({type(err).__name__}: {err})."
 
 
-def _owned(folder: Path) -> frozenset[str]:
-    """The files a previous report wrote in ``folder``: those its ``results.json`` lists (none if it has none)."""
+def _legacy_owned(folder: Path) -> frozenset[str]:
+    """A report written before manifests: the files its ``results.json`` lists (none if it has none). Never
+    ``figures/``: a folder's files are the report's only where a manifest proves it (one PNG of yours there
+    must not be taken for the report's)."""
     try:
         data = json.loads((folder / "results.json").read_text())
         tables = list(data["tables"])
         data["meta"]
     except (OSError, ValueError, KeyError, TypeError):
         return frozenset()
-    names = {"index.html", "results.json", *(f"{k}.csv" for k in tables)}
-    figures = folder / "figures"
-    if figures.is_dir() and all(p.suffix == ".png" and p.is_file() for p in figures.iterdir()):
-        names.add("figures")
-    return frozenset(names)
+    return frozenset({"index.html", "results.json", *(f"{k}.csv" for k in tables)})
 
 
-REPORT = DirKind("report", _owned)
+REPORT = DirKind("report", _legacy_owned)
 
 
 def write_report(out: Path, page_html: str, results: list[ModelResults], secs: list[Section], meta: dict[str, Any],

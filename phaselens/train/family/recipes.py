@@ -5,7 +5,7 @@ Qwen3-0.6B run (science.md §3: strides 4, 6, 8 and 12, with and without overlap
 Every member is a :class:`~phaselens.models.CompressedTransformer` whose config switches on the Qwen3 options
 (``qk_norm``, SwiGLU, no biases, tied embeddings, a ``"half"`` RoPE, no sink), so every hook, the compressed
 cache, the query-suffix engine and every analysis work on it unchanged; with ``compression=None`` it *is*
-Qwen3 (``tests/test_qwen3.py``).
+Qwen3 (``tests/models/compressed/test_qwen3.py``).
 
 Layouts (compressed layers: every layer; local window 16 raw tokens, as the paper's controlled models):
 

@@ -5,7 +5,7 @@ One code path for every world size:
 - **One process** (``python -m phaselens train ...``): the plain model, no FSDP, no process group.
 - **torchrun** (``torchrun --nproc-per-node N -m phaselens train ...``): every block and then the root are
   sharded with ``torch.distributed.fsdp.fully_shard`` over a 1-D mesh of the ranks (NCCL on GPUs, gloo on CPU;
-  FSDP2 runs on CPU with gloo in torch 2.13, which ``tests/test_family_train.py`` exercises).
+  FSDP2 runs on CPU with gloo in torch 2.13, which ``tests/train/family/test_train.py`` exercises).
 
 The batch of step ``s`` is the same global batch on every world size (``data(batch_size, seed)`` with the
 seed of step ``s``, built on every rank); rank ``r`` trains rows ``r*B/N .. (r+1)*B/N - 1`` in micro-batches.

@@ -1,0 +1,336 @@
+"""What a released checkpoint needs, from its ``config.json`` alone: ``phaselens plan SOURCE``.
+
+:func:`plan_model` builds the model on the meta device (shapes and dtypes, no memory, no weights read) and
+reports, in bytes:
+
+* the weights **as stored** (the text model in the checkpoint's formats: FP8 projections, FP4 experts, bf16
+  and fp32 tensors; Engram's tables separately; the draft layers and the vision tower are not counted) and
+  **as loaded** on GPUs by phaselens (DeepSeek-V4.1: packed, :mod:`phaselens.models.deepseek_v41.packed`;
+  DeepSeek-V4: as transformers' finegrained-fp8 integration keeps them on CUDA), with the dequantized size
+  for comparison;
+* one forward at ``context`` tokens, prefilled in pieces of ``chunk``: the cache, the attention scores (the
+  softmax holds about four copies), the other activations and the logits (each model's ``estimate_memory``);
+* how many GPUs of ``gpu_memory`` that takes: the layers (whole, as accelerate never splits one) in contiguous
+  runs filled one GPU after another, as ``device_map="auto"`` fills them, with the cache and one call's
+  transients on every GPU, 90% of each GPU usable (CUDA's context, the allocator's fragmentation);
+* the smallest node (1, 2, 4 or 8 of those GPUs) that runs a per-head map at ``map_context`` tokens (one
+  forward per cell and item, batch 1, as ``specialization_map(engine="full")`` runs it), and the largest
+  prefill chunk that fits there.
+
+Sizes are estimates from the code's tensors, not measurements on a GPU (see ``docs/scale.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
+
+GiB = 2**30
+GPU_TYPES = {"H100": 80.0, "H200": 141.0, "B200": 192.0}  # GB (1e9 bytes) as sold
+NODE_SIZES = (1, 2, 4, 8)
+CHUNKS = (4096, 2048, 1024, 512, 256, 128, 64)
+USABLE = 0.9
+FP32_STORED = ("hc_", "attn_sink", "gate.bias")  # V4.1 tensors the release stores in fp32 (the rest: bf16)
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """A checkpoint's memory at a context length, and the GPUs it needs (see the module docstring)."""
+
+    source: str
+    model_type: str
+    config_only: bool
+    weights_stored_bytes: int
+    engram_stored_bytes: int
+    files_bytes: int | None
+    weights_bytes: int  # as loaded
+    weights_dequantized_bytes: int
+    context: int
+    batch: int
+    chunk: int | None
+    cache_bytes: int
+    attention_bytes: int  # one score tensor; four are budgeted
+    activation_bytes: int
+    logits_bytes: int
+    peak_bytes: int  # everything of one forward on one device
+    gpu_memory_bytes: int
+    gpus: int | None  # GPUs of gpu_memory for the forward above (None: more than 64)
+    per_gpu_bytes: int | None  # the fullest GPU's need with that many GPUs
+    map_context: int
+    map_node_gpus: int | None  # smallest node for a per-head map at map_context (None: no node of <= 8)
+    map_node_chunk: int | None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        g = lambda b: f"{b / GiB:,.1f} GiB"  # noqa: E731
+        gb = self.gpu_memory_bytes / 1e9
+        lines = [f"{Path(self.source).name or self.source} ({self.model_type}"
+                 + (", config.json only)" if self.config_only else ")"),
+                 f"  weights as stored   {g(self.weights_stored_bytes)}"
+                 + (f" (Engram tables {g(self.engram_stored_bytes)})" if self.engram_stored_bytes else "")
+                 + (f" (files: {g(self.files_bytes)})" if self.files_bytes else ""),
+                 f"  weights as loaded   {g(self.weights_bytes)} (dequantized: {g(self.weights_dequantized_bytes)})",
+                 f"  at {self.context:,} tokens, batch {self.batch}, "
+                 + (f"chunk {self.chunk}" if self.chunk else "one call")
+                 + f": cache {g(self.cache_bytes)}, attention 4 x {g(self.attention_bytes)}, other activations "
+                 f"{g(self.activation_bytes)}, logits {g(self.logits_bytes)}",
+                 f"  GPUs of {gb:g} GB ({USABLE:.0%} usable): "
+                 + (f"{self.gpus} (fullest GPU {g(self.per_gpu_bytes or 0)})" if self.gpus else "more than 64"),
+                 f"  per-head map at {self.map_context:,} tokens: "
+                 + (f"{self.map_node_gpus} x {gb:g} GB, chunk {self.map_node_chunk}" if self.map_node_gpus
+                    else f"no node of up to 8 x {gb:g} GB")]
+        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
+
+
+def gpu_bytes(text: str | float) -> int:
+    """``"141"``, ``141``, ``"141GB"``, ``"80GiB"`` or a type (``"H200"``) -> bytes."""
+    if isinstance(text, int | float) and not isinstance(text, bool):
+        return int(float(text) * 1e9)
+    s = str(text).strip()
+    if s.upper() in GPU_TYPES:
+        return int(GPU_TYPES[s.upper()] * 1e9)
+    for unit, scale in (("GIB", GiB), ("GB", 1e9)):
+        if s.upper().endswith(unit):
+            s, mult = s[: -len(unit)], scale
+            break
+    else:
+        mult = 1e9
+    try:
+        value = float(s)
+    except ValueError:
+        raise InputError(f"--gpu-memory {text!r}: give GB (141), '80GiB', or a type ({', '.join(GPU_TYPES)}).") from None
+    if value <= 0:
+        raise InputError(f"--gpu-memory must be positive, got {text!r}.")
+    return int(value * mult)
+
+
+# ---- the two model families ----------------------------------------------------------------------------
+class _Sized:
+    """A meta-device model and how to size one of its forwards."""
+
+    def __init__(self, root: Path, raw: dict[str, Any], engram: str = "run") -> None:
+        self.root, self.raw, self.engram_mode = root, raw, engram
+        self.model_type = str(raw.get("model_type"))
+        self.notes: list[str] = []
+        if self.model_type == "deepseek_v41":
+            self._v41()
+        elif self.model_type == "deepseek_v4":
+            self._v4()
+        else:
+            raise UnsupportedModelError(f"{root}/config.json has model_type {self.model_type!r}; phaselens plans "
+                                        "DeepSeek-V4 ('deepseek_v4') and DeepSeek-V4.1 ('deepseek_v41').")
+
+    def _v41(self) -> None:
+        from phaselens.models.deepseek_v41.checkpoint import meta_v41
+
+        self.meta = meta_v41(self.root, engram=self.engram_mode)
+        self.dense = _v41_dequantized(self.meta)
+        self.stored = self._v41_stored()
+        text = self.raw.get("text_config") or {}
+        rows = sum(int(n) for n in text.get("engram_num_embeddings") or ())
+        dim = int(text.get("engram_head_dim", 0) or 0)
+        self.engram = rows * (dim + dim // 32)  # FP8 values + one UE8M0 scale per 32 (as stored)
+        layers = list(text.get("engram_layer_ids") or [])
+        if self.engram and self.engram_mode == "drop":
+            self.notes.append(f"Engram's tables ({self.engram / GiB:,.1f} GiB as stored, layers {layers}) are not "
+                              "loaded (engram='drop', an ablation); weights as loaded leave them out.")
+        elif self.engram:
+            self.notes.append(f"weights include Engram's tables ({self.engram / GiB:,.1f} GiB, FP8 as stored, layers "
+                              f"{layers}); each sits whole in its layer's GPU. --engram drop plans the model "
+                              "without them.")
+
+    def _v41_stored(self) -> int:
+        """The text model's bytes in the checkpoint: shard headers when present, else the release's formats."""
+        from phaselens.models.deepseek_v41.weights import read_index, target, wanted
+
+        if any(self.root.glob("*.safetensors")):
+            keep = {"skip_engram": self.engram_mode == "drop", "n_layers": self.meta.config.num_hidden_layers}
+            return sum(st.nbytes for name, st in read_index(self.root).items()
+                       if wanted(name, **keep) and target(name).module != "")  # type: ignore[arg-type]
+        total = 0
+        for name, t in [*self.meta.named_parameters()]:
+            if t.element_size() == 1:  # packed bytes, or FP8 kept as stored (Engram's tables): as is
+                total += t.numel()
+            else:
+                total += t.numel() * (4 if any(m in name for m in FP32_STORED) else 2)
+        return total
+
+    def _v4(self) -> None:
+        from phaselens.models.deepseek_v4 import from_hf
+
+        meta = _v4_meta(self.root, packed=True)
+        self.dense = _bytes(_v4_meta(self.root, packed=False))
+        self.stored = _bytes(meta)
+        self.engram = 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            self.meta = from_hf(meta, index_topk="all")
+        self.notes.append("weights as loaded: FP8/FP4 kept packed, as transformers' finegrained-fp8 integration "
+                          "does on CUDA (on CPU transformers dequantizes them).")
+
+    def weights(self) -> int:
+        return _bytes(self.meta)
+
+    def estimate(self, context: int, batch: int, chunk: int | None) -> dict[str, int]:
+        if self.model_type == "deepseek_v41":
+            from phaselens.models.deepseek_v41.memory import estimate_memory
+
+            e = estimate_memory(self.meta, context, batch=batch, chunk=chunk, logits="query")
+            return {"cache": e.cache, "attention": e.attention, "activations": e.activations, "logits": e.logits}
+        from phaselens.models.deepseek_v4.memory import estimate_memory as v4_estimate
+
+        e = v4_estimate(self.meta, context, batch=batch, chunk=chunk, logits="query")
+        c = self.meta.model.config
+        rows = e.query_len if chunk else context
+        streams = 6 * batch * rows * int(c.hc_mult) * int(c.hidden_size) * 4  # fp32 hyper-connection copies
+        return {"cache": e.cache, "attention": e.attention, "activations": streams, "logits": e.logits}
+
+    def units(self) -> list[int]:
+        """Bytes of the pieces a device map places, in execution order (layers whole: accelerate's no-split)."""
+        from phaselens.contract.protocol import module_of
+        from phaselens.runtime.replicas import _units
+
+        if not hasattr(self, "_sizes"):
+            self._sizes = [b for _, b in _units(module_of(self.meta))]
+        return self._sizes
+
+
+def _v41_dequantized(model: Any) -> int:
+    """Bytes of the V4.1 model with every packed weight dequantized to the model dtype."""
+    total = 0
+    for module in model.modules():
+        own = [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+        if getattr(module, "fmt", None) is None:
+            total += sum(t.numel() * t.element_size() for t in own)
+            continue
+        item = torch.empty((), dtype=module.dtype).element_size()
+        shapes = module.shapes.values() if hasattr(module, "shapes") else [module.shape]
+        total += sum(math.prod(s) for s in shapes) * item
+    return total
+
+
+def gpus_for(sizes: list[int], room: float) -> int | None:
+    """GPUs that hold ``sizes`` (contiguous runs, in order) with ``room`` bytes of weights each: filled one after
+    another, as ``device_map="auto"`` fills GPUs (the fewest contiguous runs); ``None`` if a piece exceeds it."""
+    if room <= 0 or max(sizes) > room:
+        return None
+    n, used = 1, 0
+    for size in sizes:
+        if used + size > room:
+            n, used = n + 1, 0
+        used += size
+    return n
+
+
+def fullest(sizes: list[int], k: int) -> int:
+    """The fullest GPU's weights in the most even cut of ``sizes`` into at most ``k`` contiguous runs."""
+    lo, hi = max(sizes), sum(sizes)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        n = gpus_for(sizes, mid)
+        lo, hi = (lo, mid) if n is not None and n <= k else (mid + 1, hi)
+    return lo
+
+
+def _bytes(model: Any) -> int:
+    from phaselens.contract.protocol import module_of
+
+    m = module_of(model)
+    return sum(t.numel() * t.element_size() for t in [*m.parameters(), *m.buffers()])
+
+
+def _v4_meta(root: Path, *, packed: bool) -> Any:
+    """transformers' DeepSeek-V4 on the meta device in bf16; ``packed``: with the FP8/FP4 modules its quantizer
+    puts in place on CUDA (FP8Linear, FP8Experts)."""
+    from transformers import AutoConfig, DeepseekV4ForCausalLM
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        config = AutoConfig.from_pretrained(str(root), local_files_only=True)
+        config._attn_implementation = "eager"
+        with torch.device("meta"):
+            model = DeepseekV4ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
+        quant = getattr(config, "quantization_config", None)
+        if packed and quant:
+            from transformers.quantizers.auto import AutoHfQuantizer
+
+            AutoHfQuantizer.from_config(quant, pre_quantized=True).preprocess_model(model, dtype=torch.bfloat16)
+    return model
+
+
+def _read_config(source: str) -> tuple[Path, dict[str, Any]]:
+    text = str(source)
+    root = Path(text[3:] if text.startswith("hf:") else text).expanduser()
+    cfg = root / "config.json"
+    if not cfg.is_file():
+        raise CheckpointError(f"no config.json in {root}; pass a checkpoint directory (or one that holds only its "
+                              "config.json), e.g. `phaselens plan hf:/data/DeepSeek-V4.1-Flash`.")
+    try:
+        return root, json.loads(cfg.read_text())
+    except ValueError as err:
+        raise CheckpointError(f"{cfg} is not valid JSON ({err}); restore it from the checkpoint's source.") from None
+
+
+def _files_bytes(root: Path) -> int | None:
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            return int(json.loads(index.read_text()).get("metadata", {}).get("total_size"))
+        except (ValueError, TypeError):
+            return None
+    shards = list(root.glob("*.safetensors"))
+    return sum(p.stat().st_size for p in shards) if shards else None
+
+
+def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = "141", chunk: int | None = None,
+               batch: int = 1, map_context: int = 131072, engram: str = "run") -> ModelPlan:
+    """The :class:`ModelPlan` of the checkpoint directory ``source`` (``hf:DIR`` or ``DIR``; ``config.json``
+    alone is enough). ``chunk=None`` takes the chunk of the smallest node found for the map; ``engram``
+    (DeepSeek-V4.1) is ``load``'s: ``"run"`` (the tables on the GPUs) or ``"drop"``."""
+    if engram not in ("run", "drop"):
+        raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
+    for name, value in (("context", context), ("batch", batch), ("map_context", map_context)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise InputError(f"{name} must be a positive int, got {value!r}.")
+    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+        raise InputError(f"chunk must be a positive int or None, got {chunk!r}.")
+    root, raw = _read_config(source)
+    sized = _Sized(root, raw, engram)
+    usable = USABLE * gpu_bytes(gpu_memory)
+    weights, sizes = sized.weights(), sized.units()
+
+    def transient(ctx: int, b: int, c: int | None) -> int:
+        e = sized.estimate(ctx, b, c)
+        return e["cache"] + 4 * e["attention"] + e["activations"] + e["logits"]
+
+    fits = {c: transient(map_context, 1, c) for c in CHUNKS if c < map_context}  # a map: batch 1
+    node = next(((k, c) for k in NODE_SIZES for c, t in fits.items()
+                 if (n := gpus_for(sizes, usable - t)) is not None and n <= k), (None, None))
+    use_chunk = chunk if chunk is not None else (node[1] or min(CHUNKS))
+    use_chunk = None if use_chunk >= context else use_chunk
+    e = sized.estimate(context, batch, use_chunk)
+    peak = e["cache"] + 4 * e["attention"] + e["activations"] + e["logits"]
+    gpus = gpus_for(sizes, usable - peak)
+    gpus = gpus if gpus is not None and gpus <= 64 else None
+    return ModelPlan(
+        source=str(source), model_type=sized.model_type, config_only=not any(root.glob("*.safetensors")),
+        weights_stored_bytes=sized.stored, engram_stored_bytes=sized.engram, files_bytes=_files_bytes(root),
+        weights_bytes=weights, weights_dequantized_bytes=sized.dense, context=context, batch=batch,
+        chunk=use_chunk, cache_bytes=e["cache"], attention_bytes=e["attention"], activation_bytes=e["activations"],
+        logits_bytes=e["logits"], peak_bytes=weights + peak, gpu_memory_bytes=gpu_bytes(gpu_memory), gpus=gpus,
+        per_gpu_bytes=None if gpus is None else fullest(sizes, gpus) + peak, map_context=map_context,
+        map_node_gpus=node[0], map_node_chunk=node[1], notes=sized.notes)
+
+
+__all__ = ["GPU_TYPES", "ModelPlan", "gpu_bytes", "plan_model"]

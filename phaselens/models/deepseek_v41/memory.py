@@ -1,0 +1,129 @@
+"""Memory a DeepSeek-V4.1 forward needs, from the model's sizes alone (a meta-device model will do).
+
+:func:`estimate_memory` counts, in bytes, for ``batch`` sequences of ``tokens`` tokens run as
+:meth:`DeepSeekV41.forward` runs them (optionally prefilled in pieces of ``chunk``):
+
+* ``weights``: every parameter and buffer as held (packed FP8 / FP4 bytes and scales, or dequantized);
+* ``cache``: the :class:`V41Cache` after the run: every layer's last ``window - 1`` keys, and per KV source
+  its entries (``T // r`` rows of ``head_dim``), index keys (``T // r`` rows of ``index_head_dim``) and the open
+  group's fp32 projections;
+* ``attention``: the largest fp32 score tensor one call builds, ``[B, H, n, window + entries + 1]`` (window,
+  every entry of the layer's source, sink: scores are computed for all entries, then masked to the picks).
+  The softmax holds about four such tensors at once (scores, masked scores, concatenation, probabilities), so
+  budget four times it, as for DeepSeek-V4;
+* ``activations``: the rest of one call's transients at its largest layer: the window's fp32 unfold
+  ``[B, n, head_dim, window]``, about six fp32 copies of the hyper-connection streams ``[B, n, hc, D]``, the
+  indexer's ``[B, n, index_heads, entries]`` scores (three copies, model dtype), and packed weights being
+  dequantized (a group of experts, ``RoutedExperts.chunk_bytes`` at most, and the largest FP8 projection);
+* ``logits``: the returned logits, fp32 ``[B, rows, vocab]``.
+
+Counted from the code's tensors; allocator fragmentation and CUDA's context (~1 GiB) come on top.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a V4.1 run needs (see the module docstring for what each field counts)."""
+
+    tokens: int
+    batch: int
+    chunk: int | None
+    query_len: int
+    weights: int
+    cache: int
+    attention: int
+    activations: int
+    logits: int
+
+    def total(self, attention_copies: int = 4) -> int:
+        """Weights, cache, ``attention_copies`` score tensors, the other transients and the logits."""
+        return self.weights + self.cache + attention_copies * self.attention + self.activations + self.logits
+
+    def gib(self) -> dict[str, float]:
+        return {k: getattr(self, k) / GiB for k in ("weights", "cache", "attention", "activations", "logits")}
+
+    def __str__(self) -> str:
+        sizes = ", ".join(f"{k} {v:.3g} GiB" for k, v in self.gib().items())
+        how = f"chunks of {self.chunk}" if self.chunk else "one call"
+        return f"MemoryEstimate({self.batch} x {self.tokens} tokens, {how}, query {self.query_len}: {sizes})"
+
+
+def _size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def calls(T: int, chunk: int | None, query_len: int | None) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` token ranges of one forward: prefix pieces, then the query piece."""
+    if chunk is None:
+        return [(0, T)]
+    q = min(chunk, T) if query_len is None else int(query_len)
+    return [(a, min(a + chunk, T - q)) for a in range(0, T - q, chunk)] + [(T - q, T)]
+
+
+def estimate_memory(model: Any, tokens: int, *, batch: int = 1, chunk: int | None = None,
+                    query_len: int | None = None, logits: Literal["all", "query"] = "all") -> MemoryEstimate:
+    """Estimate the memory of ``model(tokens, chunk=chunk, query_len=query_len, logits=logits)``."""
+    c = model.config
+    T, B = int(tokens), int(batch)
+    pieces = calls(T, chunk, query_len)
+    item = _size(model.embed.weight.dtype)
+    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    attention = max(_scores(model, a, b, B) for a, b in pieces)
+    activations = max(_transients(model, a, b, B, item) for a, b in pieces) + _dequant(model, item)
+    rows = T if logits == "all" else pieces[-1][1] - pieces[-1][0] if chunk else int(query_len or T)
+    return MemoryEstimate(T, B, chunk, pieces[-1][1] - pieces[-1][0], weights, _cache(model, T, B, item),
+                          attention, activations, B * rows * int(c.vocab_size) * 4)
+
+
+def _entries(model: Any, stop: int) -> int:
+    """Most entries any layer attends at slot ``stop`` (every entry of its source so far)."""
+    return max((stop // r.ratio for r in model.roles if r.ratio), default=0)
+
+
+def _scores(model: Any, start: int, stop: int, B: int) -> int:
+    c = model.config
+    return B * c.num_attention_heads * (stop - start) * (c.sliding_window + _entries(model, stop) + 1) * 4
+
+
+def _transients(model: Any, start: int, stop: int, B: int, item: int) -> int:
+    c = model.config
+    n = stop - start
+    window = B * n * c.head_dim * c.sliding_window * 4
+    streams = 6 * B * n * c.hc_mult * c.hidden_size * 4
+    index = 3 * B * n * c.index_n_heads * _entries(model, stop) * item if c.index_source_layer_ids else 0
+    return window + streams + index
+
+
+def _dequant(model: Any, item: int) -> int:
+    """Dequantized bytes alive while a packed layer runs: a group of experts and the largest projection."""
+    from phaselens.models.deepseek_v41.layers import Linear
+    from phaselens.models.deepseek_v41.moe import RoutedExperts
+
+    experts = linear = 0
+    for m in model.modules():
+        if isinstance(m, RoutedExperts) and m.fmt is not None:
+            n, rows, cols = m.shapes["w1"]
+            experts = max(experts, min(m.chunk_bytes, n * 3 * rows * cols * item))
+        elif isinstance(m, Linear) and m.fmt is not None:
+            linear = max(linear, m.shape[0] * m.shape[1] * item)
+    return experts + linear
+
+
+def _cache(model: Any, T: int, B: int, item: int) -> int:
+    c = model.config
+    total = len(model.roles) * min(T, c.sliding_window - 1) * c.head_dim * item
+    for r in model.roles:
+        if r.is_kv_source:
+            entries = T // r.ratio
+            pending = (T % r.ratio) * c.head_dim * 4 * 2
+            total += entries * (c.head_dim + c.index_head_dim) * item + pending
+    return B * total

@@ -1,0 +1,103 @@
+"""What the operating system refused, said in words: one translation of ``OSError`` for every reader and writer.
+
+Writers (model save, report, checkpoints, caches, training state, command-line outputs) turn an ``OSError``
+into an :class:`~phaselens.core.errors.OutputError`; readers into a
+:class:`~phaselens.core.errors.CheckpointError`. A file that cannot be *read* (permission, a directory in its
+place, an I/O error) is never called corrupt and never comes with the advice to delete it: only a file that
+was read and proven malformed is (see :mod:`phaselens.runtime.checkpoints`).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from phaselens.core.errors import CheckpointError, OutputError
+
+NAME_MAX = 255  # the longest single name most file systems allow (ext4, xfs, btrfs, APFS, NTFS)
+
+
+def _long_name(path: Path) -> str:
+    longest = max((p for p in Path(path).parts), key=len, default="")
+    return f"a name of {len(longest)} characters (most file systems allow {NAME_MAX})" if len(longest) > NAME_MAX \
+        else f"a path of {len(str(path))} characters"
+
+
+def why_not_written(err: OSError, path: str | os.PathLike) -> str:
+    """The cause of a failed write of ``path`` and what to do, in one sentence (no traceback needed)."""
+    path = Path(path)
+    code = err.errno
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        return (f"the disk is full (no space left on the device holding {path.parent}); free some space or "
+                "write elsewhere. Nothing was replaced: the previous version, if any, is intact.")
+    if code in (errno.EACCES, errno.EPERM):
+        return f"permission denied writing {path}; choose a folder you can write to, or change its permissions."
+    if code == errno.EROFS:
+        return f"{path} is on a read-only file system; choose a writable place."
+    if code == errno.ENAMETOOLONG:
+        return f"the file name is too long ({_long_name(path)}): {str(path)[:80]}...; choose a shorter name."
+    if code == errno.ENOTDIR:
+        return f"a part of {path} is a file, not a folder; choose another path."
+    if code == errno.EISDIR:
+        return f"{path} is a directory, but a file goes there; pass a file path."
+    if code == errno.ENOENT:
+        return f"a folder on the way to {path} does not exist (or was removed while writing); create it first."
+    if code == errno.EEXIST:
+        return f"{path} appeared while phaselens was writing it; write again."
+    return f"{path} could not be written ({err.strerror or err}); check the path and the disk."
+
+
+def why_not_read(err: OSError, path: str | os.PathLike) -> str:
+    """The cause of a failed read of ``path`` (the file was not changed, and is not known to be damaged)."""
+    path = Path(path)
+    code = err.errno
+    if code in (errno.EACCES, errno.EPERM):
+        return (f"{path} cannot be read: permission denied. The file itself may be fine: give yourself read "
+                f"permission (e.g. chmod u+r {path}) or run as its owner.")
+    if code == errno.EISDIR:
+        return f"{path} is a directory, but a file is needed there."
+    if code == errno.ENAMETOOLONG:
+        return f"the file name is too long ({_long_name(path)}); pass a shorter path."
+    if code == errno.ENOENT:
+        return f"{path} is missing."
+    if code == errno.EIO:
+        return f"{path} cannot be read: an input/output error from the disk ({err.strerror}); check the device."
+    return f"{path} cannot be read ({err.strerror or err}); check that it exists and that you may read it."
+
+
+@contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """Turn an ``OSError`` raised inside the block into an :class:`OutputError` naming the cause and the fix."""
+    try:
+        yield
+    except OSError as err:
+        raise OutputError(why_not_written(err, path)) from err
+
+
+@contextmanager
+def reading(path: str | os.PathLike, *, error: type[Exception] = CheckpointError) -> Iterator[None]:
+    """Turn an ``OSError`` raised inside the block into ``error`` saying why the file could not be read."""
+    try:
+        yield
+    except OSError as err:
+        raise error(why_not_read(err, path)) from err
+
+
+def why_os_error(err: OSError) -> str:
+    """An ``OSError`` whose read or write side is unknown (the command line's last resort), in words."""
+    path = err.filename if err.filename is not None else "a file"
+    code = err.errno
+    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        return f"the disk is full (no space left on the device holding {path}); free some space or write elsewhere."
+    if code in (errno.EACCES, errno.EPERM):
+        return f"permission denied for {path}; choose a path you may read and write, or change its permissions."
+    if code == errno.EROFS:
+        return f"{path} is on a read-only file system; choose a writable place."
+    if code == errno.ENAMETOOLONG:
+        return f"the file name is too long ({_long_name(Path(str(path)))}); choose a shorter name."
+    if code in (errno.ENOENT, errno.ENOTDIR):
+        return f"{path}: {err.strerror}; check the path (a folder on the way is missing, or is a file)."
+    return f"{path}: {err.strerror or err}."

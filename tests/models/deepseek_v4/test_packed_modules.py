@@ -1,0 +1,76 @@
+"""The DeepSeek-V4 adapter on transformers' packed FP8 / FP4 modules (what ``from_pretrained`` builds on CUDA).
+
+On the CPU: the real ``FP8Linear`` / ``FP8GroupedLinear`` / ``FP8Experts`` modules from transformers' own
+quantizer, holding FP8 block codes and FP4 expert codes, with the GPU kernels replaced by CPU stand-ins
+(``tests/support/deepseek_packed.py``). Every packed tensor records who reads it: only transformers' FP8 modules
+themselves (their kernels) and phaselens's decoder (``models/deepseek_v4/packed.py``, which dequantizes with
+``models/deepseek_v41/packed.py``) may.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import phaselens
+from phaselens.models.deepseek_v4.memory import estimate_memory
+from phaselens.models.deepseek_v4.packed import dense_weight, is_packed
+from tests.support.deepseek import one_thread  # noqa: F401  (single-thread fixture)
+from tests.support.deepseek_packed import Watched, cpu_kernels, packed_tiny_v4
+from tests.support.paths import ROOT
+
+# transformers' FP8 modules (their kernels), and phaselens's decoder (V4's bridge and the shared dequantizer)
+ALLOWED = ("transformers/integrations/finegrained_fp8.py", "phaselens/models/deepseek_v4/packed.py",
+           "phaselens/models/deepseek_v41/packed.py")
+
+
+def _x(seed=0):
+    return torch.randint(0, 1000, (2, 37), generator=torch.Generator().manual_seed(seed))
+
+
+def _readers() -> set[str]:
+    return {f for _, f in Watched.reads if not f.endswith(ALLOWED)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_adapter_on_packed_modules_matches_dense_weights_and_never_reads_them(dtype):
+    """Logits, hooked activations and a knockout equal the dense twin's under numerics 'reference' and
+    'transformers' and quantize None / 'fp8'; no code outside the FP8 modules and phaselens's decoder touches
+    a packed tensor. (bf16 is where numerics='reference' recomputes the compressors' kv_proj / gate_proj,
+    packed here, in fp32.)"""
+    dense, packed = packed_tiny_v4(0, dtype=dtype)
+    assert is_packed(packed.model.layers[1].self_attn.compressor.kv_proj)
+    assert type(packed.model.layers[1].mlp.experts).__name__.endswith("FP8Experts")
+    Watched.reads.clear()
+    names = ["blocks.1.attn.hook_z", "blocks.1.attn.hook_gate", "blocks.3.hook_resid_post"]
+    ko = [("blocks.3.attn.hook_z", lambda z, hook: z.index_fill(2, torch.tensor([1]), 0.0))]
+    with torch.no_grad(), cpu_kernels() as calls:
+        for numerics in ("reference", "transformers"):
+            for quantize in (None, "fp8"):
+                kw = {"numerics": numerics, "quantize": quantize, "index_topk": "all"}
+                a, b = phaselens.from_hf(dense, **kw), phaselens.from_hf(packed, **kw)
+                la, ca = a.run_with_cache(_x(), names_filter=names)
+                lb, cb = b.run_with_cache(_x(), names_filter=names)
+                assert torch.equal(la, lb), (numerics, quantize)
+                assert all(torch.equal(ca[n], cb[n]) for n in names)
+                assert torch.equal(a.run_with_hooks(_x(1), fwd_hooks=ko), b.run_with_hooks(_x(1), fwd_hooks=ko))
+                assert torch.equal(a(_x(2), chunk=8), b(_x(2), chunk=8))  # chunked prefill through the cache
+    assert calls["linear"] > 0 and calls["grouped"] > 0  # the packed modules ran their (stand-in) kernels
+    assert Watched.reads and not _readers(), sorted(_readers())
+
+
+def test_decoder_and_memory_estimate_on_packed_modules():
+    dense, packed = packed_tiny_v4(1)
+    for name in ("model.layers.1.self_attn.q_b_proj", "model.layers.2.self_attn.compressor.gate_proj"):
+        p, d = packed.get_submodule(name), dense.get_submodule(name)
+        assert is_packed(p) and not is_packed(d)
+        assert torch.equal(dense_weight(p, torch.float32), d.weight)
+    e_packed = estimate_memory(phaselens.from_hf(packed, chunk=8), 64, chunk=8)
+    e_dense = estimate_memory(phaselens.from_hf(dense, chunk=8), 64, chunk=8)
+    assert e_packed.cache == e_dense.cache and e_packed.attention == e_dense.attention
+    assert e_packed.weights < e_dense.weights  # FP8 / FP4 bytes
+
+
+def test_gpu_check_script_exists_and_prints_json():
+    script = ROOT / "scripts" / "gpu_packed_check.py"
+    assert script.is_file() and "json" in script.read_text()
