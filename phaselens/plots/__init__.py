@@ -18,6 +18,7 @@ from phaselens.plots.mechanism import (
 )
 from phaselens.plots.phase import accuracy_by_residue, periodicity_panel, phase_rose, repair_panel
 from phaselens.plots.theme import TEMPLATE, head_label, phase_label
+from phaselens.plots.training import loss_curve
 
 __all__ = [
     "TEMPLATE",
@@ -29,6 +30,7 @@ __all__ = [
     "head_label",
     "head_phase_heatmap",
     "layer_knockout_map",
+    "loss_curve",
     "patch_heatmap",
     "periodicity_panel",
     "phase_label",

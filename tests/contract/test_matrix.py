@@ -23,12 +23,13 @@ from phaselens.analyses.scoring import answer_metrics
 from phaselens.contract.protocol import capability, choose_engine
 from phaselens.runtime.phase_shift import combine, shifted_copies
 from phaselens.tasks import KVRecall
+from phaselens.train.family.recipes import family_config
 from tests.support.deepseek import tiny_v4_model
 from tests.support.deepseek_v41 import write_tiny_checkpoint
 from tests.support.models import LAYOUTS, task_model
 
 KINDS = ["zoo", "control", "uncompressed-layer", "ensemble-zoo", "v4", "v4-nnsight", "v4-chunked", "ensemble-v4",
-         "v41"]
+         "v41", "family", "family-control"]
 ANALYSES = ["evaluate", "record", "knockout", "ablate", "patch", "map", "plan", "attribution", "cycling", "repair",
             "report", "resume"]
 # cells expected to raise NotApplicableError, with the reason they must name
@@ -44,6 +45,7 @@ NOT_APPLICABLE = {
     ("repair", "ensemble-v4"): "already phase-repaired",
     ("attribution", "v4-nnsight"): "gradient",
     ("cycling", "v41"): "cycle_gates",
+    ("cycling", "family-control"): "nothing to roll",
 }
 V4_TASK = KVRecall(n_records=6, block_filler=4, n_demos=2, min_distance=8, modulus=8)
 TOL = 1e-5
@@ -117,6 +119,12 @@ def kinds(tmp_path_factory):
     v41 = phaselens.load(f"hf:{write_tiny_checkpoint(tmp_path_factory.mktemp('v41') / 'tiny-v41', engram=True)}",
                           dtype=torch.float32)  # with Engram, as the released model
     v41.default_task = V4_TASK  # vocabulary 128 = the task's
+    # the paper's family at its tiny size (Qwen3 backbone: QK-norm, SwiGLU, tied embeddings, 'half' RoPE, GQA),
+    # with overlapping windows (W=8, S=4), and its full-attention control (Qwen3 itself); vocabulary 160 >= 128
+    family = phaselens.CompressedTransformer(family_config("w8s4", "tiny", seed=4))
+    family.default_task = V4_TASK
+    family_control = phaselens.CompressedTransformer(family_config("full", "tiny", seed=5))
+    family_control.default_task = V4_TASK
     out = [
         Kind("zoo", zoo),
         Kind("control", phaselens.load("zoo:full"), stride=4),
@@ -127,6 +135,8 @@ def kinds(tmp_path_factory):
         Kind("v4-chunked", ch, ref=v4, n=2),
         Kind("ensemble-v4", ens_v4, shifts=ens_v4.shifts, inner_ref=v4, n=2),
         Kind("v41", v41),
+        Kind("family", family),
+        Kind("family-control", family_control, stride=4),
     ]
     return {k.name: k for k in out}
 

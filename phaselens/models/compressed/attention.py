@@ -19,7 +19,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from phaselens.models.compressed.compressor import Compressor, PoolerState, compute_dtype
+from phaselens.models.compressed.compressor import Compressor, PoolerState, compute_dtype, rms_norm
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.rope import apply_rope, rope_inv_freq
 
@@ -72,7 +72,8 @@ class Attention(nn.Module):
     Heads are KV-major: query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``.
 
     Hook points (shapes; ``n`` = new positions):
-        ``hook_q`` [B, n, H, d] (before RoPE), ``hook_k`` / ``hook_v`` [B, n, Hkv, d] (``hook_kv`` when K = V),
+        ``hook_q`` [B, n, H, d] (before RoPE; after the QK-norm when ``cfg.qk_norm``), ``hook_k`` / ``hook_v``
+        [B, n, Hkv, d] (``hook_kv`` when K = V; keys after the QK-norm too),
         ``hook_z`` [B, n, H, d]; full layers: ``hook_pattern`` [B, H, n, keys];
         local and compressed layers: ``hook_pattern_local`` [B, H, n, local_window] (index i is key slot
         q - local_window + 1 + i), ``hook_pattern_sink`` [B, H, n];
@@ -100,6 +101,10 @@ class Attention(nn.Module):
             self.W_V = nn.Parameter(torch.empty(D, Hkv * d))
         self.W_O = nn.Parameter(torch.empty(H * d, D))
         self.sink = nn.Parameter(torch.zeros(H)) if cfg.sink else None
+        # QK-norm (Qwen3): one RMSNorm gain per channel, shared by the heads, on queries and raw keys
+        self.q_norm = nn.Parameter(torch.ones(d)) if cfg.qk_norm else None
+        self.k_norm = nn.Parameter(torch.ones(d)) if cfg.qk_norm else None
+        self.rope_style = cfg.rope.style if cfg.rope is not None else "interleaved"
         if cfg.rope is not None:
             dims = d if cfg.rope.dims is None else cfg.rope.dims
             self.register_buffer("inv_freq", rope_inv_freq(dims, cfg.rope), persistent=False)
@@ -134,7 +139,12 @@ class Attention(nn.Module):
         return self.compressor.spec.phase_spec if self.compressor is not None else None
 
     def _rope(self, x: Tensor, pos: Tensor, inverse: bool = False) -> Tensor:
-        return apply_rope(x, pos, self.inv_freq, inverse=inverse) if self.inv_freq.numel() else x
+        if not self.inv_freq.numel():
+            return x
+        return apply_rope(x, pos, self.inv_freq, inverse=inverse, style=self.rope_style)
+
+    def _norm(self, x: Tensor, weight: Tensor | None) -> Tensor:
+        return x if weight is None else rms_norm(x, weight, self.cfg.norm_eps)
 
     def _gate_hook(self, path: str) -> HookPoint:
         return self.hook_gate if path == "kv" else getattr(self, f"hook_gate_{path}")
@@ -154,19 +164,23 @@ class Attention(nn.Module):
         H, Hkv, d = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
         G = H // Hkv
         pos = past.start + torch.arange(n, device=x.device)
-        q = self._rope(self.hook_q((x @ self.W_Q).view(B, n, H, d)), pos)
+        q = self._rope(self.hook_q(self._norm((x @ self.W_Q).view(B, n, H, d), self.q_norm)), pos)
         if self.tied:
-            k = v = self._rope(self.hook_kv((x @ self.W_KV).view(B, n, Hkv, d)), pos)
+            k_pre = v = self.hook_kv(self._norm((x @ self.W_KV).view(B, n, Hkv, d), self.k_norm))
+            k = v = self._rope(k_pre, pos)
+            own = {"kv": k_pre}
         else:
-            k = self._rope(self.hook_k((x @ self.W_K).view(B, n, Hkv, d)), pos)
+            k_pre = self.hook_k(self._norm((x @ self.W_K).view(B, n, Hkv, d), self.k_norm))
+            k = self._rope(k_pre, pos)
             v = self.hook_v((x @ self.W_V).view(B, n, Hkv, d))
+            own = {"k": k_pre, "v": v}
         keys, values = past.raw_context(k, v)
         qg = q.view(B, n, Hkv, G, d)
 
         if self.kind == "full":
             z = self._full(qg, keys, values, pos)
         else:
-            z = self._local_entries(x, qg, keys, values, pos, past)
+            z = self._local_entries(x, qg, keys, values, pos, past, own)
         if self.tied and self.inv_freq.numel():
             z = self._rope(z, pos, inverse=True)  # K = V carried RoPE into the values; undo it at the query
         z = self.hook_z(z)
@@ -190,7 +204,8 @@ class Attention(nn.Module):
         return z.reshape(B, n, Hkv * G, d)
 
     def _local_entries(
-        self, x: Tensor, qg: Tensor, keys: Tensor, values: Tensor, pos: Tensor, past: Past
+        self, x: Tensor, qg: Tensor, keys: Tensor, values: Tensor, pos: Tensor, past: Past,
+        own: dict[str, Tensor],
     ) -> Tensor:
         B, n, Hkv, G, d = qg.shape
         H, L = Hkv * G, self.cfg.local_window
@@ -206,7 +221,7 @@ class Attention(nn.Module):
         parts = [local]
         entry_v = None
         if self.compressor is not None:
-            entry_k, entry_v = self._entries(x, past)
+            entry_k, entry_v = self._entries(x, past, own)
             E = entry_k.shape[1]
             # Head-major matmuls: with the cache's head-major storage these read the entries in place.
             q_heads = qg.permute(0, 2, 3, 1, 4).reshape(B, Hkv, G * n, d)
@@ -229,13 +244,17 @@ class Attention(nn.Module):
             self.hook_pattern_sink(probs[0].new_zeros(B, H, n))
         return z.reshape(B, n, H, d)
 
-    def _entries(self, x: Tensor, past: Past) -> tuple[Tensor, Tensor]:
-        """Pool the entries that complete among the new tokens; return all entries (keys, values)."""
+    def _entries(self, x: Tensor, past: Past, own: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Pool the entries that complete among the new tokens; return all entries (keys, values).
+
+        ``own``: this layer's keys (QK-normed, before RoPE) and values of the new tokens ``[B, n, Hkv, d]``,
+        the payload of a ``payload="attention"`` compressor."""
         assert self.compressor is not None
         out = {}
         for path in self.compressor.paths:
             pooler = self.compressor.poolers[path]
-            alpha, windows, state, first = pooler.gates(x, past.start, past.pooler_state(path))
+            alpha, windows, state, first = pooler.gates(x, past.start, past.pooler_state(path),
+                                                        own[path].flatten(-2))
             alpha = self._gate_hook(path)(alpha)
             rows = self.compressor.finish(path, pooler.pool(alpha, windows), first)
             rows = self._entry_hook(path)(rows)

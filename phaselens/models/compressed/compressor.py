@@ -87,7 +87,10 @@ class Pooler(nn.Module):
         grouped = spec.overlap_split
         p_groups = self.k if grouped or spec.payload == "per_offset" else 1
         p_phases = self.stride if spec.payload == "per_offset" else 1
-        self.payload = GroupedProjection(p_groups, p_phases, d_model, n_kv_heads * d_head)
+        # payload="attention": the layer's own keys/values are the payload (passed to `gates`), no projection
+        self.payload: GroupedProjection | None = None
+        if spec.payload != "attention":
+            self.payload = GroupedProjection(p_groups, p_phases, d_model, n_kv_heads * d_head)
         self.gate_channels = 0
         self.gate: GroupedProjection | None = None
         self.position_bias: nn.Parameter | None = None
@@ -113,7 +116,10 @@ class Pooler(nn.Module):
             prev = torch.zeros(batch, k - 1, self._prev_groups(groups), S, channels, device=device, dtype=dtype)
             return cur, prev
 
-        cur_p, prev_p = alloc(self.payload.weight.shape[0], self.payload.weight.shape[-1])
+        if self.payload is None:
+            cur_p, prev_p = alloc(1, self.n_kv_heads * self.d_head)
+        else:
+            cur_p, prev_p = alloc(self.payload.weight.shape[0], self.payload.weight.shape[-1])
         cur_g = prev_g = None
         if self.gate is not None:
             cur_g, prev_g = alloc(self.gate.weight.shape[0], self.gate_channels)
@@ -121,7 +127,8 @@ class Pooler(nn.Module):
 
     # ---- streaming -----------------------------------------------------------------------------------
     def gates(
-        self, x: Float[Tensor, "batch pos d_model"], start: int, state: PoolerState | None
+        self, x: Float[Tensor, "batch pos d_model"], start: int, state: PoolerState | None,
+        tokens: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, PoolerState, int]:
         """Project new tokens and assemble the windows of every entry that completes among them.
 
@@ -129,6 +136,8 @@ class Pooler(nn.Module):
             x: hidden states of slots ``start .. start + pos - 1`` (slots relative to the origin).
             start: the slot of ``x[:, 0]``.
             state: projections of earlier tokens, or ``None`` when ``start`` is 0.
+            tokens: ``[B, pos, Hkv * d]`` the layer's own keys or values of the same slots: the payload when
+                ``spec.payload == "attention"`` (ignored otherwise).
 
         Returns:
             ``(alpha, payload, new_state, first_entry)``: gate weights ``[B, E, W, Hkv]`` (scalar/uniform) or
@@ -147,7 +156,12 @@ class Pooler(nn.Module):
         n_blocks, n_done = -(-total // S), total // S
         x_blocks = F.pad(x, (0, 0, filled, n_blocks * S - total)).view(B, n_blocks, S, -1)
 
-        payload = self.payload(x_blocks)  # [B, nb, Gp, S, C]
+        if self.payload is None:
+            if tokens is None:
+                raise ValueError("payload='attention' pools the layer's keys/values: pass them as tokens=")
+            payload = F.pad(tokens, (0, 0, filled, n_blocks * S - total)).view(B, n_blocks, 1, S, -1)
+        else:
+            payload = self.payload(x_blocks)  # [B, nb, Gp, S, C]
         if filled:
             payload = _overwrite_head(payload, state.cur_payload, filled)
         windows_p, state_p = self._advance(payload, state.prev_payload if state else None, n_done, total)
@@ -271,14 +285,17 @@ class Compressor(nn.Module):
             pooled = rms_norm(pooled, self.norm_weight[path], self.spec.norm_eps)
         if self.rotated(path):
             positions = (first_entry + torch.arange(pooled.shape[1], device=pooled.device)) * self.stride
-            pooled = apply_rope(pooled, positions, self.inv_freq, attention_scaling=self.attention_scaling)
+            pooled = apply_rope(pooled, positions, self.inv_freq, attention_scaling=self.attention_scaling,
+                                style=self.rope_spec.style if self.rope_spec is not None else "interleaved")
         return pooled
 
-    def compress_sequence(self, hidden: Float[Tensor, "batch pos d_model"]) -> dict[str, Tensor]:
-        """Entries ``[B, T // S, Hkv, d]`` of every complete block of a sequence starting at slot 0."""
+    def compress_sequence(self, hidden: Float[Tensor, "batch pos d_model"],
+                          tokens: dict[str, Tensor] | None = None) -> dict[str, Tensor]:
+        """Entries ``[B, T // S, Hkv, d]`` of every complete block of a sequence starting at slot 0 (``tokens``:
+        the layer's keys/values ``[B, T, Hkv * d]`` per path, for ``payload="attention"``)."""
         out = {}
         for path in self.paths:
-            alpha, windows, _, first = self.poolers[path].gates(hidden, 0, None)
+            alpha, windows, _, first = self.poolers[path].gates(hidden, 0, None, (tokens or {}).get(path))
             out[path] = self.finish(path, Pooler.pool(alpha, windows), first)
         return out
 
@@ -337,7 +354,8 @@ class Compressor(nn.Module):
 
 def default_init_(module: nn.Module, std: float, generator: torch.Generator) -> None:
     """Deterministic init for a generator: normal weights (std, capped at 1/sqrt(fan_in)), zero biases and
-    position biases, unit gains for every RMSNorm (including the compressor's entry norms)."""
+    position biases, unit gains for every RMSNorm (including the compressor's entry norms and the QK-norms).
+    A tied embedding is drawn once (``named_parameters`` lists a shared parameter once)."""
     unit = set()
     for mod in module.modules():
         if type(mod).__name__ == "RMSNorm":
@@ -346,7 +364,7 @@ def default_init_(module: nn.Module, std: float, generator: torch.Generator) -> 
             unit.update(id(p) for p in mod.norm_weight.values())
     for name, p in module.named_parameters():
         with torch.no_grad():
-            if id(p) in unit:
+            if id(p) in unit or name.rsplit(".", 1)[-1] in ("q_norm", "k_norm"):
                 p.fill_(1.0)
             elif name.endswith("position_bias") or name.split(".")[-1].startswith("b_") or p.dim() < 2:
                 p.zero_()

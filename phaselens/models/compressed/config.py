@@ -19,6 +19,12 @@ from phaselens.core.geometry import PhaseSpec
 
 GateKind = Literal["scalar", "vector", "uniform"]
 Sharing = Literal["shared", "per_offset"]
+RopeStyle = Literal["interleaved", "half"]
+MlpKind = Literal["gelu", "swiglu"]
+
+# Fields added after checkpoints were first written: ``to_dict`` leaves them out at their default, so every
+# config written before they existed (the zoo's, run fingerprints) stays byte-identical.
+_LATER_DEFAULTS: dict[str, Any] = {"qk_norm": False, "mlp": "gelu", "mlp_bias": True, "tie_embeddings": False}
 
 
 def _check_keys(cls: type, data: Any) -> None:
@@ -129,17 +135,20 @@ class YarnSpec:
 
 @dataclass(frozen=True)
 class RopeSpec:
-    """Rotary embedding on interleaved channel pairs ``(x[..., 0::2], x[..., 1::2])``.
+    """Rotary embedding of the trailing channels of each head.
 
     Args:
         dims: how many *trailing* channels of each head rotate (even); ``None`` rotates all of them.
         theta: the base.
         yarn: optional YaRN frequency scaling.
+        style: ``"interleaved"`` pairs ``(x[..., 2i], x[..., 2i + 1])`` (DeepSeek-V4); ``"half"`` pairs
+            ``(x[..., i], x[..., i + dims/2])`` (Qwen3 and Llama as transformers implements them).
     """
 
     dims: int | None = None
     theta: float = 10000.0
     yarn: YarnSpec | None = None
+    style: RopeStyle = "interleaved"
 
     def __post_init__(self) -> None:
         if self.dims is not None and (not isinstance(self.dims, int) or isinstance(self.dims, bool)):
@@ -147,6 +156,8 @@ class RopeSpec:
         _check_number("RopeSpec", "theta", self.theta)
         if self.yarn is not None and not isinstance(self.yarn, YarnSpec):
             raise ConfigError(f"RopeSpec.yarn must be a YarnSpec or None, got {self.yarn!r}.")
+        if self.style not in ("interleaved", "half"):
+            raise ConfigError(f"RopeSpec.style must be 'interleaved' or 'half', got {self.style!r}.")
 
     @classmethod
     def from_dict(cls, data: Any) -> RopeSpec:
@@ -167,7 +178,9 @@ class CompressorSpec:
             ``"uniform"`` (mean pooling, no gate parameters).
         gate_params: ``"shared"`` (one gate projection for every slot) or ``"per_offset"`` (one per slot).
         position_bias: add a learned per-offset bias to the gate logits (DeepSeek's ``position_bias``).
-        payload: ``"shared"`` or ``"per_offset"`` payload projection.
+        payload: ``"shared"`` or ``"per_offset"`` payload projection of the compressor's own, or ``"attention"``:
+            pool the layer's own raw keys and values (after the QK-norm, before RoPE), so entries are convex
+            mixtures of the keys and values the local window sees and the compressor adds only its gates.
         tied_kv: keys and values are one latent (K = V), as in DeepSeek-V4. The layer's raw tokens then
             share one projection too, and the RoPE carried by the values is undone at the query position.
         norm: RMSNorm on the pooled rows.
@@ -182,7 +195,7 @@ class CompressorSpec:
     gate: GateKind = "scalar"
     gate_params: Sharing = "shared"
     position_bias: bool = True
-    payload: Sharing = "shared"
+    payload: Literal["shared", "per_offset", "attention"] = "shared"
     tied_kv: bool = False
     norm: bool = False
     rope: Literal["inherit", "none"] | RopeSpec = "inherit"
@@ -197,9 +210,13 @@ class CompressorSpec:
         object.__setattr__(self, "window", spec.window)
         if self.gate not in ("scalar", "vector", "uniform"):
             raise ConfigError(f"gate must be 'scalar', 'vector' or 'uniform', got {self.gate!r}.")
-        for name in ("gate_params", "payload"):
-            if getattr(self, name) not in ("shared", "per_offset"):
-                raise ConfigError(f"{name} must be 'shared' or 'per_offset', got {getattr(self, name)!r}.")
+        if self.gate_params not in ("shared", "per_offset"):
+            raise ConfigError(f"gate_params must be 'shared' or 'per_offset', got {self.gate_params!r}.")
+        if self.payload not in ("shared", "per_offset", "attention"):
+            raise ConfigError(f"payload must be 'shared', 'per_offset' or 'attention', got {self.payload!r}.")
+        if self.payload == "attention" and self.overlap_split:
+            raise ConfigError("payload='attention' pools the layer's own keys and values, which have no channel groups "
+                              "for overlap_split; use overlap_split=False (plain overlapping windows) or payload='shared'.")
         if self.overlap_split and self.window == self.stride:
             raise ConfigError(
                 "overlap_split needs overlapping windows: set window to a multiple of the stride above it, "
@@ -246,7 +263,14 @@ class CompressedConfig:
         rope: RoPE of queries and raw keys; ``None`` means no positional encoding at all.
         uncompressed_attention: ``"full"`` causal attention or ``"local"`` (sliding window only) in layers
             that do not compress.
+        qk_norm: an RMSNorm over each head's channels on queries and raw keys, before RoPE (Qwen3).
+        mlp: ``"gelu"`` (``W_out gelu(W_in x)``) or ``"swiglu"`` (``W_out (silu(W_gate x) * W_in x)``, Qwen3).
+        mlp_bias: biases in the MLP (attention never has any).
+        tie_embeddings: the unembedding is the embedding matrix (Qwen3-0.6B).
         device: where the model lives; runtime only, not saved.
+
+    With ``qk_norm=True, mlp="swiglu", mlp_bias=False, tie_embeddings=True, sink=False``, a ``"half"`` RoPE
+    and ``compression=None`` the model is Qwen3 (:mod:`phaselens.models.qwen3` converts weights both ways).
     """
 
     n_layers: int
@@ -266,6 +290,10 @@ class CompressedConfig:
     norm_eps: float = 1e-5
     init_std: float = 0.02
     seed: int = 0
+    qk_norm: bool = False
+    mlp: MlpKind = "gelu"
+    mlp_bias: bool = True
+    tie_embeddings: bool = False
     device: str = "cpu"
 
     def __post_init__(self) -> None:
@@ -273,7 +301,10 @@ class CompressedConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be a positive int, got {value!r}.")
-        _check_bool("CompressedConfig", "sink", self.sink)
+        for name in ("sink", "qk_norm", "mlp_bias", "tie_embeddings"):
+            _check_bool("CompressedConfig", name, getattr(self, name))
+        if self.mlp not in ("gelu", "swiglu"):
+            raise ConfigError(f"mlp must be 'gelu' or 'swiglu', got {self.mlp!r}.")
         _check_number("CompressedConfig", "norm_eps", self.norm_eps)
         _check_number("CompressedConfig", "init_std", self.init_std, positive=False)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
@@ -348,6 +379,12 @@ class CompressedConfig:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
         data.pop("device")
+        for name, default in _LATER_DEFAULTS.items():
+            if data[name] == default:
+                data.pop(name)
+        for rope in (data["rope"], (data["compression"] or {}).get("rope")):
+            if isinstance(rope, dict) and rope["style"] == "interleaved":
+                rope.pop("style")
         if data["compressed_layers"] is not None:
             data["compressed_layers"] = list(data["compressed_layers"])
         return data

@@ -22,6 +22,7 @@ from phaselens.runtime.checkpoints import safetensors_metadata
 from phaselens.runtime.files import DirKind, atomic_write_dir
 
 if TYPE_CHECKING:
+    from phaselens.models.compressed.config import CompressedConfig
     from phaselens.models.compressed.transformer import CompressedTransformer
 
 WEIGHTS = "model.safetensors"
@@ -54,6 +55,11 @@ def checkpoint_kind(extra: tuple[str, ...] = ()) -> DirKind:
     return DirKind("model checkpoint", legacy)
 
 
+def tied_names(cfg: CompressedConfig) -> tuple[str, ...]:
+    """State-dict names that alias another parameter and are not stored (the tied unembedding)."""
+    return ("unembed.weight",) if cfg.tie_embeddings else ()
+
+
 def resolve_device(device: Any) -> torch.device:
     """``device`` as a ``torch.device``, refusing one this machine does not have (an :class:`InputError`
     that names the fix) instead of failing deep inside torch."""
@@ -82,6 +88,8 @@ def save_model(
 ) -> None:
     """Write the checkpoint directory ``path`` (see the module docstring for what is replaced)."""
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    for name in tied_names(model.config):
+        state.pop(name)  # stored once, under the name it is tied to (safetensors refuses shared tensors)
     config = {"format": FORMAT, "config": model.config.to_dict()}
     if model.default_task is not None and hasattr(model.default_task, "to_dict"):
         config["default_task"] = model.default_task.to_dict()
@@ -93,5 +101,3 @@ def save_model(
             (tmp / CARD).write_text(json.dumps(metadata, indent=2, sort_keys=True))
 
     atomic_write_dir(Path(path), write, kind=checkpoint_kind(), overwrite=overwrite)
-
-

@@ -10,7 +10,7 @@ import torch
 
 from phaselens.core.errors import CheckpointError, OutputError, PhaseLensError
 from phaselens.models.compressed.config import CompressedConfig
-from phaselens.models.compressed.io import CARD, CONFIG, FORMAT, WEIGHTS, resolve_device
+from phaselens.models.compressed.io import CARD, CONFIG, FORMAT, WEIGHTS, resolve_device, tied_names
 from phaselens.models.compressed.transformer import CompressedTransformer
 from phaselens.runtime.checkpoints import check_tensor_names, load_safetensors, read_json
 from phaselens.runtime.files import recover_dir
@@ -46,13 +46,15 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -
     model = CompressedTransformer(cfg)
     tensors = load_safetensors(path / WEIGHTS, fix=fix)
     expected = model.state_dict()
+    for name in tied_names(cfg):  # stored once, under the name it is tied to
+        expected.pop(name)
     check_tensor_names({k: v.shape for k, v in expected.items()}, {k: v.shape for k, v in tensors.items()},
                        where=f"{path / WEIGHTS}", fix=f"config.json and the weights disagree; {fix}")
     # the saved dtype comes back (a bf16 model saved is a bf16 model loaded, not fp32)
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
     if len(dtypes) == 1:
         model = model.to(next(iter(dtypes)))
-    model.load_state_dict(tensors, strict=True)
+    model.load_state_dict(tensors, strict=not tied_names(cfg))
     if raw.get("default_task") is not None:
         from phaselens.tasks import task_from_dict
 

@@ -1,7 +1,11 @@
-"""Rotary position embedding on interleaved channel pairs, applied to the trailing channels of a head.
+"""Rotary position embedding, applied to the trailing channels of a head.
 
-This is the DeepSeek-V4 convention: the rotated slice is ``x[..., -dims:]`` and each rotation pair is
-``(x[..., 2i], x[..., 2i + 1])``. Frequencies may carry YaRN scaling.
+The rotated slice is ``x[..., -dims:]``. Two pairings of its channels (``RopeSpec.style``):
+
+- ``"interleaved"`` (DeepSeek-V4): pair i is ``(x[..., 2i], x[..., 2i + 1])``;
+- ``"half"`` (Qwen3, Llama as transformers writes them): pair i is ``(x[..., i], x[..., i + dims/2])``.
+
+Frequencies may carry YaRN scaling.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def apply_rope(
     *,
     attention_scaling: float = 1.0,
     inverse: bool = False,
+    style: str = "interleaved",
 ) -> Float[Tensor, "*batch pos head d"]:
     """Rotate the trailing ``2 * len(inv_freq)`` channels of ``x`` at ``positions``.
 
@@ -51,6 +56,7 @@ def apply_rope(
         positions: integer positions broadcastable to ``[..., pos]``.
         inv_freq: ``[pairs]`` inverse frequencies.
         inverse: rotate by ``-position`` (undo a rotation), as DeepSeek-V4 does on K=V attention outputs.
+        style: ``"interleaved"`` or ``"half"`` pairing of the rotated channels (module docstring).
     """
     rope_dims = 2 * inv_freq.shape[0]
     if rope_dims == 0:
@@ -62,8 +68,12 @@ def apply_rope(
     if inverse:
         sin = -sin
     rot = x[..., -rope_dims:].to(ct)
-    even, odd = rot[..., 0::2], rot[..., 1::2]
-    rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2).to(x.dtype)
+    if style == "half":
+        first, second = rot.chunk(2, dim=-1)
+        rotated = torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1).to(x.dtype)
+    else:
+        even, odd = rot[..., 0::2], rot[..., 1::2]
+        rotated = torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2).to(x.dtype)
     if rope_dims == x.shape[-1]:
         return rotated
     return torch.cat([x[..., :-rope_dims], rotated], dim=-1)

@@ -48,17 +48,38 @@ class RMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
+    """``cfg.mlp="gelu"``: ``W_out gelu(W_in x + b_in) + b_out``; ``"swiglu"`` (Qwen3, TransformerLens's gated
+    MLP names): ``W_out (silu(W_gate x) * (W_in x))``. Biases only with ``cfg.mlp_bias``.
+
+    Hooks ``[batch, pos, d_mlp]``: ``hook_pre`` (the activation's input: ``W_in x`` for gelu, ``W_gate x`` for
+    swiglu), ``hook_pre_linear`` (swiglu: ``W_in x``), ``hook_post`` (what ``W_out`` reads).
+    """
+
     def __init__(self, cfg: CompressedConfig) -> None:
         super().__init__()
+        self.gated = cfg.mlp == "swiglu"
+        if self.gated:
+            self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
         self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
-        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.mlp_bias else None
         self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
-        self.b_out = nn.Parameter(torch.zeros(cfg.d_model))
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.mlp_bias else None
         self.hook_pre, self.hook_post = HookPoint(), HookPoint()
+        if self.gated:
+            self.hook_pre_linear = HookPoint()
+
+    @staticmethod
+    def _bias(x: Tensor, b: Tensor | None) -> Tensor:
+        return x if b is None else x + b
 
     def forward(self, x: Tensor) -> Tensor:
-        pre = self.hook_pre(x @ self.W_in + self.b_in)
-        return self.hook_post(F.gelu(pre)) @ self.W_out + self.b_out
+        if self.gated:
+            gate = self.hook_pre(x @ self.W_gate)
+            up = self.hook_pre_linear(self._bias(x @ self.W_in, self.b_in))
+            post = self.hook_post(F.silu(gate) * up)
+        else:
+            post = self.hook_post(F.gelu(self.hook_pre(self._bias(x @ self.W_in, self.b_in))))
+        return self._bias(post @ self.W_out, self.b_out)
 
 
 class Block(nn.Module):
@@ -106,11 +127,14 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         self.blocks = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
         self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        if cfg.tie_embeddings:
+            self.unembed.weight = self.embed.weight  # one parameter, [d_vocab, d_model] in both roles
         self.default_task = None
         self.metadata: dict[str, Any] = {}
         self.name = "CompressedTransformer"  # what results call the model (the zoo sets its name)
-        generator = torch.Generator().manual_seed(cfg.seed)
-        default_init_(self, cfg.init_std, generator)
+        if self.embed.weight.device.type != "meta":  # on the meta device (size planning) there is nothing to fill
+            generator = torch.Generator().manual_seed(cfg.seed)
+            default_init_(self, cfg.init_std, generator)
         self.setup()
         self.eval()
 
@@ -139,7 +163,8 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
 
     @property
     def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        """Query weights as TransformerLens shapes them (applied to the RMS-normed residual, before RoPE)."""
+        """Query weights as TransformerLens shapes them (applied to the RMS-normed residual, before RoPE; with
+        ``cfg.qk_norm`` the per-head RMSNorm ``q_norm`` follows them, so ``hook_q`` is not ``x @ W_Q`` then)."""
         return self._per_head("Q")
 
     @property
@@ -161,6 +186,13 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
     @property
     def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
         return torch.stack([b.mlp.W_in for b in self.blocks])
+
+    @property
+    def W_gate(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        """The gate weights of a SwiGLU MLP (``cfg.mlp="swiglu"``)."""
+        if self.config.mlp != "swiglu":
+            raise AttributeError("W_gate exists only for a gated MLP (cfg.mlp='swiglu').")
+        return torch.stack([b.mlp.W_gate for b in self.blocks])
 
     @property
     def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
@@ -268,6 +300,8 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         return_type: Literal["logits", "loss", "both", None] = "logits",
         logits: Literal["all", "query"] = "all",
         query_len: SupportsInt | None = None,
+        targets: Tensor | None = None,
+        reduction: Literal["mean", "sum"] = "mean",
     ) -> Any:
         """Logits ``[batch, pos, d_vocab]`` for token ids ``tokens`` ``[batch, pos]`` (or ``[pos]``).
 
@@ -278,9 +312,18 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
 
         With ``logits="query"`` only the last ``query_len`` rows are unembedded: ``[batch, query_len, d_vocab]``
         (the analyses score query rows only, and the unembedding is most of a small model's cost).
+
+        With ``targets`` ``[batch, pos]`` (``targets[b, t]`` is the token to predict from position t, -100 where
+        no loss is taken, as :class:`~phaselens.tasks.training.TrainingBatch` holds them) and
+        ``return_type="loss"``, the fp32 cross-entropy over the targeted positions (``reduction`` ``"mean"`` or
+        ``"sum"``); only those rows are unembedded (a task trains a few positions of every sequence).
         """
         if logits not in ("all", "query"):
             raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
+        if targets is not None and (return_type != "loss" or logits != "all" or reduction not in ("mean", "sum")
+                                    or not isinstance(targets, Tensor) or targets.shape != getattr(tokens, "shape", None)):
+            raise InputError("targets= needs return_type='loss', reduction 'mean' or 'sum', and a tensor shaped like "
+                             "tokens [batch, pos].")
         tokens = self._check_tokens(tokens)
         B, n = tokens.shape
         if B == 0 or n == 0:  # checked before the cache is touched, so the cache stays usable
@@ -313,6 +356,11 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
             resid = resid[:, n - q :]
         if return_type is None:
             return None
+        if targets is not None:
+            targets = targets.to(resid.device).reshape(B, n)
+            keep = targets != -100
+            out = self.unembed(self.ln_final(resid[keep]))
+            return F.cross_entropy(out.float(), targets[keep], reduction=reduction)
         out = self.unembed(self.ln_final(resid))
         if return_type == "logits":
             return out
