@@ -12,12 +12,14 @@ from phaselens.presentation.reporting.browser import OVERLAPS_JS
 from tests.support.models import LAYOUTS, task_model
 
 TINY = ReportSettings(n_eval=4, n_record=2, n_map=2, n_cycle=2, n_repair=2)
+TRAINING = {"steps": 25, "loss_curve_every_10": [4.5, 3.25, 2.0], "val": [[20, 0.25], [25, 0.5]]}
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     a = task_model(LAYOUTS["w8s4-deepseek"])
     a.name = "tiny-w8s4"
+    a.metadata["training"] = TRAINING  # as a trained model's card has it
     b = task_model(None)
     b.name = "tiny-full"
     out = tmp_path_factory.mktemp("rep") / "report"
@@ -40,6 +42,17 @@ def test_report_files_and_numbers(built):
     assert "How this was made" in page and "phaselens.report(" in page
     assert "skipped (static=False)" in page
     assert "<script src=" not in page and len(page) > 3_000_000  # self-contained: plotly.js is embedded
+
+
+def test_the_training_loss_curve_of_a_models_card_is_plotted(built):
+    page = (built / "index.html").read_text()
+    sec = page[page.index('<section id="training">'):]
+    sec = sec[: sec.index("</section>")]
+    assert "Training loss" in sec and "undertrained" in sec
+    # the figure's data: the card's block means at the last step of each block (the last block is short)
+    assert '"x":[10,20,25]' in sec.replace(" ", "") and '"y":[4.5,3.25,2.0]' in sec.replace(" ", "")
+    assert '"x":[20,25]' in sec.replace(" ", "") and '"y":[0.25,0.5]' in sec.replace(" ", "")
+    assert "tiny-full loss" not in sec  # a model built in code has no training record: no curve
 
 
 def test_headline_sentence_opens_the_report(built):

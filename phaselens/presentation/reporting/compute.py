@@ -36,7 +36,22 @@ class ModelResults:
     cycling: Any = None
     cycling_note: str | None = None
     repair: Any = None
+    training: dict[str, list[Any]] | None = None  # the loss curve the model was trained with, where its card has it
     notes: list[str] = field(default_factory=list)
+
+
+def training_curve(metadata: Any, every: int = 10) -> dict[str, list[Any]] | None:
+    """The training loss curve from a model card's ``training`` record, as a log that
+    :func:`phaselens.plots.loss_curve` plots with ``x="step"``: ``step`` (the last step of each block of
+    ``every``), ``loss`` (the block's mean) and ``val`` (``[step, accuracy]`` pairs, where the card has them).
+    None for a model without one (the DeepSeek models, a model built in code)."""
+    training = metadata.get("training") if isinstance(metadata, dict) else None
+    curve = training.get("loss_curve_every_10") if isinstance(training, dict) else None
+    if not curve:
+        return None
+    steps = int(training.get("steps") or every * len(curve))
+    return {"step": [min(every * (i + 1), steps) for i in range(len(curve))], "loss": [float(x) for x in curve],
+            "val": [list(v) for v in training.get("val") or []]}
 
 
 def compute_model(name: str, model: Any, settings: ReportSettings, *, stride: int | None, progress: bool,
@@ -48,6 +63,7 @@ def compute_model(name: str, model: Any, settings: ReportSettings, *, stride: in
     from phaselens.analyses.recording import record
 
     out = ModelResults(name, model, description, is_control)
+    out.training = training_curve(getattr(model, "metadata", None))
     s = settings
     out.eval = evaluate(model, n_per_residue=s.n_eval, seed=s.seed, progress=progress, stride=stride,
                         n_permutations=2000, n_bootstrap=500, batch_size=128)

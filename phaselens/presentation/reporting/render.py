@@ -75,6 +75,13 @@ def sections(results: list[ModelResults]) -> list[Section]:
             out.append(Section(f"{r.name}_repair", f"{r.name}: phase repair",
                                "Accuracy by phase before and after test-time phase ensembling (shifted copies combined by "
                                "the most confident answer).", plots.repair_panel(r.repair)))
+    curves = {r.name: r.training for r in results if r.training is not None}
+    if curves:
+        out.append(Section("training", "Training loss",
+                           "The loss each model was trained to, per step (means of 10 steps, from its card), with its "
+                           "validation accuracy where the card has it (dotted, right axis). A model whose loss is still "
+                           "falling at the end is undertrained; read its phase profile with that in mind.",
+                           plots.loss_curve(curves, x="step", title="Training loss")))
     if control is not None and all(r.is_control for r in results):  # only the control: its maps alone
         out.append(Section(f"{control.name}_head_map", f"{control.name}: per-head knockouts by residue",
                            "The full-attention control's knockout map: without compression no head should serve "
