@@ -108,10 +108,11 @@ def test_token_files_mix_at_the_stated_ratio(tmp_path):
 def test_the_plan_prints_in_seconds_without_allocating_the_model():
     """`phaselens train --recipe paper-w4s4 --size 0.6b --plan`: the model (2.6 GB in fp32) is never allocated,
     so the process stays far below its size."""
-    code = ("import resource, sys; from phaselens.presentation.cli import app; sys.argv = ['phaselens', 'train', '--recipe', "
+    # VmHWM, this process's own peak: not ru_maxrss, which exec inherits from the parent (here a pytest worker)
+    code = ("import re, sys; from phaselens.presentation.cli import app; sys.argv = ['phaselens', 'train', '--recipe', "
             "'paper-w4s4', '--size', '0.6b', '--plan', '--gpus', '1,8']\n"
             "try:\n    app()\nexcept SystemExit:\n    pass\n"
-            "print('maxrss_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            "print('maxrss_kb', re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())[1])")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=120)
     assert res.returncode == 0, res.stderr
@@ -119,7 +120,7 @@ def test_the_plan_prints_in_seconds_without_allocating_the_model():
     assert "596,517,632" in out and "100,000,132,608" in out and "557,609 steps" in out
     assert "3.58e+20 (6 N D)" in out and "251.3 at 40% of 989 TFLOP/s" in out and "31.4 h on 8 GPUs" in out
     rss_gb = int(out.split("maxrss_kb")[1].split()[0]) / 2**20
-    assert rss_gb < 1.5, rss_gb
+    assert rss_gb < 1.0, rss_gb  # measured 0.42 (import torch alone: 0.34); the embedding alone is 0.62
 
 
 def test_plan_arithmetic():
