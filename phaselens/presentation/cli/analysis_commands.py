@@ -1,0 +1,133 @@
+"""eval, record and map: the analyses, each a thin call of the Python API."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from phaselens.presentation.cli.base import (
+    FORCE_FILE_HELP,
+    MODEL_HELP,
+    PROGRESS_HELP,
+    _Command,
+    _label,
+    _load,
+    _load_for_phases,
+    app,
+    check_out,
+    friendly_errors,
+    main_rank,
+    say,
+    write_csv,
+)
+
+
+@app.command("eval", cls=_Command)
+@friendly_errors
+def eval_cmd(
+    model: Annotated[str, typer.Argument(help=MODEL_HELP, metavar="MODEL")],
+    n_per_residue: Annotated[int, typer.Option("--n-per-residue", metavar="N",
+                                               help="Items per residue (more: narrower CIs, slower).")] = 256,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items and of the battery's resampling.")] = 0,
+    stride: Annotated[int | None, typer.Option(
+        metavar="S", help="Fold residues by this stride; required for a model without compressed layers "
+                          "(the full-attention control: use the compressed model's stride, e.g. 4).")] = None,
+    out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the per-item frame as CSV.")] = None,
+    checkpoint: Annotated[str | None, typer.Option(metavar="FILE",
+                                                   help="Resumable file of finished item blocks (rerun to resume).")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
+) -> None:
+    """Phase-aware evaluation with the statistics battery.
+
+    Example: phaselens eval w8s4 --n-per-residue 256 --out w8s4.csv
+    """
+    import phaselens
+
+    path = check_out(out, kind="file", force=force)
+    with _label(model):
+        ev = phaselens.evaluate(_load_for_phases(model, stride), n_per_residue=n_per_residue, seed=seed,
+                                progress=progress, stride=stride, checkpoint=checkpoint)
+    say(ev.summary())
+    if path and main_rank():
+        write_csv(ev.to_frame("item"), path, force=force)
+
+
+@app.command("record", cls=_Command)
+@friendly_errors
+def record_cmd(
+    model: Annotated[str, typer.Argument(help=MODEL_HELP, metavar="MODEL")],
+    n_per_residue: Annotated[int, typer.Option("--n-per-residue", metavar="N",
+                                               help="Items per residue to average attention and gates over.")] = 64,
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items.")] = 0,
+    out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the tidy recording as CSV.")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
+) -> None:
+    """Record attention into compressed entries and the compressors' gate weights, by residue.
+
+    Example: phaselens record w8s4 --out w8s4-recording.csv
+    """
+    import phaselens
+
+    path = check_out(out, kind="file", force=force)
+    with _label(model):
+        rec = phaselens.record(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
+    say(repr(rec))
+    if path and main_rank():
+        write_csv(rec.to_frame(), path, force=force)
+
+
+KINDS = ("head", "kv_head", "layer")
+
+
+def _parse_kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise typer.BadParameter(f"{text!r}: give a comma-separated subset of {','.join(KINDS)}.")
+    return kinds
+
+
+@app.command("map", cls=_Command)
+@friendly_errors
+def map_cmd(
+    model: Annotated[str, typer.Argument(help=MODEL_HELP, metavar="MODEL")],
+    n_per_residue: Annotated[int, typer.Option("--n-per-residue", metavar="N",
+                                               help="Items per residue for every knockout cell.")] = 64,
+    method: Annotated[str, typer.Option(metavar="NAME", help="Replacement of a head's output: mean, zero or resample.")] = "mean",
+    kinds: Annotated[str, typer.Option(metavar="LIST", help="Cells to map, comma-separated: head, kv_head, layer.")]
+    = ",".join(KINDS),
+    seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items (and of resample knockouts).")] = 0,
+    stride: Annotated[int | None, typer.Option(
+        metavar="S", help="Fold residues by this stride; required for a model without compressed layers.")] = None,
+    checkpoint: Annotated[str | None, typer.Option(metavar="FILE.npz",
+                                                   help="Resumable file of finished cells (rerun to resume).")] = None,
+    out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the tidy map as CSV.")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
+    progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
+    plan: Annotated[bool, typer.Option("--plan", help="Print what the map would run (cells, forwards, token passes, "
+                                                      "a memory estimate) and exit without running it.")] = False,
+) -> None:
+    """Knock out every head, KV head and layer at the query; effects per residue, specialization index.
+
+    Example: phaselens map w8s4 --checkpoint runs/w8s4-map.npz --out w8s4-map.csv
+    """
+    import phaselens
+
+    kind_tuple = _parse_kinds(kinds)
+    if plan:
+        say(repr(phaselens.specialization_map(_load_for_phases(model, stride), method=method,
+                                                     n_per_residue=n_per_residue, seed=seed, kinds=kind_tuple,
+                                                     stride=stride, plan=True)))
+        return
+    path = check_out(out, kind="file", force=force)
+    with _label(model):
+        pm = phaselens.specialization_map(_load_for_phases(model, stride), method=method, n_per_residue=n_per_residue, seed=seed,
+                                          kinds=kind_tuple, stride=stride, checkpoint=checkpoint, progress=progress)
+    say(repr(pm))
+    if "head" in kind_tuple:
+        say(pm.specialization_index().to_string(index=False))
+    if path and main_rank():
+        write_csv(pm.to_frame(), path, force=force)
