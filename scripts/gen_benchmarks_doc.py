@@ -201,6 +201,30 @@ reading the weights, and transformers' kernels can skip it under `quantize="fp8"
 
 {chr(10).join(rows)}
 """)
+    fm = load("bench_family")
+    if fm:
+        names = {"phaselens_full": "phaselens, `paper-full` (Qwen3)", "phaselens_w4s4": "phaselens, `paper-w4s4`",
+                 "transformers_eager": "transformers `Qwen3ForCausalLM`, eager",
+                 "transformers_sdpa": "transformers `Qwen3ForCausalLM`, SDPA"}
+        rows = ["| model | training step s | tokens/s | forward s | tokens/s |", "|---|---|---|---|---|"]
+        rows += [f"| {label} | {f(fm['train_step']['seconds'][k], 3)} | {f(fm['train_step']['tokens_per_s'][k], 0)} | "
+                 f"{f(fm['forward']['seconds'][k], 3)} | {f(fm['forward']['tokens_per_s'][k], 0)} |"
+                 for k, label in names.items()]
+        ts, fw = fm["train_step"], fm["forward"]
+        parts.append(f"""## The paper family's backbone against transformers' Qwen3
+`OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_family.py` (size `{fm['size']}`, {fm['parameters']:,}
+parameters, {fm['batch']} sequences of {fm['tokens_per_sequence']} tokens; {fm['threads']} threads; the same
+weights in both, `to_qwen3`; losses {fm['loss_phaselens']:.6f} and {fm['loss_transformers']:.6f}; best of turns
+run alternately). A training step is forward, loss and backward, without the optimizer. phaselens's control
+against transformers' eager attention (the same arithmetic): **{f(ts['phaselens_full_over_transformers_eager'])}x**
+the time per training step, **{f(fw['phaselens_full_over_transformers_eager'])}x** per forward; against SDPA
+{f(ts['phaselens_full_over_transformers_sdpa'])}x and {f(fw['phaselens_full_over_transformers_sdpa'])}x.
+phaselens keeps attention eager so that training and analysis run the same arithmetic and every hook sees the
+probabilities. The stride-4 compressors cost {f(ts['w4s4_over_full'])}x per training step and
+{f(fw['w4s4_over_full'])}x per forward over the control.
+
+{chr(10).join(rows)}
+""")
     rp = load("bench_report")
     if rp:
         parts.append(f"""## The report
