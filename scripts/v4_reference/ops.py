@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 
 from phaselens.models.deepseek_v4 import reference_ops
-from tests import deepseek_reference as emu
+from tests.support import deepseek_reference as emu
 
 
 def rel(x: Tensor, ref: Tensor) -> float:
