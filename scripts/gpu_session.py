@@ -14,6 +14,12 @@ when ``OUT`` is unset), then a summary ``$OUT/gpu_session.json``. The checks:
 * ``numerics`` (issue 25): ``benchmarks/bench_v4_numerics.py --device cuda``, the reference numerics' fused
   half-precision products on CUDA;
 * ``family`` (issue 26): ``benchmarks/bench_family_gpu.py``, tokens/s and peak memory of the 0.6B size.
+
+Needs torch with CUDA, phaselens's requirements, and transformers >= 5.24 (``deepseek_v4``). A machine with no
+network and an older transformers can take wheels carried with the repository, e.g. transformers,
+huggingface_hub, transformer_lens, datasets, kernels and their small dependencies in ``.whl/``:
+``pip install --no-index --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python
+scripts/gpu_session.py --budget 560`` (about 9 minutes with every check).
 """
 
 from __future__ import annotations
