@@ -41,7 +41,7 @@ CAPABILITIES: dict[str, str] = {
     "query_engine": "model.query_engine(tokens [N, T], query_pos [N], rows_per_pass=, batch_size=) -> QueryEngine: "
                     "runs many query-row interventions over one cached clean prefix (engine='suffix')",
     "cycle_gates": "model.cycle_gates(delta) -> a copy with its offset-specific gate parameters rolled by delta",
-    "estimate_memory": "model.estimate_memory(tokens, batch=, query_len=, logits=) -> MemoryEstimate: bytes of a "
+    "estimate_memory": "model.estimate_memory(tokens, batch=, query_len=, logits=) -> contract.memory.MemoryEstimate: bytes of a "
                        "forward from the model's sizes (used by specialization_map(plan=True))",
 }
 ENGINES = ("auto", "suffix", "full")

@@ -111,7 +111,7 @@ def forward_bytes(model: Any, T: int, b: int, query_rows: int) -> dict[str, int]
         query_len = None if model.dims.prefill_chunk is None else query_rows  # hooked rows when chunked
         e = estimate(T, batch=b, query_len=query_len, logits="query")
         out = {"weights": e.weights, "cache": e.cache, "attention": 4 * e.attention, "logits": e.logits}
-        if getattr(e, "activations", 0):  # DeepSeek-V4.1 counts its other transients too
+        if e.activations:  # DeepSeek-V4.1 counts its other transients too
             out["activations"] = e.activations
         return out
     from phaselens.contract.protocol import module_of

@@ -11,6 +11,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from phaselens.contract.memory import MemoryEstimate
 from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
 from phaselens.models.capacity import gpu_bytes, plan_model
 from phaselens.models.deepseek_v41 import load_v41
@@ -122,3 +123,6 @@ def test_v41_memory_estimate_counts_the_tensors_a_run_holds(tmp_path):
     B, H, n, E = max(widths, key=lambda s: s[2] * (L + s[3] + 1))  # layer 4 (ratio 1) attends the most entries
     assert est.attention == B * H * n * (L + E + 1) * 4
     assert est.logits == 2 * chunk * 128 * 4 and est.weights > 0
+    # the contract's one type (the V4 adapter returns it too), and its total counts four score tensors
+    assert type(est) is MemoryEstimate and est.activations > 0
+    assert est.total() == est.weights + est.cache + 4 * est.attention + est.activations + est.logits

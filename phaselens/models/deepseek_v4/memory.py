@@ -22,42 +22,17 @@ concatenation (up to one chunk more rows) alive.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 from torch import nn
 
+from phaselens.contract.memory import MemoryEstimate
 from phaselens.models.deepseek_v4.config import unwrap
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
 from phaselens.models.deepseek_v4.numerics import Fp32Projection
 from phaselens.models.deepseek_v4.packed import is_packed
 from phaselens.models.deepseek_v4.prefill import plan_chunks
-
-GiB = 2**30
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes a run needs (see the module docstring for what each field counts)."""
-
-    tokens: int
-    batch: int
-    chunk: int | None
-    query_len: int
-    weights: int
-    cache: int
-    attention: int
-    logits: int
-
-    def gib(self) -> dict[str, float]:
-        """The four sizes in GiB."""
-        return {k: getattr(self, k) / GiB for k in ("weights", "cache", "attention", "logits")}
-
-    def __str__(self) -> str:
-        sizes = ", ".join(f"{k} {v:.3g} GiB" for k, v in self.gib().items())
-        how = f"chunks of {self.chunk}" if self.chunk else "one call"
-        return f"MemoryEstimate({self.batch} x {self.tokens} tokens, {how}, query {self.query_len}: {sizes})"
 
 
 def estimate_memory(

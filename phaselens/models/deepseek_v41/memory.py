@@ -22,39 +22,11 @@ Counted from the code's tensors; allocator fragmentation and CUDA's context (~1 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
-GiB = 2**30
-
-
-@dataclass(frozen=True)
-class MemoryEstimate:
-    """Bytes a V4.1 run needs (see the module docstring for what each field counts)."""
-
-    tokens: int
-    batch: int
-    chunk: int | None
-    query_len: int
-    weights: int
-    cache: int
-    attention: int
-    activations: int
-    logits: int
-
-    def total(self, attention_copies: int = 4) -> int:
-        """Weights, cache, ``attention_copies`` score tensors, the other transients and the logits."""
-        return self.weights + self.cache + attention_copies * self.attention + self.activations + self.logits
-
-    def gib(self) -> dict[str, float]:
-        return {k: getattr(self, k) / GiB for k in ("weights", "cache", "attention", "activations", "logits")}
-
-    def __str__(self) -> str:
-        sizes = ", ".join(f"{k} {v:.3g} GiB" for k, v in self.gib().items())
-        how = f"chunks of {self.chunk}" if self.chunk else "one call"
-        return f"MemoryEstimate({self.batch} x {self.tokens} tokens, {how}, query {self.query_len}: {sizes})"
+from phaselens.contract.memory import MemoryEstimate
 
 
 def _size(dtype: torch.dtype) -> int:
@@ -81,7 +53,7 @@ def estimate_memory(model: Any, tokens: int, *, batch: int = 1, chunk: int | Non
     activations = max(_transients(model, a, b, B, item) for a, b in pieces) + _dequant(model, item)
     rows = T if logits == "all" else pieces[-1][1] - pieces[-1][0] if chunk else int(query_len or T)
     return MemoryEstimate(T, B, chunk, pieces[-1][1] - pieces[-1][0], weights, _cache(model, T, B, item),
-                          attention, activations, B * rows * int(c.vocab_size) * 4)
+                          attention, logits=B * rows * int(c.vocab_size) * 4, activations=activations)
 
 
 def _entries(model: Any, stop: int) -> int:

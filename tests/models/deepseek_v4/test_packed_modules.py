@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import phaselens
+from phaselens.contract.memory import MemoryEstimate
 from phaselens.models.deepseek_v4.memory import estimate_memory
 from phaselens.models.deepseek_v4.packed import dense_weight, is_packed
 from tests.support.deepseek import one_thread  # noqa: F401  (single-thread fixture)
@@ -67,6 +68,7 @@ def test_decoder_and_memory_estimate_on_packed_modules():
         assert torch.equal(dense_weight(p, torch.float32), d.weight)
     e_packed = estimate_memory(phaselens.from_hf(packed, chunk=8), 64, chunk=8)
     e_dense = estimate_memory(phaselens.from_hf(dense, chunk=8), 64, chunk=8)
+    assert type(e_packed) is MemoryEstimate and e_packed.activations == 0  # the contract's type; V4 counts no other transients
     assert e_packed.cache == e_dense.cache and e_packed.attention == e_dense.attention
     assert e_packed.weights < e_dense.weights  # FP8 / FP4 bytes
 

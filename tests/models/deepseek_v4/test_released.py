@@ -15,9 +15,10 @@ import warnings
 import pytest
 import torch
 
+from phaselens.contract.memory import GiB
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v4 import LayerTypesWarning, from_hf, load_hf
-from phaselens.models.deepseek_v4.memory import GiB, estimate_memory
+from phaselens.models.deepseek_v4.memory import estimate_memory
 from phaselens.models.deepseek_v4.prefill import call_kwargs, plan_chunks, run_prefix
 from tests.support.deepseek import (
     FLASH_CONFIG,
