@@ -265,9 +265,10 @@ def test_bf16_reference_fp8_model_keeps_gates_and_chunking_exact(bf16_dir):
             if chunk in (16, 8):
                 assert diff.max() == 0  # measured
             else:  # fp32 products over 5 rows take another BLAS kernel (rounding differs at 1e-7), which bf16
-                # then rounds differently here and there: measured mean-rel 6.7e-4, under the floor (two
-                # emulations of DeepSeek's own attention kernel differ by 6.8e-4 to 1.2e-3, docs/deepseek_v4.md)
-                assert diff.mean() / logits.double().abs().mean() < 1e-3
+                # then rounds differently here and there: measured mean-rel 6.7e-4 on one CPU and 1.0e-3 on
+                # another (AVX-512/AMX), within the floor (two emulations of DeepSeek's own attention kernel
+                # differ by 6.8e-4 to 1.2e-3, docs/deepseek_v4.md)
+                assert diff.mean() / logits.double().abs().mean() < 1.2e-3
         assert adapter(tokens[:, :10]).shape == (2, 10, 1000)  # shorter than one HCA block, uncached
 
 
