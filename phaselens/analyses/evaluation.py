@@ -14,12 +14,13 @@ from phaselens.analyses.items import check_options
 from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
 from phaselens.analyses.scoring import (
     METRICS,
+    block_answers,
     block_metrics,
     items_from_metrics,
     plain_forward,
     stack_metrics,
 )
-from phaselens.contract.protocol import PhaseModel
+from phaselens.contract.protocol import PhaseModel, is_black_box
 from phaselens.results.base import Result
 from phaselens.stats import ItemBattery, phase_battery_items, wilson_ci
 from phaselens.stats.by_residue import group_counts, group_mean
@@ -31,7 +32,9 @@ class PhaseEval(Result):
 
     Attributes:
         items: one row per item (``item_id``, ``residue``, ``phase``, ``t_K``, ``correct``, ``p_correct``,
-            ``p_wrong``, ``logit_diff``, ``nll``, ``rank`` and the task's placement columns).
+            ``p_wrong``, ``logit_diff``, ``nll``, ``rank``, ``predicted`` (the greedy token id: what the model
+            answered) and the task's placement columns). A served model without log-probabilities leaves
+            ``p_correct`` .. ``nll`` NaN (``metadata["scored_by"]`` says so).
         tests: the statistics battery run on these items (:class:`~phaselens.stats.ItemBattery`); its
             ``counts`` holds the per-residue counts, Wilson CIs, omnibus, nested and harmonic tests.
         stride, modulus: S and M.
@@ -42,7 +45,8 @@ class PhaseEval(Result):
     COLUMNS = {
         "residue": ("residue", "phase", "n", "correct", "acc", "ci_low", "ci_high", "nll"),
         "phase": ("phase", "n", "correct", "acc", "ci_low", "ci_high", "boundary"),
-        "item": ("item_id", "residue", "phase", "t_K", "correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank"),
+        "item": ("item_id", "residue", "phase", "t_K", "correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank",
+                 "predicted"),
     }
 
     items: pd.DataFrame
@@ -182,7 +186,7 @@ class PhaseEval(Result):
             what = f"mod {self.modulus} vs {self.stride}" if c.complete else "residues vs phases"
             tests.append(f"nested {what} p={t.nested.pvalue:.3g}")
         tests.append(f"period {self.period}" if t.period is not None else "period not tested (needs every residue)")
-        return "\n".join([
+        lines = [
             f"PhaseEval: {md.get('model', 'model')} on {md.get('task', 'task')}: {len(self.items)} items, "
             f"stride {self.stride}, residues mod {self.modulus}"
             + ("" if c.complete else f"; evaluated {c.subset.describe()}"),
@@ -193,7 +197,10 @@ class PhaseEval(Result):
             "  " + "; ".join(tests),
             "  accuracy by phase %: " + " ".join(f"{p}: {100 * c.phase_accuracy[p]:.1f}"
                                                  for p in np.flatnonzero(c.phase_n)),
-        ])
+        ]
+        if md.get("scored_by"):  # a served model: how its answers were scored (accuracy only, or log-probs too)
+            lines.append(f"  scored by {md['scored_by']}")
+        return "\n".join(lines)
 
     def plot(self, control: PhaseEval | None = None, **kwargs: Any):
         """Accuracy against residue with Wilson bars, folded per cycle (see :func:`phaselens.plots.accuracy_by_residue`)."""
@@ -208,6 +215,7 @@ class Evaluation(Analysis):
     name = "evaluate"
     stage = "evaluate"
     needs_phases = True
+    black_box = True  # a served model is scored from its answers
 
     def __init__(self, n_permutations: int) -> None:
         self.n_permutations = n_permutations
@@ -216,14 +224,37 @@ class Evaluation(Analysis):
         return METRICS
 
     def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+        if is_black_box(run.model):
+            return [block_answers(run.model, run.batch, run.blocks[b], progress=run.options.progress) for b in idx]
         forward = plain_forward(run.model)
         return [block_metrics(forward, run.batch, run.blocks[b]) for b in idx]
 
     def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> PhaseEval:
-        items = items_from_metrics(run.batch, stack_metrics(parts))
+        metrics = stack_metrics(parts)
+        tested = scored_metrics(run, metrics)
+        items = items_from_metrics(run.batch, metrics)
         return eval_from_items(items, run.stride, run.modulus, metadata=run.metadata(),
                                n_permutations=self.n_permutations, n_bootstrap=run.options.n_bootstrap,
-                               seed=run.options.seed, residues=run.covered())
+                               seed=run.options.seed, residues=run.covered(), metrics=tested)
+
+
+def scored_metrics(run: Run, metrics: dict[str, np.ndarray]) -> tuple[str, ...]:
+    """The continuous metrics the battery tests: ``nll`` and ``logit_diff``, or those of them a black-box
+    model reported for every item; for a black box, ``run.note["scored_by"]`` says which."""
+    every = ("nll", "logit_diff")
+    if not is_black_box(run.model):
+        return every
+    known = np.isfinite(metrics["nll"]) & np.isfinite(metrics["logit_diff"])
+    n = len(known)
+    if n and known.all():
+        run.note["scored_by"] = "greedy answers (accuracy), with the server's log-probabilities of the answer and distractor"
+        return every
+    run.note["scored_by"] = (
+        "greedy answers only: the server reports no log-probabilities, so p_correct, p_wrong, logit_diff and "
+        "nll are NaN and the statistics use accuracy alone" if not known.any() else
+        f"greedy answers; log-probabilities for {int(known.sum())} of {n} items (the others fell outside the "
+        "server's top log-probabilities): the statistics use accuracy alone")
+    return ()
 
 
 @public
@@ -266,11 +297,13 @@ def evaluate(
 def eval_from_items(
     items: pd.DataFrame, stride: int, modulus: int, *, metadata: dict[str, Any] | None = None,
     n_permutations: int = 2000, n_bootstrap: int = 1000, seed: int = 0, residues: Any = None,
+    metrics: Sequence[str] = ("nll", "logit_diff"),
 ) -> PhaseEval:
     """A :class:`PhaseEval` (battery included) from a per-item frame; ``residues``: the residues covered when
-    only some of 0..M-1 were evaluated (see :func:`phaselens.stats.phase_battery_items`)."""
+    only some of 0..M-1 were evaluated (see :func:`phaselens.stats.phase_battery_items`); ``metrics``: the
+    continuous columns to test (none for a served model without log-probabilities)."""
     tests = phase_battery_items(items, stride, modulus, n_permutations=n_permutations,
-                                n_bootstrap=n_bootstrap, seed=seed, residues=residues)
+                                n_bootstrap=n_bootstrap, seed=seed, residues=residues, metrics=tuple(metrics))
     return PhaseEval(items, tests, stride, modulus, dict(metadata or {}))
 
 

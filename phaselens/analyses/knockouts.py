@@ -255,10 +255,11 @@ def knockout(
         calibration: for ``mean`` / ``resample``: a TaskBatch, a ``[N, T]`` token tensor, or a
             :class:`Calibration`; default: items of the model's task built with a disjoint seed.
     """
-    from phaselens.contract.protocol import check_model
+    from phaselens.contract.protocol import check_model, refuse_black_box
     from phaselens.core.checks import MAX_SEED, as_int
 
     check_model(model)
+    refuse_black_box(model, "knockout")
     method = check_method(method)
     seed = as_int("seed", seed, minimum=0, maximum=MAX_SEED)
     parsed = parse_heads(heads, model.dims)

@@ -11,17 +11,18 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.analyses.evaluation import PhaseEval, eval_from_items
+from phaselens.analyses.evaluation import PhaseEval, eval_from_items, scored_metrics
 from phaselens.analyses.items import check_options
 from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
 from phaselens.analyses.scoring import (
     METRICS,
     answer_metrics,
+    black_box_metrics,
     items_from_metrics,
     model_logits,
     stack_metrics,
 )
-from phaselens.contract.protocol import PhaseModel, model_name
+from phaselens.contract.protocol import PhaseModel, is_black_box, model_name, require
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError, NotApplicableError
 from phaselens.results.base import Result
@@ -133,12 +134,71 @@ def rule_metrics(per_copy: torch.Tensor, answer: torch.Tensor, wrong: torch.Tens
     return (*(np.stack([r[k] for r in rows]) for k in METRICS), copy_correct)
 
 
+BLACK_BOX_COMBINES = ("max_conf", "vote")  # rules that need only each copy's greedy answer (and its confidence)
+
+
+def block_copy_answers(model: Any, batch: Any, block: slice, shifts: Sequence[int], pad_id: int,
+                       insert_at: int = 1, *, progress: bool = False) -> list[Any]:
+    """A black-box model's :class:`~phaselens.contract.answers.Answers` for every shifted copy of the items in
+    ``block``: one per copy, in the order of ``shifts`` (one call for all copies)."""
+    tokens, qp = batch.tokens[block], batch.query_pos[block]
+    K, B = len(shifts), tokens.shape[0]
+    pos = torch.where(qp[None] < insert_at, qp[None], qp[None] + torch.as_tensor(shifts)[:, None])  # [K, B]
+    copies = shifted_copies(tokens, shifts, pad_id, insert_at)
+    ask = require(model, "answer_queries", "a black-box model is scored from its answers.")
+    ans = ask(copies, pos.flatten(), batch.answer[block].repeat(K), batch.wrong[block].repeat(K), progress=progress)
+    return [type(ans)(*(getattr(ans, f)[k * B:(k + 1) * B] for f in
+                        ("predicted", "logp_answer", "logp_wrong", "logp_predicted"))) for k in range(K)]
+
+
+def black_box_rule(copies: list[Any], answer: torch.Tensor, wrong: torch.Tensor, rule: str) -> dict[str, np.ndarray]:
+    """The :data:`METRICS` of ``rule`` over a black-box model's per-copy answers (``[b]`` each).
+
+    ``max_conf`` keeps the copy whose greedy token is most probable (it needs that log-probability).
+    ``vote`` takes the most frequent greedy token; ties go to the token whose voters are most confident in
+    it (in-process: the highest mean probability over all copies, which a server does not report), then to
+    the first copy. Its ``p`` is (votes + 1e-3 x mean probability) / copies, as the in-process rule defines it
+    (NaN where the server reports no probabilities)."""
+    conf = np.stack([c.logp_predicted for c in copies])  # [K, b]
+    if rule == "max_conf":
+        if np.isnan(conf).any():
+            raise NotApplicableError("combine='max_conf' needs each copy's confidence (the greedy token's "
+                                     "log-probability), which this server does not report; use combines=('vote',).")
+        best = conf.argmax(0)
+        pick = {f: np.stack([getattr(c, f) for c in copies])[best, np.arange(best.size)]
+                for f in ("predicted", "logp_answer", "logp_wrong", "logp_predicted")}
+        return black_box_metrics(type(copies[0])(**pick), answer)
+    k = len(copies)
+    pred = np.stack([c.predicted for c in copies])  # [K, b]
+    same = pred[:, None, :] == pred[None, :, :]  # [K, K, b]: copies j and i answered alike
+    support = (same * np.nan_to_num(np.exp(conf))[None]).sum(1)  # [K, b]: confidence behind copy j's token
+    score = same.sum(1) + 1e-3 * support / k - 1e-9 * np.arange(k)[:, None]
+    winner = pred[score.argmax(0), np.arange(pred.shape[1])]
+    a, w = answer.cpu().numpy(), wrong.cpu().numpy()
+    mean_p = {f: np.exp(np.stack([getattr(c, f) for c in copies])).mean(0) for f in ("logp_answer", "logp_wrong")}
+    p_a = ((pred == a).sum(0) + 1e-3 * mean_p["logp_answer"]) / k
+    p_w = ((pred == w).sum(0) + 1e-3 * mean_p["logp_wrong"]) / k
+    return {"correct": winner == a, "p_correct": p_a, "p_wrong": p_w, "logit_diff": np.log(p_a) - np.log(p_w),
+            "nll": -np.log(p_a), "rank": np.where(winner == a, 0.0, np.nan), "predicted": winner.astype(np.int64)}
+
+
+def black_box_rule_metrics(copies: list[Any], batch: Any, block: slice,
+                           rules: Sequence[tuple[tuple[int, ...], str]]) -> tuple[np.ndarray, ...]:
+    """:func:`rule_metrics` from a black-box model's per-copy answers instead of logits."""
+    answer, wrong = batch.answer[block], batch.wrong[block]
+    rows = [black_box_metrics(copies[0], answer)]
+    rows += [black_box_rule([copies[k] for k in ks], answer, wrong, rule) for ks, rule in rules]
+    copy_correct = np.stack([c.predicted == answer.cpu().numpy() for c in copies])
+    return (*(np.stack([r[k] for r in rows]) for k in METRICS), copy_correct)
+
+
 class Repair(Analysis):
     """Every shifted copy of each block of items once; every (shift set, rule) combines the same answers."""
 
     name = "repair_table"
     stage = "repair"
     needs_phases = True
+    black_box = True  # a served model's copies are combined from their answers (max_conf, vote)
 
     def __init__(self, shift_sets: Any, combines: Any, pad_id: Any, n_permutations: int) -> None:
         self.shift_sets, self.combines, self.pad_id, self.n_permutations = shift_sets, combines, pad_id, n_permutations
@@ -150,7 +210,16 @@ class Repair(Analysis):
                 f"{model_name(model)} is already phase-repaired (it runs shifted copies); measure repair on the "
                 "model it wraps (ensemble.model)."
             )
+        default = self.combines is COMBINES
         self.combines = as_names("combines", self.combines, COMBINES)
+        if is_black_box(model):
+            if default:  # the rules a server's answers support
+                self.combines = tuple(c for c in self.combines if c in BLACK_BOX_COMBINES)
+            unsupported = [c for c in self.combines if c not in BLACK_BOX_COMBINES]
+            if unsupported:
+                raise NotApplicableError(
+                    f"combines {unsupported} need every copy's full distribution over the vocabulary, which "
+                    f"{model_name(model)} (a served model) does not report; use combines={BLACK_BOX_COMBINES}.")
         sets = self.shift_sets
         if isinstance(sets, str) or not isinstance(sets, Sequence) or not len(sets):
             raise InputError(f"shift_sets must be a non-empty list of shift sets, got {sets!r}; e.g. "
@@ -160,7 +229,7 @@ class Repair(Analysis):
         S = run.stride
         for shifts in self.shift_sets:  # every set checked before the copies run
             resolve_shifts(shifts, S)
-        self.pad = as_int("pad_id", self.pad_id, minimum=0) if self.pad_id is not None else default_pad_id(run.model)
+        self.pad = as_int("pad_id", self.pad_id, minimum=0) if self.pad_id is not None else default_pad_id(run.model, task=run.task)
         self.all_shifts = tuple(range(S))
         self.sets = [(shifts if isinstance(shifts, str) else ",".join(map(str, resolve_shifts(shifts, S))),
                       resolve_shifts(shifts, S)) for shifts in self.shift_sets]
@@ -176,6 +245,10 @@ class Repair(Analysis):
 
     def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
         batch = run.batch
+        if is_black_box(run.model):
+            return [black_box_rule_metrics(block_copy_answers(run.model, batch, run.blocks[b], self.all_shifts,
+                                                              self.pad, progress=run.options.progress),
+                                           batch, run.blocks[b], self.rules) for b in idx]
         return [rule_metrics(block_copy_logits(run.model, batch, run.blocks[b], self.all_shifts, self.pad),
                              batch.answer[run.blocks[b]], batch.wrong[run.blocks[b]], self.rules) for b in idx]
 
@@ -185,9 +258,11 @@ class Repair(Analysis):
         covered, o = run.covered(), run.options
 
         def as_eval(r: int) -> PhaseEval:
-            items = items_from_metrics(run.batch, {k: v[r] for k, v in metrics.items()})
-            return eval_from_items(items, run.stride, run.modulus, n_permutations=self.n_permutations,
-                                   n_bootstrap=o.n_bootstrap, seed=o.seed, residues=covered)
+            row = {k: v[r] for k, v in metrics.items()}
+            tested = scored_metrics(run, row)
+            return eval_from_items(items_from_metrics(run.batch, row), run.stride, run.modulus,
+                                   n_permutations=self.n_permutations, n_bootstrap=o.n_bootstrap, seed=o.seed,
+                                   residues=covered, metrics=tested)
 
         evals: dict[tuple[str, str], PhaseEval] = {("none", "none"): as_eval(0)}
         rows = [_row("none", "none", 1, evals[("none", "none")], copy_correct[0].mean())]

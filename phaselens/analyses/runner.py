@@ -36,7 +36,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from phaselens.analyses.items import build_items, check_options
-from phaselens.contract.protocol import check_model, metadata_of
+from phaselens.contract.protocol import check_model, metadata_of, refuse_black_box
 from phaselens.core.errors import InputError
 from phaselens.runtime.checkpoints import check_checkpoint_path
 from phaselens.runtime.distributed import block_labels, item_blocks, open_checkpoint, shard_map, sharded
@@ -139,6 +139,7 @@ class Analysis:
     bar_unit: ClassVar[str] = "batch"
     leave: ClassVar[bool] = False  # keep the bar on screen when done (long runs)
     needs_phases: ClassVar[bool] = False  # refuse one-phase geometry (the phase battery compares phases)
+    black_box: ClassVar[bool] = False  # runs on a model that only answers prompts (a served endpoint)
 
     def check(self, model: Any, options: Common) -> None:
         """Check the analysis's own options (before any item is built)."""
@@ -182,6 +183,8 @@ class Analysis:
 def run(analysis: Analysis, model: Any, task: Any, options: Common, arguments: dict[str, Any]) -> Any:
     """Run ``analysis`` on ``model`` (see the module docstring for the steps)."""
     check_model(model)
+    if not analysis.black_box:
+        refuse_black_box(model, analysis.name)
     options.check()
     analysis.check(model, options)
     if options.phase is not None and options.residues is not None:

@@ -16,9 +16,11 @@ from torch import Tensor
 from phaselens.runtime.finite import check_query_logits
 
 Forward = Callable[[Tensor, Tensor, Tensor], Tensor]
-METRICS = ("correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank")  # what answer_metrics returns
+# what answer_metrics returns; ``predicted`` is the greedy token (what the model said, right or not)
+METRICS = ("correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank", "predicted")
 # the leading columns of a per-item frame (then the task's placement columns)
-ITEM_COLUMNS = ["item_id", "residue", "phase", "t_K", "correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank"]
+ITEM_COLUMNS = ["item_id", "residue", "phase", "t_K", "correct", "p_correct", "p_wrong", "logit_diff", "nll", "rank",
+                "predicted"]
 
 
 @torch.no_grad()
@@ -141,7 +143,7 @@ def answer_metrics(logits: Tensor, answer: Tensor, wrong: Tensor) -> dict[str, n
 
     Returns arrays ``[N]``: ``correct`` (the answer is the strict top-1: a tie does not count),
     ``p_correct``, ``p_wrong``, ``logit_diff`` (answer minus wrong logit), ``nll`` (of the answer),
-    ``rank`` (tokens scored strictly above it).
+    ``rank`` (tokens scored strictly above it), ``predicted`` (the greedy token: the first top-1 id).
     """
     logits = logits.detach().float().cpu()
     idx = torch.arange(logits.shape[0])
@@ -157,7 +159,35 @@ def answer_metrics(logits: Tensor, answer: Tensor, wrong: Tensor) -> dict[str, n
         "logit_diff": (a_logit - logits[idx, wrong]).numpy(),
         "nll": (-logp[idx, answer]).numpy(),
         "rank": rank.numpy(),
+        "predicted": logits.argmax(-1).numpy(),
     }
+
+
+def black_box_metrics(ans: Any, answer: Tensor) -> dict[str, np.ndarray]:
+    """The :data:`METRICS` of a black-box model's answers (:class:`~phaselens.contract.answers.Answers`).
+
+    ``correct``: the greedy token is the answer (greedy decoding takes the first of tied tokens, where
+    :func:`answer_metrics` counts a tie as wrong). The log-probability metrics are NaN where the model did
+    not report them; ``logit_diff`` is the log-probability difference, which equals the logit difference.
+    ``rank`` is 0 for a right answer and NaN otherwise (a server reports no full ranking).
+    """
+    a = answer.cpu().numpy().astype(np.int64)
+    correct = ans.predicted == a
+    lp_a, lp_w = ans.logp_answer.astype(np.float64), ans.logp_wrong.astype(np.float64)
+    return {"correct": correct, "p_correct": np.exp(lp_a), "p_wrong": np.exp(lp_w), "logit_diff": lp_a - lp_w,
+            "nll": -lp_a, "rank": np.where(correct, 0.0, np.nan), "predicted": ans.predicted.astype(np.int64)}
+
+
+def block_answers(model: Any, batch: Any, block: slice, *, progress: bool = False) -> tuple[np.ndarray, ...]:
+    """The :data:`METRICS` arrays ``[b]`` of the items in ``block``, from a black-box model's answers
+    (``progress``: the model's own bar over its requests)."""
+    from phaselens.contract.protocol import require
+
+    ask = require(model, "answer_queries", "a black-box model is scored from its answers.")
+    ans = ask(batch.tokens[block], batch.query_pos[block], batch.answer[block], batch.wrong[block],
+              progress=progress)
+    m = black_box_metrics(ans, batch.answer[block])
+    return tuple(m[k] for k in METRICS)
 
 
 def _bar(it: Any, enabled: bool, desc: str, model: Any = None) -> Any:

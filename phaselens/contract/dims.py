@@ -32,6 +32,10 @@ class ModelDims:
         prefill_chunk: tokens per prefill call when the model prefills long inputs in chunks (``None``: one
             call); hooks then see only the query chunk.
         dtype, device: of the weights.
+        black_box: the model only answers prompts (a served endpoint): no forward logits, no hooks and no
+            layers phaselens can see (``n_layers`` 0). Analyses that need them refuse it with
+            :class:`~phaselens.core.errors.NotApplicableError`; evaluation, phase repair and padding probes
+            run on its answers (the ``answer_queries`` capability).
     """
 
     n_layers: int
@@ -47,6 +51,7 @@ class ModelDims:
     prefill_chunk: int | None = None
     dtype: torch.dtype = torch.float32
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    black_box: bool = False
 
     def __post_init__(self) -> None:
         if len(self.phase_specs) != self.n_layers:

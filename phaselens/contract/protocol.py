@@ -29,7 +29,8 @@ from phaselens.core.errors import InputError, NotApplicableError, UnsupportedMod
 # analysis_metadata keys that record what runs observed (they grow as a model runs), not what the model is:
 # results carry them, fingerprints leave them out (a checkpoint must resume on the same model after a run).
 OBSERVED_METADATA = frozenset(
-    {"max_entries_seen", "index_topk_binding", "index_topk_fragile_picks", "candidate_filter_binding"}
+    {"max_entries_seen", "index_topk_binding", "index_topk_fragile_picks", "candidate_filter_binding",
+     "served_endpoint", "served_traffic"}
 )
 
 
@@ -43,6 +44,9 @@ CAPABILITIES: dict[str, str] = {
     "cycle_gates": "model.cycle_gates(delta) -> a copy with its offset-specific gate parameters rolled by delta",
     "estimate_memory": "model.estimate_memory(tokens, batch=, query_len=, logits=) -> contract.memory.MemoryEstimate: bytes of a "
                        "forward from the model's sizes (used by specialization_map(plan=True))",
+    "answer_queries": "model.answer_queries(tokens [N, T], query_pos [N], answer [N], wrong [N], progress=) -> "
+                      "contract.answers.Answers: the greedy answer after each prompt tokens[i, :query_pos[i] + 1], "
+                      "with the log-probabilities the model reports (a black-box model's way to be scored)",
 }
 ENGINES = ("auto", "suffix", "full")
 
@@ -247,6 +251,22 @@ def choose_engine(model: Any, engine: str) -> str:
             "or engine='auto'."
         )
     return "suffix" if engine == "suffix" or (engine == "auto" and has) else "full"
+
+
+def is_black_box(model: Any) -> bool:
+    """Whether ``model`` only answers prompts (``dims.black_box``: a served endpoint)."""
+    return bool(getattr(model.dims, "black_box", False))
+
+
+def refuse_black_box(model: Any, what: str) -> None:
+    """Raise :class:`NotApplicableError` in one line when ``model`` is a black box and ``what`` needs its
+    logits or hooks."""
+    if is_black_box(model):
+        raise NotApplicableError(
+            f"{what} needs hooks or logits inside the model, but {model_name(model)} is a served model that only "
+            "answers prompts; run evaluate, repair_table or a PaddingProbe on it, or load the weights in-process "
+            "(phaselens.load('hf:DIR')) for this analysis."
+        )
 
 
 def model_name(model: Any) -> str:

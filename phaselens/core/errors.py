@@ -123,6 +123,16 @@ class RankError(DistributedError):
         self.rank = rank
 
 
+class ServerError(PhaseLensError):
+    """A served model's endpoint that cannot be reached, stopped answering, or answered a request with an
+    error; the message names its address. With ``checkpoint=``, a rerun resumes where the run stopped."""
+
+
+class TokenizerMismatchError(PhaseLensError, ValueError):
+    """A server that tokenizes differently from the local tokenizer (another tokenizer, an added BOS, a chat
+    template): its answers would belong to other phases, so none is kept."""
+
+
 __all__ = [
     "BatchIndexError",
     "CacheError",
@@ -144,8 +154,10 @@ __all__ = [
     "RankError",
     "ResidueError",
     "ResourceError",
+    "ServerError",
     "StatsInputError",
     "TaskError",
+    "TokenizerMismatchError",
     "UnsupportedModelError",
     "ZooError",
 ]

@@ -1,4 +1,4 @@
-"""``phaselens.load``: one entry point for checkpoints, the zoo, and local transformers models."""
+"""``phaselens.load``: one entry point for checkpoints, the zoo, local transformers models and served models."""
 
 from __future__ import annotations
 
@@ -16,19 +16,32 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
     Args:
         source: ``"zoo:NAME"`` (a model shipped in the package; a bare zoo name works too), ``"hf:PATH"``
             (a local checkpoint directory, never downloaded: DeepSeek-V4 through transformers, or
-            DeepSeek-V4.1, ``model_type`` ``deepseek_v41``, through phaselens' own implementation), or a
-            directory written by ``model.save``.
-        device: where to put the model.
-        kwargs: only for ``hf:`` (V4: ``dtype``, ``device_map``, ``layer_types``, ``index_topk``, ``chunk``, ...;
-            V4.1: ``dtype``, ``quantize``, ``index_topk``, ``analysis_stride``, ``engram``).
+            DeepSeek-V4.1, ``model_type`` ``deepseek_v41``, through phaselens' own implementation), a
+            directory written by ``model.save``, or ``"http://HOST:PORT/v1"``: a served model (an
+            OpenAI-compatible endpoint of vLLM, SGLang or ``transformers serve``; a black box that
+            ``evaluate``, ``repair_table`` and padding probes run on; docs/served.md).
+        device: where to put the model (not for a served model).
+        kwargs: for ``hf:`` (V4: ``dtype``, ``device_map``, ``layer_types``, ``index_topk``, ``chunk``, ...;
+            V4.1: ``dtype``, ``quantize``, ``index_topk``, ``analysis_stride``, ``engram``), or for a served
+            model (``model``, ``tokenizer``, ``stride``, ``concurrency``, ``protocol``, ``timeout``, ``retries``,
+            ...: :func:`phaselens.models.served.load_served`).
 
     Example:
         >>> model = phaselens.load("zoo:w8s4")  # doctest: +SKIP
+        >>> served = phaselens.load("http://127.0.0.1:8000/v1", tokenizer="/data/DeepSeek-V4-Flash")  # doctest: +SKIP
     """
+    text = str(source)
+    if text.startswith(("http://", "https://")):
+        if device != "cpu":
+            from phaselens.core.errors import InputError
+
+            raise InputError(f"device={device!r} does not apply to a served model: it runs on its server.")
+        from phaselens.models.served import load_served
+
+        return load_served(text, **kwargs)
     from phaselens.models.compressed.io import resolve_device
 
     resolve_device(device)  # a GPU this machine lacks is an InputError here, not an AssertionError in torch
-    text = str(source)
     with reading(text.split(":", 1)[-1] if text.startswith(("zoo:", "hf:")) else text):  # name too long, ...
         return _load(text, device, kwargs)
 

@@ -46,8 +46,9 @@ def _iter(x: Any) -> Any:
         return [None]
 
 
-def default_pad_id(model: Any, tokenizer: Any = None, pad_unit: str | None = None) -> int:
-    """A single-token pad: from ``pad_unit`` (checked to be one token), or the default task's filler."""
+def default_pad_id(model: Any, tokenizer: Any = None, pad_unit: str | None = None, task: Any = None) -> int:
+    """A single-token pad: from ``pad_unit`` (checked to be one token), else the filler of ``task`` or of the
+    model's default task (a text task's padding unit)."""
     if pad_unit is not None:
         if tokenizer is None:
             raise PaddingError("pad_unit needs the tokenizer that encodes it.")
@@ -57,10 +58,10 @@ def default_pad_id(model: Any, tokenizer: Any = None, pad_unit: str | None = Non
             raise PaddingError(f"pad unit {pad_unit!r} is {len(ids or [])} tokens, not one; pick a unit that "
                                "encodes to exactly one token (e.g. ' .').")
         return int(ids[0])
-    task = model.default_task
-    filler = getattr(task, "filler_ids", None)
-    if filler is not None and len(filler):
-        return int(filler[0])
+    for source in (task, model.default_task):
+        filler = getattr(source, "filler_ids", None)
+        if filler is not None and len(filler):
+            return int(filler[0])
     raise PaddingError("no pad token known for this model: pass pad_id=..., or pad_unit=... with tokenizer=...")
 
 

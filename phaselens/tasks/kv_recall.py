@@ -60,7 +60,8 @@ class KVRecall(RecordsTask, SerializableTask):
         modulus: M, the residue period; a multiple of every stride you evaluate (24 covers S = 2, 3, 4, 6,
             8, 12).
         n_cycles: K, the spread of the target position in whole cycles of M (see ``PositionDesign``).
-        padding: ``"prefix"`` (records shift together) or ``"in_sequence"`` (record gaps vary).
+        padding: ``"prefix"`` (records shift together), ``"in_sequence"`` (record gaps vary) or
+            ``"shared_prefix"`` (the padding sits right before the target: residues share a prompt prefix).
         paired: place every base item at every requested residue (shared ``item_id``).
         n_keys, n_values, n_filler: sizes of the three vocabulary blocks.
     """

@@ -9,6 +9,11 @@ sequence length, the query position and the target's design are identical across
   slot; the rest of the padding follows the block. Distractors keep their offsets from the target.
 - ``in_sequence``: the target record sits at its designed slot; the records before and after it are spread
   uniformly at random over the slots on their side. Distractor phases decorrelate from the target's.
+- ``shared_prefix``: the same rigid block as ``prefix``, but the padding that moves the target goes right
+  before the target record instead of before the block. The block's records before the target keep their
+  slots at every residue, so the residues of one item share their prompt up to the target: a prefix-caching
+  server (vLLM, SGLang) prefills that part once per item, not once per residue. Distractors after the target
+  keep their offsets from it; those before it keep their absolute slots.
 
 Units are records or fillers; a row of the arrangement is a boolean vector ``is_record [U]`` with exactly R
 ``True`` entries, ``U = R + n_filler``. A unit's slot is ``start + u + (L - 1) * (records before u)``.
@@ -23,7 +28,7 @@ import numpy as np
 from phaselens.core.errors import TaskError
 from phaselens.tasks.design import PositionDesign
 
-SCHEMES = ("prefix", "in_sequence")
+SCHEMES = ("prefix", "in_sequence", "shared_prefix")
 
 
 @dataclass(frozen=True)
@@ -142,6 +147,32 @@ def arrange_prefix(
     idx = np.arange(plan.n_units)[None, :] - shift[:, None]
     in_block = (idx >= 0) & (idx < blocks.shape[1])
     is_record = in_block & np.take_along_axis(blocks, np.clip(idx, 0, blocks.shape[1] - 1), axis=1)
+    return is_record, in_block
+
+
+def arrange_shared_prefix(
+    plan: RegionPlan, blocks: np.ndarray, target: np.ndarray, t_key: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """The ``prefix`` block with its head padding moved to just before the target record.
+
+    The same arguments and padding counts as :func:`arrange_prefix` (so the target lands on the same
+    ``t_key``); units before the target record keep their place at the start of the region.
+
+    Returns:
+        ``(is_record [N, U], in_block [N, U])``.
+    """
+    n, width = blocks.shape
+    offsets = _record_offsets(blocks, plan.record_len)
+    rec_units = np.sort(np.where(blocks, np.arange(width)[None, :], width), axis=1)
+    target_unit = rec_units[np.arange(n), target]
+    shift = t_key - plan.key_offset - offsets[np.arange(n), target_unit] - plan.start  # pads before the target
+    if (shift < 0).any() or (shift > plan.pad).any():
+        raise TaskError("internal: a designed slot is unreachable by the shared-prefix block; please report this.")
+    units = np.arange(plan.n_units)[None, :]
+    before = units < target_unit[:, None]
+    idx = np.where(before, units, units - shift[:, None])  # the block unit each region unit holds
+    in_block = before | ((idx >= target_unit[:, None]) & (idx < width))
+    is_record = in_block & np.take_along_axis(blocks, np.clip(idx, 0, width - 1), axis=1)
     return is_record, in_block
 
 

@@ -109,6 +109,11 @@ class Needle(RecordsTask, SerializableTask):
         check_records(self.padding, self.n_records, len(self.keys), len(self.values), self.n_demos)
         split_template(self.record_template)
 
+    @property
+    def filler_ids(self) -> tuple[int, ...]:
+        """The padding unit's id (what phase repair inserts to shift the items)."""
+        return self._c.unit.ids
+
     # ---- tokenised pieces --------------------------------------------------------------------------
     @cached_property
     def _c(self) -> CompiledRecords:

@@ -98,12 +98,13 @@ def place_records(rng: np.random.Generator, plan: layout.RegionPlan, padding: st
     Args:
         base: ``[N]`` base item of each row; residues: ``[N]`` its residue; target: ``[n_base]`` target records.
     """
-    blocks = layout.random_blocks(rng, n_base, plan) if padding == "prefix" else None
+    blocks = layout.random_blocks(rng, n_base, plan) if padding in ("prefix", "shared_prefix") else None
     z, v = plan.design.draw(rng, n_base)
     t_key = plan.design.place(residues, z[base], v[base])
     tgt = target[base]
     if blocks is not None:
-        is_record, in_block = layout.arrange_prefix(plan, blocks[base], tgt, t_key)
+        arrange = layout.arrange_shared_prefix if padding == "shared_prefix" else layout.arrange_prefix
+        is_record, in_block = arrange(plan, blocks[base], tgt, t_key)
     else:
         is_record, in_block = layout.arrange_in_sequence(plan, rng, tgt, t_key)
     starts, fill_slots = layout.unit_slots(plan, is_record)

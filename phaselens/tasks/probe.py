@@ -138,6 +138,11 @@ class PaddingProbe(SerializableTask):
         kwargs.update(overrides)
         return cls(tokenizer, **kwargs)
 
+    @property
+    def filler_ids(self) -> tuple[int, ...]:
+        """The padding unit's id (what phase repair inserts to shift the items)."""
+        return self._c.unit.ids
+
     # ---- tokenised pieces --------------------------------------------------------------------------
     @cached_property
     def _c(self) -> _Compiled:

@@ -21,14 +21,27 @@ from phaselens.presentation.cli.base import (
     say,
     write_csv,
 )
+from phaselens.presentation.cli.served_options import (
+    ConcurrencyOpt,
+    LengthOpt,
+    RecordsOpt,
+    Served,
+    ServedModelOpt,
+    TaskOpt,
+    TokenizerOpt,
+    is_url,
+    price,
+)
 
 
 @app.command("eval", cls=_Command)
 @friendly_errors
 def eval_cmd(
-    model: Annotated[str, typer.Argument(help=MODEL_HELP, metavar="MODEL")],
-    n_per_residue: Annotated[int, typer.Option("--n-per-residue", metavar="N",
-                                               help="Items per residue (more: narrower CIs, slower).")] = 256,
+    model: Annotated[str, typer.Argument(help=MODEL_HELP + " Or a served model: http://HOST:PORT/v1.",
+                                         metavar="MODEL")],
+    n_per_residue: Annotated[int | None, typer.Option(
+        "--n-per-residue", metavar="N", help="Items per residue (more: narrower CIs, slower; default 256, or the "
+                                             "preset's: 4 for fp8-probe).")] = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items and of the battery's resampling.")] = 0,
     stride: Annotated[int | None, typer.Option(
         metavar="S", help="Fold residues by this stride; required for a model without compressed layers "
@@ -38,17 +51,42 @@ def eval_cmd(
                                                    help="Resumable file of finished item blocks (rerun to resume).")] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
+    tokenizer: TokenizerOpt = None,
+    served_model: ServedModelOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    task: TaskOpt = None,
+    records: RecordsOpt = 16000,
+    length: LengthOpt = 131072,
+    plan: Annotated[bool, typer.Option("--plan", help="Print what a served model's run costs (requests, prompt "
+                                                      "tokens, prefix-cache saving, time at --prefill-rate) and exit; "
+                                                      "needs only --tokenizer, not the server.")] = False,
+    prefill_rate: Annotated[float, typer.Option("--prefill-rate", metavar="TOK/S", min=1e-9,
+                                                help="--plan: the server's prefill rate in tokens/s.")] = 10_000.0,
 ) -> None:
     """Phase-aware evaluation with the statistics battery.
 
     Example: phaselens eval w8s4 --n-per-residue 256 --out w8s4.csv
+
+    A served model: phaselens eval http://node:8000/v1 --tokenizer /data/DeepSeek-V4-Flash-Base --task niah-128k
+    --checkpoint flash.ckpt --out flash.csv
     """
     import phaselens
 
+    opts = Served(tokenizer, served_model, concurrency, task, records, length)
+    opts.check(model)
+    n = opts.items(n_per_residue, model)
+    if plan:
+        say(str(price(model, opts, n_per_residue=n, seed=seed, stride=stride, rate=prefill_rate)))
+        return
     path = check_out(out, kind="file", force=force)
     with _label(model):
-        ev = phaselens.evaluate(_load_for_phases(model, stride), n_per_residue=n_per_residue, seed=seed,
-                                progress=progress, stride=stride, checkpoint=checkpoint)
+        if is_url(model):
+            m, fold = opts.load(model, stride), None  # --stride is the served model's stride
+        else:
+            m, fold = _load_for_phases(model, stride), stride
+        items = opts.preset(opts_tokenizer(opts), model) if task is not None and not is_url(model) else None
+        ev = phaselens.evaluate(m, items, n_per_residue=n, seed=seed, progress=progress, stride=fold,
+                                checkpoint=checkpoint)
     say(ev.summary())
     if path and main_rank():
         write_csv(ev.to_frame("item"), path, force=force)
@@ -77,6 +115,13 @@ def record_cmd(
     say(repr(rec))
     if path and main_rank():
         write_csv(rec.to_frame(), path, force=force)
+
+
+def opts_tokenizer(opts: Served) -> object:
+    """The ``--tokenizer`` of an in-process model's ``--task`` preset."""
+    from phaselens.models.served.vocabulary import load_tokenizer
+
+    return load_tokenizer(opts.tokenizer)
 
 
 KINDS = ("head", "kv_head", "layer")

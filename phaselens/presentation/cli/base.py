@@ -267,7 +267,7 @@ def _load(model: str) -> Any:
 def _load_for_phases(model: str, stride: int | None) -> Any:
     """Load ``model``; a model without compressed layers needs ``--stride`` to fold residues into phases."""
     m = _load(model)
-    if stride is None and all(s is None for s in m.dims.phase_specs):
+    if stride is None and not m.dims.black_box and all(s is None for s in m.dims.phase_specs):
         raise InputError(f"{model} has no compressed layers, so it has no stride to fold residues by: pass "
                          "--stride S (the stride of the compressed model you compare it with, e.g. --stride 4).")
     return m
@@ -276,4 +276,6 @@ def _load_for_phases(model: str, stride: int | None) -> Any:
 def _label(model: str) -> Any:
     from phaselens.runtime.progress import progress_label
 
+    if model.startswith(("http://", "https://")):  # a served model: its host and port
+        return progress_label(model.split("://", 1)[1].split("/", 1)[0])
     return progress_label(model.split(":")[-1].rstrip("/").split("/")[-1])

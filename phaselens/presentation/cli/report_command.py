@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from phaselens.core.errors import InputError
 from phaselens.presentation.cli.base import (
     FORCE_HELP,
     PROGRESS_HELP,
@@ -16,20 +17,38 @@ from phaselens.presentation.cli.base import (
     friendly_errors,
     say,
 )
+from phaselens.presentation.cli.served_options import (
+    ConcurrencyOpt,
+    LengthOpt,
+    RecordsOpt,
+    Served,
+    ServedModelOpt,
+    TaskOpt,
+    TokenizerOpt,
+    is_url,
+)
 
 
 @app.command(cls=_Command)
 @friendly_errors
 def report(
     models: Annotated[list[str] | None, typer.Argument(
-        metavar="[MODELS]...", help="Zoo names, checkpoint dirs or hf:PATH (default: w8s4 full).")] = None,
+        metavar="[MODELS]...", help="Zoo names, checkpoint dirs, hf:PATH or served models http://HOST:PORT/v1 "
+                                    "(default: w8s4 full).")] = None,
     out: Annotated[str, typer.Option("--out", metavar="DIR", help="Directory to write the report into.")] = "report",
     quick: Annotated[bool, typer.Option("--quick", help="Smaller samples (a fast look, wider CIs).")] = False,
     static: Annotated[bool, typer.Option("--static/--no-static", help="Write PNGs when a Chromium is present.")] = True,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
+    tokenizer: TokenizerOpt = None,
+    served_model: ServedModelOpt = None,
+    concurrency: ConcurrencyOpt = None,
+    task: TaskOpt = None,
+    records: RecordsOpt = 16000,
+    length: LengthOpt = 131072,
 ) -> None:
-    """Write the figure report: evaluation, battery, recordings, maps, gate cycling and repair.
+    """Write the figure report: evaluation, battery, recordings, maps, gate cycling and repair (a served model:
+    evaluation, battery and repair; the options for served models apply to every URL given).
 
     Example: phaselens report w8s4 full --out report
     """
@@ -37,7 +56,12 @@ def report(
     from phaselens.presentation.reporting import report as build
 
     check_out(out, kind="dir", what="the report is a folder")
+    served = Served(tokenizer, served_model, concurrency, task, records, length)
+    chosen: list = [served.load(m) if is_url(m) else m for m in models or []]  # served models loaded here
+    if tokenizer is not None and not any(is_url(m) for m in models or []):
+        raise InputError("--tokenizer and the other served-model options apply to served models "
+                         "(http://HOST:PORT/v1); none was given.")
     settings = ReportSettings(n_eval=40, n_record=8, n_map=12, n_cycle=24, n_repair=24) if quick else ReportSettings()
-    path = build(models or None, out, settings=settings, progress=progress, static=static, overwrite=force,
+    path = build(chosen or None, out, settings=settings, progress=progress, static=static, overwrite=force,
                  command=" ".join(["phaselens", *sys.argv[1:]]))
     say(f"report written to {path}/index.html")

@@ -29,8 +29,8 @@ def _resolve(model: Any) -> tuple[str, Any, str]:
         m = phaselens.load(model)
         card = getattr(m, "metadata", {}) or {}
         return model.split(":")[-1], m, card.get("description", "")
-    name = model.name
-    return str(name), model, ""
+    name = str(model.name).rstrip("/").split("/")[-1] or str(model.name)  # names prefix files: no folders
+    return name, model, ""
 
 
 def _as_list(models: Any) -> list[Any]:
@@ -45,7 +45,8 @@ def _as_list(models: Any) -> list[Any]:
 
 
 def _is_control(model: Any) -> bool:
-    return all(s is None for s in model.dims.phase_specs)
+    """A model without compressed layers (a served model's geometry is its stated stride, not its layers)."""
+    return not model.dims.black_box and all(s is None for s in model.dims.phase_specs)
 
 
 def report(

@@ -68,8 +68,11 @@ def compute_model(name: str, model: Any, settings: ReportSettings, *, stride: in
     out.eval = evaluate(model, n_per_residue=s.n_eval, seed=s.seed, progress=progress, stride=stride,
                         n_permutations=2000, n_bootstrap=500, batch_size=128)
     out.eval.metadata["model"] = name
-    out.map = specialization_map(model, n_per_residue=s.n_map, seed=s.seed, progress=progress, stride=stride,
-                                 n_bootstrap=300)
+    try:  # a served model has no heads to knock out
+        out.map = specialization_map(model, n_per_residue=s.n_map, seed=s.seed, progress=progress, stride=stride,
+                                     n_bootstrap=300)
+    except NotApplicableError as err:
+        out.notes.append(f"Knockout maps: {err}")
     if not is_control:
         try:
             out.recording = record(model, n_per_residue=s.n_record, seed=s.seed, progress=progress)
@@ -80,12 +83,15 @@ def compute_model(name: str, model: Any, settings: ReportSettings, *, stride: in
                                             progress=progress, batch_size=128)
         except NotApplicableError as err:
             out.cycling_note = str(err)
+            out.notes.append(f"Gate cycling: {err}")
         if s.repair:
             from phaselens.analyses.repair import repair_table
+            from phaselens.contract.protocol import is_black_box
 
+            rule = "vote" if is_black_box(model) else "max_conf"  # a server may report no confidences
             try:
                 out.repair = repair_table(model, n_per_residue=s.n_repair, seed=s.seed, progress=progress,
-                                          combines=("max_conf",), shift_sets=("all",))
+                                          combines=(rule,), shift_sets=("all",))
             except NotApplicableError as err:
                 out.notes.append(f"Phase repair: {err}")
     return out

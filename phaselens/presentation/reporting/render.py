@@ -55,15 +55,16 @@ def sections(results: list[ModelResults]) -> list[Section]:
         cmap = control.map if control is not None else None
         names = (r.name, control.name if control is not None else "")
         beside = f" The full-attention control {control.name} stands on the right on the same colour scale." if control else ""
-        out.append(Section(f"{r.name}_head_map", f"{r.name}: per-head knockouts by residue",
-                           f"Relative accuracy change when one head's output at the query is replaced by its calibration "
-                           f"mean ({r.map.method} knockout); red means damage. Phase-specific heads hurt only some "
-                           f"residues.{beside}{_undefined_note(r.map, cmap, 'head')}",
-                           plots.head_phase_heatmap(r.map, control=cmap, names=names)))
-        out.append(Section(f"{r.name}_layer_map", f"{r.name}: whole-layer knockouts",
-                           "The same with every head of a layer knocked out at once, as in the paper's DeepSeek map."
-                           f"{beside}{_undefined_note(r.map, cmap, 'layer')}",
-                           plots.layer_knockout_map(r.map, control=cmap, names=names)))
+        if r.map is not None:  # a served model has no heads to knock out
+            out.append(Section(f"{r.name}_head_map", f"{r.name}: per-head knockouts by residue",
+                               f"Relative accuracy change when one head's output at the query is replaced by its calibration "
+                               f"mean ({r.map.method} knockout); red means damage. Phase-specific heads hurt only some "
+                               f"residues.{beside}{_undefined_note(r.map, cmap, 'head')}",
+                               plots.head_phase_heatmap(r.map, control=cmap, names=names)))
+            out.append(Section(f"{r.name}_layer_map", f"{r.name}: whole-layer knockouts",
+                               "The same with every head of a layer knocked out at once, as in the paper's DeepSeek map."
+                               f"{beside}{_undefined_note(r.map, cmap, 'layer')}",
+                               plots.layer_knockout_map(r.map, control=cmap, names=names)))
         if r.cycling is not None:
             out.append(Section(f"{r.name}_cycling", f"{r.name}: gate cycling",
                                "Rolling the offset-specific gate parameters by delta should move the weak phases with them: "
@@ -124,8 +125,8 @@ def headline_rows(results: list[ModelResults]) -> list[dict[str, Any]]:
     for r in results:
         c = r.eval.tests.counts
         lo, hi = r.eval.gap_ci
-        top = r.map.most_specialized(1)
-        best = top.iloc[0] if len(top) else None
+        top = r.map.most_specialized(1) if r.map is not None else None  # no map: a served model
+        best = top.iloc[0] if top is not None and len(top) else None
         rows.append({
             "model": r.name, "description": r.description, "stride": r.eval.stride,
             "mean": c.mean_accuracy, "worst_phase": c.worst_phase, "worst": c.worst_accuracy,
@@ -193,6 +194,7 @@ the phaselens statistics battery (chi2 on the residue table; nested fold test mo
 <p>Command: <code>{html.escape(meta["command"])}</code></p>
 <p>Versions: {html.escape(versions)}. Wall time {meta["seconds"]:.0f} s. Settings: <code>{html.escape(str(meta["settings"]))}</code></p>
 <p>Static images: {html.escape(static_note)}</p>
+{"".join(f"<p>Not run on {html.escape(r.name)}: {html.escape(n)}</p>" for r in results for n in r.notes)}
 <p>Every number in the figures is in <code>results.json</code> and the CSV files beside this page.</p></section>
 </body></html>
 """

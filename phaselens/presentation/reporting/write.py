@@ -41,8 +41,9 @@ def tables(results: list[ModelResults]) -> dict[str, pd.DataFrame]:
         out[f"{r.name}_per_residue"] = r.eval.per_residue()
         out[f"{r.name}_per_phase"] = r.eval.per_phase()
         out[f"{r.name}_battery"] = r.eval.tests.to_frame()
-        out[f"{r.name}_map"] = r.map.to_frame()
-        out[f"{r.name}_specialization"] = r.map.specialization_index()
+        if r.map is not None:
+            out[f"{r.name}_map"] = r.map.to_frame()
+            out[f"{r.name}_specialization"] = r.map.specialization_index()
         if r.recording is not None:
             out[f"{r.name}_recording"] = r.recording.to_frame("residue")
             out[f"{r.name}_gates"] = r.recording.to_frame("model")

@@ -1,0 +1,11 @@
+"""Served models: an OpenAI-compatible endpoint (vLLM, SGLang, ``transformers serve``) as a black-box model
+kind. ``phaselens.load("http://HOST:PORT/v1", model=NAME, tokenizer=PATH)`` builds one (:mod:`.loader`); the
+model answers prompts (:mod:`.model`), asked in each server's dialect (:mod:`.protocols`) over one HTTP client
+with retries (:mod:`.endpoint`), many at a time (:mod:`.dispatch`), in the served tokenizer's ids
+(:mod:`.vocabulary`). See docs/served.md.
+"""
+
+from phaselens.models.served.loader import load_served, stride_from_config
+from phaselens.models.served.model import ServedModel
+
+__all__ = ["ServedModel", "load_served", "stride_from_config"]
