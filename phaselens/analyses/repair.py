@@ -157,8 +157,8 @@ def black_box_rule(copies: list[Any], answer: torch.Tensor, wrong: torch.Tensor,
     ``max_conf`` keeps the copy whose greedy token is most probable (it needs that log-probability).
     ``vote`` takes the most frequent greedy token; ties go to the token whose voters are most confident in
     it (in-process: the highest mean probability over all copies, which a server does not report), then to
-    the first copy. Its ``p`` is (votes + 1e-3 x mean probability) / copies, as the in-process rule defines it
-    (NaN where the server reports no probabilities)."""
+    the first copy. Its ``p`` is (votes + 1e-3 x mean probability) / (copies + 1e-3), the in-process rule's
+    normalized score (NaN where the server reports no probabilities)."""
     conf = np.stack([c.logp_predicted for c in copies])  # [K, b]
     if rule == "max_conf":
         if np.isnan(conf).any():
@@ -176,8 +176,8 @@ def black_box_rule(copies: list[Any], answer: torch.Tensor, wrong: torch.Tensor,
     winner = pred[score.argmax(0), np.arange(pred.shape[1])]
     a, w = answer.cpu().numpy(), wrong.cpu().numpy()
     mean_p = {f: np.exp(np.stack([getattr(c, f) for c in copies])).mean(0) for f in ("logp_answer", "logp_wrong")}
-    p_a = ((pred == a).sum(0) + 1e-3 * mean_p["logp_answer"]) / k
-    p_w = ((pred == w).sum(0) + 1e-3 * mean_p["logp_wrong"]) / k
+    p_a = ((pred == a).sum(0) + 1e-3 * mean_p["logp_answer"]) / (k + 1e-3)
+    p_w = ((pred == w).sum(0) + 1e-3 * mean_p["logp_wrong"]) / (k + 1e-3)
     return {"correct": winner == a, "p_correct": p_a, "p_wrong": p_w, "logit_diff": np.log(p_a) - np.log(p_w),
             "nll": -np.log(p_a), "rank": np.where(winner == a, 0.0, np.nan), "predicted": winner.astype(np.int64)}
 

@@ -12,7 +12,7 @@ from phaselens.core.errors import ResidueError, TaskError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.tasks import KVRecall, TaskBatch
 
-SCHEMES = ["prefix", "in_sequence"]
+SCHEMES = ["prefix", "in_sequence", "shared_prefix"]
 
 
 def entries_brute(u: int, s: int, w: int) -> tuple[int, ...]:

@@ -56,7 +56,7 @@ def check_item(tok, task: Needle, batch: TaskBatch, i: int) -> None:
     assert row.count(int(batch.wrong[i])) == 1  # wrong = another record's value, not in any demo
 
 
-@pytest.mark.parametrize("padding", ["prefix", "in_sequence"])
+@pytest.mark.parametrize("padding", ["prefix", "in_sequence", "shared_prefix"])
 @pytest.mark.parametrize("paired", [False, True])
 def test_positions_match_tokenizer(tok, padding: str, paired: bool) -> None:
     task = Needle(

@@ -25,6 +25,7 @@ from phaselens.presentation.cli.served_options import (
     ConcurrencyOpt,
     LengthOpt,
     RecordsOpt,
+    RetriesOpt,
     Served,
     ServedModelOpt,
     TaskOpt,
@@ -57,6 +58,7 @@ def eval_cmd(
     task: TaskOpt = None,
     records: RecordsOpt = 16000,
     length: LengthOpt = 131072,
+    retries: RetriesOpt = 6,
     plan: Annotated[bool, typer.Option("--plan", help="Print what a served model's run costs (requests, prompt "
                                                       "tokens, prefix-cache saving, time at --prefill-rate) and exit; "
                                                       "needs only --tokenizer, not the server.")] = False,
@@ -72,7 +74,7 @@ def eval_cmd(
     """
     import phaselens
 
-    opts = Served(tokenizer, served_model, concurrency, task, records, length)
+    opts = Served(tokenizer, served_model, concurrency, task, records, length, retries)
     opts.check(model)
     n = opts.items(n_per_residue, model)
     if plan:

@@ -21,6 +21,7 @@ from phaselens.presentation.cli.served_options import (
     ConcurrencyOpt,
     LengthOpt,
     RecordsOpt,
+    RetriesOpt,
     Served,
     ServedModelOpt,
     TaskOpt,
@@ -46,6 +47,7 @@ def report(
     task: TaskOpt = None,
     records: RecordsOpt = 16000,
     length: LengthOpt = 131072,
+    retries: RetriesOpt = 6,
 ) -> None:
     """Write the figure report: evaluation, battery, recordings, maps, gate cycling and repair (a served model:
     evaluation, battery and repair; the options for served models apply to every URL given).
@@ -56,7 +58,7 @@ def report(
     from phaselens.presentation.reporting import report as build
 
     check_out(out, kind="dir", what="the report is a folder")
-    served = Served(tokenizer, served_model, concurrency, task, records, length)
+    served = Served(tokenizer, served_model, concurrency, task, records, length, retries)
     chosen: list = [served.load(m) if is_url(m) else m for m in models or []]  # served models loaded here
     if tokenizer is not None and not any(is_url(m) for m in models or []):
         raise InputError("--tokenizer and the other served-model options apply to served models "

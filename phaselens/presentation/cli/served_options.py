@@ -21,6 +21,9 @@ ConcurrencyOpt = Annotated[int | None, typer.Option(
 TaskOpt = Annotated[str | None, typer.Option(
     "--task", metavar="NAME", help="A preset task built from the tokenizer: niah-128k (the paper's needle among "
                                    "16,000 records; default for a served model) or fp8-probe (the FP8 completion).")]
+RetriesOpt = Annotated[int, typer.Option(
+    "--retries", metavar="N", min=0, help="Attempts after the first on a dropped connection, a timeout or a busy "
+                                          "server (429/503), with doubling waits from 1 s.")]
 RecordsOpt = Annotated[int, typer.Option("--records", metavar="N", min=2, help="niah-128k: key-value records.")]
 LengthOpt = Annotated[int, typer.Option("--length", metavar="T", min=16, help="niah-128k: prompt length in tokens.")]
 
@@ -39,6 +42,7 @@ class Served:
     task: str | None = None
     records: int = 16000
     length: int = 131072
+    retries: int = 6
 
     def check(self, model: str) -> None:
         if not is_url(model) and (self.served_model is not None or self.concurrency is not None):
@@ -52,7 +56,7 @@ class Served:
         import phaselens
 
         m = phaselens.load(model, model=self.served_model, tokenizer=self.tokenizer, stride=stride,
-                           concurrency=self.concurrency)
+                           concurrency=self.concurrency, retries=self.retries)
         m.default_task = self.preset(m.tokenizer, model)
         return m
 

@@ -247,3 +247,30 @@ def test_a_server_killed_mid_run_resumes_to_the_same_result(served, checkpoint, 
     cols = ["item_id", "residue", "correct", "predicted"]
     assert again.items[cols].equals(whole.items[cols])
     assert again.per_residue()["acc"].equals(whole.per_residue()["acc"])
+
+
+def test_the_command_line_end_to_end(server, checkpoint, tmp_path):
+    import pandas as pd
+    from typer.testing import CliRunner
+
+    from phaselens.presentation.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "eval.csv"
+    preset = ["--tokenizer", str(checkpoint), "--task", "niah-128k", "--records", "8", "--length", "200"]
+    res = runner.invoke(app, ["eval", server.url, *preset, "--n-per-residue", "2", "--concurrency", "2",
+                              "--out", str(out), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    frame = pd.read_csv(out)
+    assert len(frame) == 16 and "predicted" in frame and frame["predicted"].ge(0).any()
+    assert "PhaseEval" in res.output and "scored by greedy answers only" in res.output
+    # pricing needs the tokenizer only, not the server
+    plan = runner.invoke(app, ["eval", f"http://127.0.0.1:{free_port()}/v1", *preset, "--plan",
+                               "--prefill-rate", "1000"])
+    assert plan.exit_code == 0, plan.output
+    assert "2,048 requests of up to" in plan.output and "from a prefix cache" in plan.output
+    # a dead server: exit 3, one line that names the address
+    url = f"http://127.0.0.1:{free_port()}/v1"
+    dead = runner.invoke(app, ["eval", url, *preset, "--retries", "0", "--no-progress"])
+    assert dead.exit_code == 3 and f"error: the server at {url}" in dead.output
+    assert len(dead.output.strip().splitlines()) == 1
