@@ -13,7 +13,10 @@ when ``OUT`` is unset), then a summary ``$OUT/gpu_session.json``. The checks:
   pricing against the GPU's memory;
 * ``numerics`` (issue 25): ``benchmarks/bench_v4_numerics.py --device cuda``, the reference numerics' fused
   half-precision products on CUDA;
-* ``family`` (issue 26): ``benchmarks/bench_family_gpu.py``, tokens/s and peak memory of the 0.6B size.
+* ``family`` (issue 26): ``benchmarks/bench_family_gpu.py``, tokens/s and peak memory of the 0.6B size;
+* ``served`` (issue 36): ``scripts/gpu_served_check.py``, a served model's vLLM and SGLang paths (token-id
+  prompts, log-probabilities, the prefix cache) against transformers' forward of the same tiny weights; an
+  engine that is not installed is reported as skipped.
 
 Needs torch with CUDA, phaselens's requirements, and transformers >= 5.24 (``deepseek_v4``). A machine with no
 network and an older transformers can take wheels carried with the repository, e.g. transformers,
@@ -44,6 +47,7 @@ CHECKS = [  # name, command, seconds
     ("reliability", [sys.executable, "scripts/gpu_reliability_check.py"], 100),
     ("numerics", [sys.executable, "benchmarks/bench_v4_numerics.py", "--device", "cuda", "--tokens", "4096"], 110),
     ("family", [sys.executable, "benchmarks/bench_family_gpu.py"], 230),
+    ("served", [sys.executable, "scripts/gpu_served_check.py"], 300),
 ]
 
 
