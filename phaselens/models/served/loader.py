@@ -47,7 +47,8 @@ def load_served(url: str, *, model: str | None = None, tokenizer: Any = None, st
         protocol: ``"auto"`` or one of ``vllm``, ``sglang``, ``openai-ids``, ``openai-text``.
         top_logprobs: log-probabilities asked per reply (vLLM's default ``--max-logprobs`` is 20).
         timeout, retries, backoff: per request: seconds, attempts after the first, first wait (doubling).
-        n_ctx: the context length (default: the server's ``max_model_len`` where it says).
+        n_ctx: the longest prompt (default: one less than the server's ``max_model_len`` where it says: the
+            answer takes a slot too).
         warm_prefix: hold prompts that share a long prefix behind the first (default: on for vLLM and SGLang).
         default_task, progress, api_key: the task ``evaluate(model)`` uses; the requests' progress bar; a key.
     """
@@ -62,7 +63,8 @@ def load_served(url: str, *, model: str | None = None, tokenizer: Any = None, st
     checks: dict[str, Any] = {}
     dialect = _dialect(endpoint, name, vocab, card, protocol, _count("top_logprobs", top_logprobs), checks)
     _compare_tokens(endpoint, name, vocab, dialect, checks, local=tokenizer is not None)
-    ctx = n_ctx if n_ctx is not None else card.get("max_model_len") or _config_value(tokenizer, "max_position_embeddings")
+    limit = card.get("max_model_len") or _config_value(tokenizer, "max_position_embeddings")
+    ctx = n_ctx if n_ctx is not None else max(int(limit or 0) - 1, 0)  # the answer token needs a slot too
     conc = conc or DEFAULT_CONCURRENCY[dialect.name]
     warm = dialect.name in ("vllm", "sglang") if warm_prefix is None else bool(warm_prefix)
     return ServedModel(endpoint, name, vocab, dialect, spec=spec, n_ctx=int(ctx or 0), concurrency=conc, warm_prefix=warm,

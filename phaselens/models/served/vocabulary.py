@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -41,21 +42,27 @@ def load_tokenizer(tokenizer: Any) -> Any:
 
 class Vocabulary:
     """What phaselens needs of the served model's tokenizer: encode, decode, the special prefix it adds (BOS),
-    its size and a fingerprint (results and checkpoints record which tokenizer made the ids)."""
+    its size and a fingerprint (results and checkpoints record which tokenizer made the ids).
+
+    Calls are serialized: the requests' threads share one tokenizer, and a transformers fast tokenizer used
+    from two threads at once can fail ("Already borrowed")."""
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._lock = threading.Lock()
         self.prefix = tuple(special_prefix(tokenizer))
 
     def encode(self, text: str, *, special: bool = False) -> list[int]:
-        return encode(self.tokenizer, text, special=special)
+        with self._lock:
+            return encode(self.tokenizer, text, special=special)
 
     def decode(self, ids: Any) -> str:
         ids = [int(i) for i in ids]
-        try:
-            return self.tokenizer.decode(ids, skip_special_tokens=False)
-        except TypeError:  # a tokenizer whose decode takes no such keyword
-            return self.tokenizer.decode(ids)
+        with self._lock:
+            try:
+                return self.tokenizer.decode(ids, skip_special_tokens=False)
+            except TypeError:  # a tokenizer whose decode takes no such keyword
+                return self.tokenizer.decode(ids)
 
     @property
     def size(self) -> int:
