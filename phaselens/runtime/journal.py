@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import secrets
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +23,7 @@ from pathlib import Path
 
 from phaselens.core.errors import OutputError
 from phaselens.runtime import manifest as mf
+from phaselens.runtime.temporaries import alive, clean_stale, remove, token  # noqa: F401 - re-exported
 
 STAGE = ".phaselens-tmp-"  # a stage being written (incomplete)
 COMMITTED = ".phaselens-new-"  # a complete stage whose files are being moved into place
@@ -34,7 +33,6 @@ TRASH = ".phaselens-trash"  # reserved (older versions moved replaced folders th
 RESERVED = (mf.MANIFEST, JOURNAL, TRASH)
 
 Fault = Callable[[str], None]
-_TOKEN = re.compile(r"-(\d+)-[0-9a-f]{8}$")
 
 
 def _no_fault(point: str) -> None:
@@ -57,45 +55,6 @@ class DirKind:
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------
-def token() -> str:
-    return f"{os.getpid()}-{secrets.token_hex(4)}"
-
-
-def alive(name: str) -> bool:
-    """Whether the process that created the temporary ``name`` may still be running (unknown counts as alive)."""
-    m = _TOKEN.search(name)
-    if m is None:
-        return True
-    pid = int(m.group(1))
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
-def remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def clean_stale(folder: Path, prefix: str) -> None:
-    """Remove temporaries ``prefix*`` in ``folder`` left by processes that no longer run."""
-    try:
-        names = os.listdir(folder)
-    except OSError:
-        return
-    for name in names:
-        if name.startswith(prefix) and not alive(name):
-            remove(folder / name)
-
-
 def fsync(path: Path, *, directory: bool = False) -> None:
     """Flush ``path`` to disk so a power cut cannot reorder the data behind the rename (best effort)."""
     try:

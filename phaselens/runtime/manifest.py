@@ -21,10 +21,11 @@ import contextlib
 import hashlib
 import json
 import os
-import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from phaselens.runtime.temporaries import clean_stale, token
 
 MANIFEST = ".phaselens-manifest.json"
 FORMAT = "phaselens.manifest/1"
@@ -122,7 +123,8 @@ def locked(folder: str | os.PathLike) -> Iterator[None]:
 
 def replace_text(path: Path, text: str) -> None:
     """Write ``text`` beside ``path`` and rename it over ``path`` (atomic; mode of a new file from the umask)."""
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    clean_stale(path.parent, f".{path.name}.tmp-")  # one a killed writer left
+    tmp = path.parent / f".{path.name}.tmp-{token()}"
     try:
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)

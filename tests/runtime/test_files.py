@@ -208,6 +208,17 @@ def test_stages_of_dead_writers_are_removed_and_live_ones_kept(tmp_path):
     assert not dead.exists() and live.exists()
 
 
+def test_a_manifest_temporary_of_a_killed_writer_is_removed_by_the_next_write(tmp_path):
+    # a kill inside the manifest's own atomic replace leaves its temporary (CI caught it at a random kill)
+    dead = tmp_path / f".{files.MANIFEST}.tmp-999999999-0123abcd"
+    live = tmp_path / f".{files.MANIFEST}.tmp-{os.getpid()}-4567abcd"
+    dead.write_text("{", encoding="utf-8")
+    live.write_text("{", encoding="utf-8")
+    files.write_owned_file(tmp_path / "out.txt", lambda tmp: tmp.write_text("x", encoding="utf-8"), by="test")
+    assert not dead.exists() and live.exists()
+    assert "out.txt" in files.mf.owned_by(tmp_path, "test")
+
+
 def test_empty_directory_and_a_kind_that_owns_only_what_its_manifest_lists(tmp_path):
     (tmp_path / "empty").mkdir()
     thing = DirKind("thing")  # no legacy rule: ownership comes from the manifest alone
