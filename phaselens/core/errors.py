@@ -24,6 +24,12 @@ class CheckpointError(PhaseLensError):
     """A checkpoint directory that is missing, incomplete, or does not match its config."""
 
 
+class ResultFileError(CheckpointError):
+    """A saved result whose content phaselens will not rebuild: a type outside its closed registry of result
+    and value types, a field that type does not declare (or lacks, or holds a value of another type), or a
+    damaged skeleton. Raised before any of the file's content is called."""
+
+
 class CacheError(PhaseLensError):
     """A compressed KV cache used out of order, past its capacity, or with the wrong batch."""
 
@@ -154,6 +160,7 @@ __all__ = [
     "RankError",
     "ResidueError",
     "ResourceError",
+    "ResultFileError",
     "ServerError",
     "StatsInputError",
     "TaskError",

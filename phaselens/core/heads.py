@@ -20,6 +20,12 @@ class Head:
     layer: int
     head: int
 
+    def __post_init__(self) -> None:
+        for name in ("layer", "head"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0:
+                raise HeadSpecError(f"Head({self.layer!r}, {self.head!r}): {name} must be a non-negative int.")
+
     def __str__(self) -> str:
         return f"L{self.layer}H{self.head}"
 
