@@ -465,12 +465,58 @@ def _write_result(d, overwrite):
     GateCyclingResult(frame, 0.5, 0.5, {1: 0.5}, np.ones(4), 4).save(d / "result.phaselens", overwrite=overwrite)
 
 
-WRITERS = {"result": _write_result, "model": _write_model, "report": _write_report, "csv": _write_csv, "checkpoint": _write_checkpoint,
+def _write_training_run(d, overwrite):
+    """The family trainer's writes into its run directory, in its order: the pre-flight check, two
+    committed steps (the second cleans up the first) and the run's loss log. ``--force`` does not reach here:
+    a run directory is never overwritten."""
+    from phaselens.train.family import checkpoints as ckpt
+
+    ckpt.check_run_dir(d)
+    for step in (1, 2):
+        log = {"format": "phaselens.train_log/1", "step": list(range(1, step + 1))}
+        ckpt.save(d / "checkpoints", step, 0, 1, {"model.w": torch.full((2,), float(step))}, {"fingerprint": "fp"},
+                  log, lambda: None)
+        ckpt.write_log(d / "log.json", log)
+
+
+WRITERS = {"result": _write_result, "training_run": _write_training_run, "model": _write_model, "report": _write_report, "csv": _write_csv, "checkpoint": _write_checkpoint,
            "cache": _write_cache, "train_state": _write_train_state, "zoo": _write_zoo_dir}
 NAMES = ["notes.txt", "figures/mine.png", "figures/top.png", "figures", "index.html", "results.json",
          "config.json", "model.safetensors", "card.json", "sub/data.csv", "out.csv", "map.ckpt", "w4s4.json",
          "train_state.json", "train_state.safetensors", "headline.csv", "eval_batch.safetensors",
-         "result.phaselens"]
+         "result.phaselens", "log.json", "checkpoints/latest.json", "checkpoints/step-keep/notes.txt",
+         "checkpoints/step-000000001/notes.txt", "checkpoints/step-000000001/rank0-of-1.safetensors",
+         "checkpoints/step-000000002/log.json", "checkpoints/step-12/rank0-of-1.safetensors"]
+# the names each writer writes itself: half the user's files are drawn from these, so every writer meets a
+# user's file (or a FIFO, or a symbolic link) at each of its own paths within the default examples
+OWN = {"result": ["result.phaselens"], "csv": ["out.csv"], "checkpoint": ["map.ckpt"], "cache": ["w4s4.json"],
+       "train_state": ["train_state.json", "train_state.safetensors"],
+       "model": ["config.json", "model.safetensors", "card.json"],
+       "zoo": ["config.json", "model.safetensors", "card.json", "eval_batch.safetensors"],
+       "report": ["index.html", "results.json", "figures/top.png", "figures/map.png", "headline.csv"],
+       "training_run": ["log.json", "checkpoints/latest.json", "checkpoints/step-keep/notes.txt",
+                        "checkpoints/step-000000001/notes.txt", "checkpoints/step-000000001/rank0-of-1.safetensors",
+                        "checkpoints/step-000000002/log.json", "checkpoints/step-000000002/rank0-of-1.safetensors",
+                        "checkpoints/step-000000001/log.json"]}
+SPECIAL = ("fifo", "symlink to a file", "dangling symlink")
+
+
+def _make_special(path, kind, outside):
+    """A file that is not a regular one at ``path``; returns what must still be there afterwards."""
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        os.symlink(outside if kind == "symlink to a file" else outside.with_name("nowhere"), path)
+    return kind
+
+
+def _special_unchanged(path, kind, outside, blob) -> bool:
+    if kind == "fifo":
+        import stat
+
+        return stat.S_ISFIFO(os.lstat(path).st_mode)
+    want = outside if kind == "symlink to a file" else outside.with_name("nowhere")
+    return os.path.islink(path) and os.readlink(path) == str(want) and outside.read_bytes() == blob
 
 
 def _user_files_vs_a_writer(data, root) -> None:
@@ -484,7 +530,8 @@ def _user_files_vs_a_writer(data, root) -> None:
     if data.draw(st.booleans(), label="phaselens wrote there before"):
         write(d, False)
     mine = {}
-    for rel, blob in data.draw(st.lists(st.tuples(st.sampled_from(NAMES), st.binary(max_size=24)), max_size=5,
+    names = st.sampled_from(OWN[name]) | st.sampled_from(NAMES)
+    for rel, blob in data.draw(st.lists(st.tuples(names, st.binary(max_size=24)), max_size=5,
                                         unique_by=lambda t: t[0]), label="user files"):
         path = d / rel
         try:
@@ -493,6 +540,19 @@ def _user_files_vs_a_writer(data, root) -> None:
         except OSError:
             continue  # a folder or a file already in the way
         mine[rel] = blob
+    outside = root / "elsewhere.txt"  # what a symbolic link of the user's points at
+    outside.write_bytes(b"the user's file outside")
+    special = {}
+    for rel, kind in data.draw(st.lists(st.tuples(names, st.sampled_from(SPECIAL)), max_size=2,
+                                        unique_by=lambda t: t[0]), label="special files"):
+        path = d / rel
+        if rel in mine or os.path.lexists(path):
+            continue
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            special[rel] = _make_special(path, kind, outside)
+        except OSError:
+            continue
     overwrite = data.draw(st.booleans(), label="overwrite")
     try:
         write(d, overwrite)
@@ -503,9 +563,11 @@ def _user_files_vs_a_writer(data, root) -> None:
         if name == "csv" and overwrite and rel == "out.csv":
             continue  # --force names that one file
         assert (d / rel).is_file() and (d / rel).read_bytes() == blob, (name, rel, overwrite)
+    for rel, kind in special.items():  # never replaced, even with --force, and never written through
+        assert _special_unchanged(d / rel, kind, outside, b"the user's file outside"), (name, rel, kind, overwrite)
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=150, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(st.data())
 def test_no_writer_touches_a_file_phaselens_did_not_write(data):
     import tempfile

@@ -8,6 +8,7 @@ from typing import Any
 
 from phaselens.core.errors import CheckpointError
 from phaselens.runtime.oserrors import reading
+from phaselens.runtime.reading import peek_json
 
 
 def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> Any:
@@ -110,12 +111,7 @@ def meta_model(path: str | os.PathLike) -> Any:
 
 def _model_type(path: Path) -> str | None:
     """The ``model_type`` of a transformers checkpoint directory (``None``: not one, e.g. a phaselens save)."""
-    import json
-
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
+    raw = peek_json(path / "config.json")
     kind = raw.get("model_type") if isinstance(raw, dict) and "format" not in raw else None
     return str(kind) if kind else None
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import numpy as np
 from phaselens.core.errors import CheckpointError, OutputError
 from phaselens.runtime.files import atomic_write_file, nearest_existing, writable, write_owned_file
 from phaselens.runtime.oserrors import NAME_MAX, why_not_read, why_not_written
+from phaselens.runtime.reading import peek_json
 
 CELLS_FORMAT = "phaselens.cells/1"
 
@@ -30,6 +32,7 @@ def read_json(path: str | os.PathLike, *, fix: str, expect: type = dict) -> Any:
     raises :class:`CheckpointError` ending with ``fix`` (what the user should do). A file that exists but
     cannot be read (permission, an I/O error) says so, and is not called corrupt."""
     path = Path(path)
+    _regular(path, fix)
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -52,9 +55,22 @@ def _json_name(t: type) -> str:
     return names.get(t, "null" if t is type(None) else t.__name__)
 
 
+def _regular(path: Path, fix: str) -> None:
+    """Refuse a path that is not a regular file (after symbolic links): opening a named pipe blocks until
+    someone writes to it, and a device such as ``/dev/zero`` never ends, so neither is ever read."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing or unreadable: the open that follows says which
+    if not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise CheckpointError(f"{path} is not a regular file (a named pipe, a device or a socket), so phaselens "
+                              f"does not read it; {fix}")
+
+
 def _readable(path: Path, fix: str) -> None:
     """Raise a :class:`CheckpointError` that says *why* ``path`` cannot be opened (missing, permission, I/O),
     so a file that merely cannot be read is never taken for a corrupt one."""
+    _regular(path, fix)
     try:
         with open(path, "rb") as f:
             f.read(8)
@@ -302,10 +318,7 @@ RESULT_FORMAT = "phaselens.cache/1"
 def _is_cache_entry(path: Path) -> bool:
     """Whether ``path`` is a cache entry phaselens wrote before the folder had a manifest: a JSON object of
     exactly its writer's keys (``format``, ``fingerprint``, ``result``), stamped with its format."""
-    try:
-        entry = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
+    entry = peek_json(path)
     return (isinstance(entry, dict) and set(entry) in ({"fingerprint", "result"}, {"format", "fingerprint", "result"})
             and entry.get("format", RESULT_FORMAT) == RESULT_FORMAT and isinstance(entry["fingerprint"], str)
             and isinstance(entry["result"], dict))
@@ -331,10 +344,8 @@ class ResultCache:
         return self.folder / f"{key}.json"
 
     def get(self, key: str, fingerprint: str) -> dict[str, Any] | None:
-        try:
-            entry = json.loads(self.path(key).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError):
-            return None
+        path = self.path(key)
+        entry = peek_json(path)  # missing, damaged, or a pipe or device (never opened): a miss
         if not isinstance(entry, dict) or entry.get("fingerprint") != fingerprint or not isinstance(entry.get("result"), dict):
             return None
         return entry["result"]

@@ -66,9 +66,23 @@ def _fault(point: str) -> None:
         FAULT_HOOK(point)
 
 
-def _refuse_dir(path: Path) -> None:
+def _refuse_unreplaceable(path: Path) -> None:
     if path.is_dir():
         raise OutputError(f"{path} is a directory, but a file goes there; pass a file path (e.g. {path / 'x'}).")
+    if False:  # a device node, a FIFO, a socket, a symlink
+        raise OutputError(f"{path} is not a regular file ({_what(path)}); phaselens never replaces one, even with "
+                          "--force / overwrite=True: pass the path of a regular file or a new one.")
+
+
+def _what(path: Path) -> str:
+    if os.path.islink(path):
+        return f"a symbolic link to {os.readlink(path)}"
+    mode = os.lstat(path).st_mode
+    for test, name in ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISFIFO, "a named pipe"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "a special file"
 
 
 # ---- single files ---------------------------------------------------------------------------------------
@@ -83,7 +97,7 @@ def atomic_write_file(path: str | os.PathLike, write: Callable[[Path], None],
     """
     path = Path(path)
     with writing(path):
-        _refuse_dir(path)
+        _refuse_unreplaceable(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         clean_stale(path.parent, f".{path.name}.tmp-")
         tmp = path.parent / f".{path.name}.tmp-{token()}"
@@ -137,7 +151,7 @@ def write_owned_file(path: str | os.PathLike, write: Callable[[Path], None], *, 
     """
     path = Path(path)
     with writing(path):
-        _refuse_dir(path)
+        _refuse_unreplaceable(path)
         exists = os.path.lexists(path)
         if exists and not overwrite and not owns_file(path, by, proves):
             raise OutputError(

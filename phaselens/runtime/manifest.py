@@ -59,6 +59,8 @@ def read_manifest(folder: str | os.PathLike) -> tuple[dict[str, Record], dict[st
     path = Path(folder) / MANIFEST
     if not os.path.lexists(path):
         return {}, {}, False
+    if not is_plain_file(path):  # a pipe would block the read; a link could point anywhere: proves nothing
+        return {}, {}, True
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         files = {str(k): dict(v) for k, v in dict(data["files"]).items()

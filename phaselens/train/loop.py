@@ -32,6 +32,7 @@ from phaselens.runtime.budget import check_threads
 from phaselens.runtime.checkpoints import load_safetensors, read_json, safetensors_metadata
 from phaselens.runtime.files import write_owned_file
 from phaselens.runtime.fingerprints import fingerprint, model_fingerprint
+from phaselens.runtime.reading import peek_json, peek_json_object
 
 STATE_WEIGHTS = "train_state.safetensors"
 STATE_JSON = "train_state.json"
@@ -133,10 +134,7 @@ def _is_state(path: Path) -> bool:
 
 def _is_state_copy(path: Path) -> bool:
     """The JSON copy of a training state: a JSON object with its writer's keys (``step`` first)."""
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
-        return False
+    meta = peek_json(path)
     return isinstance(meta, dict) and list(meta)[:3] == ["step", "losses", "val_acc"] \
         and isinstance(meta["step"], int) and not isinstance(meta["step"], bool)
 
@@ -316,10 +314,8 @@ def saved_step(run_dir: str | os.PathLike) -> int | None:
     path = Path(run_dir) / STATE_JSON
     if not path.is_file():
         return None
-    try:
-        return int(json.loads(path.read_text())["step"])
-    except (ValueError, KeyError, TypeError):
-        return None
+    step = peek_json_object(path).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
 
 
 def _total(prior_s: float | None, t0: float) -> float | None:

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from phaselens.core.errors import InputError, PhaseLensError
 from phaselens.runtime.checkpoints import safetensors_metadata
 from phaselens.runtime.files import DirKind, atomic_write_dir
+from phaselens.runtime.reading import peek_json_object
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.config import CompressedConfig
@@ -34,11 +35,8 @@ CHECKPOINT_FILES = (WEIGHTS, CONFIG, CARD)
 
 def is_phaselens_checkpoint(path: Path) -> bool:
     """Whether ``path`` holds a checkpoint phaselens wrote (its config or weights carry phaselens's format)."""
-    try:
-        if json.loads((path / CONFIG).read_text()).get("format") == FORMAT:
-            return True
-    except (OSError, ValueError, AttributeError):
-        pass
+    if peek_json_object(path / CONFIG).get("format") == FORMAT:
+        return True
     try:
         return safetensors_metadata(path / WEIGHTS, fix="").get("format") == FORMAT
     except PhaseLensError:

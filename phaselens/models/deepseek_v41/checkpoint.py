@@ -9,7 +9,6 @@ once from the shards, one shard at a time: peak memory is the packed model plus 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import warnings
@@ -32,6 +31,7 @@ from phaselens.models.deepseek_v41.weights import (
     read_index,
 )
 from phaselens.runtime.checkpoints import check_tensor_names, read_json
+from phaselens.runtime.reading import peek_json_object
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
            "fp64": torch.float64, "float64": torch.float64}
@@ -46,11 +46,7 @@ NO_TOKENIZER = (
 
 def is_v41_checkpoint(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a directory whose ``config.json`` has ``model_type`` ``deepseek_v41``."""
-    cfg = Path(path).expanduser() / "config.json"
-    try:
-        return json.loads(cfg.read_text()).get("model_type") == "deepseek_v41"
-    except (OSError, ValueError, AttributeError):
-        return False
+    return peek_json_object(Path(path).expanduser() / "config.json").get("model_type") == "deepseek_v41"
 
 
 def load_v41(

@@ -83,6 +83,8 @@ class Stored:
 
 
 def _header(shard: Path) -> dict:
+    if not shard.is_file():  # a named pipe or a device is never opened
+        raise CheckpointError(f"{shard} is not a regular file; put the checkpoint's safetensors shards there.")
     try:
         with open(shard, "rb") as f:
             (n,) = struct.unpack("<Q", f.read(8))

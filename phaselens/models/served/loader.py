@@ -13,7 +13,6 @@ At load, before any item runs:
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from phaselens.models.served.endpoint import Endpoint
 from phaselens.models.served.model import ServedModel, mismatch_message
 from phaselens.models.served.protocols import DIALECTS, Dialect
 from phaselens.models.served.vocabulary import Vocabulary, load_tokenizer, server_vocabulary
+from phaselens.runtime.reading import peek_json
 
 PROBES = ("Records: cat: Alice. dog: Bob.\nLookup: cat:", "x = y  # a line of code\n    return x == 8", "1 2 3 = = =")
 DEFAULT_CONCURRENCY = {"vllm": 32, "sglang": 32, "openai-ids": 4, "openai-text": 2}
@@ -183,10 +183,7 @@ def _config(tokenizer: Any) -> dict[str, Any] | None:
         return None
     path = Path(tokenizer).expanduser()
     path = path if path.is_dir() else path.parent
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
+    raw = peek_json(path / "config.json")
     return raw if isinstance(raw, dict) else None
 
 

@@ -189,6 +189,10 @@ def check_out(path: str | None, *, kind: str, what: str = "the output is a folde
             raise OutputError(f"--out {path} is an existing file; give a directory name ({what}).")
         if p.exists() and not os.access(p, os.W_OK):
             raise OutputError(f"--out {path} exists and is not writable (permission denied); choose another path.")
+        if kind == "file" and os.path.lexists(p) and not (p.is_file() and not p.is_symlink()):
+            raise OutputError(f"--out {path} is not a regular file (a device, a pipe, a socket or a symbolic "
+                              "link); phaselens never replaces one, even with --force: give the path of a "
+                              "regular file or a new one.")
         if kind == "file" and os.path.lexists(p) and not force and not owns_file(p, CLI_OUTPUT):
             raise OutputError(f"--out {path} already exists and phaselens cannot show it wrote it (it is not in "
                               "that folder's phaselens manifest, or was changed since), so it is kept; choose "

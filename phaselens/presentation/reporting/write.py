@@ -16,6 +16,7 @@ import pandas as pd
 from phaselens.presentation.reporting.compute import ModelResults
 from phaselens.presentation.reporting.render import Section, headline_rows
 from phaselens.runtime.files import DirKind, atomic_write_dir
+from phaselens.runtime.reading import peek_json_object
 
 # Columns that count or index things. A column with missing cells (a recording's ``head`` is empty on
 # gate rows) comes out of pandas as float; written as such it reads "0.0". These become nullable integers.
@@ -94,7 +95,7 @@ def _legacy_owned(folder: Path) -> frozenset[str]:
     ``figures/``: a folder's files are the report's only where a manifest proves it (one PNG of yours there
     must not be taken for the report's)."""
     try:
-        data = json.loads((folder / "results.json").read_text())
+        data = peek_json_object(folder / "results.json")
         tables = list(data["tables"])
         data["meta"]
     except (OSError, ValueError, KeyError, TypeError):

@@ -38,13 +38,12 @@ import torch
 from phaselens.core.errors import ConfigError, InputError, OutputError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.transformer import CompressedTransformer
-from phaselens.runtime.files import atomic_write_text
 from phaselens.runtime.fingerprints import fingerprint, model_fingerprint
 from phaselens.runtime.world import process_world
 from phaselens.train.family import checkpoints as ckpt
 from phaselens.train.loop import TrainSettings
 
-LOG = "log.json"
+LOG = ckpt.LOG
 LOG_FORMAT = "phaselens.train_log/1"
 
 
@@ -171,6 +170,7 @@ def train_family(
     run_dir = Path(run_dir)
     if run_dir.exists() and not run_dir.is_dir():
         raise OutputError(f"run directory {run_dir} is a file; pass a directory (it is created if missing).")
+    ckpt.check_run_dir(run_dir)  # a log.json or latest.json of the user's is refused before the first step
     share, rem = divmod(settings.batch_size, size)
     micro = parallel.micro_batch or share
     if rem or share % micro:
@@ -255,7 +255,7 @@ def train_family(
                 ckpt.save(root, done, rank, size, ckpt.state_tensors(named, opt), {"fingerprint": run_fp},
                           log if world.main else None, _barrier)
                 if world.main:
-                    atomic_write_text(run_dir / LOG, _json(log))
+                    ckpt.write_log(run_dir / LOG, log)
             if bar is not None:
                 bar.update(1)
                 post = {"loss": f"{loss:.4f}", "tok/s": f"{step_tokens / max(time.perf_counter() - ts, 1e-9):,.0f}"}
@@ -295,12 +295,6 @@ def gather_model(model: Any, cfg: CompressedConfig, named: list[tuple[str, torch
     return out.eval()
 
 
-def _json(log: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(log)
-
-
 def _progress(total: int, initial: int, enabled: bool) -> Any:
     if not enabled:
         return None
@@ -317,6 +311,8 @@ def read_log(path: str | os.PathLike) -> dict[str, Any]:
     p = Path(path)
     p = p / LOG if p.is_dir() else p
     try:
+        if not p.is_file():  # a pipe or a device is never opened
+            raise OSError(f"{p} is not a regular file")
         log = json.loads(p.read_text())
     except (OSError, ValueError) as err:
         raise InputError(f"{p} is not a readable training log ({err}); pass RUN_DIR or RUN_DIR/log.json.") from None

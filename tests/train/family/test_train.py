@@ -66,7 +66,14 @@ def test_one_process_trains_exports_and_logs(tmp_path):
         assert torch.equal(back(tokens), res.model(tokens))
     # the checkpoint is safetensors + JSON; nothing a user loads is pickled
     files = sorted(p.name for p in (tmp_path / "run" / "checkpoints").rglob("*") if p.is_file())
-    assert files == ["latest.json", "log.json", "rank0-of-1.safetensors"]
+    assert [f for f in files if f != ".phaselens-manifest.json"] == ["latest.json", "log.json",
+                                                                    "rank0-of-1.safetensors"]
+    # what phaselens wrote is listed by the folders' manifests (the ownership rule), and only that
+    from phaselens.runtime import manifest as mf
+
+    step = next((tmp_path / "run" / "checkpoints").glob("step-*"))
+    assert set(mf.owned_by(tmp_path / "run" / "checkpoints", "training run")) == {"latest.json"}
+    assert set(mf.owned_by(step, "training run")) == {"log.json"}
 
 
 def test_resume_after_sigkill_is_bit_identical_on_one_process(tmp_path):
