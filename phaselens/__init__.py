@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib as _importlib
 from typing import TYPE_CHECKING
 
-from phaselens import _moved
 from phaselens.core.errors import *  # noqa: F403
 from phaselens.core.errors import __all__ as _error_names
 
@@ -91,7 +90,6 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-_moved.install()
 
 __all__ = [
     "AblationResult",

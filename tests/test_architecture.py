@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import sys
-import warnings
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,7 @@ LAYERS = {
     "analyses": 6, "models": 6,
     "train": 7,
     "presentation": 8,
-    "__init__": 9, "__main__": 9, "_moved": 9,
+    "__init__": 9, "__main__": 9,
 }
 SIBLINGS = {frozenset({"analyses", "models"})}
 
@@ -158,22 +157,15 @@ def test_dir_shows_only_the_public_api():
         assert getattr(phaselens, name) is not None
 
 
-def test_old_module_paths_warn_and_resolve():
-    from phaselens._moved import MOVED
+def test_no_compatibility_layer_for_unreleased_paths():
+    """phaselens has never been released: no import hook aliases old module paths."""
+    import sys
 
-    with pytest.warns(DeprecationWarning, match="moved to phaselens.runtime.files"):
-        from phaselens.files import atomic_write_dir  # noqa: F401
-    from phaselens.runtime.files import atomic_write_dir as new
+    import phaselens  # noqa: F401
 
-    assert atomic_write_dir is new
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        import phaselens.interventions as old
-
-        assert old.ablate is phaselens.ablate
-    for old_name, new_name in MOVED.items():  # every target exists
-        if new_name != "phaselens":
-            assert new_name in _modules(), (old_name, new_name)
+    assert not any(type(f).__module__.startswith("phaselens") for f in sys.meta_path)
+    with pytest.raises(ModuleNotFoundError):
+        import phaselens.interventions  # noqa: F401
 
 
 def test_the_catalogue_and_the_package_import_without_torch():

@@ -1,4 +1,4 @@
-"""The loss curve of a training run (``RUN_DIR/log.json``, written by :mod:`phaselens.family.trainer`)."""
+"""The loss curve of a training run (``RUN_DIR/log.json``, written by :mod:`phaselens.train.family.trainer`)."""
 
 from __future__ import annotations
 

@@ -1,17 +1,16 @@
-"""The paper's published numbers (arXiv 2609.36322), reproduced from tests/data/niah_counts.json."""
+"""The paper's published numbers (arXiv 2609.36322), reproduced from the counts the package ships
+(``phaselens.data.paper_counts()``, the one copy of ``niah_counts.json``)."""
 
 from __future__ import annotations
-
-import json
 
 import numpy as np
 import pytest
 from scipy import stats as sps
 
 from phaselens import stats
-from tests.support import paths as PATHS
+from phaselens.data import paper_counts
 
-DATA = json.loads((PATHS.DATA / "niah_counts.json").read_text())
+DATA = paper_counts()
 FLASH = DATA["models"]["DeepSeek-V4-Flash-Base"]
 V41 = DATA["models"]["DeepSeek-V4.1-Flash-0910"]
 MODELS = {"flash": FLASH, "v41": V41}
@@ -117,13 +116,11 @@ def test_fp8_probe_group_means() -> None:
     assert res.mean({2, 3}, "p8") == pytest.approx(FP8["published"]["mod4_in_2_3"]["p8"], abs=1e-3)
 
 
-def test_data_file_is_the_shared_copy() -> None:
+def test_the_counts_are_the_published_ones() -> None:
     assert FLASH["correct"] == [112, 178, 169, 76, 115, 179, 165, 84]
     assert V41["correct"] == [2432, 2284, 2435, 2296, 2424, 2312, 2440, 2297]
 
 
-def test_the_packaged_counts_are_the_paper_data_and_load_from_anywhere(tmp_path, monkeypatch):
-    from phaselens.data import paper_counts
-
+def test_the_packaged_counts_load_from_anywhere(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no checkout around: importlib.resources finds the package copy
     assert paper_counts() == DATA

@@ -15,7 +15,7 @@ to floating-point reduction order. Options: bf16 mixed precision (FSDP's ``Mixed
 gradient reduction; autocast on one process) and activation checkpointing of every block
 (``torch.distributed._composable.checkpoint``, which keeps module names, so hook names do not change).
 
-A run resumes from its last checkpoint (:mod:`phaselens.family.checkpoints`) bit-identically to an
+A run resumes from its last checkpoint (:mod:`phaselens.train.family.checkpoints`) bit-identically to an
 uninterrupted run on the same world size: the weights, AdamW's moments and the loss log are restored, and
 the data depends only on the step. At the end the whole model is gathered and rank 0 writes it as
 ``model.safetensors`` + ``config.json`` (+ ``card.json``), which :func:`phaselens.load` reads.
@@ -151,7 +151,7 @@ def train_family(
     Args:
         cfg: the member's config (``cfg.seed`` sets the initial weights, identical on every rank).
         data: ``(batch_size, seed) -> (tokens [B, T], targets [B, T])``, deterministic in ``seed``
-            (:class:`~phaselens.family.data.FamilyData`); called with the global batch size.
+            (:class:`~phaselens.train.family.data.FamilyData`); called with the global batch size.
         settings: optimiser and schedule; ``batch_size`` is the global batch in sequences.
         run_dir: checkpoints and ``log.json``; an existing run with the same fingerprint resumes.
         parallel: precision, activation checkpointing, micro-batches.
