@@ -18,6 +18,7 @@ import select
 import signal
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -646,6 +647,56 @@ def test_an_unwritable_place_is_one_error_for_save_and_report(tmp_path, monkeypa
         errors.append(info.value)
     assert [type(e) for e in errors] == [phaselens.OutputError] * 2
     assert all("permission denied" in str(e) for e in errors)
+
+
+def _as_another_user_in_a_read_only_folder(write, name):
+    """Run ``write(d, False)`` in a forked child that cannot write ``d``'s folder (a real 0555 folder; as root
+    the child first drops to ``nobody``, since root writes anywhere). Returns ``(error class, message)``."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="phaselens-ro-"))
+    os.chmod(base, 0o755)
+    ro = base / "ro"
+    ro.mkdir()
+    d = ro / "out"
+    if name not in ("model", "report", "zoo"):
+        d.mkdir()
+        os.chmod(d, 0o555)
+    os.chmod(ro, 0o555)
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        said = "nothing raised"
+        try:
+            os.close(rfd)
+            torch.set_num_threads(1)
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            write(d, False)
+        except BaseException as err:  # noqa: BLE001 (the parent classifies it)
+            said = f"{type(err).__name__}\n{err}"
+        finally:
+            os.write(wfd, said.encode()[:4000])
+            os._exit(0)
+    os.close(wfd)
+    with os.fdopen(rfd, "rb") as f:
+        out = f.read().decode()
+    os.waitpid(pid, 0)
+    os.chmod(ro, 0o755)
+    import shutil
+
+    shutil.rmtree(base, ignore_errors=True)
+    kind, _, message = out.partition("\n")
+    return kind, message
+
+
+@pytest.mark.parametrize("name", sorted(WRITERS))
+def test_a_folder_you_may_not_write_is_one_output_error_for_every_writer(name):
+    """Round 4: read-only output folders gave raw PermissionErrors from some writers."""
+    kind, message = _as_another_user_in_a_read_only_folder(WRITERS[name], name)
+    assert kind == "OutputError", (kind, message)
+    assert "permission denied" in message.lower() or "read-only" in message.lower(), message
 
 
 def test_an_unreadable_file_is_not_called_corrupt(tmp_path, monkeypatch):

@@ -75,6 +75,23 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
         yield
     except OSError as err:
         raise OutputError(why_not_written(err, path)) from err
+    except Exception as err:
+        os_err = _wrapped_os_error(err)
+        if os_err is None:
+            raise
+        raise OutputError(why_not_written(os_err, path)) from err
+
+
+def _wrapped_os_error(err: Exception) -> OSError | None:
+    """The ``OSError`` inside a library's own error: safetensors writes its files in Rust and reports the OS's
+    refusal as ``SafetensorError("... I/O error: Permission denied (os error 13) ...")``."""
+    import re
+
+    found = re.search(r"\(os error (\d+)\)", str(err)) if type(err).__name__ == "SafetensorError" else None
+    if found is None:
+        return None
+    code = int(found.group(1))
+    return OSError(code, os.strerror(code))
 
 
 @contextmanager

@@ -69,7 +69,7 @@ def as_phaselens_error(err: BaseException) -> PhaseLensError:
 
     if isinstance(err, PhaseLensError):
         return err
-    if isinstance(err, MemoryError):
+    if isinstance(err, MemoryError) or _out_of_memory(err):
         said = f" ({err})" if str(err) else ""
         return ResourceError(f"ran out of memory{said}; use a smaller --n-per-residue (or --batch-size), or free "
                              "memory first.")
@@ -81,6 +81,16 @@ def as_phaselens_error(err: BaseException) -> PhaseLensError:
         return InputError(f"a number is too large for this computation ({err}); use a smaller value.")
     return PhaseLensError(f"internal error ({type(err).__name__}: {err}); rerun with --debug to see the traceback, "
                           "and please report it.")
+
+
+def _out_of_memory(err: BaseException) -> bool:
+    """torch's ways of saying memory ran out: ``torch.OutOfMemoryError`` (CUDA, MPS) and the CPU allocator's
+    ``RuntimeError`` ("DefaultCPUAllocator: can't allocate memory", "not enough memory")."""
+    if type(err).__name__ == "OutOfMemoryError":
+        return True
+    text = str(err).lower()
+    return isinstance(err, RuntimeError) and any(
+        k in text for k in ("can't allocate memory", "not enough memory", "out of memory"))
 
 
 def friendly_errors(fn: F) -> F:

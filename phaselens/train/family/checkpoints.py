@@ -35,6 +35,7 @@ from phaselens.core.errors import CheckpointError, OutputError
 from phaselens.runtime import manifest as mf
 from phaselens.runtime.checkpoints import load_safetensors, read_json, safetensors_metadata
 from phaselens.runtime.files import owns_file, write_owned_file
+from phaselens.runtime.oserrors import writing
 from phaselens.runtime.reading import peek_json_object
 
 LATEST = "latest.json"
@@ -74,7 +75,8 @@ def save(root: Path, step: int, rank: int, size: int, tensors: dict[str, torch.T
          log: dict[str, Any] | None, barrier: Any) -> None:
     """Write this rank's shard of ``step``; rank 0 (``log`` given) commits it after ``barrier()``."""
     d = _step_dir(root, step)
-    d.mkdir(parents=True, exist_ok=True)
+    with writing(d):
+        d.mkdir(parents=True, exist_ok=True)
     header = {"format": FORMAT, "meta": json.dumps({**meta, "step": step, "rank": rank, "world_size": size})}
     write_owned_file(d / _rank_file(rank, size), lambda tmp: save_file(tensors, str(tmp), metadata=header), by=BY,
                      proves=_is_rank_file, record=False)  # ranks share the folder: the header is the proof
