@@ -69,6 +69,14 @@ def as_phaselens_error(err: BaseException) -> PhaseLensError:
 
     if isinstance(err, PhaseLensError):
         return err
+    if _lost_peer(err):
+        from phaselens.core.errors import DistributedError
+
+        rank, size = _world_env()
+        return DistributedError(
+            f"rank {rank} of {size}: another rank died or lost contact ({one_line(err)[:160]}); its own error is "
+            "printed above, or it was killed (out of memory, preempted). Rerun the same command: the run resumes "
+            "from its last checkpoint.")
     if isinstance(err, MemoryError) or _out_of_memory(err):
         said = f" ({err})" if str(err) else ""
         return ResourceError(f"ran out of memory{said}; use a smaller --n-per-residue (or --batch-size), or free "
@@ -81,6 +89,13 @@ def as_phaselens_error(err: BaseException) -> PhaseLensError:
         return InputError(f"a number is too large for this computation ({err}); use a smaller value.")
     return PhaseLensError(f"internal error ({type(err).__name__}: {err}); rerun with --debug to see the traceback, "
                           "and please report it.")
+
+
+def _lost_peer(err: BaseException) -> bool:
+    """gloo's and NCCL's ways of saying the other end of a collective is gone (a rank crashed or was killed)."""
+    text = str(err)
+    return isinstance(err, RuntimeError) and any(k in text for k in (
+        "Connection closed by peer", "Connection reset by peer", "remote worker crashing", "NCCL communicator was aborted"))
 
 
 def _out_of_memory(err: BaseException) -> bool:

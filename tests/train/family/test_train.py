@@ -47,6 +47,38 @@ def _torchrun(*args: str, **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True, **kw)
 
 
+def _process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (from ``/proc/PID/task/TID/children``), parents first."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return out
+
+
+def _all_gone(pids: list[int], timeout: float = 10.0) -> bool:
+    """Whether every process in ``pids`` has exited (a zombie counts as gone) within ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        alive = []
+        for p in pids:
+            try:
+                state = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                alive.append(p)
+        if not alive:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def _weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return load_file(str(run_dir / "weights.safetensors"))
 
@@ -154,9 +186,15 @@ def test_torchrun_two_ranks_match_one_process_and_resume_bit_identically(tmp_pat
         if pointer.exists() and json.loads(pointer.read_text())["step"] >= 8:
             break
         time.sleep(0.05)
-    os.killpg(job.pid, signal.SIGKILL)  # torchrun and both ranks
+    tree = _process_tree(job.pid)  # torchrun starts its workers in their own sessions: killpg misses them
+    assert len(tree) >= 3, tree  # torchrun and its two ranks (at least)
+    for pid in reversed(tree):  # the ranks first, so no agent restarts them
+        os.kill(pid, signal.SIGKILL)
     job.wait()
+    assert _all_gone(tree), [p for p in tree if not _all_gone([p])]
     killed_at = json.loads(pointer.read_text())["step"]
+    time.sleep(1.0)
+    assert json.loads(pointer.read_text())["step"] == killed_at  # nobody kept training after the kill
     assert 8 <= killed_at < steps
     again = _torchrun(WORKER, str(run), str(steps))
     out = again.communicate(timeout=300)[0]
