@@ -15,8 +15,8 @@ The ownership rule of :mod:`phaselens.runtime.files` holds here too: a rank file
 header, ``log.json`` and ``latest.json`` by the folder's manifest (or, for ``latest.json``, its format stamp).
 The clean-up removes only those files, from folders named exactly ``step-NNNNNNNNN``, and a folder only once
 it is empty: a user's ``step-keep/`` or a note inside a step folder stays. Nothing is pickled (safetensors + JSON; not
-``torch.distributed.checkpoint``, whose metadata file is a pickle). Shards are this world size's; resuming
-on another world size is refused with a message (the exported model, whole tensors, loads anywhere).
+``torch.distributed.checkpoint``, whose metadata file is a pickle). Each rank file holds that rank's FSDP2 shards (dim-0 chunks); a run resumes on any world size, the
+tensors resharded by row ranges on load (:func:`load`)..
 """
 
 from __future__ import annotations
@@ -162,24 +162,88 @@ def _count(v: Any, low: int) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= low
 
 
-def load(root: Path, pointer: dict[str, Any], rank: int, size: int) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """This rank's tensors of the committed step and the step's loss log."""
+def rows(n: int, size: int, rank: int) -> tuple[int, int]:
+    """The rows ``[start, stop)`` of a dimension of ``n`` that ``rank`` of ``size`` holds under FSDP2's
+    dim-0 sharding (``torch.chunk``: chunks of ``ceil(n / size)``, trailing ranks possibly empty)."""
+    c = -(-n // size)
+    return min(rank * c, n), min((rank + 1) * c, n)
+
+
+def load(root: Path, pointer: dict[str, Any], rank: int, size: int,
+         shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """This rank's tensors of the committed step, for a run of ``size`` ranks, and the step's loss log.
+
+    A step written by the same world size is read as it is (a bit-identical resume). One written by another
+    world size is resharded: each tensor's rows for this rank are read, by row ranges, from the saved ranks'
+    files that hold them (``safe_open(...).get_slice``: no rank reads a whole file it does not need).
+    ``shapes`` maps a parameter name to its global shape (AdamW's moments are saved flattened).
+    """
     fix = f"delete {root} to restart from step 0, or pass another run directory."
-    if pointer["world_size"] != size:
-        raise CheckpointError(
-            f"{root} was checkpointed by {pointer['world_size']} process(es) and this run has {size}: sharded "
-            f"checkpoints resume on the same world size. Rerun with torchrun --nproc-per-node "
-            f"{pointer['world_size']} (or {fix[0].lower() + fix[1:]})")
-    d = root / pointer["dir"]
-    path = d / _rank_file(rank, size)
+    d, old = root / pointer["dir"], int(pointer["world_size"])
+    log = read_json(d / LOG, fix=fix)
+    paths = [d / _rank_file(r, old) for r in range(old)]
+    for path in paths if old != size else paths[rank:rank + 1]:
+        _check_step(path, pointer, fix, root)
+    if old == size:
+        return load_safetensors(paths[rank], fix=fix), log
+    return _reshard(paths, old, rank, size, shapes, fix), log
+
+
+def _check_step(path: Path, pointer: dict[str, Any], fix: str, root: Path) -> None:
     header = safetensors_metadata(path, fix=fix)
     try:
         meta = json.loads(header.get("meta", ""))
     except ValueError:
         raise CheckpointError(f"{path} has damaged metadata; {fix}") from None
-    if meta.get("step") != pointer["step"]:
-        raise CheckpointError(f"{path} holds step {meta.get('step')}, but {root / LATEST} names {pointer['step']}; {fix}")
-    return load_safetensors(path, fix=fix), read_json(d / LOG, fix=fix)
+    if not isinstance(meta, dict) or meta.get("step") != pointer["step"]:
+        step = meta.get("step") if isinstance(meta, dict) else None
+        raise CheckpointError(f"{path} holds step {step}, but {root / LATEST} names {pointer['step']}; {fix}")
+
+
+def _reshard(paths: list[Path], old: int, rank: int, size: int, shapes: dict[str, tuple[int, ...]],
+             fix: str) -> dict[str, torch.Tensor]:
+    """Rank ``rank`` of ``size``'s shard of every tensor that ``old`` ranks saved in ``paths``."""
+    from contextlib import ExitStack
+
+    from safetensors import safe_open
+
+    out: dict[str, torch.Tensor] = {}
+    with ExitStack() as stack:
+        files = [stack.enter_context(safe_open(str(p), framework="pt")) for p in paths]
+        for key in files[0].keys():
+            kind, _, name = _split(key)
+            if name not in shapes:
+                raise CheckpointError(f"{paths[0]} holds {key}, which this model does not have; {fix}")
+            shape = shapes[name]
+            if kind == "adam.step" or not shape:  # a per-parameter scalar: the same on every rank
+                out[key] = files[0].get_tensor(key)
+                continue
+            row = int(torch.Size(shape[1:]).numel())
+            start, stop = rows(shape[0], size, rank)
+            pieces = []
+            for k, f in enumerate(files):
+                a, b = rows(shape[0], old, k)
+                lo, hi = max(start, a), min(stop, b)
+                if lo < hi:
+                    part = f.get_slice(key)
+                    pieces.append(part[lo - a:hi - a] if kind == "model" else part[(lo - a) * row:(hi - a) * row])
+            empty = (0, *shape[1:]) if kind == "model" else (0,)
+            dtype = files[0].get_slice(key).get_dtype()
+            out[key] = torch.cat(pieces) if pieces else torch.empty(empty, dtype=_DTYPE.get(dtype, torch.float32))
+    return out
+
+
+_DTYPE = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64}
+_KINDS = ("adam.exp_avg_sq.", "adam.exp_avg.", "adam.step.", "model.")
+
+
+def _split(key: str) -> tuple[str, str, str]:
+    """``"adam.exp_avg.blocks.0.w"`` -> ``("adam.exp_avg", ".", "blocks.0.w")``."""
+    for prefix in _KINDS:
+        if key.startswith(prefix):
+            return prefix[:-1], ".", key[len(prefix):]
+    raise CheckpointError(f"a checkpoint holds the tensor {key!r}, which no phaselens trainer writes; "
+                          "delete the run directory to restart from step 0.")
 
 
 def restore(tensors: dict[str, torch.Tensor], named: list[tuple[str, torch.Tensor]], opt: torch.optim.Optimizer,

@@ -190,9 +190,10 @@ def train_family(
     from phaselens.train.loop import _data_fingerprint
 
     settings_fp = dataclasses.asdict(settings) | {"threads": None}
+    # what changes the loss curve; not the world size, micro-batches or recomputation, which change rounding
+    # only (a run resumes on whatever GPUs a preempted job gets back)
     run_fp = fingerprint(config=cfg.to_dict(), settings=settings_fp, data=_data_fingerprint(data, settings),
-                         described=data_description, init=init_fp, world_size=size,
-                         parallel=dataclasses.asdict(parallel))
+                         described=data_description, init=init_fp, precision=parallel.precision)
     root = run_dir / "checkpoints"
     pointer = ckpt.latest(root)
     log = _new_log(settings, size)
@@ -201,9 +202,10 @@ def train_family(
             from phaselens.core.errors import CheckpointError
 
             raise CheckpointError(f"{run_dir} holds a run with other settings (config, training settings, data, "
-                                  "initial weights, world size or parallelism differ); remove it or use another "
-                                  "run directory.")
-        tensors, log = ckpt.load(root, pointer, rank, size)
+                                  "initial weights or precision differ); remove it or use another run directory.")
+        tensors, log = ckpt.load(root, pointer, rank, size, {n: tuple(p.shape) for n, p in named})
+        if pointer["world_size"] != size:
+            log["world_size"] = size  # the log says where the run goes on; the pointer said where it was
         ckpt.restore(tensors, named, opt, root)
     start = int(pointer["step"]) if pointer else 0
     end = settings.steps if stop_after is None else min(settings.steps, stop_after)
