@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from phaselens.core.errors import CheckpointError
+from phaselens.core.errors import CheckpointError, InputError
 from phaselens.runtime.oserrors import reading
 from phaselens.runtime.reading import peek_json
 
@@ -25,7 +28,8 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
         kwargs: for ``hf:`` (V4: ``dtype``, ``device_map``, ``layer_types``, ``index_topk``, ``chunk``, ...;
             V4.1: ``dtype``, ``quantize``, ``index_topk``, ``analysis_stride``, ``engram``), or for a served
             model (``model``, ``tokenizer``, ``stride``, ``concurrency``, ``protocol``, ``timeout``, ``retries``,
-            ...: :func:`phaselens.models.served.load_served`).
+            ...: :func:`phaselens.models.served.load_served`). An unknown keyword, or a ``dtype`` that is not a
+            floating one, is an :class:`InputError` naming what the source accepts, before anything is read.
 
     Example:
         >>> model = phaselens.load("zoo:w8s4")  # doctest: +SKIP
@@ -34,11 +38,10 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
     text = str(source)
     if text.startswith(("http://", "https://")):
         if device != "cpu":
-            from phaselens.core.errors import InputError
-
             raise InputError(f"device={device!r} does not apply to a served model: it runs on its server.")
         from phaselens.models.served import load_served
 
+        _refuse_unknown(text, kwargs, keywords(load_served), _accepts("a served model", keywords(load_served)))
         return load_served(text, **kwargs)
     from phaselens.models.compressed.io import resolve_device
 
@@ -55,11 +58,10 @@ def _load(text: str, device: str, kwargs: dict[str, Any]) -> Any:
         if text in list_models() or not any(sep in text for sep in ("/", "\\", ".")):
             text = f"zoo:{text}"
     if kwargs and not text.startswith("hf:"):
-        from phaselens.core.errors import InputError
-
         raise InputError(
-            f"load({text!r}) takes no {sorted(kwargs)}: keyword arguments apply to 'hf:PATH' sources only; "
-            "convert a phaselens model afterwards (e.g. model.double(), model.to('cuda'))."
+            f"load({text!r}) takes no {sorted(kwargs)}: a zoo model or a saved phaselens model accepts device only "
+            "(keyword arguments apply to 'hf:PATH' and served sources); convert it afterwards (e.g. "
+            "model.double(), model.to('cuda'))."
         )
     if text.startswith("zoo:"):
         from phaselens.models.zoo import load_zoo_model
@@ -67,12 +69,18 @@ def _load(text: str, device: str, kwargs: dict[str, Any]) -> Any:
         return load_zoo_model(text[4:], device=device)
     if text.startswith("hf:"):
         _check_hf_path(text[3:])
+        from phaselens.models.deepseek_v4.checkpoint import check_arguments
         from phaselens.models.deepseek_v41 import is_v41_checkpoint, load_v41
 
+        _check_hf_arguments(text, kwargs)  # before config.json is read
         if is_v41_checkpoint(text[3:]):  # transformers has no deepseek_v41: phaselens' own implementation
+            v41 = ("device", *keywords(load_v41))
+            _refuse_unknown(text, kwargs, v41, _accepts("a DeepSeek-V4.1 checkpoint (model_type deepseek_v41)", v41))
             return load_v41(text[3:], device=device, **kwargs)
         from phaselens.models.deepseek_v4 import load_hf
 
+        check_arguments(kwargs.get("dtype"), {k: v for k, v in kwargs.items() if k != "dtype"},
+                        where=f"load({text!r})")
         return load_hf(text[3:], device=device, **kwargs)
     path = Path(text)
     if not path.exists():
@@ -89,6 +97,52 @@ def _load(text: str, device: str, kwargs: dict[str, Any]) -> Any:
     from phaselens.models.compressed.loader import load_model
 
     return load_model(path, device=device)
+
+
+FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
+def keywords(loader: Callable[..., Any]) -> tuple[str, ...]:
+    """The keyword arguments ``loader(source, *, device, ...)`` takes besides its source and ``device``."""
+    params = list(inspect.signature(loader).parameters.values())[1:]
+    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "device")
+
+
+def _refuse_unknown(text: str, kwargs: dict[str, Any], accepted: Iterable[str], described: str) -> None:
+    """An :class:`InputError` naming the keywords of ``kwargs`` that are not ``accepted`` (a close match
+    suggested), and ``described``: what the source accepts."""
+    accepted = set(accepted)
+    unknown = sorted(set(kwargs) - accepted)
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], sorted(accepted), n=1)
+        raise InputError(f"load({text!r}) got the unknown keyword argument(s) {unknown}"
+                         f"{f' (did you mean {near[0]!r}?)' if near else ''}; {described}.")
+
+
+def _accepts(what: str, names: Iterable[str]) -> str:
+    return f"{what} accepts {', '.join(sorted(names))}"
+
+
+def _check_hf_arguments(text: str, kwargs: dict[str, Any]) -> None:
+    """Before anything is read: a ``dtype`` that is a torch dtype must be a floating one of at least 16 bits (names
+    are the loaders' to check), and every keyword must be one that a DeepSeek-V4 or V4.1 loader takes."""
+    import torch
+
+    dtype = kwargs.get("dtype")
+    if not (dtype is None or isinstance(dtype, str)
+            or isinstance(dtype, torch.dtype) and dtype.is_floating_point and dtype.itemsize >= 2):
+        raise InputError(f"load({text!r}, dtype={dtype!r}): the dtype the model computes in must be a floating one; "
+                         f"pass one of {', '.join(f'torch.{d}' for d in FLOAT_DTYPES)} (bfloat16 is the release's). "
+                         "Packed FP8/FP4 weights stay packed whatever the dtype.")
+    from phaselens.models.deepseek_v4.checkpoint import OPTIONS, config_fields
+    from phaselens.models.deepseek_v41 import load_v41
+
+    v41 = ("device", *keywords(load_v41))
+    if set(kwargs) - {*v41, *OPTIONS}:  # transformers' config fields are imported only then
+        v4 = _accepts("a DeepSeek-V4 checkpoint", OPTIONS)
+        _refuse_unknown(text, kwargs, {*v41, *OPTIONS, *config_fields()},
+                        f"{_accepts('a DeepSeek-V4.1 checkpoint', v41)}; {v4}, and any DeepseekV4Config field as a "
+                        "config override (e.g. sliding_window)")
 
 
 def meta_model(path: str | os.PathLike) -> Any:

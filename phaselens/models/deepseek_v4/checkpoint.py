@@ -5,6 +5,9 @@ Never downloads: ``local_files_only=True`` everywhere, and a path that is not a 
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import os
 import warnings
 from pathlib import Path
@@ -12,7 +15,7 @@ from typing import Any
 
 import torch
 
-from phaselens.core.errors import CheckpointError, UnsupportedModelError
+from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
 from phaselens.models.deepseek_v4.adapter import DeepSeekV4Adapter
 from phaselens.models.deepseek_v4.config_checks import check_v4_config
 from phaselens.models.deepseek_v4.construct import from_hf
@@ -23,6 +26,42 @@ PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 # from_hf's options; everything else goes to from_pretrained.
 _ADAPTER_KW = ("analysis_stride", "index_topk", "backend", "chunk", "numerics", "quantize")
+# from_pretrained's loading options passed on (local files only: none of them downloads)
+_LOADING_KW = ("attn_implementation", "max_memory", "offload_folder", "offload_buffers", "quantization_config",
+               "key_mapping", "tp_plan", "tp_size", "device_mesh", "distributed_config", "subfolder", "variant",
+               "disable_mmap", "use_kernels", "kernel_config", "experts_implementation")
+OPTIONS = ("device", "dtype", "device_map", "layer_types", *_ADAPTER_KW, *_LOADING_KW)
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
+
+
+@functools.cache
+def config_fields() -> frozenset[str]:
+    """The fields of transformers' ``DeepseekV4Config``: what ``load_hf`` passes on as config overrides."""
+    from transformers import DeepseekV4Config
+
+    names = {*inspect.signature(DeepseekV4Config.__init__).parameters, *DeepseekV4Config.attribute_map}
+    return frozenset(names - {"self", "kwargs", "transformers_version", "architectures", "dtype", "torch_dtype"})
+
+
+def check_arguments(dtype: Any, kwargs: dict[str, Any], *, where: str = "load_hf") -> None:
+    """Refuse, before anything is read, a keyword ``load_hf`` does not take and a dtype that is not a floating
+    one (transformers' ``TypeError`` / ``ValueError`` from deep inside otherwise)."""
+    extra = set(kwargs) - set(OPTIONS)
+    unknown = sorted(extra - config_fields()) if extra else []  # transformers' config imported only then
+    if unknown:
+        near = difflib.get_close_matches(unknown[0], [*OPTIONS, *config_fields()], n=1)
+        raise InputError(
+            f"{where} got the unknown keyword argument(s) {unknown}{f' (did you mean {near[0]!r}?)' if near else ''}; "
+            f"a DeepSeek-V4 checkpoint accepts {', '.join(sorted(OPTIONS))}, and any DeepseekV4Config field as a "
+            "config override (e.g. sliding_window, index_topk)."
+        )
+    if dtype is None or (isinstance(dtype, str) and (dtype == "auto" or dtype in DTYPES)):
+        return
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return
+    raise InputError(f"{where}: dtype={dtype!r} is not a dtype DeepSeek-V4 computes in; pass torch.bfloat16 (the "
+                     f"release's), torch.float32, torch.float16, torch.float64, one of {sorted(DTYPES)}, 'auto' or "
+                     "None (the checkpoint's).")
 
 
 def load_hf(
@@ -49,6 +88,7 @@ def load_hf(
         **kwargs: ``analysis_stride``, ``index_topk``, ``backend``, ``chunk``, ``numerics``, ``quantize`` go to
             :func:`from_hf`; the rest to ``DeepseekV4ForCausalLM.from_pretrained`` (config overrides included).
     """
+    check_arguments(dtype, kwargs)
     root = Path(path).expanduser()
     if not root.is_dir() or not (root / "config.json").is_file():
         raise CheckpointError(

@@ -20,6 +20,7 @@ import torch
 from phaselens.core.errors import CheckpointError, InputError
 from phaselens.models.deepseek_v41 import placement
 from phaselens.models.deepseek_v41.config import V41Config
+from phaselens.models.deepseek_v41.formats import check_formats
 from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import Quantize
 from phaselens.models.deepseek_v41.model import DeepSeekV41
@@ -34,7 +35,18 @@ from phaselens.runtime.checkpoints import check_tensor_names, read_json
 from phaselens.runtime.reading import peek_json_object
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
-           "fp64": torch.float64, "float64": torch.float64}
+           "fp64": torch.float64, "float64": torch.float64, "fp16": torch.float16, "float16": torch.float16}
+
+
+def check_dtype(dtype: object) -> torch.dtype:
+    """``dtype`` (a torch dtype or one of :data:`_DTYPES`' names) as a floating torch dtype the model computes in."""
+    if isinstance(dtype, str) and dtype in _DTYPES:
+        return _DTYPES[dtype]
+    if isinstance(dtype, torch.dtype) and dtype in _DTYPES.values():
+        return dtype
+    raise InputError(f"dtype={dtype!r} is not a dtype DeepSeek-V4.1 computes in; pass one of torch.bfloat16 (the "
+                     "reference's), torch.float32, torch.float64, torch.float16, or a name "
+                     f"{sorted(_DTYPES)}. Packed FP8/FP4 weights stay packed whatever the dtype.")
 
 NO_TOKENIZER = (
     "{root} has no tokenizer.json, which Engram needs: its config lists Engram lookups before layers {layers}, "
@@ -149,10 +161,7 @@ def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n
            chunk: int | None = None) -> tuple[DeepSeekV41, dict[str, Any] | None]:
     """The model on the meta device, in its packed layout when ``weights="packed"``, and the checkpoint's
     header index (``None`` without shards, unless ``need_weights``)."""
-    if isinstance(dtype, str):
-        if dtype not in _DTYPES:
-            raise InputError(f"dtype {dtype!r} is not one of {sorted(_DTYPES)}.")
-        dtype = _DTYPES[dtype]
+    dtype = check_dtype(dtype)
     if engram not in ("run", "drop"):
         raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
     if weights not in ("packed", "dequantized"):
@@ -188,6 +197,8 @@ def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n
     if has_shards or need_weights:  # names checked against the dense layout, before a byte of weights is read
         check_v41_weights(model, root, config, skip_engram=engram == "drop")
     index = read_index(root) if need_weights or has_shards else None
+    if index is not None:  # every packed tensor and scale against its format, from the headers (no data read)
+        check_formats(model, index, root, **keep)
     if weights == "packed":
         if index is not None:
             pack_from_headers(model, index, **keep)

@@ -17,6 +17,9 @@ with a ``.scale`` is either
   config's weight blocks, FP4 with one scale per row and 32 inputs, then cast to the parameter's dtype
   (exact in bf16).
 
+Before either, :func:`~phaselens.models.deepseek_v41.formats.check_formats` checks every tensor's dtype and shape,
+from the headers, against its format (a scale stored as ``int32`` or ``float8_e4m3fn`` is refused by name).
+
 A parameter a module keeps in FP8's own dtypes (Engram's tables: ``float8_e4m3fn`` values and a
 ``float8_e8m0fnu`` ``.scale``) receives the stored tensors as they are. Anything else is copied and cast.
 """
@@ -44,6 +47,7 @@ from phaselens.models.deepseek_v41.packed import (
     scale_bytes_dtype,
     stored_kind,
 )
+from phaselens.runtime.checkpoints import read_json
 
 SKIP_PREFIXES = ("mtp.", "vision.", "aligner.", "image_")
 _NATIVE = (torch.float8_e4m3fn, torch.float8_e8m0fnu)
@@ -82,7 +86,13 @@ class Stored:
         return n * torch.empty((), dtype=self.dtype).element_size()
 
 
+FIX_SHARD = "download this shard again (or convert it again from the release)"
+FIX_INDEX = ("restore model.safetensors.index.json from the checkpoint's source (download it again), or delete it: "
+             "the shards' own headers are then read")
+
+
 def _header(shard: Path) -> dict:
+    """The JSON header of a safetensors file: ``{name: {"dtype", "shape", "data_offsets"}}``."""
     if not shard.is_file():  # a named pipe or a device is never opened
         raise CheckpointError(f"{shard} is not a regular file; put the checkpoint's safetensors shards there.")
     try:
@@ -90,27 +100,60 @@ def _header(shard: Path) -> dict:
             (n,) = struct.unpack("<Q", f.read(8))
             if n > 100_000_000:
                 raise ValueError(f"header length {n}")
-            return json.loads(f.read(n))
+            header = json.loads(f.read(n))
     except (OSError, ValueError, struct.error) as err:
-        raise CheckpointError(f"{shard} is not a readable safetensors file ({err}); download it again.") from None
+        raise CheckpointError(f"{shard} is not a readable safetensors file ({err}); {FIX_SHARD}.") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{shard}'s header is a JSON {type(header).__name__}, not an object; {FIX_SHARD}.")
+    return header
 
 
 def shard_map(root: Path) -> dict[str, Path]:
     """``{original tensor name: shard file}`` from ``model.safetensors.index.json`` (or the shards' headers)."""
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
+        weight_map = read_json(index, fix=FIX_INDEX + ".").get("weight_map")
         if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has no 'weight_map'; the index file is damaged.")
+            raise CheckpointError(f"{index} has no 'weight_map' object; the index file is damaged: {FIX_INDEX}.")
+        bad = [f"{k!r}: {f!r}" for k, f in weight_map.items()
+               if not isinstance(f, str) or not f or Path(f).is_absolute() or ".." in Path(f).parts]
+        if bad:
+            raise CheckpointError(f"{index} maps tensors to {bad[:3]}, which are not shard file names inside {root}; "
+                                  f"the index file is damaged: {FIX_INDEX}.")
         files = {name: root / f for name, f in weight_map.items()}
         lost = sorted({str(f.name) for f in files.values() if not f.is_file()})
         if lost:
-            raise CheckpointError(f"{root} lacks shards {lost} named in model.safetensors.index.json.")
+            raise CheckpointError(
+                f"{root} lacks shards {lost[:5]}{' (and more)' if len(lost) > 5 else ''} named in "
+                "model.safetensors.index.json; the download is incomplete. Download the missing shards into "
+                f"{root} (e.g. `huggingface-cli download REPO --local-dir {root}` fetches only what is missing); "
+                "phaselens never downloads."
+            )
         return files
     shards = sorted(root.glob("*.safetensors"))
     if not shards:
-        raise CheckpointError(f"{root} has no *.safetensors weights.")
+        raise CheckpointError(f"{root} has no *.safetensors weights; download the checkpoint's shards there.")
     return {k: shard for shard in shards for k in _header(shard) if k != "__metadata__"}
+
+
+def _stored(name: str, info: object, shard: Path) -> Stored:
+    """One header entry, checked: a known dtype and a shape of non-negative ints."""
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{name} in {shard.name} has header entry {info!r}, not an object; {FIX_SHARD}.")
+    dtype = _DTYPES.get(info.get("dtype"))  # type: ignore[arg-type]
+    if dtype is None:
+        raise CheckpointError(f"{name} in {shard.name} has dtype {info.get('dtype')!r}, which phaselens cannot "
+                              f"read (known: {sorted(_DTYPES)}); {FIX_SHARD}.")
+    shape = info.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
+                                              for s in shape):
+        raise CheckpointError(f"{name} in {shard.name} has shape {shape!r}, not a list of sizes; {FIX_SHARD}.")
+    if info["dtype"] == "F4":  # the header counts 4-bit values; torch's float4_e2m1fn_x2 holds two per element
+        if not shape or shape[-1] % 2:
+            raise CheckpointError(f"{name} in {shard.name} holds F4 {shape}: an odd count of 4-bit values cannot be "
+                                  f"stored in bytes; {FIX_SHARD}.")
+        shape = [*shape[:-1], shape[-1] // 2]
+    return Stored(name, shard, dtype, tuple(shape))
 
 
 def read_index(root: Path) -> dict[str, Stored]:
@@ -121,15 +164,11 @@ def read_index(root: Path) -> dict[str, Stored]:
         for name, info in _header(shard).items():
             if name == "__metadata__" or files.get(name) != shard:
                 continue
-            dtype = _DTYPES.get(info.get("dtype"))
-            if dtype is None:
-                raise CheckpointError(f"{name} in {shard.name} has dtype {info.get('dtype')!r}, which phaselens "
-                                      "cannot read.")
-            out[normalize(name)] = Stored(name, shard, dtype, tuple(int(s) for s in info["shape"]))
+            out[normalize(name)] = _stored(name, info, shard)
     missing = sorted(set(files) - {s.name for s in out.values()})
     if missing:
-        raise CheckpointError(f"{missing[:3]} are named in the index but missing from their shards; "
-                              "download those shards again.")
+        raise CheckpointError(f"{missing[:3]} are named in model.safetensors.index.json but missing from their "
+                              "shards; download those shards again.")
     return out
 
 
@@ -195,7 +234,7 @@ def pack_from_headers(model: nn.Module, index: dict[str, Stored], *, skip_engram
         if t.module in seen:
             if seen[t.module] != fmt:
                 raise CheckpointError(f"{name} is stored as {kind} but other weights of {t.module} are not; "
-                                      "the checkpoint mixes formats within one module.")
+                                      f"the checkpoint mixes formats within one module: {FIX_SHARD}.")
             continue
         module.set_packed(fmt, scale_bytes_dtype(scale.dtype))
         seen[t.module] = fmt
@@ -249,17 +288,20 @@ def load_weights(model: nn.Module, root: Path, *, skip_engram: bool, n_layers: i
                     value = f.get_tensor(index[name].name)
                     if fmt is not None:
                         value = as_bytes(value)
+                        if value.dtype != param.dtype:  # bytes copied as they are: no cast may change them
+                            raise CheckpointError(f"{name} holds {value.dtype} but its module keeps {param.dtype}; "
+                                                  f"{FIX_SHARD}.")
                     elif native:
-                        if value.dtype not in _NATIVE:
-                            raise CheckpointError(f"{name} must be stored as FP8 (float8_e4m3fn, with a UE8M0 .scale); "
-                                                  f"got {value.dtype}.")
+                        if value.dtype != param.dtype:
+                            raise CheckpointError(f"{name} must be stored as {param.dtype} (an Engram table: FP8 "
+                                                  f"values, UE8M0 scales), got {value.dtype}; {FIX_SHARD}.")
                     else:
                         value = _dense(name, value, index, block, read)
                     dest = param[t.expert] if t.expert is not None else param
                     if tuple(value.shape) != tuple(dest.shape):
                         raise CheckpointError(
                             f"{name} has shape {tuple(value.shape)} but the config implies {tuple(dest.shape)}; "
-                            "config.json and the weights disagree."
+                            "config.json and the weights disagree: restore both from the checkpoint's source."
                         )
                     dest.copy_(value.to(device=dest.device, dtype=dest.dtype))
                     filled.add(f"{t.key}[{t.expert}]" if t.expert is not None else t.key)
@@ -282,14 +324,19 @@ def _dense(name: str, weight: Tensor, index: dict[str, Stored], block: tuple[int
     scale_name = name[: -len("weight")] + "scale" if name.endswith(".weight") else None
     if scale_name not in index:
         if kind is not None:
-            raise CheckpointError(f"{name} is stored as {weight.dtype} without a scale tensor; the checkpoint is "
-                                  "incomplete.")
+            raise CheckpointError(f"{name} is stored as {weight.dtype} without its scale {scale_name}; the "
+                                  f"checkpoint is incomplete: {FIX_SHARD}.")
         return weight
     if kind is None:
-        raise CheckpointError(f"{name} has a scale but dtype {weight.dtype}; expected FP8 or packed FP4.")
+        raise CheckpointError(f"{name} has a scale but holds {weight.dtype}, where FP8 (float8_e4m3fn) or packed "
+                              f"FP4 (int8) is needed; {FIX_SHARD}.")
     scale = as_bytes(read(index[scale_name]))
     fmt = FP4_ROWS if kind == "fp4" else PackedFormat("fp8", block)
-    return dequantize(as_bytes(weight), scale, fmt, torch.float32)
+    try:
+        return dequantize(as_bytes(weight), scale, fmt, torch.float32)
+    except CheckpointError as err:
+        raise CheckpointError(f"{name} with {scale_name}: {err} config.json and the weights disagree: restore both "
+                              "from the checkpoint's source.") from None
 
 
 def _expected(params: dict[str, nn.Parameter]) -> Iterator[str]:
