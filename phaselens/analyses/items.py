@@ -107,6 +107,28 @@ def analysis_geometry(model: Any, stride: int | None) -> PhaseSpec:
     return spec if stride is None else PhaseSpec(int(stride), origin=spec.origin)
 
 
+def check_batch_geometry(model: Any, batch: Any, stride: Any = None) -> PhaseSpec:
+    """The analysis geometry of a prepared ``batch``: the model's (or ``stride=``'s), which the batch must have
+    been built for. Its ``residue`` and ``phase`` columns count from ``batch.spec.origin`` mod its stride, so a
+    batch built for another origin or stride would be scored at other phases than its columns say: refused
+    (TaskError), with both geometries and the fix."""
+    want = analysis_geometry(model, stride)
+    have = batch.spec
+    if (have.stride, have.origin) == (want.stride, want.origin):
+        return want if stride is not None else have
+    if stride is None:
+        source, how = "the model's analysis_spec", "model.analysis_spec"
+    else:
+        source, how = f"stride={stride}", f"phaselens.PhaseSpec({want.stride}, origin={want.origin})"
+    also = (f"; or pass stride={have.stride} to read phases at the batch's own stride" if stride is None
+            and have.origin == want.origin else "")
+    raise TaskError(
+        f"the TaskBatch was built for stride {have.stride}, origin {have.origin}, but this analysis reads phases at "
+        f"stride {want.stride}, origin {want.origin} ({source}): the batch's phase and residue columns would name "
+        f"other phases. Rebuild it: task.build({how}, n_per_residue=...), or pass the task itself (the analysis "
+        f"then builds the items){also}.")
+
+
 def phase_residues(spec: PhaseSpec, modulus: int, phase: Any) -> list[int]:
     """The residues ``0..modulus-1`` whose phase is ``phase`` (an int or a list of ints)."""
     raw = [phase] if isinstance(phase, numbers.Number) else list(phase)
@@ -193,7 +215,7 @@ def _prepare(model: Any, task: Any, *, n_per_residue: Any, residues: Any, phase:
         raise TaskError("pass residues or phase, not both.")
     task = resolve_task(model, task)
     if is_batch(task):
-        spec = analysis_geometry(model, stride) if stride is not None else task.spec
+        spec = check_batch_geometry(model, task, stride)
         if phase is not None:
             residues = phase_residues(spec, task.modulus, phase)
         return task, spec, residues, None

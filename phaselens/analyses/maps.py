@@ -16,7 +16,7 @@ from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, argume
 from phaselens.analyses.scoring import items_from_logits, score_items
 from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.checks import as_int, as_names
-from phaselens.core.errors import InputError
+from phaselens.core.errors import InputError, ResidueError
 from phaselens.core.labelled import Labelled
 from phaselens.results.base import Result, renamed
 from phaselens.runtime.planning import MapPlan, plan_map
@@ -28,7 +28,11 @@ KINDS = ("head", "kv_head", "layer")
 
 
 def map_cells(cfg: Any, kinds: tuple[str, ...] = KINDS) -> pd.DataFrame:
-    """The cells of a map: one row per knockout (``label``, ``kind``, ``layer``, ``heads``)."""
+    """The cells of a map: one row per knockout (``label``, ``kind``, ``layer``, ``heads``).
+
+    A KV head's cell knocks out the query heads that share it. Without GQA sharing (``n_key_value_heads ==
+    n_heads``) KV head k is query head k alone: its cells (``L0KV0``, ...) are then made only when ``kinds``
+    asks for KV heads without heads, as they would repeat the head cells."""
     kinds = as_names("kinds", kinds, KINDS)
     L, H = int(cfg.n_layers), int(cfg.n_heads)
     Hkv = int(getattr(cfg, "n_key_value_heads", None) or H)
@@ -37,7 +41,7 @@ def map_cells(cfg: Any, kinds: tuple[str, ...] = KINDS) -> pd.DataFrame:
     for layer in range(L):
         if "head" in kinds:
             rows += [dict(label=f"L{layer}H{h}", kind="head", layer=layer, index=h, heads=(h,)) for h in range(H)]
-        if "kv_head" in kinds and Hkv < H:
+        if "kv_head" in kinds and (Hkv < H or "head" not in kinds):
             rows += [dict(label=f"L{layer}KV{k}", kind="kv_head", layer=layer, index=k,
                           heads=tuple(range(k * G, (k + 1) * G))) for k in range(Hkv)]
         if "layer" in kinds:
@@ -83,8 +87,10 @@ class PhaseMap(Result):
     def _select(self, kind: str) -> pd.DataFrame:
         sel = self.cells[self.cells["kind"] == kind]
         if sel.empty:
-            raise InputError(f"this map has no {kind!r} cells; kinds present: {sorted(set(self.cells['kind']))}; map "
-                             f"them with specialization_map(..., kinds=({kind!r},)).")
+            same = " (this model's KV heads are its heads, one each: kind='head' holds the same cells)" if (
+                kind == "kv_head" and (self.cells["kind"] == "head").any()) else ""
+            raise InputError(f"this map has no {kind!r} cells{same}; kinds present: {sorted(set(self.cells['kind']))}; "
+                             f"map them with specialization_map(..., kinds=({kind!r},)).")
         return sel
 
     def values(self, kind: str = "head", quantity: str = "rel_change") -> Labelled:
@@ -148,7 +154,9 @@ class PhaseMap(Result):
     def bh_mask(self, alpha: float = 0.05, kind: str | None = None) -> np.ndarray:
         """Benjamini-Hochberg significance over the cells x residues p-values: bool ``[cells, residues]``."""
         p = self.effects.pvalue.copy()
-        keep = np.ones(len(self.cells), bool) if kind is None else (self.cells["kind"] == kind).to_numpy()
+        keep = np.ones(len(self.cells), bool)
+        if kind is not None:  # a kind the map lacks is refused, not answered with an all-False mask
+            keep = np.isin(np.arange(len(self.cells)), self._select(kind).index.to_numpy())
         out = np.zeros_like(p, dtype=bool)
         flat = p[keep].ravel()
         ok = ~np.isnan(flat)
@@ -196,6 +204,9 @@ class PhaseMap(Result):
         """The ``k`` cells whose knockout hurts ``phase`` most: most negative ``by`` (``rel_change`` or
         ``delta_logit_diff``); cells with an undefined value sort last."""
         ph = self.per_phase(kind)
+        if not (ph["phase"] == phase).any():  # in 0..S-1 (checked) but without items: not an empty table
+            raise ResidueError(f"phase {phase} has no items in this map (phases with items: "
+                               f"{sorted(set(ph['phase'].tolist()))}); pick one of those, or map that phase.")
         return ph[ph["phase"] == phase].sort_values(by, na_position="last").head(k).reset_index(drop=True)
 
     def per_residue(self) -> pd.DataFrame:

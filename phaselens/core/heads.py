@@ -10,7 +10,10 @@ from typing import Any
 
 from phaselens.core.errors import HeadSpecError
 
-_PATTERN = re.compile(r"^L(\d+)(?:H(\d+)|KV(\d+))?$")
+# "L<layer>", then optionally "H<head>" or "KV<kv head>"; each part is checked on its own (see _string_parts)
+_FORM = re.compile(r"^L(?P<layer>[^HK]*)(?:(?P<sep>H|KV)(?P<index>.*))?$")
+_INT = re.compile(r"[0-9]+")
+_FORMS = "use 'L2H3' (layer 2 head 3), 'L2' (a whole layer) or 'L2KV0' (the query heads of KV head 0)"
 
 
 @dataclass(frozen=True, order=True)
@@ -30,6 +33,47 @@ class Head:
         return f"L{self.layer}H{self.head}"
 
 
+def _is_index(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _is_pair(item: Any) -> bool:
+    """A ``(layer, head)`` pair, well-formed or not: a tuple holding a number and no spec (``"L2H3"``, a
+    :class:`Head`, a nested tuple), so that ``(2, 3.5)`` is read as one head whose head part is wrong."""
+    def spec_like(x: Any) -> bool:
+        return isinstance(x, Head) or (isinstance(x, str) and x.strip().startswith("L")) or (
+            isinstance(x, Iterable) and not isinstance(x, str))
+
+    return isinstance(item, tuple) and any(isinstance(x, numbers.Number) for x in item) and not any(
+        spec_like(x) for x in item)
+
+
+def _pair_parts(item: tuple[Any, ...]) -> tuple[int, int]:
+    """``(layer, head)`` of a pair, blaming the element that is not an integer (ranges are checked after)."""
+    if len(item) != 2:
+        raise HeadSpecError(f"{item!r}: a head is (layer, head), two integers, not {len(item)} values; e.g. (2, 3).")
+    for name, x in zip(("layer", "head"), item):
+        if not _is_index(x):
+            raise HeadSpecError(f"{item!r}: the {name} {x!r} is not an integer; a head is (layer, head) with "
+                                "integers, e.g. (2, 3).")
+    return int(item[0]), int(item[1])
+
+
+def _string_parts(item: str) -> tuple[int, str | None, int | None]:
+    """``(layer, "H" | "KV" | None, index)`` of a string spec, naming the part that is not an integer."""
+    m = _FORM.match(item.strip())
+    if not m:
+        raise HeadSpecError(f"{item!r} is not a head spec; {_FORMS}.")
+    sep = m.group("sep")
+    what = {None: "layer", "H": "head", "KV": "KV head"}
+    parts = [("layer", m.group("layer"))] + ([(what[sep], m.group("index"))] if sep else [])
+    for name, text in parts:
+        if not _INT.fullmatch(text):
+            got = f"is {text!r}, not a non-negative integer" if text else "is missing"
+            raise HeadSpecError(f"{item!r}: the {name} number {got}; {_FORMS}.")
+    return int(m.group("layer")), sep, (int(m.group("index")) if sep else None)
+
+
 def parse_heads(spec: Any, cfg: Any) -> tuple[Head, ...]:
     """Expand a head specification into sorted, unique :class:`Head` s.
 
@@ -37,6 +81,10 @@ def parse_heads(spec: Any, cfg: Any) -> tuple[Head, ...]:
         spec: a ``(layer, head)`` tuple, ``"L2H3"``, ``"L2"`` (every head of layer 2), ``"L2KV0"`` (every
             query head that reads KV head 0 of layer 2), a :class:`Head`, or an iterable of these.
         cfg: anything with ``n_layers``, ``n_heads`` and ``n_key_value_heads``.
+
+    Raises:
+        HeadSpecError: naming the part that is wrong (``'L2H3.5'``: the head number ``'3.5'``; ``(2.0, 3)``:
+            the layer ``2.0``) and the valid range or form.
     """
     n_layers, n_heads = int(cfg.n_layers), int(cfg.n_heads)
     n_kv = int(getattr(cfg, "n_key_value_heads", None) or n_heads)
@@ -50,41 +98,34 @@ def parse_heads(spec: Any, cfg: Any) -> tuple[Head, ...]:
     def one(item: Any) -> None:
         if isinstance(item, Head):
             item = (item.layer, item.head)
-        if isinstance(item, tuple) and len(item) == 2 and all(
-                isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in item):
-            layer, head = int(item[0]), int(item[1])
+        if _is_pair(item):
+            layer, head = _pair_parts(item)
             check_layer(layer, item)
             if not 0 <= head < n_heads:
                 raise HeadSpecError(f"{item!r}: head {head} is out of range; heads are 0..{n_heads - 1}.")
             heads.add(Head(layer, head))
             return
         if isinstance(item, str):
-            m = _PATTERN.match(item.strip())
-            if not m:
-                raise HeadSpecError(
-                    f"{item!r} is not a head spec; use 'L2H3' (layer 2 head 3), 'L2' (a whole layer) "
-                    "or 'L2KV0' (the query heads of KV head 0)."
-                )
-            layer = int(m.group(1))
+            layer, sep, index = _string_parts(item)
             check_layer(layer, item)
-            if m.group(2) is not None:
-                one((layer, int(m.group(2))))
-            elif m.group(3) is not None:
-                kv = int(m.group(3))
-                if not 0 <= kv < n_kv:
-                    raise HeadSpecError(f"{item!r}: KV head {kv} is out of range; KV heads are 0..{n_kv - 1}.")
-                heads.update(Head(layer, h) for h in range(kv * group, (kv + 1) * group))
+            if sep == "H":
+                if not 0 <= index < n_heads:
+                    raise HeadSpecError(f"{item!r}: head {index} is out of range; heads are 0..{n_heads - 1}.")
+                heads.add(Head(layer, index))
+            elif sep == "KV":
+                if not 0 <= index < n_kv:
+                    raise HeadSpecError(f"{item!r}: KV head {index} is out of range; KV heads are 0..{n_kv - 1}.")
+                heads.update(Head(layer, h) for h in range(index * group, (index + 1) * group))
             else:
                 heads.update(Head(layer, h) for h in range(n_heads))
             return
-        if isinstance(item, Iterable) and not isinstance(item, (str, bytes, tuple)):
+        if isinstance(item, Iterable) and not isinstance(item, bytes):
             for sub in item:
                 one(sub)
             return
-        if isinstance(item, tuple):
-            for sub in item:
-                one(sub)
-            return
+        if _is_index(item):  # a bare layer number (e.g. [2, 3] meant as one head)
+            raise HeadSpecError(f"{item!r} alone is not a head spec; a head is ({item}, head) or 'L{item}H0', a whole "
+                                f"layer 'L{item}'.")
         raise HeadSpecError(f"{item!r} is not a head spec; use (layer, head), 'L2H3', 'L2' or 'L2KV0'.")
 
     one(spec)

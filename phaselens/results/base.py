@@ -10,7 +10,10 @@ Every result (``PhaseEval``, ``Recording``, ``AblationResult``, ``PatchResult``,
 * ``per_residue()``, ``per_phase()`` (and ``per_<level>()``): the same frames by name;
 * ``metadata``: the model's name and ``analysis_metadata``, the task, and the exact arguments of the call;
 * ``summary()`` and a ``repr`` that never raises; ``plot()`` (a plotly Figure);
-* ``save(path)`` and ``type(result).load(path)``: safetensors + JSON (:mod:`phaselens.results.storage`).
+* ``save(path)`` and ``type(result).load(path)``: safetensors + JSON (:mod:`phaselens.results.storage`);
+* checked arguments: every public method a subclass defines is wrapped so that its arguments are checked by
+  name before it runs (a phase in ``0..S-1``, a positive ``k``, an ``alpha`` in (0, 1), a ``kind`` from its
+  closed set, ...: :mod:`phaselens.results.arguments`), methods added later included.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any, ClassVar
 import pandas as pd
 
 from phaselens.core.errors import InputError
+from phaselens.results.arguments import check_methods
 
 # The shared column vocabulary: one name per quantity, in every result (docs/api.md, "Result columns").
 VOCABULARY: dict[str, str] = {
@@ -76,6 +80,10 @@ class Result:
     COLUMNS: ClassVar[dict[str, tuple[str, ...]]] = {}
     metadata: dict[str, Any]
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        check_methods(cls)  # every public method's arguments checked by name (results/arguments.py)
+
     def per_residue(self) -> pd.DataFrame:
         raise NotImplementedError
 
@@ -122,6 +130,9 @@ class Result:
             return self.summary()
         except Exception as exc:  # a repr must never raise (a notebook would show a traceback instead)
             return f"<{type(self).__name__}: summary unavailable ({type(exc).__name__}: {exc})>"
+
+
+check_methods(Result)  # its own methods too (to_frame's level, for every subclass that inherits it)
 
 
 def renamed(old: str, new: str, what: str) -> property:

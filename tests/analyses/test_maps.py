@@ -60,7 +60,7 @@ def test_checkpoint_of_another_map_is_refused(model, tmp_path):
 
 
 def test_specialization_index_definition(exact):
-    si = exact.specialization_index(alpha=1.0, n_bootstrap=50)
+    si = exact.specialization_index(n_bootstrap=50)
     ph = exact.per_phase("head")
     for row in si.itertuples():
         dmg = np.clip(-np.nan_to_num(ph[ph["label"] == row.label]["rel_change"].to_numpy()) / 100, 0, None)
