@@ -44,6 +44,16 @@ def as_float(name: str, value: Any, *, positive: bool = False, fix: str = "") ->
     return float(value)
 
 
+def as_probability(name: str, value: Any, *, error: type[InputError] | type[Exception] = InputError) -> float:
+    """``value`` as a float strictly between 0 and 1 (a significance level or a confidence level); bool, str,
+    NaN and the end points are refused with ``error``."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and bool(np.isfinite(float(value)))
+    if not ok or not 0 < float(value) < 1:
+        raise error(f"{name} must be a number strictly between 0 and 1, got {value!r}; e.g. "
+                         f"{name}={0.95 if name == 'level' else 0.05}.")
+    return float(value)
+
+
 def as_names(name: str, value: Any, allowed: Sequence[str]) -> tuple[str, ...]:
     """A non-empty tuple of names drawn from ``allowed``; a bare string is refused (it would be read letter by
     letter) with the tuple spelled out."""

@@ -54,6 +54,11 @@ class HookNameError(InputError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class LabelError(InputError, KeyError):
+    """A dimension, label or metric name that a labelled result does not hold (e.g. ``values.sel(phase=9)``
+    on a stride-4 map); the message lists what it holds."""
+
+
 class TaskError(PhaseLensError, ValueError):
     """A task specification that cannot produce the requested items."""
 
@@ -150,6 +155,7 @@ __all__ = [
     "HeadSpecError",
     "HookNameError",
     "InputError",
+    "LabelError",
     "NoDefaultTaskError",
     "NonFiniteError",
     "NotApplicableError",

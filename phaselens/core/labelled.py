@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from phaselens.core.errors import LabelError
+
 
 def _take(a: np.ndarray | None, idx: int, axis: int) -> np.ndarray | None:
     return None if a is None else np.take(a, idx, axis=axis)
@@ -53,11 +55,11 @@ class Labelled:
         out = self
         for dim, label in labels.items():
             if dim not in out.dims:
-                raise KeyError(f"{self.name} has no dim {dim!r}; dims are {out.dims}.")
+                raise LabelError(f"{self.name} has no dim {dim!r}; dims are {out.dims}.")
             ax = out.axis(dim)
             hits = np.flatnonzero(out.coords[dim] == label)
             if not len(hits):
-                raise KeyError(f"{self.name}: no {dim}={label!r}; {dim} labels are {out.coords[dim].tolist()}.")
+                raise LabelError(f"{self.name}: no {dim}={label!r}; {dim} labels are {out.coords[dim].tolist()}.")
             idx = int(hits[0])
             out = Labelled(
                 np.take(out.values, idx, axis=ax),

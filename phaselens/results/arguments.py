@@ -21,14 +21,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import numbers
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
-from phaselens.core.checks import MAX_RESAMPLES, as_int
+from phaselens.core.checks import MAX_RESAMPLES, as_int, as_probability
 from phaselens.core.errors import InputError, PhaseLensError, ResidueError
 
 
@@ -58,11 +57,7 @@ def check_count(value: Any, *, name: str = "k") -> int:
 
 def check_probability(value: Any, *, name: str = "alpha") -> float:
     """``value`` as a float strictly between 0 and 1 (a bool or a string is refused)."""
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and bool(np.isfinite(float(value)))
-    if not ok or not 0 < float(value) < 1:
-        raise InputError(f"{name} must be a number strictly between 0 and 1, got {value!r}; e.g. "
-                         f"{name}={0.95 if name == 'level' else 0.05}.")
-    return float(value)
+    return as_probability(name, value)
 
 
 def check_choice(value: Any, choices: tuple[Any, ...], *, name: str = "kind") -> Any:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
+from phaselens.core.checks import as_probability
 from phaselens.core.errors import ResidueError, StatsInputError
 
 
@@ -146,17 +147,11 @@ def resolve_residues(residues: ArrayLike | int | float, stride: int, modulus: in
 
 
 def check_alpha(alpha: float) -> float:
-    if not 0.0 < float(alpha) < 1.0:
-        raise StatsInputError(
-            f"alpha must lie strictly between 0 and 1, got {alpha}; the usual choice is 0.05."
-        )
-    return float(alpha)
+    return as_probability("alpha", alpha, error=StatsInputError)
 
 
 def check_level(level: float) -> float:
-    if not 0.0 < float(level) < 1.0:
-        raise StatsInputError(f"level must lie strictly between 0 and 1, got {level}; e.g. 0.95.")
-    return float(level)
+    return as_probability("level", level, error=StatsInputError)
 
 
 def check_draws(k: int, name: str) -> int:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from phaselens.core.errors import LabelError
 from phaselens.stats._checks import check_alpha, check_draws, check_level
 from phaselens.stats.battery import PhaseBattery, _pct, _row, count_battery
 from phaselens.stats.continuous import ContinuousResult, continuous_phase_tests
@@ -65,7 +66,7 @@ class ItemBattery:
         for r in self.continuous:
             if r.metric == name:
                 return r
-        raise KeyError(f"no continuous metric {name!r}; present: {[r.metric for r in self.continuous]}")
+        raise LabelError(f"no continuous metric {name!r}; present: {[r.metric for r in self.continuous]}")
 
     def to_frame(self) -> pd.DataFrame:
         """The count battery's long frame plus rows for the item-level tests (same columns, plus ``note``)."""

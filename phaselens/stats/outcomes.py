@@ -11,6 +11,8 @@ from typing import ClassVar
 
 import pandas as pd
 
+from phaselens.stats._checks import check_alpha
+
 
 def fmt_p(p: float) -> str:
     """A p-value as people read it: 3 decimals, or scientific notation when tiny."""
@@ -38,8 +40,8 @@ class TestResult:
     pvalue: float
 
     def rejects(self, alpha: float = 0.05) -> bool:
-        """True when ``pvalue < alpha``."""
-        return bool(self.pvalue < alpha)
+        """True when ``pvalue < alpha`` (``alpha`` strictly between 0 and 1)."""
+        return bool(self.pvalue < check_alpha(alpha))
 
     def to_frame(self) -> pd.DataFrame:
         return pd.DataFrame(

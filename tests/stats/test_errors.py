@@ -90,11 +90,11 @@ def test_frame_problems() -> None:
 
 
 def test_bad_settings() -> None:
-    with pytest.raises(StatsInputError, match="alpha must lie strictly between 0 and 1"):
+    with pytest.raises(StatsInputError, match="alpha must be a number strictly between 0 and 1"):
         stats.detect_period(FLASH, 256, alpha=1.5)
     with pytest.raises(StatsInputError, match="n_permutations must be a positive int"):
         stats.gap_permutation_test(FLASH, 256, 4, n_permutations=0)
-    with pytest.raises(StatsInputError, match="level must lie strictly between 0 and 1"):
+    with pytest.raises(StatsInputError, match="level must be a number strictly between 0 and 1"):
         stats.wilson_ci(3, 10, level=95)
     with pytest.raises(ResidueError, match="stride must be at least 1"):
         stats.folded_gap(FLASH, 256, 0)
