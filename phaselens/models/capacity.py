@@ -38,6 +38,8 @@ GPU_TYPES = {"H100": 80.0, "H200": 141.0, "B200": 192.0}  # GB (1e9 bytes) as so
 NODE_SIZES = (1, 2, 4, 8)
 CHUNKS = (4096, 2048, 1024, 512, 256, 128, 64)
 USABLE = 0.9
+MAP_CONTEXT = 131072  # the per-head map's default context
+MAX_CALLS = 2**20  # prefill calls one estimate walks (the released 1M-token context in chunks of 1)
 FP32_STORED = ("hc_", "attn_sink", "gate.bias")  # V4.1 tensors the release stores in fp32 (the rest: bf16)
 
 
@@ -95,8 +97,6 @@ class ModelPlan:
 
 def gpu_bytes(text: str | float) -> int:
     """``"141"``, ``141``, ``"141GB"``, ``"80GiB"`` or a type (``"H200"``) -> bytes."""
-    if isinstance(text, int | float) and not isinstance(text, bool):
-        return int(float(text) * 1e9)
     s = str(text).strip()
     if s.upper() in GPU_TYPES:
         return int(GPU_TYPES[s.upper()] * 1e9)
@@ -110,8 +110,8 @@ def gpu_bytes(text: str | float) -> int:
         value = float(s)
     except ValueError:
         raise InputError(f"--gpu-memory {text!r}: give GB (141), '80GiB', or a type ({', '.join(GPU_TYPES)}).") from None
-    if value <= 0:
-        raise InputError(f"--gpu-memory must be positive, got {text!r}.")
+    if not 0 < value < float("inf"):  # NaN too
+        raise InputError(f"--gpu-memory must be a finite positive size, got {text!r}.")
     return int(value * mult)
 
 
@@ -133,15 +133,19 @@ class _Sized:
 
     def _v41(self) -> None:
         from phaselens.models.deepseek_v41.checkpoint import meta_v41
+        from phaselens.models.deepseek_v41.config import quantization
 
-        self.meta = meta_v41(self.root, engram=self.engram_mode)
+        # the loader's own build (its config checks included); no quantization_config: weights stored dense
+        packed = bool(quantization(self.raw)) or any(self.root.glob("*.safetensors"))
+        self.meta = meta_v41(self.root, engram=self.engram_mode, weights="packed" if packed else "dequantized")
+        if not packed:
+            self.notes.append("config.json has no quantization_config: weights planned dense (bf16), as stored.")
         self.dense = _v41_dequantized(self.meta)
         self.stored = self._v41_stored()
-        text = self.raw.get("text_config") or {}
-        rows = sum(int(n) for n in text.get("engram_num_embeddings") or ())
-        dim = int(text.get("engram_head_dim", 0) or 0)
-        self.engram = rows * (dim + dim // 32)  # FP8 values + one UE8M0 scale per 32 (as stored)
-        layers = list(text.get("engram_layer_ids") or [])
+        cfg = self.meta.config
+        dim = cfg.engram_head_dim
+        self.engram = sum(cfg.engram_num_embeddings) * (dim + dim // 32)  # FP8 values + a UE8M0 scale per 32
+        layers = list(cfg.engram_layer_ids)
         if self.engram and self.engram_mode == "drop":
             self.notes.append(f"Engram's tables ({self.engram / GiB:,.1f} GiB as stored, layers {layers}) are not "
                               "loaded (engram='drop', an ablation); weights as loaded leave them out.")
@@ -168,7 +172,9 @@ class _Sized:
 
     def _v4(self) -> None:
         from phaselens.models.deepseek_v4 import from_hf
+        from phaselens.models.deepseek_v4.config_checks import check_v4_config
 
+        check_v4_config(self.raw, where=f"{self.root / 'config.json'}")  # load_hf's check, its message
         meta = _v4_meta(self.root, packed=True)
         self.dense = _bytes(_v4_meta(self.root, packed=False))
         self.stored = _bytes(meta)
@@ -181,6 +187,11 @@ class _Sized:
 
     def weights(self) -> int:
         return _bytes(self.meta)
+
+    def max_positions(self) -> int:
+        """The longest sequence a forward takes (``max_position_embeddings``; the V4.1 model refuses more)."""
+        c = self.meta.config if self.model_type == "deepseek_v41" else self.meta.model.config
+        return int(c.max_position_embeddings)
 
     def estimate(self, context: int, batch: int, chunk: int | None) -> dict[str, int]:
         if self.model_type == "deepseek_v41":
@@ -263,9 +274,18 @@ def _v4_meta(root: Path, *, packed: bool) -> Any:
             model = DeepseekV4ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
         quant = getattr(config, "quantization_config", None)
         if packed and quant:
+            from transformers.integrations import finegrained_fp8
             from transformers.quantizers.auto import AutoHfQuantizer
 
-            AutoHfQuantizer.from_config(quant, pre_quantized=True).preprocess_model(model, dtype=torch.bfloat16)
+            # transformers wraps FP8Experts.__init__ / forward again for every experts module it replaces, so
+            # a process that planned ~20 V4 models hit a RecursionError: the class is put back as it was
+            experts = finegrained_fp8.FP8Experts
+            saved = {k: experts.__dict__[k] for k in ("__init__", "forward") if k in experts.__dict__}
+            try:
+                AutoHfQuantizer.from_config(quant, pre_quantized=True).preprocess_model(model, dtype=torch.bfloat16)
+            finally:
+                for k, v in saved.items():
+                    setattr(experts, k, v)
     return model
 
 
@@ -276,10 +296,9 @@ def _read_config(source: str) -> tuple[Path, dict[str, Any]]:
     if not cfg.is_file():
         raise CheckpointError(f"no config.json in {root}; pass a checkpoint directory (or one that holds only its "
                               "config.json), e.g. `phaselens plan hf:/data/DeepSeek-V4.1-Flash`.")
-    try:
-        return root, json.loads(cfg.read_text())
-    except ValueError as err:
-        raise CheckpointError(f"{cfg} is not valid JSON ({err}); restore it from the checkpoint's source.") from None
+    from phaselens.runtime.checkpoints import read_json
+
+    return root, read_json(cfg, fix="restore config.json from the checkpoint's source.")  # the loaders' reader
 
 
 def _files_bytes(root: Path) -> int | None:
@@ -287,27 +306,44 @@ def _files_bytes(root: Path) -> int | None:
     if index.is_file():
         try:
             return int(json.loads(index.read_text()).get("metadata", {}).get("total_size"))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, AttributeError, OSError):  # a damaged index: the size is unknown
             return None
     shards = list(root.glob("*.safetensors"))
     return sum(p.stat().st_size for p in shards) if shards else None
 
 
 def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = "141", chunk: int | None = None,
-               batch: int = 1, map_context: int = 131072, engram: str = "run") -> ModelPlan:
+               batch: int = 1, map_context: int | None = None, engram: str = "run") -> ModelPlan:
     """The :class:`ModelPlan` of the checkpoint directory ``source`` (``hf:DIR`` or ``DIR``; ``config.json``
     alone is enough). ``chunk=None`` takes the chunk of the smallest node found for the map; ``engram``
-    (DeepSeek-V4.1) is ``load``'s: ``"run"`` (the tables on the GPUs) or ``"drop"``."""
+    (DeepSeek-V4.1) is ``load``'s: ``"run"`` (the tables on the GPUs) or ``"drop"``; ``map_context`` (default:
+    128K tokens, or the model's longest sequence if shorter).
+
+    The config goes through the loader's own checks (the same error, the same message as ``load``), and every
+    size is priced from numbers before anything is built at that size: a context longer than the model's
+    ``max_position_embeddings`` is refused, as its forward would be."""
     if engram not in ("run", "drop"):
         raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
     for name, value in (("context", context), ("batch", batch), ("map_context", map_context)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InputError(f"{name} must be a positive int, got {value!r}.")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         raise InputError(f"chunk must be a positive int or None, got {chunk!r}.")
+    usable = USABLE * gpu_bytes(gpu_memory)
     root, raw = _read_config(source)
     sized = _Sized(root, raw, engram)
-    usable = USABLE * gpu_bytes(gpu_memory)
+    most = sized.max_positions()
+    map_context = min(MAP_CONTEXT, most) if map_context is None else map_context
+    for name, value, step in (("context", context, chunk or min(CHUNKS)), ("map_context", map_context, min(CHUNKS))):
+        if value > most:
+            raise InputError(f"{name}={value:,} tokens exceeds the model's max_position_embeddings={most:,} "
+                             f"(config.json): a forward of more is refused; plan at most {most:,} tokens.")
+        calls = -(-value // step)
+        if calls > MAX_CALLS:  # each model's estimate walks every prefill call: price, never hang
+            fix = (f"use --chunk {-(-value // MAX_CALLS)} or larger" if name == "context" else
+                   f"use map_context={MAX_CALLS * step:,} or fewer")
+            raise InputError(f"{name}={value:,} tokens in chunks of {step:,} is {calls:,} prefill calls, more than "
+                             f"phaselens prices ({MAX_CALLS:,}); {fix}.")
     weights, sizes = sized.weights(), sized.units()
 
     def transient(ctx: int, b: int, c: int | None) -> int:

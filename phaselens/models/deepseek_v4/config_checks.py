@@ -24,7 +24,8 @@ POSITIVE_INT = ("hidden_size", "num_hidden_layers", "num_attention_heads", "head
                 "o_lora_rank", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "sliding_window",
                 "index_n_heads", "index_head_dim", "index_topk", "vocab_size", "hc_mult", "hc_sinkhorn_iters",
                 "max_position_embeddings")
-NON_NEGATIVE_INT = ("n_shared_experts", "num_nextn_predict_layers", "num_key_value_heads", "qk_rope_head_dim")
+NON_NEGATIVE_INT = ("n_shared_experts", "num_nextn_predict_layers", "num_key_value_heads", "qk_rope_head_dim",
+                    "num_hash_layers")
 POSITIVE_FLOAT = ("rms_norm_eps", "hc_eps", "rope_theta", "compress_rope_theta", "routed_scaling_factor")
 NON_NEGATIVE_FLOAT = ("swiglu_limit",)
 BOOL = ("tie_word_embeddings", "norm_topk_prob", "attention_bias")
@@ -48,10 +49,10 @@ def problems(cfg: Mapping[str, Any]) -> list[str]:
         if k in cfg and not (_int(cfg[k]) and cfg[k] >= 0):
             out.append(f"{k} must be an integer >= 0, got {cfg[k]!r}")
     for k in POSITIVE_FLOAT:
-        if k in cfg and cfg[k] is not None and not (_real(cfg[k]) and cfg[k] > 0):
+        if k in cfg and not (_real(cfg[k]) and cfg[k] > 0):  # null too: transformers refuses it
             out.append(f"{k} must be a finite number > 0, got {cfg[k]!r}")
     for k in NON_NEGATIVE_FLOAT:
-        if k in cfg and cfg[k] is not None and not (_real(cfg[k]) and cfg[k] >= 0):
+        if k in cfg and not (_real(cfg[k]) and cfg[k] >= 0):
             out.append(f"{k} must be a finite number >= 0, got {cfg[k]!r}")
     for k in BOOL:
         if k in cfg and not isinstance(cfg[k], bool):
@@ -70,8 +71,10 @@ def problems(cfg: Mapping[str, Any]) -> list[str]:
         if cfg.get(key) is not None and not _is_dtype(cfg[key]):
             out.append(f"{key} must name a torch dtype such as 'bfloat16', got {cfg[key]!r}")
     out += _schedules(cfg)
+    out += _quantization(cfg)
     out += _rates(cfg.get("compress_rates"))
-    out += _rope(cfg.get("rope_parameters"))
+    rope_key = "rope_parameters" if "rope_parameters" in cfg else "rope_scaling"  # the legacy name
+    out += _rope(cfg.get(rope_key), rope_key)
     if not out:  # sizes that must agree with each other
         heads, groups = cfg.get("num_attention_heads"), cfg.get("o_groups")
         if _int(heads) and _int(groups) and heads % groups:
@@ -82,7 +85,29 @@ def problems(cfg: Mapping[str, Any]) -> list[str]:
         d = cfg.get("head_dim")
         if _int(d) and prf is not None and (d * prf) % 2:
             out.append(f"head_dim x partial_rotary_factor = {d * prf:g} rotary channels must be an even integer")
-    return out
+    return out or _transformers_refuses(cfg)
+
+
+def _transformers_refuses(cfg: Mapping[str, Any]) -> list[str]:
+    """What transformers' ``DeepseekV4Config`` itself refuses among the fields not checked above (``use_cache``,
+    ``bos_token_id``, ``initializer_range``, ...), as a phrase naming the field instead of its traceback."""
+    import re
+    import warnings
+
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import DeepseekV4Config
+
+    fields = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "model_type")}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            DeepseekV4Config(**fields)
+    except (StrictDataclassError, ValueError, TypeError, KeyError, AttributeError) as err:
+        text = " ".join(str(err).split())
+        field = re.search(r"field '(\w+)'", text)
+        detail = text.split(": ", 1)[-1] if field else text
+        return [f"{field[1] if field else 'a field'} is refused by transformers' DeepseekV4Config ({detail})"]
+    return []
 
 
 # the dtype names a config.json may hold (a closed table: a file's string never looks up an attribute)
@@ -107,7 +132,7 @@ def _schedules(cfg: Mapping[str, Any]) -> list[str]:
         bad = sorted({str(v) for v in value if v not in allowed})
         if bad:
             out.append(f"{key} holds {bad}; each entry must be one of {allowed}")
-        elif _int(n) and len(value) < n:
+        elif _int(n) and len(value) != n:  # transformers needs exactly one per layer
             out.append(f"{key} lists {len(value)} layers but num_hidden_layers is {n}; give one entry per layer")
     ratios = cfg.get("compress_ratios")
     if ratios is not None and not (isinstance(ratios, list) and all(_int(r) and r in (0, 4, 128) for r in ratios)):
@@ -115,19 +140,54 @@ def _schedules(cfg: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def _rope(rope: Any) -> list[str]:
+# what phaselens (through transformers' finegrained-fp8 integration) reads of quantization_config
+QUANT_METHODS = ("fp8",)
+FP8_FORMATS = ("e4m3",)
+SCALE_FORMATS = ("ue8m0", "float")
+EXPERT_DTYPES = ("fp4", "fp8")
+ACTIVATION_SCHEMES = ("dynamic", "static")
+
+
+def _quantization(cfg: Mapping[str, Any]) -> list[str]:
+    """``quantization_config`` (and the top-level ``expert_dtype`` the V4 releases carry): a format phaselens
+    reads, never one it would plan or load as another."""
+    quant = cfg.get("quantization_config")
+    out = []
+    experts = cfg.get("expert_dtype")
+    if hasattr(quant, "to_dict"):  # a transformers quantization config passed to load
+        quant = quant.to_dict()
+    if quant is not None and not isinstance(quant, Mapping):
+        return [f"quantization_config must be a JSON object or absent, got {quant!r}"]
+    quant = quant or {}
+    for key, known, default in (("quant_method", QUANT_METHODS, None), ("fmt", FP8_FORMATS, "e4m3"),
+                                ("scale_fmt", SCALE_FORMATS, "float"),
+                                ("activation_scheme", ACTIVATION_SCHEMES, "dynamic")):
+        if quant and quant.get(key, default) not in known:
+            out.append(f"quantization_config.{key} must be one of {known} (what phaselens reads), got "
+                       f"{quant.get(key)!r}")
+    key = "quantization_config.expert_dtype" if "expert_dtype" in quant else "expert_dtype"
+    experts = quant.get("expert_dtype", experts)
+    if experts is not None and experts not in EXPERT_DTYPES:
+        out.append(f"{key} must be one of {EXPERT_DTYPES}, got {experts!r}")
+    block = quant.get("weight_block_size", [128, 128])
+    if quant and not (isinstance(block, list | tuple) and len(block) == 2 and all(_int(b) and b >= 1 for b in block)):
+        out.append(f"quantization_config.weight_block_size must be a list of two positive integers, got {block!r}")
+    return out
+
+
+def _rope(rope: Any, key: str = "rope_parameters") -> list[str]:
     """``rope_parameters``: null, or an object of per-path objects (``main``, ``compress``) whose ``rope_type``
     transformers knows."""
     if rope is None:
         return []
     if not isinstance(rope, dict):
-        return [f"rope_parameters must be a JSON object or null, got {rope!r}"]
+        return [f"{key} must be a JSON object or null, got {rope!r}"]
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     known = ("default", *ROPE_INIT_FUNCTIONS)
     parts = rope.values() if all(isinstance(v, dict) for v in rope.values()) else [rope]
     bad = sorted({str(p.get("rope_type")) for p in parts if p.get("rope_type", "default") not in known})
-    return [f"rope_parameters names the rope_type {bad}; known types are {known}"] if bad else []
+    return [f"{key} names the rope_type {bad}; known types are {known}"] if bad else []
 
 
 def _rates(rates: Any) -> list[str]:
@@ -159,4 +219,4 @@ def check_v4_config(cfg: Mapping[str, Any], *, where: str, overrides: Mapping[st
 
 _KNOWN = frozenset((*POSITIVE_INT, *NON_NEGATIVE_INT, *POSITIVE_FLOAT, *NON_NEGATIVE_FLOAT, *BOOL, "hidden_act",
                     "scoring_func", "dtype", "torch_dtype", "layer_types", "mlp_layer_types", "compress_rates",
-                    "compress_ratios", "partial_rotary_factor", "rope_parameters"))
+                    "compress_ratios", "partial_rotary_factor", "rope_parameters", "expert_dtype"))

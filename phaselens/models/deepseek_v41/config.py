@@ -127,6 +127,7 @@ class V41Config:
         missing = [k for k in need if k not in text]
         if missing:
             raise CheckpointError(f"config.json text_config lacks {missing}; the checkpoint is incomplete.")
+        check_v41_fields(raw, name=name)  # every field's type and range, before any int() or tensor shape
         kv_heads = int(text.get("num_key_value_heads", 1))
         if kv_heads != 1:
             raise UnsupportedModelError(
@@ -134,7 +135,7 @@ class V41Config:
             )
         rope = dict(text.get("rope_scaling") or text.get("rope_parameters") or {})
         yarn = rope.get("rope_type", rope.get("type")) == "yarn"
-        quant = raw.get("quantization_config") or text.get("quantization_config") or {}
+        quant = quantization(raw)
         block = tuple(int(b) for b in quant.get("weight_block_size", (32, 32)))
         n = int(text["num_hidden_layers"])
         ratios = tuple(int(r) for r in text["compress_ratios"])
@@ -257,3 +258,128 @@ class V41Config:
             uses = self.candidates_on and layer in idx_src and 0 <= self.candidate_source_layer_id < layer
             roles.append(LayerRole(layer, r, kv_cur, idx_cur, layer in kv_src, layer in idx_src, cand, uses))
         return roles
+
+
+# ---- the fields' checks: load and ``phaselens plan`` both go through :meth:`V41Config.from_dict` -----------
+POSITIVE_INT = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                "head_dim", "q_lora_rank", "o_lora_rank", "o_groups", "sliding_window", "index_n_heads",
+                "index_head_dim", "index_topk", "moe_intermediate_size", "n_routed_experts", "num_experts_per_tok",
+                "hc_mult", "hc_sinkhorn_iters", "max_position_embeddings", "engram_max_ngram_size")
+NON_NEGATIVE_INT = ("qk_rope_head_dim", "n_shared_experts", "candidate_topk_blocks", "candidate_block_size",
+                    "engram_vocab_size", "engram_n_heads", "engram_head_dim", "engram_pad_token_id", "engram_pad_id",
+                    "engram_compressed_vocab_size", "num_nextn_predict_layers")
+POSITIVE_FLOAT = ("rms_norm_eps", "rope_theta", "compress_rope_theta", "routed_scaling_factor", "gate_temp", "hc_eps")
+NON_NEGATIVE_FLOAT = ("swiglu_limit",)
+INT_LISTS = ("compress_ratios", "kv_source_layer_ids", "index_source_layer_ids", "engram_layer_ids")
+SCORING = ("sqrtsoftplus", "softmax", "sigmoid")
+# what phaselens reads of quantization_config (DeepSeek's release: FP8 E4M3, UE8M0 scales, FP4 experts)
+QUANT_METHODS = ("fp8",)
+FP8_FORMATS = ("e4m3",)
+SCALE_FORMATS = ("ue8m0",)
+EXPERT_DTYPES = ("fp4", "fp8")
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _real(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
+
+
+def _quant_raw(raw: dict[str, Any]) -> Any:
+    """``quantization_config`` as the file holds it: at the top level, else in ``text_config``."""
+    text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
+    quant = raw.get("quantization_config")
+    return quant if quant is not None else text.get("quantization_config")
+
+
+def quantization(raw: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint's ``quantization_config`` (``{}``: none, the weights are stored dense)."""
+    quant = _quant_raw(raw)
+    return quant if isinstance(quant, dict) else {}
+
+
+def field_problems(raw: dict[str, Any]) -> list[str]:
+    """What is wrong with the fields of a V4.1 ``config.json`` (a dict), one phrase per field."""
+    text: dict[str, Any] = raw.get("text_config") or {}
+    out: list[str] = []
+    rules = ((POSITIVE_INT, lambda v: _int(v) and v >= 1, "a positive integer"),
+             (NON_NEGATIVE_INT, lambda v: _int(v) and v >= 0, "an integer >= 0"),
+             (POSITIVE_FLOAT, lambda v: _real(v) and v > 0, "a finite number > 0"),
+             (NON_NEGATIVE_FLOAT, lambda v: _real(v) and v >= 0, "a finite number >= 0"))
+    for names, ok, what in rules:
+        out += [f"text_config.{k} must be {what}, got {text[k]!r}" for k in names if k in text and not ok(text[k])]
+    c = text.get("candidate_source_layer_id", -1)
+    if not (_int(c) and c >= -1):
+        out.append(f"text_config.candidate_source_layer_id must be a layer index or -1 (off), got {c!r}")
+    if "norm_topk_prob" in text and not isinstance(text["norm_topk_prob"], bool):
+        out.append(f"text_config.norm_topk_prob must be true or false, got {text['norm_topk_prob']!r}")
+    for k, known in (("scoring_func", SCORING), ("hidden_act", ("silu",)), ("topk_method", ("noaux_tc",))):
+        if text.get(k, known[0]) not in known:  # what the V4.1 code computes, never silently another
+            out.append(f"text_config.{k} must be one of {known}, got {text[k]!r}")
+    for k in INT_LISTS:
+        v = text.get(k, [])
+        if not (isinstance(v, list) and all(_int(x) and x >= 0 for x in v)):
+            out.append(f"text_config.{k} must be a list of integers >= 0, got {v!r}")
+    sizes = text.get("engram_num_embeddings", [])
+    if not (isinstance(sizes, list) and all(_int(x) and x >= 1 for x in sizes)):
+        out.append(f"text_config.engram_num_embeddings must be a list of positive integers, got {sizes!r}")
+    out += _rope_problems(text.get("rope_scaling") or text.get("rope_parameters"))
+    out += _quant_problems(raw, text)
+    if out:
+        return out
+    heads, groups, d, rope = (text[k] for k in ("num_attention_heads", "o_groups", "head_dim", "qk_rope_head_dim"))
+    if heads % groups:
+        out.append(f"text_config.o_groups={groups} must divide num_attention_heads={heads}")
+    if text["num_experts_per_tok"] > text["n_routed_experts"]:
+        out.append(f"text_config.num_experts_per_tok={text['num_experts_per_tok']} exceeds "
+                   f"n_routed_experts={text['n_routed_experts']}")
+    if rope > d or rope % 2:
+        out.append(f"text_config.qk_rope_head_dim={rope} must be even and at most head_dim={d}")
+    return out
+
+
+def _rope_problems(rope: Any) -> list[str]:
+    if rope is None:
+        return []
+    if not isinstance(rope, dict):
+        return [f"text_config.rope_scaling must be a JSON object or null, got {rope!r}"]
+    out = [f"text_config.rope_scaling.{k} must be a finite number > 0, got {rope[k]!r}"
+           for k in ("factor", "beta_fast", "beta_slow") if k in rope and not (_real(rope[k]) and rope[k] > 0)]
+    m = rope.get("original_max_position_embeddings", 1)
+    if not (_int(m) and m >= 1):
+        out.append(f"text_config.rope_scaling.original_max_position_embeddings must be a positive integer, got {m!r}")
+    return out
+
+
+def _quant_problems(raw: dict[str, Any], text: dict[str, Any]) -> list[str]:
+    """``quantization_config``: a format phaselens reads (never one it would plan or load as another)."""
+    quant = _quant_raw(raw)
+    if quant is None or quant == {}:
+        return []
+    if not isinstance(quant, dict):
+        return [f"quantization_config must be a JSON object, got {quant!r}"]
+    out = []
+    for key, known, default in (("quant_method", QUANT_METHODS, None), ("fmt", FP8_FORMATS, "e4m3"),
+                                ("scale_fmt", SCALE_FORMATS, "ue8m0")):
+        if quant.get(key, default) not in known:
+            out.append(f"quantization_config.{key} must be one of {known} (what phaselens reads), got "
+                       f"{quant.get(key)!r}")
+    experts = quant.get("expert_dtype", text.get("expert_dtype", "fp4"))
+    if experts not in EXPERT_DTYPES:
+        out.append(f"quantization_config.expert_dtype must be one of {EXPERT_DTYPES}, got {experts!r}")
+    block = quant.get("weight_block_size", [32, 32])
+    if not (isinstance(block, list) and len(block) in (1, 2) and all(_int(b) and b >= 1 for b in block)):
+        out.append(f"quantization_config.weight_block_size must be a list of two positive integers, got {block!r}")
+    return out
+
+
+def check_v41_fields(raw: dict[str, Any], *, name: str = "") -> None:
+    """Raise :class:`CheckpointError` naming every bad field of a V4.1 ``config.json`` (what load and
+    ``phaselens plan`` both refuse, with this one message)."""
+    found = field_problems(raw)
+    if found:
+        where = f"config.json of {name}" if name else "config.json"
+        raise CheckpointError(f"{where}: " + "; ".join(found) + ". Restore config.json from the checkpoint's "
+                              "source (or fix the field).")

@@ -27,6 +27,26 @@ class _Command(TyperCommand):
     def get_params(self, ctx: Any) -> list[Any]:
         return _hide_flag_types(super().get_params(ctx))
 
+    def invoke(self, ctx: Any) -> Any:
+        _refuse_plan_out(ctx)
+        return super().invoke(ctx)
+
+
+def _refuse_plan_out(ctx: Any) -> None:
+    """Every command with ``--plan`` and ``--out``: the plan is printed and nothing is written, so an ``--out``
+    the user gave is refused (exit 3) instead of being left unwritten without a word."""
+    source = ctx.get_parameter_source("out")  # by name: typer vendors its own click
+    given = getattr(source, "name", None) in ("COMMANDLINE", "ENVIRONMENT")
+    if not (ctx.params.get("plan") and given):
+        return
+    err = InputError(f"--plan prints what the run would cost and writes nothing, so --out {ctx.params['out']} would "
+                     "stay unwritten: drop --out to see the plan (redirect it to keep it, e.g. > plan.txt), or drop "
+                     "--plan to run and write --out.")
+    if _state["debug"]:
+        raise err
+    _report(err)
+    raise typer.Exit(3)
+
 
 class _Group(TyperGroup):
     def get_params(self, ctx: Any) -> list[Any]:

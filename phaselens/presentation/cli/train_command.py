@@ -102,18 +102,17 @@ def train(
         from phaselens.train.family.command import FamilyArgs
         from phaselens.train.family.command import run as run_family
 
-        if precision not in (None, "fp32", "bf16"):
-            raise InputError(f"--precision must be fp32 or bf16, got {precision!r}.")
         try:
-            gpu_list = tuple(int(g) for g in gpus.split(",")) if gpus else ()
+            gpu_list = tuple(int(g) for g in gpus.split(",")) if gpus is not None else ()
         except ValueError:
             raise InputError(f"--gpus {gpus!r}: give GPU counts separated by commas, e.g. 1,8,64.") from None
-        if any(g < 1 for g in gpu_list):
-            raise InputError(f"--gpus {gpus!r}: GPU counts must be positive.")
-        if not plan:
+        if gpus is not None and not gpu_list or any(g < 1 for g in gpu_list):
+            raise InputError(f"--gpus {gpus!r}: GPU counts must be positive, e.g. 1,8,64.")
+        if not plan:  # every other argument: run_family's check_args, before anything is built
             check_out(out, kind="dir", what="the trained model is written into a folder")
         run_family(FamilyArgs(
-            recipe=recipe, size=size or "tiny", out=out, runs=runs or "runs/family", steps=steps, tokens=tokens,
+            recipe=recipe, size="tiny" if size is None else size, out=out, runs=runs or "runs/family", steps=steps,
+            tokens=tokens,
             batch_size=batch_size, seed=seed, vocab=vocab, kv_heads=kv_heads, precision=precision,
             activation_checkpointing=activation_checkpointing, micro_batch=micro_batch, pretrain=tuple(pretrain or ()),
             pretrain_ratio=pretrain_ratio, pretrain_dtype=pretrain_dtype, eval_per_residue=eval_per_residue,
@@ -125,7 +124,11 @@ def train(
                    "--batch-size": batch_size, "--micro-batch": micro_batch, "--precision": precision,
                    "--activation-checkpointing": activation_checkpointing, "--vocab": vocab, "--pretrain": pretrain,
                    "--kv-heads": kv_heads,
-                   "--seed": seed or None, "--pretrain-ratio": pretrain_ratio or None, "--time-limit": time_limit}
+                   "--seed": seed or None, "--pretrain-ratio": pretrain_ratio or None, "--time-limit": time_limit,
+                   "--eval-per-residue": None if eval_per_residue == 256 else eval_per_residue,
+                   "--mfu": None if mfu == 0.40 else mfu,
+                   "--peak-tflops": None if peak_tflops == 989.0 else peak_tflops,
+                   "--pretrain-dtype": None if pretrain_dtype == "uint16" else pretrain_dtype}
     given = [k for k, v in family_only.items() if v is not None]
     if given:
         raise InputError(f"{', '.join(given)} apply to the paper's family only (--recipe paper-LAYOUT); zoo recipe "
@@ -142,7 +145,9 @@ def train(
 
     check_output_dir(Path(out) / recipe, checkpoint_kind(extra=("eval_batch.safetensors",)), overwrite=force)
     run_dir = Path(runs) / recipe
-    _check_runs(runs, run_dir)
+    from phaselens.train.family.command import check_runs
+
+    check_runs(runs, run_dir)
     total = steps or chosen.settings.steps
     again = " ".join(["phaselens", "train", "--recipe", recipe, "--out", out, "--runs", runs, "--threads", str(threads),
                       *(["--steps", str(steps)] if steps else []), *(["--force"] if force else [])])
@@ -168,22 +173,3 @@ def train(
     typer.echo(f"{recipe}: mean {100 * b['mean']:.1f}%, worst {100 * b['worst']:.1f}%, gap {100 * b['gap']:.1f} pp, "
                f"period {b['period']}; written to {Path(out) / recipe}")
 
-
-def _check_runs(runs: str, run_dir: Path) -> None:
-    """``--runs``: a folder that exists or can be made, and written to (before any training)."""
-    from phaselens.core.errors import OutputError
-    from phaselens.runtime.files import nearest_existing, writable
-    from phaselens.runtime.oserrors import why_not_written
-
-    try:
-        for where in (run_dir, *run_dir.parents):
-            if where.exists() and not where.is_dir():
-                raise InputError(f"--runs {runs}: {where} is a file; point --runs at a directory.")
-        if any(len(part.encode()) > 255 for part in run_dir.parts):
-            raise OSError(36, "File name too long", str(run_dir))
-        where = nearest_existing(run_dir)
-        if not writable(where):
-            raise OutputError(f"--runs {runs}: {where} is not writable (permission denied), so checkpoints cannot "
-                              "be written there; point --runs at a folder you can write to.")
-    except OSError as err:
-        raise OutputError(f"--runs {runs}: {why_not_written(err, run_dir)}") from None

@@ -41,13 +41,86 @@ class FamilyArgs:
     progress: bool = True
 
 
+def check_args(a: FamilyArgs) -> tuple[Any, Any]:
+    """Every argument of a family run, before anything is built or written: ``(recipe, token files or None)``.
+
+    The run and its ``--plan`` both call this one function, so a plan refuses what the run would refuse, with
+    the same message. Plain values are checked first (no torch import), then the recipe, the token files, and
+    the host memory of the final evaluation's items."""
+    import math
+
+    from phaselens.core.checks import MAX_SEED
+
+    def finite(name: str, value: float | None, low: float, high: float = math.inf, *, open_low: bool = False) -> None:
+        ok = value is None or (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+                               and (value > low if open_low else value >= low) and value <= high)
+        if not ok:
+            bound = "(" if open_low else "["
+            span = f"in {bound}{low:g}, {high:g}]" if high < math.inf else f"{'>' if open_low else '>='} {low:g}"
+            raise InputError(f"{name} must be a finite number {span}, got {value!r}.")
+
+    if not isinstance(a.size, str) or not a.size.strip():
+        raise InputError(f"--size must name a size (tiny, small, base or 0.6b), got {a.size!r}.")
+    if a.precision not in (None, "fp32", "bf16"):
+        raise InputError(f"--precision must be fp32 or bf16, got {a.precision!r}.")
+    if a.tokens is not None and not (math.isfinite(a.tokens) and a.tokens >= 1):
+        raise InputError(f"--tokens must be a positive token budget (e.g. 1e11), got {a.tokens}.")
+    if a.time_limit is not None and not a.time_limit >= 0:  # NaN too (inf: no limit)
+        raise InputError(f"--time-limit must be a number of seconds >= 0, got {a.time_limit!r}.")
+    finite("--mfu", a.mfu, 0.0, 1.0, open_low=True)
+    finite("--peak-tflops", a.peak_tflops, 0.0, open_low=True)
+    finite("--pretrain-ratio", a.pretrain_ratio, 0.0, 0.99)
+    if not 0 <= a.seed <= MAX_SEED:
+        raise InputError(f"--seed must lie in 0..{MAX_SEED} (torch's generators take 64 bits), got {a.seed}.")
+    if any(isinstance(g, bool) or not isinstance(g, int) or g < 1 for g in a.gpus):
+        raise InputError(f"--gpus {','.join(map(str, a.gpus))}: GPU counts must be positive whole numbers.")
+    if a.pretrain_ratio and not a.pretrain:
+        raise InputError("--pretrain-ratio needs --pretrain FILE (your token files).")
+    if a.pretrain and not a.pretrain_ratio:
+        raise InputError("--pretrain FILE needs --pretrain-ratio R (the fraction of each batch from your tokens).")
+    recipe = build_recipe(a)
+    pretraining = _token_files(a, recipe)
+    _check_evaluation(a.eval_per_residue)
+    return recipe, pretraining
+
+
+def _token_files(a: FamilyArgs, recipe: Any) -> Any:
+    """``--pretrain`` files: present, readable as 1-D ids, and one of them longer than a training row."""
+    from phaselens.train.family.data import TokenFiles
+
+    if not a.pretrain:
+        return None
+    files = TokenFiles(tuple(a.pretrain), a.pretrain_dtype)
+    sizes = [int(arr.size) for arr in files.arrays()]
+    need = recipe.seq_len + 1  # a row and its shifted targets
+    if max(sizes) < need:
+        raise InputError(f"the token files hold no window of {need} ids (sizes {sizes}); supply longer files.")
+    return files
+
+
+def _check_evaluation(n: int) -> None:
+    """``--eval-per-residue``: the final evaluation's items must fit in host memory (priced as the
+    evaluation prices them), or training would end in an error minutes or days later."""
+    from phaselens.core.errors import ResourceError
+    from phaselens.runtime.budget import host_available, items_bytes
+    from phaselens.train.family.recipes import MODULUS, paper_task
+
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InputError(f"--eval-per-residue must be a whole number >= 0, got {n!r}.")
+    seq = paper_task().seq_len()
+    need, host = items_bytes(n * MODULUS, seq), host_available()
+    if n and host is not None and need > host:
+        fits = host // items_bytes(MODULUS, seq)
+        raise ResourceError(f"--eval-per-residue {n:,}: the final evaluation's {n * MODULUS:,} items of {seq} tokens "
+                            f"need about {need / 2**30:,.1f} GiB to build, but {host / 2**30:,.1f} GiB is available; "
+                            f"use --eval-per-residue {fits:,} or fewer (0: no evaluation).")
+
+
 def build_recipe(a: FamilyArgs) -> Any:
     import dataclasses
 
     from phaselens.train.family.recipes import family_recipe
 
-    if a.tokens is not None and a.tokens < 1:
-        raise InputError(f"--tokens must be a positive token budget (e.g. 1e11), got {a.tokens}.")
     r = family_recipe(a.recipe, a.size, vocab=a.vocab, seed=a.seed, steps=a.steps,
                       tokens=int(a.tokens) if a.tokens else None, batch_size=a.batch_size, kv_heads=a.kv_heads)
     if a.threads is not None and not a.plan:
@@ -67,47 +140,117 @@ def parallelism(a: FamilyArgs) -> Any:
                        micro_batch=a.micro_batch)
 
 
-def plan_text(a: FamilyArgs) -> str:
-    from phaselens.train.family.plan import format_plans, plan_run
+DEFAULT_GPUS = (1, 8, 64)
 
-    recipe = build_recipe(a)
-    gpus = a.gpus or (1, 8, 64)
-    return format_plans([
+
+def plan_text(a: FamilyArgs) -> str:
+    from phaselens.train.family.plan import batch_split, format_plans, plan_run
+
+    recipe, _ = check_args(a)
+    batch = recipe.settings.batch_size
+    if a.gpus:  # each count the user names must be one the run accepts (the same check, the same message)
+        for g in a.gpus:
+            batch_split(batch, g, a.micro_batch)
+        gpus, left = a.gpus, ()
+    else:
+        ok = [g for g in DEFAULT_GPUS if _splits(batch, g, a.micro_batch)]
+        gpus, left = tuple(ok) or (1,), tuple(g for g in DEFAULT_GPUS if g not in ok)
+        if not ok:
+            batch_split(batch, 1, a.micro_batch)  # refuses, naming the fix
+    text = format_plans([
         plan_run(recipe, gpus=g, micro_batch=a.micro_batch, precision=a.precision or "bf16",
                  activation_checkpointing=True if a.activation_checkpointing is None else a.activation_checkpointing,
                  pretrain_ratio=a.pretrain_ratio, peak_tflops=a.peak_tflops, mfu=a.mfu)
         for g in gpus
     ])
+    if left:
+        text += (f"\n(not planned: {', '.join(map(str, left))} GPUs, over which the global batch of {batch} "
+                 "sequences does not split; pass --gpus or --batch-size)")
+    return text
+
+
+def _splits(batch: int, gpus: int, micro: int | None) -> bool:
+    from phaselens.core.errors import ConfigError
+    from phaselens.train.family.plan import batch_split
+
+    try:
+        batch_split(batch, gpus, micro)
+    except ConfigError:
+        return False
+    return True
+
+
+def check_runs(runs: str, run_dir: Path) -> None:
+    """``--runs``: a folder that exists or can be made, and written to (before any training)."""
+    from phaselens.core.errors import OutputError
+    from phaselens.runtime.files import nearest_existing, writable
+    from phaselens.runtime.oserrors import why_not_written
+
+    try:
+        for where in (run_dir, *run_dir.parents):
+            if where.exists() and not where.is_dir():
+                raise InputError(f"--runs {runs}: {where} is a file; point --runs at a directory.")
+        if any(len(part.encode()) > 255 for part in run_dir.parts):
+            raise OSError(36, "File name too long", str(run_dir))
+        where = nearest_existing(run_dir)
+        if not writable(where):
+            raise OutputError(f"--runs {runs}: {where} is not writable (permission denied), so checkpoints cannot "
+                              "be written there; point --runs at a folder you can write to.")
+    except OSError as err:
+        raise OutputError(f"--runs {runs}: {why_not_written(err, run_dir)}") from None
+
+
+def _check_memory(recipe: Any, world: int) -> None:
+    """The least a run holds (fp32 weights, gradients and AdamW's two moments, sharded over the ranks, and one
+    global batch of ids) against the memory there is: a too-large --vocab or --batch-size fails here, not at
+    the first step."""
+    import torch
+
+    from phaselens.core.errors import ResourceError
+    from phaselens.runtime.budget import device_available, host_available
+    from phaselens.train.family.plan import plan_run
+
+    n = plan_run(recipe, gpus=world).parameters  # a meta-device model: nothing allocated
+    state, ids = 16 * n // world, 2 * 8 * recipe.settings.batch_size * recipe.seq_len
+    gpu = torch.cuda.is_available()
+    free = device_available(torch.device("cuda", torch.cuda.current_device())) if gpu else host_available()
+    need = state + (0 if gpu else ids)
+    if free is not None and need > free:
+        raise ResourceError(f"the run holds at least {need / 2**30:,.1f} GiB per rank ({n:,} parameters: fp32 weights, "
+                            f"gradients and AdamW state over {world} rank(s)) but {free / 2**30:,.1f} GiB is free "
+                            "on its device; use a smaller --size or --vocab, or more GPUs.")
 
 
 def run(a: FamilyArgs, say: Any) -> None:
-    """Train, resume or plan; ``say`` prints on the main rank."""
+    """Train, resume or plan; ``say`` prints on the main rank. Every argument is checked before anything is
+    built or written (:func:`check_args`)."""
     if a.plan:
         say(plan_text(a))
         return
     from phaselens.models.compressed.io import checkpoint_kind
     from phaselens.runtime.files import check_output_dir
-    from phaselens.train.family.data import TokenFiles
+    from phaselens.runtime.world import process_world
+    from phaselens.train.family import checkpoints as ckpt
+    from phaselens.train.family.plan import batch_split
     from phaselens.train.family.run import member_name, run_recipe
 
-    recipe = build_recipe(a)
-    pretraining = TokenFiles(tuple(a.pretrain), a.pretrain_dtype) if a.pretrain else None
-    if a.pretrain_ratio and pretraining is None:
-        raise InputError("--pretrain-ratio needs --pretrain FILE (your token files).")
-    if pretraining is not None and not a.pretrain_ratio:
-        raise InputError("--pretrain FILE needs --pretrain-ratio R (the fraction of each batch from your tokens).")
+    recipe, pretraining = check_args(a)
+    world = process_world().size
+    batch_split(recipe.settings.batch_size, world, a.micro_batch)  # the trainer's own check, before the model
+    parallel = parallelism(a)
     name = member_name(recipe)
     check_output_dir(Path(a.out) / name, checkpoint_kind(), overwrite=a.force)
-    from phaselens.train.family.checkpoints import latest
-
-    pointer = latest(Path(a.runs) / name / "checkpoints")
+    check_runs(a.runs, Path(a.runs) / name)
+    ckpt.check_run_dir(Path(a.runs) / name)
+    _check_memory(recipe, world)
+    pointer = ckpt.latest(Path(a.runs) / name / "checkpoints")
     if pointer is not None:
         print(f"resuming {name} from step {pointer['step']} of {recipe.settings.steps}", file=sys.stderr)
-    card = run_recipe(recipe, out=a.out, runs=a.runs, parallel=parallelism(a), pretraining=pretraining,
+    card = run_recipe(recipe, out=a.out, runs=a.runs, parallel=parallel, pretraining=pretraining,
                       ratio=a.pretrain_ratio, eval_per_residue=a.eval_per_residue, progress=a.progress,
                       overwrite=a.force, time_limit=a.time_limit)
     if card is None:
-        pointer = latest(Path(a.runs) / name / "checkpoints")
+        pointer = ckpt.latest(Path(a.runs) / name / "checkpoints")
         if pointer is not None and pointer["step"] < recipe.settings.steps:
             say(f"{name}: stopped at step {pointer['step']} of {recipe.settings.steps} (time limit); rerun the same "
                 "command to resume.")

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from phaselens.core.errors import ConfigError
 from phaselens.train.family.recipes import FamilyRecipe, paper_task
 
 GiB = 2**30
@@ -89,6 +90,22 @@ class TrainPlan:
         ])
 
 
+def batch_split(batch_size: int, ranks: int, micro_batch: int | None) -> tuple[int, int]:
+    """``(rows per rank, rows per forward)`` of a global batch over ``ranks`` ranks, as the trainer splits it;
+    a :class:`ConfigError` (the trainer's message) when it does not split evenly. The run checks it before
+    building the model, and the plan for each GPU count, so a plan never shows a split the run refuses."""
+    share, rem = divmod(batch_size, ranks)
+    if share == 0:
+        raise ConfigError(f"the global batch ({batch_size} sequences) is smaller than the {ranks} rank(s): each rank "
+                          f"needs at least one sequence; use --batch-size {ranks} or a multiple of it (or fewer GPUs).")
+    micro = micro_batch or share
+    if rem or share % micro:
+        raise ConfigError(f"the global batch ({batch_size} sequences) must split evenly over {ranks} rank(s) "
+                          f"and then into micro-batches of {micro}; choose a batch size that is a multiple of "
+                          f"{ranks * micro}.")
+    return share, micro
+
+
 def _meta_model(recipe: FamilyRecipe) -> Any:
     from phaselens.models.compressed.transformer import CompressedTransformer
 
@@ -107,8 +124,7 @@ def plan_run(recipe: FamilyRecipe, *, gpus: int = 1, micro_batch: int | None = N
     s = recipe.settings
     seq = paper_task().seq_len()
     tokens = recipe.tokens()
-    share = max(1, s.batch_size // gpus)
-    b = micro_batch or share
+    _, b = batch_split(s.batch_size, gpus, micro_batch)
     cbytes = 2 if precision == "bf16" else 4
     per_block = sum(p.numel() for p in model.blocks[0].parameters())
     root = n - per_block * cfg.n_layers
