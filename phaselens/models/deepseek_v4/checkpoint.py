@@ -109,18 +109,17 @@ def load_hf(
             "('deepseek_v4')."
         )
     _check_weights(root)
+    check_v4_config(raw, where=f"{root / 'config.json'}", overrides=kwargs)  # the config's own fields, as plan
     n_layers = raw.get("num_hidden_layers")
-    given = layer_types if layer_types is not None else raw.get("layer_types")
+    given = layer_types  # the argument; the config's layer_types was checked with the other fields
     if given is not None and (
         isinstance(given, str) or not hasattr(given, "__len__") or (isinstance(n_layers, int) and len(given) != n_layers)
     ):
-        where = "layer_types=" if layer_types is not None else f"{root}/config.json's layer_types"
         raise UnsupportedModelError(
-            f"{where} must list one attention type per layer: the config has num_hidden_layers={n_layers}, got "
+            f"layer_types= must list one attention type per layer: the config has num_hidden_layers={n_layers}, got "
             f"{len(given) if hasattr(given, '__len__') and not isinstance(given, str) else repr(given)} entries; "
             "pass a list of that length (e.g. ['sliding_attention', 'compressed_sparse_attention', ...])."
         )
-    check_v4_config(raw, where=f"{root / 'config.json'}", overrides=kwargs)
     if layer_types is not None:
         kwargs["layer_types"] = list(layer_types)
     elif "layer_types" not in raw and "compress_ratios" not in raw:

@@ -41,6 +41,7 @@ from phaselens.models.compressed.transformer import CompressedTransformer
 from phaselens.runtime.fingerprints import fingerprint, model_fingerprint
 from phaselens.runtime.world import process_world
 from phaselens.train.family import checkpoints as ckpt
+from phaselens.train.family.plan import batch_split
 from phaselens.train.loop import TrainSettings
 
 LOG = ckpt.LOG
@@ -171,12 +172,7 @@ def train_family(
     if run_dir.exists() and not run_dir.is_dir():
         raise OutputError(f"run directory {run_dir} is a file; pass a directory (it is created if missing).")
     ckpt.check_run_dir(run_dir)  # a log.json or latest.json of the user's is refused before the first step
-    share, rem = divmod(settings.batch_size, size)
-    micro = parallel.micro_batch or share
-    if rem or share % micro:
-        raise ConfigError(f"the global batch ({settings.batch_size} sequences) must split evenly over {size} rank(s) "
-                          f"and then into micro-batches of {micro}; choose a batch size that is a multiple of "
-                          f"{size * micro}.")
+    share, micro = batch_split(settings.batch_size, size, parallel.micro_batch)  # the plan's own check
     if settings.threads:
         torch.set_num_threads(settings.threads)
     device = _device()
