@@ -32,15 +32,25 @@ test-all: venv
 report: venv
 	$(BIN)/phaselens report --out report
 
+# Retrain every zoo model from scratch, then regenerate docs/zoo.md from the new cards.
 zoo: venv
-	$(BIN)/python scripts/train_zoo.py
-	$(BIN)/python scripts/gen_zoo_docs.py
+	$(BIN)/python -m tools.train_zoo
+	$(BIN)/python -m tools.gen_zoo_docs
+
+# Regenerate the generated pages and the notebooks from what is on disk (zoo cards, docs/data/*.json,
+# benchmarks/results/*.json); nothing is retrained or re-measured. docs/repair.md reruns its evaluations
+# (`$(BIN)/python -m tools.gen_repair_docs`, cached in runs/repair_docs; over an hour on 2 cores uncached),
+# so it is left out.
+docs: venv
+	$(BIN)/python -m tools.gen_zoo_docs
+	$(BIN)/python -m tools.gen_benchmarks_doc
+	$(BIN)/python -m tools.make_notebooks
 
 lint: venv
 	$(BIN)/ruff check .
 
 bench: venv
-	$(BIN)/python benchmarks/bench_model.py
+	$(BIN)/python -m benchmarks.bench_model
 
 clean:
 	rm -rf $(VENV) report .pytest_cache

@@ -8,7 +8,7 @@ rank 0 spends inside the per-round gathers (``gather_s``, which includes waiting
 the cost of one gather of a round's payload with both ranks ready (``gather_round_ms``). Every run's
 ``correct_ko`` and ``logit_diff_ko`` are checked against the single process's, bit for bit.
 
-    .venv/bin/python benchmarks/bench_distributed.py [--n-per-residue 4] [--turns 2]
+    .venv/bin/python -m benchmarks.bench_distributed [--n-per-residue 4] [--turns 2]
 """
 
 from __future__ import annotations
@@ -23,8 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import emit  # noqa: E402
+from benchmarks.common import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -91,7 +90,8 @@ def launch(engine: str, n_per_residue: int, procs: int, threads: int) -> dict:
     port = _port()
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(threads), "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(port), "WORLD_SIZE": str(procs)}
-    cmd = [sys.executable, __file__, "--worker", engine, "--n-per-residue", str(n_per_residue), "--threads", str(threads)]
+    cmd = [sys.executable, "-m", "benchmarks.bench_distributed", "--worker", engine, "--n-per-residue", str(n_per_residue),
+           "--threads", str(threads)]
     t0 = time.perf_counter()
     running = [subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
                                 text=True) for r in range(procs)]

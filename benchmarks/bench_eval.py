@@ -1,21 +1,17 @@
 """evaluate() throughput against plain batched forwards over the same tokens, side by side.
 
-    .venv/bin/python benchmarks/bench_eval.py [--model w8s4] [--n-per-residue 64]
+    .venv/bin/python -m benchmarks.bench_eval [--model w8s4] [--n-per-residue 64]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import best_time, emit, interleaved_times  # noqa: E402
-
-import phaselens  # noqa: E402
-from phaselens.analyses.scoring import score_items  # noqa: E402
+import phaselens
+from benchmarks.common import best_time, emit, interleaved_times
+from phaselens.analyses.scoring import score_items
 
 
 def main() -> None:

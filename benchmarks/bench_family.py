@@ -6,23 +6,19 @@ sees the probabilities). The reference way is transformers' ``Qwen3ForCausalLM``
 stride-4 member against the control (what the compressors cost). Each side runs in turns, best of
 ``--repeats``. Prints one JSON document.
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/bench_family.py [--size small] [--batch 8] [--repeats 5]
+    OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.bench_family [--size small] [--batch 8] [--repeats 5]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.common import emit, interleaved_times  # noqa: E402
-from phaselens.models import CompressedTransformer  # noqa: E402
-from phaselens.models.compressed.qwen3 import to_qwen3  # noqa: E402
-from phaselens.train.family.recipes import family_config, paper_task  # noqa: E402
+from benchmarks.common import emit, interleaved_times
+from phaselens.models import CompressedTransformer
+from phaselens.models.compressed.qwen3 import to_qwen3
+from phaselens.train.family.recipes import family_config, paper_task
 
 
 def main() -> None:

@@ -2,7 +2,7 @@
 
 Run from the repository root on a CUDA machine (one GPU; under 4 minutes with start-up)::
 
-    python benchmarks/bench_family_gpu.py --budget 150 > family_gpu.json
+    python -m benchmarks.bench_family_gpu --budget 150 > family_gpu.json
 
 Each phase stops at its share of ``--budget`` seconds (``train_family(time_limit=...)``), then writes one
 checkpoint (7.9 GB at 0.6b, removed after the phase), so the whole script takes about the budget plus imports
@@ -30,15 +30,12 @@ import argparse
 import dataclasses
 import json
 import platform
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+import numpy as np
+import torch
 
 
 def phase(name: str, recipe_name: str, *, batch: int, micro: int, max_steps: int, ac: bool, ratio: float,

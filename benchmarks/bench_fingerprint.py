@@ -2,7 +2,7 @@
 byte hashed (the default up to 1 GiB) and as a strided sample (the path above 1 GiB), side by side with a
 bare ``hashlib.sha256`` over the same bytes. Prints one JSON document.
 
-    .venv/bin/python benchmarks/bench_fingerprint.py [--mb 1024] [--tensors 256] [--repeat 3]
+    .venv/bin/python -m benchmarks.bench_fingerprint [--mb 1024] [--tensors 256] [--repeat 3]
 """
 
 from __future__ import annotations

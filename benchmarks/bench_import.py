@@ -1,6 +1,6 @@
 """Start-up time: ``import phaselens``, ``phaselens --help`` and ``phaselens zoo list`` against a bare ``import torch``.
 
-    .venv/bin/python benchmarks/bench_import.py [--repeats 7]
+    .venv/bin/python -m benchmarks.bench_import [--repeats 7]
 
 Each command runs in a fresh interpreter (``python -X importtime`` is not used: it slows imports down), in
 turns (torch, phaselens, --help, zoo list, torch, ...) so that a load change on a shared machine hits every

@@ -6,29 +6,25 @@ separated afterwards from the per-item results. Both sides use the same items an
 The physical limit is one clean forward plus, per cell, the query-position pass through the layers at and
 above the knocked-out one (measured with the engine's own per-layer pass on one cell).
 
-    .venv/bin/python benchmarks/bench_maps.py [--skip-zoo]
+    .venv/bin/python -m benchmarks.bench_maps [--skip-zoo]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import best_time, emit  # noqa: E402
-
-import phaselens  # noqa: E402
-from phaselens.analyses.knockouts import calibrate  # noqa: E402
-from phaselens.analyses.scoring import answer_metrics  # noqa: E402
-from phaselens.models import CompressedConfig, CompressedTransformer, CompressorSpec  # noqa: E402
-from phaselens.models.compressed.engine import SuffixEngine  # noqa: E402
-from phaselens.runtime.engines import Cell  # noqa: E402
-from phaselens.tasks import KVRecall  # noqa: E402
+import phaselens
+from benchmarks.common import best_time, emit
+from phaselens.analyses.knockouts import calibrate
+from phaselens.analyses.scoring import answer_metrics
+from phaselens.models import CompressedConfig, CompressedTransformer, CompressorSpec
+from phaselens.models.compressed.engine import SuffixEngine
+from phaselens.runtime.engines import Cell
+from phaselens.tasks import KVRecall
 
 
 def measure(model, batch, cal) -> dict:

@@ -4,7 +4,7 @@ Each (model, length) cell runs in a fresh subprocess so that its peak memory (ru
 baseline after building the model) is its own. Prefill goes through the cache in query chunks, so no
 forward materialises an n x n matrix. Prints one JSON document.
 
-    .venv/bin/python benchmarks/bench_model.py [--lengths 1024 4096 16384 32768] [--chunk 1024]
+    .venv/bin/python -m benchmarks.bench_model [--lengths 1024 4096 16384 32768] [--chunk 1024]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """docs/quickstart.md's calls timed at the small sizes the page writes and at their default sizes, side by side.
 
-    .venv/bin/python benchmarks/bench_quickstart.py [--calls evaluate,record,...] [--sizes small,default]
+    .venv/bin/python -m benchmarks.bench_quickstart [--calls evaluate,record,...] [--sizes small,default]
 
 CPU seconds (``time.process_time``) as well as wall seconds: on a shared machine the load inflates the wall
 time, not the CPU time; with one thread the two agree on an idle machine. The page's table quotes this.
@@ -13,13 +13,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import emit  # noqa: E402
-
-import phaselens  # noqa: E402
+import phaselens
+from benchmarks.common import emit
 
 # call -> (small keyword arguments as the page writes them, default-size keyword arguments)
 CALLS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {

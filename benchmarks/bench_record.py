@@ -1,20 +1,16 @@
 """record() (every head, read and write side) against a plain forward over the same items.
 
-    .venv/bin/python benchmarks/bench_record.py [--model w8s4] [--n-per-residue 32] [--repeats 25]
+    .venv/bin/python -m benchmarks.bench_record [--model w8s4] [--n-per-residue 32] [--repeats 25]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import emit, interleaved_times  # noqa: E402
-
-import phaselens  # noqa: E402
+import phaselens
+from benchmarks.common import emit, interleaved_times
 
 
 def main() -> None:

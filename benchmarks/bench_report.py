@@ -1,19 +1,16 @@
 """Wall time of the default report (``make report``: w8s4 against full, static PNGs included).
 
-    .venv/bin/python benchmarks/bench_report.py
+    .venv/bin/python -m benchmarks.bench_report
 """
 
 from __future__ import annotations
 
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import emit  # noqa: E402
-
-import phaselens  # noqa: E402
+import phaselens
+from benchmarks.common import emit
 
 
 def main() -> None:

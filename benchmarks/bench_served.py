@@ -6,26 +6,21 @@ through the tokenizer, the checkpointing runner, the statistics) is timed agains
 thread pool of the same size that posts the identical request bodies and keeps the replies. The two sides run
 in turns; each is the best of ``--repeats`` turns.
 
-    .venv/bin/python benchmarks/bench_served.py [--n-per-residue 8] [--records 48] [--concurrency 2]
+    .venv/bin/python -m benchmarks.bench_served [--n-per-residue 8] [--records 48] [--concurrency 2]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(ROOT))
-from common import emit  # noqa: E402
-
-import phaselens  # noqa: E402
-from phaselens.tasks import Needle  # noqa: E402
-from tests.support.serving import Server, write_tiny_checkpoint  # noqa: E402
+import phaselens
+from benchmarks.common import emit
+from phaselens.tasks import Needle
+from tests.support.serving import Server, write_tiny_checkpoint
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """DeepSeek-V4.1 with packed FP8 / FP4 weights (dequantized inside the forward) against weights dequantized at
 load: memory and tokens per second, side by side, on the CPU.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_v41_packed.py [--experts 64] [--ff 256] [--tokens 256]
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_v41_packed [--experts 64] [--ff 256] [--tokens 256]
 
 A tiny random V4.1 checkpoint in the release's formats (``tests/support/deepseek_v41.py``: 7 layers of every kind),
 with routed experts dominating its size as in the release (64 experts of d_ff 256 by default). Both models
@@ -16,19 +16,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(Path(__file__).parent), str(ROOT)]
-from common import emit  # noqa: E402
-
-from phaselens.models.deepseek_v41 import load_v41  # noqa: E402
-from tests.support.deepseek_v41 import write_tiny_checkpoint  # noqa: E402
+from benchmarks.common import emit
+from phaselens.models.deepseek_v41 import load_v41
+from tests.support.deepseek_v41 import write_tiny_checkpoint
 
 
 def main() -> None:

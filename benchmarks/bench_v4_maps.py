@@ -24,7 +24,7 @@ Each length runs in its own process (clean peak memory). Times are CPU seconds o
 (``time.process_time``, one thread), which a shared machine's load does not inflate; the wall seconds are
 reported beside them (``*_wall_s``).
 
-    nice -n 15 .venv/bin/python benchmarks/bench_v4_maps.py [--lengths 1024 4096 8192] [--chunk 512]
+    nice -n 15 .venv/bin/python -m benchmarks.bench_v4_maps [--lengths 1024 4096 8192] [--chunk 512]
 """
 
 from __future__ import annotations
@@ -40,10 +40,9 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import emit
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).parent))
-sys.path.insert(0, str(ROOT))
-from common import emit  # noqa: E402
 
 LAYER_TYPES = ["sliding_attention"] * 2 + ["compressed_sparse_attention", "heavily_compressed_attention"] * 3
 N_LAYERS, N_HEADS, MODULUS = 8, 16, 8
@@ -239,8 +238,8 @@ def main() -> None:
         }
 
     for j, length in enumerate(args.lengths):
-        cmd = [sys.executable, __file__, "--one", str(length), "--chunk", str(args.chunk)] + (["--checks"] if j == 0 else [])
-        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        cmd = [sys.executable, "-m", "benchmarks.bench_v4_maps", "--one", str(length), "--chunk", str(args.chunk)] + (["--checks"] if j == 0 else [])
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
         print(f"{length}: {runs[-1]['map_s']:.1f} s map, {runs[-1]['forward_s']:.1f} s forward (CPU)", file=sys.stderr,
               flush=True)

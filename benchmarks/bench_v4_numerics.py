@@ -1,7 +1,7 @@
 """What ``from_hf(numerics=..., quantize=...)`` costs and changes on a bf16 DeepSeek-V4, side by side.
 
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_v4_numerics.py [--tokens 1024] [--hidden 1024]
-    .venv/bin/python benchmarks/bench_v4_numerics.py --device cuda --tokens 4096      # on a GPU
+    OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_v4_numerics [--tokens 1024] [--hidden 1024]
+    .venv/bin/python -m benchmarks.bench_v4_numerics --device cuda --tokens 4096      # on a GPU
 
 A random V4 (sliding, CSA 4, HCA 16, CSA 4; head_dim 512 with 64 RoPE dims, index_head_dim 128, as released)
 is saved and loaded back in bf16, as ``from_pretrained`` loads a checkpoint, and once more in fp32 from the
@@ -16,17 +16,13 @@ config on the meta device, the share of the active parameters that the fp32 proj
 from __future__ import annotations
 
 import argparse
-import sys
 import tempfile
 import warnings
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from common import emit, interleaved_times  # noqa: E402
-
-from phaselens.models.deepseek_v4 import from_hf  # noqa: E402
+from benchmarks.common import emit, interleaved_times
+from phaselens.models.deepseek_v4 import from_hf
 
 
 def build(hidden: int, seed: int = 0):

@@ -8,5 +8,5 @@ for b in bench_maps bench_record bench_eval bench_model bench_report bench_finge
   echo "== $b" >&2
   nice_level=0
   [ "$b" = bench_v4_maps ] && nice_level=15  # CPU-timed and long (an hour or more on 2 cores): be kind
-  nice -n "$nice_level" .venv/bin/python "benchmarks/$b.py" > "benchmarks/results/$b.json"
+  nice -n "$nice_level" .venv/bin/python -m "benchmarks.$b" > "benchmarks/results/$b.json"
 done

@@ -81,9 +81,9 @@ def test_cycling_r2_matches_r_squared_and_weighted_accuracy_matches_pandas():
 
 
 def test_r2_interval_covers_in_simulation():
-    """Seeded simulation of paired items with item heterogeneity (scripts/sim_cycling_ci.py; full table in
+    """Seeded simulation of paired items with item heterogeneity (experiments/sim_cycling_ci.py; full table in
     docs/zoo.md): the basic interval covers the population R^2 where the percentile one misses near 1."""
-    from scripts.sim_cycling_ci import SCENARIOS, simulate
+    from experiments.sim_cycling_ci import SCENARIOS, simulate
 
     near_one = simulate(SCENARIOS["gate-driven (R^2 near 1)"], 16, reps=200, n_bootstrap=300, seed=5)
     assert near_one["true_r2"] > 0.95 and near_one["mean_estimate"] < near_one["true_r2"] - 0.05  # biased low

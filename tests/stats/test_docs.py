@@ -38,7 +38,7 @@ def test_every_public_name_is_documented() -> None:
 
 
 def test_simulation_tables_come_from_the_script() -> None:
-    # docs/statistics.md quotes the tables scripts/stats_simulations.py wrote, verbatim.
+    # docs/statistics.md quotes the tables experiments/stats_simulations.py wrote, verbatim.
     sims = json.loads(SIMULATIONS.read_text())
     text = DOC.read_text()
     assert set(sims["tables_md"]) == {"coverage", "paired", "detector"}

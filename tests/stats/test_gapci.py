@@ -1,6 +1,6 @@
 """The folded-gap interval covers at every true gap, ties included, in independent and paired designs.
 
-The fast seeded versions of docs/statistics.md's coverage table (``scripts/stats_simulations.py``): S = 4, 8
+The fast seeded versions of docs/statistics.md's coverage table (``experiments/stats_simulations.py``): S = 4, 8
 residues, 256 trials (or items) per residue, one phase dipped (three tied at the top) or all phases distinct.
 """
 

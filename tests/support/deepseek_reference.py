@@ -127,7 +127,7 @@ def reference_block_quant(x: torch.Tensor, block: int, qmax: float, floor: float
 # ---- DeepSeek's kernels (``inference/kernel.py``), emulated on the CPU from their description ---------------
 # The reference imports ``act_quant``, ``fp4_act_quant``, ``sparse_attn`` and ``hc_split_sinkhorn`` from its
 # TileLang ``kernel.py`` (CUDA only). These functions compute what those kernels are written to compute, so
-# that the reference ``model.py`` runs on a CPU (``scripts/v4_reference_parity.py``) and so that tests can
+# that the reference ``model.py`` runs on a CPU (``tests/reference/v4_parity.py``) and so that tests can
 # hold the adapter against them. Where a kernel leaves a choice open (the block size of the online softmax,
 # whether its bf16 rounding of the probabilities is kept), the parameter names it: two settings are two
 # legitimate emulations, and their difference is the floor any implementation is measured against.

@@ -3,7 +3,7 @@ dtype (the shared expert's clamp, the compressed RoPE's magnitude), the bf16 ari
 the CPU emulations in ``tests/support/deepseek_reference.py`` and formulas written from the reference's description),
 the quantization settings, and what the adapter reports about a binding ``index_topk``.
 
-The comparison with DeepSeek's own code is ``scripts/v4_reference_parity.py`` (and
+The comparison with DeepSeek's own code is ``tests/reference/v4_parity.py`` (and
 ``tests/models/deepseek_v4/test_reference_parity.py`` when a local copy is given)."""
 
 from __future__ import annotations

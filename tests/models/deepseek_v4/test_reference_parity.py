@@ -2,7 +2,7 @@
 
 phaselens cannot ship DeepSeek's code, so this runs only with ``PHASELENS_DEEPSEEK_V4_INFERENCE`` set to a
 directory holding it (a released checkpoint's ``inference/``, or the first commit with real files of GitHub
-``Mockingjay1316/deepseek-v4-flash-spark``); otherwise it is skipped. It runs ``scripts/v4_reference_parity.py``
+``Mockingjay1316/deepseek-v4-flash-spark``); otherwise it is skipped. It runs ``tests/reference/v4_parity.py``
 at a smaller size (1 x 128 tokens) and holds the results to the bars of issue 25: fp32 to float rounding, and in
 bf16 ``numerics="reference"`` within the floor (two legitimate emulations of DeepSeek's attention kernel).
 """
@@ -10,13 +10,11 @@ bf16 ``numerics="reference"`` within the floor (two legitimate emulations of Dee
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.deepseek import one_thread  # noqa: F401  (fixture)
-from tests.support.paths import ROOT
 
 INFERENCE = os.environ.get("PHASELENS_DEEPSEEK_V4_INFERENCE")
 pytestmark = pytest.mark.skipif(
@@ -27,8 +25,7 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def results():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from v4_reference_parity import run
+    from tests.reference.v4_parity import run
 
     return run(Path(INFERENCE), tokens=128, batch=1, binding_topk=8)
 

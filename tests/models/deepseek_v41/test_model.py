@@ -121,8 +121,8 @@ def test_one_token_decoding_quantizes_the_same_rows_as_the_forward(ckpt):
     """Every token a separate step, with the FP8/FP4 round trips: in fp64 the cache must reproduce the forward
     to fp64 rounding. A round trip over a different set of rows or groups when one token is written at a time
     (a partial pooling group quantized, the open group re-quantized each step) would move the logits by a
-    quantization step (~1e-2), not 1e-12. The bf16 differences of ``scripts/v41_tiny_check.py`` come from
-    fp32 GEMM rounding instead (docs/deepseek_v41.md, "Cached decoding in bf16")."""
+    quantization step (~1e-2), not 1e-12. The bf16 differences in docs/deepseek_v41.md's table of cached decoding
+    on the tiny checkpoint come from fp32 GEMM rounding instead (same page, "Cached decoding in bf16")."""
     model = load(ckpt, quantize="fp8")  # the window, entry and index round trips plus FP8 GEMM inputs
     n = 12  # 6 ratio-2 groups; index_topk (6) binds at the ratio-1 layers from slot 6 on
     toks = tokens(n=n)

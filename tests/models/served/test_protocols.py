@@ -1,5 +1,5 @@
 """How each server is asked and read, on replies shaped as vLLM's and SGLang's documented response models
-(these paths need a GPU server to run end to end: scripts/gpu_session.py checks them there), the geometry read
+(these paths need a GPU server to run end to end: tests/gpu/session.py checks them there), the geometry read
 from a checkpoint's config, and the errors that name what differs."""
 
 from __future__ import annotations

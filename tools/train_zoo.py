@@ -1,12 +1,12 @@
 """Retrain the whole zoo from scratch (``make zoo``): two models at a time, one thread each.
 
-    .venv/bin/python scripts/train_zoo.py [NAMES...] [--seed K ...] [--jobs 2] [--out phaselens/zoo] [--runs runs/zoo]
+    .venv/bin/python -m tools.train_zoo [NAMES...] [--seed K ...] [--jobs 2] [--out phaselens/zoo] [--runs runs/zoo]
 
 ``--seed K`` trains each named base recipe with seed K instead (``w4s4 --seed 2`` is the recipe ``w4s4-seed2``:
 both the initial weights and the training data change); several seeds may follow one ``--seed``.
 
 Each model trains in its own process (``phaselens train --recipe NAME``); runs resume from their last
-checkpoint if interrupted. Afterwards run ``scripts/gen_zoo_docs.py`` to regenerate docs/zoo.md.
+checkpoint if interrupted. Afterwards run ``python -m tools.gen_zoo_docs`` to regenerate docs/zoo.md.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from phaselens.train.recipes import RECIPES, get_recipe, seeded
 
-from phaselens.train.recipes import RECIPES, get_recipe, seeded  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 """GPU check of packed FP8 / FP4 weights (issue 28): DeepSeek-V4.1 packed on CUDA, device maps, and the V4
 adapter on transformers' packed modules. Prints one JSON object (also written to $OUT/gpu_packed_check.json).
 
-    python scripts/gpu_packed_check.py            # from the repository root, on a machine with a CUDA GPU
-    python scripts/gpu_packed_check.py --device cpu   # a smoke test of the script itself (no GPU facts)
+    python -m tests.gpu.packed            # from the repository root, on a machine with a CUDA GPU
+    python -m tests.gpu.packed --device cpu   # a smoke test of the script itself (no GPU facts)
 
 Tiny random models only (no weights downloaded); about a minute on one H200. Parts:
 
@@ -33,8 +33,6 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
 warnings.simplefilter("ignore")
 try:  # tests/support/deepseek.py declares a pytest fixture; a GPU machine without pytest needs only the decorator
     import pytest  # noqa: F401

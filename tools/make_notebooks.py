@@ -1,6 +1,6 @@
 """Write the notebooks in notebooks/ (outputs stripped). Edit here, then run this script.
 
-    .venv/bin/python scripts/make_notebooks.py
+    .venv/bin/python -m tools.make_notebooks
 
 Each notebook reads its sizes from environment variables in its first cell, so the test suite runs it
 small (tests/test_notebooks.py) and users run it full.

@@ -1,7 +1,7 @@
 """Re-run the evaluation and card of trained zoo models (training resumes at its last step, so only the
 evaluation runs), one after another.
 
-    .venv/bin/python scripts/rebuild_cards.py w8s4 w4s4 ...
+    .venv/bin/python -m tools.rebuild_cards w8s4 w4s4 ...
 """
 
 from __future__ import annotations
@@ -9,12 +9,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
+from phaselens.train.zoo import build_zoo_model
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from phaselens.train.zoo import build_zoo_model  # noqa: E402
 
 if __name__ == "__main__":
     torch.set_num_threads(1)

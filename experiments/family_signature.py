@@ -1,6 +1,10 @@
 """Train tiny members of the paper's family and measure the paper's signature with phaselens's battery.
 
-    OMP_NUM_THREADS=1 python scripts/family_signature.py --layouts w4s4 full --runs runs/family --out zoo-out
+Reproduces docs/data/family_signature.json (docs/training.md; from the repository root, reusing trained models
+in ``--out`` or training them):
+
+    OMP_NUM_THREADS=2 python -m experiments.family_signature --layouts w4s4 w8s8 full --runs runs/family \
+        --out zoo-out --n 256 --threads 2 > docs/data/family_signature.json
 
 For each layout: train (or resume, or reuse a finished run) ``paper-LAYOUT`` at size ``tiny`` exactly as
 ``phaselens train --recipe paper-LAYOUT --size tiny`` does, then evaluate the trained model on the paper's task
@@ -15,8 +19,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def main() -> None:

@@ -2,26 +2,24 @@
 version of the zoo task (4 records, 33 tokens): the zoo's `full` recipe and a transformers Llama of the
 same size (2 layers, d_model 64, 4 heads, MLP 256), same data, AdamW 3e-3, 500 steps. Prints JSON.
 
-    .venv/bin/python scripts/control_vs_llama.py > docs/data/control_vs_llama.json
+Reproduces docs/data/control_vs_llama.json (from the repository root):
 
-docs/zoo.md (scripts/gen_zoo_docs.py) quotes that file.
+    .venv/bin/python -m experiments.control_vs_llama > docs/data/control_vs_llama.json
+
+docs/zoo.md (``python -m tools.gen_zoo_docs``) quotes that file.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from phaselens.tasks import KVRecall  # noqa: E402
-from phaselens.train.loop import TrainSettings, train  # noqa: E402
-from phaselens.train.recipes import RECIPES  # noqa: E402
+from phaselens.tasks import KVRecall
+from phaselens.train.loop import TrainSettings, train
+from phaselens.train.recipes import RECIPES
 
 STEPS = 500
 TASK = KVRecall(n_records=4, block_filler=0, n_demos=2, min_distance=0, modulus=4, padding="prefix")

@@ -8,7 +8,7 @@ Two sources of weights:
 
 * ``--tiny``: a tiny random checkpoint in the official layout, written by ``tests/support/deepseek_v41.py`` (FP8 / FP4
   weights, Engram tables, a 128-token tokenizer built in code), run on CPU. The official ``kernel.py`` is
-  TileLang / CUDA (and V4.1's is not public), so the reference runs on ``scripts/v41_reference_kernels.py``,
+  TileLang / CUDA (and V4.1's is not public), so the reference runs on ``tests/reference/v41_kernels.py``,
   a CPU emulation of its kernel API (see that file for its options).
 * ``--ckpt DIR``: a local checkpoint (the released weights), the first ``--n-layers`` layers; with
   ``--kernels official`` the reference uses ``kernel.py`` from ``--reference`` (a CUDA GPU and TileLang).
@@ -45,8 +45,8 @@ use ``--n-layers 3 --engram drop``; with Engram, ``--n-layers 2`` needs about 16
 
 Usage:
 
-    python scripts/v41_parity.py --reference /data/DeepSeek-V4.1-Flash/inference --tiny --matrix
-    python scripts/v41_parity.py --reference /data/DeepSeek-V4.1-Flash/inference --ckpt /data/DeepSeek-V4.1-Flash \\
+    python -m tests.reference.v41_parity --reference /data/DeepSeek-V4.1-Flash/inference --tiny --matrix
+    python -m tests.reference.v41_parity --reference /data/DeepSeek-V4.1-Flash/inference --ckpt /data/DeepSeek-V4.1-Flash \\
         --kernels official --device cuda --dtype bfloat16 --quantize fp8 --n-layers 3 --prompt-len 300 --decode 8
 """
 
@@ -66,13 +66,9 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "scripts")]
-
-import v41_reference_kernels as emulated  # noqa: E402
-
-from phaselens.models.deepseek_v41 import load_v41  # noqa: E402
-from phaselens.models.deepseek_v41.weights import normalize, shard_map  # noqa: E402
+from phaselens.models.deepseek_v41 import load_v41
+from phaselens.models.deepseek_v41.weights import normalize, shard_map
+from tests.reference import v41_kernels as emulated
 
 # text_config (Hugging Face names) -> the reference's ModelArgs
 ARGS = dict(vocab_size="vocab_size", dim="hidden_size", moe_inter_dim="moe_intermediate_size", n_layers="num_hidden_layers",
@@ -100,8 +96,9 @@ TINY = dict(index_n_heads=16, index_head_dim=32)
 @functools.cache
 def import_reference(ref_dir: Path, kernels: str) -> types.ModuleType:
     """Import the official ``model.py`` with ``engram.py`` beside it and the chosen ``kernel`` module (once)."""
-    if kernels == "official":
-        sys.path.insert(0, str(ref_dir))
+    names = ("engram", "image_processor", "vision", "model")
+    if kernels == "official":  # the copy's own kernel.py, loaded from its file as the others are
+        names = ("kernel", *names)
     else:
         sys.modules["kernel"] = emulated
     for name in ("image_processor", "vision"):  # the vision path is off; stub it where the copy lacks it
@@ -110,7 +107,7 @@ def import_reference(ref_dir: Path, kernels: str) -> types.ModuleType:
             stub.IMAGE = stub.IMAGE_END = stub.IMAGE_NEW_LINE = stub.IMAGE_START = None
             stub.Aligner = stub.ViT = None
             sys.modules[name] = stub
-    for name in ("engram", "image_processor", "vision", "model"):
+    for name in names:
         if name in sys.modules:  # a stub from above
             continue
         spec = importlib.util.spec_from_file_location(name, ref_dir / f"{name}.py")
@@ -355,7 +352,7 @@ def main() -> None:
     src.add_argument("--ckpt", type=Path, help="a local V4.1 checkpoint directory")
     p.add_argument("--kernels", choices=["emulated", "official"], default="emulated")
     p.add_argument("--round-trips", choices=["e4m3", "bf16"], default="e4m3",
-                   help="what the emulated in-place FP8 round trip rounds to (see v41_reference_kernels.py)")
+                   help="what the emulated in-place FP8 round trip rounds to (see tests/reference/v41_kernels.py)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument("--quantize", choices=["none", "kv", "fp8"], default="kv")
     p.add_argument("--engram", choices=["run", "drop"], default="run")

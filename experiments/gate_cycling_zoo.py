@@ -1,8 +1,9 @@
 """Gate cycling on every shipped zoo model with learned offset-specific gates, and why w8s4 does not follow it.
 
-    .venv/bin/python scripts/gate_cycling_zoo.py [--n 64] [--bootstrap 2000] [NAMES...]
+    .venv/bin/python -m experiments.gate_cycling_zoo [--n 64] [--bootstrap 2000] [NAMES...]
 
-Writes docs/data/gate_cycling.json (rendered into docs/zoo.md by scripts/gen_zoo_docs.py). Each model is
+Writes docs/data/gate_cycling.json (rendered into docs/zoo.md by ``python -m tools.gen_zoo_docs``); the shipped
+file comes from ``python -m experiments.gate_cycling_zoo --n 64 --bootstrap 2000`` (about an hour). Each model is
 written as soon as it is done, atomically; a rerun skips models whose weights and settings are unchanged.
 
 Per model: ``gate_cycling_test`` with every distinct shift 1..S-1 once, the zoo's evaluation task, n items per
@@ -16,20 +17,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from contextlib import contextmanager
 from pathlib import Path
 from unittest import mock
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import phaselens
+from phaselens.models.compressed.compressor import Compressor
+from phaselens.models.compressed.gate_cycling import _offset_params
+from phaselens.models.zoo import entry, list_models
 
-import phaselens  # noqa: E402
-from phaselens.models.compressed.compressor import Compressor  # noqa: E402
-from phaselens.models.compressed.gate_cycling import _offset_params  # noqa: E402
-from phaselens.models.zoo import entry, list_models  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = ROOT / "docs" / "data" / "gate_cycling.json"
 
@@ -124,7 +123,7 @@ def main() -> None:
     settings = {"n_per_residue": args.n, "n_bootstrap": args.bootstrap, "seed": 0}
     if data.get("settings") != settings:
         data = {"settings": settings, "models": {}}
-    data["command"] = f"scripts/gate_cycling_zoo.py --n {args.n} --bootstrap {args.bootstrap}"
+    data["command"] = f"python -m experiments.gate_cycling_zoo --n {args.n} --bootstrap {args.bootstrap}"
 
     def save() -> None:
         tmp = OUT.with_suffix(".tmp")

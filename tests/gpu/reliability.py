@@ -2,7 +2,7 @@
 
 Run on a CUDA machine from the repository root (about a minute; nothing is downloaded):
 
-    PYTHONPATH=. python scripts/gpu_reliability_check.py > gpu_reliability.json
+    python -m tests.gpu.reliability > gpu_reliability.json
 
 What it checks, each a key of the JSON (``ok`` true/false, and what it saw):
 
@@ -28,9 +28,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import phaselens  # noqa: E402
+import phaselens
 
 DEVICE = os.environ.get("PHASELENS_CHECK_DEVICE", "cuda")  # "cpu": a dry run of the script itself
 

@@ -1,22 +1,18 @@
 """Generate docs/zoo.md from the shipped cards (``make zoo`` runs it after training).
 
-    .venv/bin/python scripts/gen_zoo_docs.py
+    .venv/bin/python -m tools.gen_zoo_docs
 """
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from phaselens.models.zoo import entry, list_models  # noqa: E402
-from phaselens.stats import holm  # noqa: E402
-from phaselens.train.recipes import (  # noqa: E402
+from phaselens.models.zoo import entry, list_models
+from phaselens.stats import holm
+from phaselens.train.recipes import (
     COMPARE_STRIDE,
     CONTROL_WARMUP,
     EVAL_PER_RESIDUE,
@@ -28,14 +24,16 @@ from phaselens.train.recipes import (  # noqa: E402
     ZOO_TASK,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
+
 # The control's previous recipe (zoo task only, 6,000 steps), as its card recorded it before the warm-up
 # (`git show e27aad1:phaselens/zoo/full/card.json`).
 OLD_CONTROL = ("6,000 steps on the zoo task alone: mean 8.3%, flat (G p = 0.74), i.e. chance among 12 values; "
                "card at commit e27aad1")
-LLAMA = ROOT / "docs" / "data" / "control_vs_llama.json"  # written by scripts/control_vs_llama.py
-SEEDS = ROOT / "docs" / "data" / "seeds.json"  # written by scripts/zoo_seeds.py
-CYCLING = ROOT / "docs" / "data" / "gate_cycling.json"  # written by scripts/gate_cycling_zoo.py
-COVERAGE = ROOT / "docs" / "data" / "cycling_ci_coverage.json"  # written by scripts/sim_cycling_ci.py
+LLAMA = ROOT / "docs" / "data" / "control_vs_llama.json"  # written by experiments/control_vs_llama.py
+SEEDS = ROOT / "docs" / "data" / "seeds.json"  # written by tools/zoo_seeds.py
+CYCLING = ROOT / "docs" / "data" / "gate_cycling.json"  # written by experiments/gate_cycling_zoo.py
+COVERAGE = ROOT / "docs" / "data" / "cycling_ci_coverage.json"  # written by experiments/sim_cycling_ci.py
 
 
 def pct(x: float) -> str:
@@ -91,7 +89,7 @@ def _spread(d: dict, scale: float = 100.0, digits: int = 1) -> str:
 def seeds_section() -> str:
     """The "Seeds" section from docs/data/seeds.json."""
     if not SEEDS.exists():
-        return "## Seeds\nRun `scripts/zoo_seeds.py` to write docs/data/seeds.json."
+        return "## Seeds\nRun `python -m tools.zoo_seeds` to write docs/data/seeds.json."
     data = json.loads(SEEDS.read_text())
     rows, per_seed, notes = [], [], []
     for base, c in data["configs"].items():
@@ -128,7 +126,7 @@ def seeds_section() -> str:
                          if k != "0" and not c["compressed"])
         absent = (f" Not shipped: {', '.join(missing)}, so that row has fewer seeds. Training the control is the "
                   f"slowest ({took} on one CPU thread by its card). `full-seed2` was trained once here "
-                  "(`scripts/train_zoo.py full --seed 2`: 3,000 steps, 1,236 s): its training loss ended at "
+                  "(`python -m tools.train_zoo full --seed 2`: 3,000 steps, 1,236 s): its training loss ended at "
                   "0.00037 like the shipped controls' (0.00016-0.00019), yet its card's evaluation gave a mean of "
                   "26.8% (gap 1.4 pp, no period), against 99.5% for seeds 0 and 1. It solves the training layout "
                   "(100% on 8 items per residue of `ZOO_TASK`) but not the evaluation layout (22.4% on "
@@ -141,7 +139,7 @@ Shipped seeds (0 is the base model): {shipped}.{absent}
 The paper found the boundary phase weak in every run and the other weak phases seed-specific, and retraining
 `w4s4` here moved its mean and gap by several points. So every configuration above was trained with more seeds:
 seed 0 is the model above, seed K is `NAME-seedK` (other initial weights and other training data, the same
-recipe; `scripts/train_zoo.py NAME --seed K`), each shipped with its card and evaluated exactly as the cards
+recipe; `python -m tools.train_zoo NAME --seed K`), each shipped with its card and evaluated exactly as the cards
 (1,000 items per residue, seed 1). Numbers from `docs/data/seeds.json` (`{data['command']}`): phases fold the 24
 residues mod S (the control by S = {COMPARE_STRIDE}); the gap is the folded max - min (per seed with its 95% interval,
 `gap_ci`); *boundary rank* is the boundary phase's place counted from the worst (1 = the worst phase); the period
@@ -177,7 +175,7 @@ def _ci(x: float, ci: list[float]) -> str:
 def cycling_section() -> str:
     """The "Gate cycling" section from docs/data/gate_cycling.json and docs/data/cycling_ci_coverage.json."""
     if not CYCLING.exists():
-        return "## Gate cycling\nRun `scripts/gate_cycling_zoo.py` to write docs/data/gate_cycling.json."
+        return "## Gate cycling\nRun `python -m experiments.gate_cycling_zoo` to write docs/data/gate_cycling.json."
     data = json.loads(CYCLING.read_text())
     rows = []
     for name, r in sorted(data["models"].items(), key=lambda kv: _by_config(kv[0])):
@@ -371,7 +369,7 @@ Tiny models trained here on CPU and shipped inside the package (`phaselens.load(
 full-attention control of identical dimensions. They are the embedded default for the report, the
 notebooks and most tests, and a small-scale replication of the paper's controlled experiments.
 
-*This page is generated by `scripts/gen_zoo_docs.py` from the models' cards; do not edit it by hand.*
+*This page is generated by `tools/gen_zoo_docs.py` from the models' cards; do not edit it by hand.*
 
 ## Setting (one for the whole zoo)
 - Model: 2 layers, d_model 64, 4 heads (4 KV heads) of 16, MLP 256, local window 8 raw tokens, a learned
@@ -384,7 +382,7 @@ notebooks and most tests, and a small-scale replication of the paper's controlle
 - Training: {ZOO_SETTINGS.steps} AdamW steps, batch {ZOO_SETTINGS.batch_size}, lr {ZOO_SETTINGS.lr}
   (warm-up {ZOO_SETTINGS.warmup}, cosine to 10%), weight decay {ZOO_SETTINGS.weight_decay}, one thread,
   deterministic per seed (`NAME-seedK`, e.g. `w4s4-seed1`, changes both the initial weights and the data;
-  `scripts/train_zoo.py w4s4 --seed 2` trains `w4s4-seed2`; see "Seeds"). The full-attention
+  `python -m tools.train_zoo w4s4 --seed 2` trains `w4s4-seed2`; see "Seeds"). The full-attention
   control first warms up for {CONTROL_WARMUP:,} steps on `{WARMUP_DATA!r}` (generic induction data), then
   trains the same {ZOO_SETTINGS.steps:,} steps on the zoo task; see "The control" below.
 - Evaluation (the cards, and every model's `default_task`): `{ZOO_EVAL_TASK!r}` ({ZOO_EVAL_TASK.seq_len()}
@@ -422,7 +420,7 @@ A full-attention model must learn a two-layer induction circuit to retrieve a va
 that writes each key into its value's position, and a head at the query that matches it. A compressed
 model needs one hop, because an entry pools a key with its value. With answer-only supervision (five
 positions per sequence) the control sat on the "copy some value from the context" plateau: its previous
-recipe ({OLD_CONTROL}). `scripts/control_vs_llama.py` showed that a transformers `LlamaForCausalLM` of the
+recipe ({OLD_CONTROL}). `experiments/control_vs_llama.py` showed that a transformers `LlamaForCausalLM` of the
 same size learns the task equally slowly (mean loss over steps {(llama['steps'] - 50)}-{llama['steps']} on a 4-record version: ours
 {llama['phaselens_full_loss_every_50'][-1]}, Llama {llama['llama_loss_every_50'][-1]}; copying a random context value scores
 {llama['copy_a_context_value_loss']}; `docs/data/control_vs_llama.json`), so the plateau is the task at this size, not
@@ -451,13 +449,13 @@ rather than choosing a step to hit a number.
 ## Reproduce
 ```bash
 make zoo                                    # retrain every model from scratch (about 2 x 15 minutes per pair on 2 cores)
-.venv/bin/python scripts/train_zoo.py w8s4  # or one model
-.venv/bin/python scripts/train_zoo.py w8s4 --seed 3   # another seed of a recipe (w8s4-seed3)
-.venv/bin/python scripts/zoo_seeds.py       # docs/data/seeds.json ("Seeds")
-.venv/bin/python scripts/gate_cycling_zoo.py   # docs/data/gate_cycling.json ("Gate cycling"; about an hour)
-.venv/bin/python scripts/sim_cycling_ci.py  # docs/data/cycling_ci_coverage.json (the interval's coverage)
+.venv/bin/python -m tools.train_zoo w8s4  # or one model
+.venv/bin/python -m tools.train_zoo w8s4 --seed 3   # another seed of a recipe (w8s4-seed3)
+.venv/bin/python -m tools.zoo_seeds       # docs/data/seeds.json ("Seeds")
+.venv/bin/python -m experiments.gate_cycling_zoo   # docs/data/gate_cycling.json ("Gate cycling"; about an hour)
+.venv/bin/python -m experiments.sim_cycling_ci  # docs/data/cycling_ci_coverage.json (the interval's coverage)
 .venv/bin/phaselens zoo list                # the cards' headline numbers
-.venv/bin/python scripts/gen_zoo_docs.py    # this page
+.venv/bin/python -m tools.gen_zoo_docs    # this page
 ```
 Each card (`phaselens/zoo/NAME/card.json`) holds the training settings and loss curve, the task spec (the
 loaded model's `default_task`), the per-residue counts, the battery and the sha256 of the weights;

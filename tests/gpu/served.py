@@ -9,7 +9,7 @@ the spot (nothing downloaded), served in float32 from a local folder:
   reports them (vLLM: top-20; SGLang: exact);
 * the server's prefix cache served tokens (``served_traffic.cached_tokens``) on the shared-prefix padding.
 
-Prints one JSON object (``scripts/gpu_session.py`` keeps it). An engine that is not installed is reported as
+Prints one JSON object (``tests/gpu/session.py`` keeps it). An engine that is not installed is reported as
 skipped.
 """
 
@@ -27,9 +27,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 import torch
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def tiny_llama(path: Path) -> Path:

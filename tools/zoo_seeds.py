@@ -1,9 +1,9 @@
 """The zoo's findings across seeds: per configuration and seed, from the cards' evaluation counts.
 
-    .venv/bin/python scripts/zoo_seeds.py [--zoo phaselens/zoo]
+    .venv/bin/python -m tools.zoo_seeds [--zoo phaselens/zoo]
 
-Writes docs/data/seeds.json (rendered into docs/zoo.md by scripts/gen_zoo_docs.py). Seed 0 of a configuration
-is its base model (``w4s4``), seed K its replicate ``w4s4-seedK`` (``scripts/train_zoo.py w4s4 --seed K``).
+Writes docs/data/seeds.json (rendered into docs/zoo.md by tools/gen_zoo_docs.py). Seed 0 of a configuration
+is its base model (``w4s4``), seed K its replicate ``w4s4-seedK`` (``python -m tools.train_zoo w4s4 --seed K``).
 Every number comes from a card's per-residue counts (1,000 items per residue, the cards' evaluation):
 phases fold residues mod S (the control by S = 4); the gap is the folded max - min with its 95% interval and
 one-sided 95% upper bound (``gap_ci``); the boundary rank counts phases from the worst (1 = the boundary phase
@@ -17,16 +17,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from phaselens.stats import detect_period, g_test, gap_ci
+from phaselens.train.recipes import COMPARE_STRIDE, RECIPES, SEED_CONFIGS, SEED_SUFFIX
 
-from phaselens.stats import detect_period, g_test, gap_ci  # noqa: E402
-from phaselens.train.recipes import COMPARE_STRIDE, RECIPES, SEED_CONFIGS, SEED_SUFFIX  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 OUT = ROOT / "docs" / "data" / "seeds.json"
 WEAK_PP = 0.10
@@ -88,7 +86,7 @@ def main() -> None:
             "boundary_weak_in_every_seed": weak_count[stride - 1] == len(rows),
             "recurring_weak_phases": [p for p, c in weak_count.items() if c == len(rows) and c > 0],
         }
-    out = {"command": "scripts/zoo_seeds.py" + ("" if args.zoo == parser.get_default("zoo") else f" --zoo {args.zoo}"),
+    out = {"command": "python -m tools.zoo_seeds" + ("" if args.zoo == parser.get_default("zoo") else f" --zoo {args.zoo}"),
            "weak_rule_pp": 100 * WEAK_PP, "configs": configs}
     tmp = OUT.with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1))

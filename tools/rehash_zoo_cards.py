@@ -4,27 +4,25 @@ Run after a deliberate change to a shipped ``config.json`` (or after adding a ha
 that each model still reproduces its card's fixed evaluation batch item by item, and refuses to stamp one
 that does not (so damage is never blessed).
 
-    .venv/bin/python scripts/rehash_zoo_cards.py            # every shipped model
-    .venv/bin/python scripts/rehash_zoo_cards.py w4s4 full  # some
-    .venv/bin/python scripts/rehash_zoo_cards.py --check    # report only, change nothing (exit 1 if stale)
+    .venv/bin/python -m tools.rehash_zoo_cards            # every shipped model
+    .venv/bin/python -m tools.rehash_zoo_cards w4s4 full  # some
+    .venv/bin/python -m tools.rehash_zoo_cards --check    # report only, change nothing (exit 1 if stale)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
+import torch
+
+from phaselens.analyses.scoring import answer_metrics
+from phaselens.models.compressed.loader import load_model
+from phaselens.models.zoo import HASHED, entry, file_digests, list_models
+from phaselens.runtime.files import atomic_write_text
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from phaselens.analyses.scoring import answer_metrics  # noqa: E402
-from phaselens.models.compressed.loader import load_model  # noqa: E402
-from phaselens.models.zoo import HASHED, entry, file_digests, list_models  # noqa: E402
-from phaselens.runtime.files import atomic_write_text  # noqa: E402
 
 
 def reproduces_card(name: str) -> bool:

@@ -1,8 +1,9 @@
 """Coverage of the gate-cycling R^2 interval (``phaselens.analyses.cycling.r2_bootstrap_ci``) by simulation.
 
-    .venv/bin/python scripts/sim_cycling_ci.py [--reps 500] [--bootstrap 1000]
+    .venv/bin/python -m experiments.sim_cycling_ci [--reps 500] [--bootstrap 1000]
 
-Writes docs/data/cycling_ci_coverage.json (rendered into docs/zoo.md by scripts/gen_zoo_docs.py).
+Writes docs/data/cycling_ci_coverage.json (rendered into docs/zoo.md by ``python -m tools.gen_zoo_docs``); the
+shipped file comes from ``python -m experiments.sim_cycling_ci --reps 1000 --bootstrap 1000``.
 
 The simulated design is gate_cycling_test's: n items per residue (24 residues, S = 4), and every item answered
 by the unmodified model and by each cycled copy (deltas 1, 2, 3), so the models' outcomes are paired. Item
@@ -22,10 +23,9 @@ from pathlib import Path
 import numpy as np
 from scipy.special import expit, logit
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from phaselens.analyses.cycling import cycling_r2, r2_bootstrap_ci
 
-from phaselens.analyses.cycling import cycling_r2, r2_bootstrap_ci  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 DELTAS = (1, 2, 3)
 RESIDUES = 24
@@ -92,7 +92,7 @@ def main() -> None:
             row = {"scenario": name, **simulate(pi, n, args.reps, args.bootstrap, seed=1000 * i + n)}
             rows.append(row)
             print(json.dumps(row), flush=True)
-    out = {"command": "scripts/sim_cycling_ci.py " + " ".join(sys.argv[1:]), "residues": RESIDUES, "stride": 4,
+    out = {"command": " ".join(["python -m experiments.sim_cycling_ci", *sys.argv[1:]]), "residues": RESIDUES, "stride": 4,
            "deltas": list(DELTAS), "item_sd_logit": ITEM_SD, "level": 0.95, "rows": rows}
     tmp = Path(args.out).with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1))

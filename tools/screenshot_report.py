@@ -1,6 +1,6 @@
 """Screenshots of a built report as a browser shows it (headless Chromium through playwright), to look at.
 
-    .venv/bin/python scripts/screenshot_report.py report docs/figures [SECTION ...]
+    .venv/bin/python -m tools.screenshot_report report docs/figures [SECTION ...]
 
 Writes ``report_top.png`` (title, headline sentence, table) and one PNG per section id given (default:
 every section) into the output folder, and prints what overlaps: any subplot title or legend whose box
@@ -14,8 +14,7 @@ import shutil
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from phaselens.presentation.reporting.browser import OVERLAPS_JS  # noqa: E402
+from phaselens.presentation.reporting.browser import OVERLAPS_JS
 
 
 def main() -> None:

@@ -1,28 +1,28 @@
 """Every GPU check of the open issues in one run, for a lent GPU machine whose time is short.
 
-    python scripts/gpu_session.py [--budget SECONDS]
+    python -m tests.gpu.session [--budget SECONDS]
 
 Runs each check as its own process (one failing or hanging cannot take the others down), each within its own
 time limit, and writes what each printed to ``$OUT/<name>.json`` / ``$OUT/<name>.log`` (or ``gpu_session/``
 when ``OUT`` is unset), then a summary ``$OUT/gpu_session.json``. The checks:
 
 * ``env``: the versions of torch, transformers, accelerate and CUDA, and that phaselens imports;
-* ``packed`` (issue 28): ``scripts/gpu_packed_check.py``, packed V4.1 on CUDA and the V4 adapter on
+* ``packed`` (issue 28): ``python -m tests.gpu.packed``, packed V4.1 on CUDA and the V4 adapter on
   transformers' packed FP8 modules;
-* ``reliability`` (issue 24): ``scripts/gpu_reliability_check.py``, loads through the boundary checks and
+* ``reliability`` (issue 24): ``python -m tests.gpu.reliability``, loads through the boundary checks and
   pricing against the GPU's memory;
-* ``numerics`` (issue 25): ``benchmarks/bench_v4_numerics.py --device cuda``, the reference numerics' fused
+* ``numerics`` (issue 25): ``python -m benchmarks.bench_v4_numerics --device cuda``, the reference numerics' fused
   half-precision products on CUDA;
-* ``family`` (issue 26): ``benchmarks/bench_family_gpu.py``, tokens/s and peak memory of the 0.6B size;
-* ``served`` (issue 36): ``scripts/gpu_served_check.py``, a served model's vLLM and SGLang paths (token-id
+* ``family`` (issue 26): ``python -m benchmarks.bench_family_gpu``, tokens/s and peak memory of the 0.6B size;
+* ``served`` (issue 36): ``python -m tests.gpu.served``, a served model's vLLM and SGLang paths (token-id
   prompts, log-probabilities, the prefix cache) against transformers' forward of the same tiny weights; an
   engine that is not installed is reported as skipped.
 
 Needs torch with CUDA, phaselens's requirements, and transformers >= 5.24 (``deepseek_v4``). A machine with no
 network and an older transformers can take wheels carried with the repository, e.g. transformers,
 huggingface_hub, transformer_lens, datasets, kernels and their small dependencies in ``.whl/``:
-``pip install --no-index --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python
-scripts/gpu_session.py --budget 560`` (about 9 minutes with every check).
+``pip install --no-index --no-deps --target /tmp/site .whl/*.whl && PYTHONPATH=/tmp/site python -m
+tests.gpu.session --budget 560`` (about 9 minutes with every check).
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import ROOT
+
 ENV = ("import json, sys, torch, transformers, accelerate; import phaselens, phaselens.models.deepseek_v41; "
        "print(json.dumps({'python': sys.version.split()[0], 'torch': torch.__version__, "
        "'cuda': torch.version.cuda, 'gpu': torch.cuda.get_device_name(0) if torch.cuda.is_available() else None, "
@@ -43,11 +44,11 @@ ENV = ("import json, sys, torch, transformers, accelerate; import phaselens, pha
        "'deepseek_v4': hasattr(transformers, 'DeepseekV4ForCausalLM')}))")
 CHECKS = [  # name, command, seconds
     ("env", [sys.executable, "-c", ENV], 60),
-    ("packed", [sys.executable, "scripts/gpu_packed_check.py"], 130),
-    ("reliability", [sys.executable, "scripts/gpu_reliability_check.py"], 100),
-    ("numerics", [sys.executable, "benchmarks/bench_v4_numerics.py", "--device", "cuda", "--tokens", "4096"], 110),
-    ("family", [sys.executable, "benchmarks/bench_family_gpu.py"], 230),
-    ("served", [sys.executable, "scripts/gpu_served_check.py"], 300),
+    ("packed", [sys.executable, "-m", "tests.gpu.packed"], 130),
+    ("reliability", [sys.executable, "-m", "tests.gpu.reliability"], 100),
+    ("numerics", [sys.executable, "-m", "benchmarks.bench_v4_numerics", "--device", "cuda", "--tokens", "4096"], 110),
+    ("family", [sys.executable, "-m", "benchmarks.bench_family_gpu"], 230),
+    ("served", [sys.executable, "-m", "tests.gpu.served"], 300),
 ]
 
 

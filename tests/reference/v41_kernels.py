@@ -4,7 +4,7 @@ The official V4.1 ``kernel.py`` (TileLang, CUDA only) is not public. Its call si
 uses; its semantics are taken from the published V4 ``kernel.py`` (the same kernels: block FP8 quantization,
 FP4 quantization with power-of-two or E4M3 scales, FP8 x FP8 and FP8 x FP4 GEMMs with fp32 accumulation, sparse
 attention with a sink and an online softmax, the hyper-connection Sinkhorn split). Written for phaselens'
-comparison script (``scripts/v41_parity.py``); it imports nothing from phaselens, so the comparison stays
+comparison script (``tests/reference/v41_parity.py``); it imports nothing from phaselens, so the comparison stays
 independent of the code it checks.
 
 Options (:func:`configure`), because the unpublished kernel leaves some choices open:

@@ -2,7 +2,9 @@
 period detector's answers. Writes docs/data/stats_simulations.json (numbers and the markdown tables the page
 quotes verbatim; tests/stats/test_docs.py checks that they match).
 
-Usage: PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/stats_simulations.py [--tables 2000] [--out PATH]
+Usage (from the repository root): OMP_NUM_THREADS=1 python -m experiments.stats_simulations [--tables 2000] [--out PATH]
+
+The shipped file comes from ``OMP_NUM_THREADS=1 python -m experiments.stats_simulations --tables 2000``.
 """
 
 from __future__ import annotations
@@ -176,7 +178,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs/data/stats_simulations.json")
     args = ap.parse_args()
     t0 = time.time()
-    res = {"command": f"PYTHONPATH=. OMP_NUM_THREADS=1 python scripts/stats_simulations.py --tables {args.tables}",
+    res = {"command": f"OMP_NUM_THREADS=1 python -m experiments.stats_simulations --tables {args.tables}",
            "settings": {"stride": S, "modulus": M, "n_per_residue": N, "item_sd_logit": ITEM_SD, "alpha": 0.05,
                         "level": 0.95}}
     res["coverage"] = coverage(args.tables)

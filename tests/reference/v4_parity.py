@@ -1,11 +1,11 @@
 """The DeepSeek-V4 adapter against DeepSeek's own reference inference code, on a tiny random V4 (CPU).
 
-    OMP_NUM_THREADS=1 .venv/bin/python scripts/v4_reference_parity.py --reference PATH/TO/inference [--out f.json]
+    OMP_NUM_THREADS=1 .venv/bin/python -m tests.reference.v4_parity --reference PATH/TO/inference [--out f.json]
 
 ``PATH/TO/inference`` is a local copy of DeepSeek-V4's ``inference/`` directory (``model.py``; the released
 checkpoints ship it, and GitHub ``Mockingjay1316/deepseek-v4-flash-spark`` holds a byte-identical copy in its
 first commit with real files). Nothing is downloaded; phaselens vendors none of it. ``kernel.py`` (TileLang,
-CUDA only) is replaced by the CPU emulations of ``tests/support/deepseek_reference.py`` (see ``scripts/v4_reference``).
+CUDA only) is replaced by the CPU emulations of ``tests/support/deepseek_reference.py`` (see ``tests/reference/v4``).
 
 The model: the 4-layer test V4 of ``tests/support/deepseek.py`` (sliding, CSA 4, HCA 16, CSA 4) at the smallest sizes
 the quantization blocks admit (``head_dim`` 80 with 16 RoPE dims, ``index_head_dim`` 32), 8 indexer heads,
@@ -21,7 +21,7 @@ Printed (JSON; docs/deepseek_v4.md quotes it):
   kernel: blocks of 8 instead of 64, or probabilities kept in fp32), and the adapter against the reference,
   for ``index_topk`` keeping every entry and binding; per layer the residual streams' drift; the indexer's
   pick agreement;
-* ``ops``: op by op, each transformers op fed the reference's own input (``scripts/v4_reference/ops.py``);
+* ``ops``: op by op, each transformers op fed the reference's own input (``tests/reference/v4/ops.py``);
 * ``quantize``: each ``quantize`` setting against the reference with the matching kernel emulation, and
   what each does to the logits.
 
@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -40,12 +39,9 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from v4_reference import loader, ops  # noqa: E402
-
-from phaselens.models.deepseek_v4 import IndexTopKWarning, from_hf  # noqa: E402
-from tests.support.deepseek import QUANTIZABLE, tiny_v4_model  # noqa: E402
+from phaselens.models.deepseek_v4 import IndexTopKWarning, from_hf
+from tests.reference.v4 import loader, ops
+from tests.support.deepseek import QUANTIZABLE, tiny_v4_model
 
 
 def build(seed: int, layers_hash: int = 1) -> tuple[torch.nn.Module, torch.nn.Module]:

@@ -28,10 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
-
-from tests.support import deepseek_reference as emu  # noqa: E402
+from tests.support import deepseek_reference as emu
 
 MODULE = "deepseek_v4_reference_model"
 
