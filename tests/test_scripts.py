@@ -27,8 +27,6 @@ ALLOWED = {
     # launched as `python tests/support/family_worker.py` and under torchrun by tests/train/family/test_train.py
     "tests/support/family_worker.py",
     # the source of a `python -c` child process of the test (the child is given the repository's path)
-    "tests/models/deepseek_v4/test_prefill.py",
-    "tests/train/test_loop.py",
     "tests/models/deepseek_v41/test_packed.py",
 }
 

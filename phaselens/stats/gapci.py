@@ -13,7 +13,7 @@ from the pairwise differences themselves:
 
 ``ci_low``/``ci_high`` give each side (1 − level)/2, so the interval covers with probability ≥ level;
 ``upper_bound`` is the one-sided ``level`` upper bound, the equivalence margin. Estimates and covariances come
-from :mod:`phaselens.stats.contrasts`. Coverage tables: docs/statistics.md (``scripts/stats_simulations.py``).
+from :mod:`phaselens.stats.contrasts`. Coverage tables: docs/statistics.md (``python -m experiments.stats_simulations``).
 """
 
 from __future__ import annotations

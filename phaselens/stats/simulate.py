@@ -5,7 +5,7 @@
   outcomes with P(correct) = expit(β_r + σ·b_i), b_i ~ N(0, 1). The β_r are solved so that the *marginal*
   accuracy of residue r equals the profile, so the true gap is the profile's gap whatever σ.
 
-Used by the coverage and size tests and by ``scripts/stats_simulations.py`` (docs/statistics.md's tables).
+Used by the coverage and size tests and by ``python -m experiments.stats_simulations`` (docs/statistics.md's tables).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ SEED_SUFFIX = "-seed"
 def seeded(name: str, seed: int) -> Recipe:
     """``name``'s recipe with another seed for both the initial weights and the training data.
 
-    ``seeded("w4s4", 2)`` is the recipe ``w4s4-seed2`` (trained by ``scripts/train_zoo.py w4s4 --seed 2``).
+    ``seeded("w4s4", 2)`` is the recipe ``w4s4-seed2`` (trained by ``python -m tools.train_zoo w4s4 --seed 2``).
     Seed 0 is the base recipe itself.
     """
     if SEED_SUFFIX in name or name not in RECIPES or seed < 0:

@@ -32,7 +32,6 @@ def batch_fn(b, seed):
 
 SCRIPT = """
 import sys
-sys.path.insert(0, {root!r})
 from tests.train.test_loop import CFG, SETTINGS, batch_fn
 from phaselens.train.loop import train
 train(CFG, batch_fn, SETTINGS, {run!r}, progress=False)
@@ -42,8 +41,7 @@ train(CFG, batch_fn, SETTINGS, {run!r}, progress=False)
 def test_resume_after_sigkill_is_bit_identical(tmp_path):
     ref = train(CFG, batch_fn, SETTINGS, tmp_path / "ref", progress=False)
     run = tmp_path / "killed"
-    root = str(ROOT)
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(root=root, run=str(run))],
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(run=str(run))], cwd=ROOT,  # finds tests/
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     state = run / "train_state.json"
     deadline = time.time() + 120

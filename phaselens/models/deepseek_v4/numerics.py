@@ -204,7 +204,7 @@ def unscaled_yarn(config: Any) -> list[str]:
 
 # The share of DeepSeek's reference's indexer picks that the adapter also makes with a binding index_topk, in
 # bf16, per numerics (and between two legitimate emulations of the reference's kernels: the floor). Measured by
-# scripts/v4_reference_parity.py on a tiny random V4 (index_topk 16 of 64 entries; docs/deepseek_v4.md,
+# tests/reference/v4_parity.py on a tiny random V4 (index_topk 16 of 64 entries; docs/deepseek_v4.md,
 # "Binding index_topk"). In fp32 the picks were identical. A run's own index_topk_fragile_picks estimates the
 # disagreement on the model at hand.
 PICK_AGREEMENT_BF16 = {"reference": 0.998, "transformers": 0.996, "floor": (0.997, 0.999)}

@@ -148,7 +148,6 @@ def test_chunked_prefill_needs_far_less_attention_memory():
 PROBE = textwrap.dedent(
     """
     import json, re, sys, torch
-    sys.path.insert(0, {root!r})
     torch.set_num_threads(1)
     from tests.support.deepseek import tiny_v4_model
     from phaselens.models.deepseek_v4 import from_hf
@@ -172,9 +171,9 @@ PROBE = textwrap.dedent(
 
 def test_peak_rss_chunked_vs_unchunked_in_a_subprocess():
     """Process peak memory (VmHWM), 2048 tokens: unchunked vs chunks of 256 (docs/deepseek_v4.md)."""
-    code = PROBE.format(root=str(ROOT), T=2048, chunk=256)
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    code = PROBE.format(T=2048, chunk=256)
+    out = subprocess.run(  # from the repository root, where `python -c` finds the tests package
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True, cwd=ROOT
     )
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["diff"] <= 1e-5
