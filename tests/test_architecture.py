@@ -136,6 +136,35 @@ def test_no_import_cycles(graph):
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
+MODEL_CORE = "numerics"  # phaselens.models.numerics: the numerics every model kind shares
+
+
+def _model_package(module: str) -> str | None:
+    """``phaselens.models.<package>.…`` -> ``<package>`` (a kind, or the core); ``None`` elsewhere."""
+    parts = module.split(".")
+    is_package = len(parts) > 2 and parts[1] == "models" and (PKG / "models" / parts[2] / "__init__.py").exists()
+    return parts[2] if is_package else None
+
+
+def test_model_kinds_import_only_the_core(graph):
+    """models/: the shared core (models.numerics) imports nothing else of models/; one package per kind
+    imports the core and models/' shared modules (hooking, ...), never another kind."""
+    kinds = {p.name for p in (PKG / "models").iterdir() if (p / "__init__.py").exists()} - {MODEL_CORE}
+    assert {"compressed", "deepseek_v4", "deepseek_v41", "served"} <= kinds
+    bad = []
+    for src, targets in graph.items():
+        own = _model_package(src)
+        if own is None:
+            continue
+        for dst in targets:
+            other = _model_package(dst) if dst.startswith("phaselens.models.") else None
+            if own == MODEL_CORE and dst.startswith("phaselens.models") and other != MODEL_CORE:
+                bad.append(f"{src} (the models core) imports {dst}")
+            elif own in kinds and other in kinds and other != own:
+                bad.append(f"{src} ({own}) imports {dst} ({other}): kinds share code only through models.numerics")
+    assert not bad, "\n".join(sorted(bad))
+
+
 def test_a_small_top_level():
     modules = sorted(p.name for p in PKG.glob("*.py"))
     assert len(modules) <= 6, modules

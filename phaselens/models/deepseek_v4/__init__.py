@@ -19,7 +19,8 @@ from phaselens.models.deepseek_v4.construct import from_hf
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
 from phaselens.models.deepseek_v4.hookpoints import HookPoint, context_for
 from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
-from phaselens.models.deepseek_v4.notices import DeepSeekV4Warning, IndexTopKWarning, LayerTypesWarning
+from phaselens.models.deepseek_v4.notices import DeepSeekV4Warning, LayerTypesWarning
+from phaselens.models.numerics.notices import IndexTopKWarning
 
 __all__ = [
     "DeepSeekV4Adapter",

@@ -40,9 +40,10 @@ from phaselens.models.deepseek_v4.hookpoints import (
 )
 from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.models.deepseek_v4.nnsight_backend import run_traced
-from phaselens.models.deepseek_v4.notices import IndexTopKWarning
-from phaselens.models.deepseek_v4.prefill import call_kwargs, plan_chunks, run_prefix
+from phaselens.models.deepseek_v4.prefill import call_kwargs, run_prefix
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
+from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.numerics.notices import IndexTopKWarning
 from phaselens.runtime.engines import PASS_BYTES, QueryEngine
 
 Backend = Literal["torch", "nnsight"]

@@ -47,7 +47,7 @@ from torch import Tensor
 
 from phaselens.core.errors import UnsupportedModelError
 from phaselens.models.deepseek_v4.hookpoints import HookFn
-from phaselens.models.deepseek_v4.prefill import plan_chunks, run_prefix
+from phaselens.models.deepseek_v4.prefill import run_prefix
 from phaselens.models.deepseek_v4.reference_ops import (
     CORE_AWARE,
     ReferenceAttention,
@@ -55,6 +55,7 @@ from phaselens.models.deepseek_v4.reference_ops import (
     reference_attention,
 )
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
+from phaselens.models.numerics.chunks import plan_chunks
 from phaselens.runtime.engines import PASS_BYTES, Cell, run_by_layer
 
 # The per-row state of transformers' DeepSeek-V4 cache layers (sliding, CSA, HCA): tensors [B, ...] and

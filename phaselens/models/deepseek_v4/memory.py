@@ -32,7 +32,8 @@ from phaselens.models.deepseek_v4.config import unwrap
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
 from phaselens.models.deepseek_v4.numerics import Fp32Projection
 from phaselens.models.deepseek_v4.packed import is_packed
-from phaselens.models.deepseek_v4.prefill import plan_chunks
+from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.numerics.sizing import held_bytes, item_size
 
 
 def estimate_memory(
@@ -49,26 +50,24 @@ def estimate_memory(
     Args:
         model: a :class:`DeepSeekV4Adapter` or a transformers ``DeepseekV4ForCausalLM`` (weights may be on the
             meta device: only shapes and dtypes are read).
-        tokens: sequence length ``T``; batch: sequences per call; chunk, query_len, logits: as the adapter's.
+        tokens: sequence length ``T``; batch: sequences per call; chunk, query_len, logits: as the adapter's,
+            except that ``chunk=None`` with a ``query_len`` counts the prefix as one cached call and then the
+            query (:func:`~phaselens.models.numerics.chunks.plan_chunks`: the query engine's prefill, which
+            ``runtime.planning`` prices this way), where the adapter's own forward is one uncached call.
     """
     hf = model.model if hasattr(model, "layer_geometry") else unwrap(model)[0]
     geometry = layer_geometry(hf.config)
     plan = plan_chunks(int(tokens), chunk, query_len)
-    weights = sum(t.numel() * t.element_size() for t in [*hf.parameters(), *hf.buffers()])
-    calls = [*plan.prefix, plan.query]
-    attention = max(_probs(hf, geometry, start, stop, batch) for start, stop in calls)
+    weights = held_bytes(hf)
+    attention = max(_probs(hf, geometry, start, stop, batch) for start, stop in plan.calls)
     emb = hf.get_input_embeddings().weight
-    rows = tokens if logits == "all" else plan.query[1] - plan.query[0]
-    head = 4 if isinstance(hf.lm_head, Fp32Projection) else _size(hf.lm_head.weight.dtype)
+    rows = tokens if logits == "all" else plan.query_rows
+    head = 4 if isinstance(hf.lm_head, Fp32Projection) else item_size(hf.lm_head.weight.dtype)
     n_logits = batch * rows * int(hf.config.vocab_size) * head
     cache = sum(_cache_bytes(hf, g, int(tokens), batch, emb.dtype) for g in geometry) if plan.prefix else 0
     return MemoryEstimate(
-        int(tokens), batch, chunk, plan.query[1] - plan.query[0], weights, cache, attention, n_logits
+        int(tokens), batch, chunk, plan.query_rows, weights, cache, attention, n_logits
     )
-
-
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def _probs(hf: nn.Module, geometry: list[LayerGeometry], start: int, stop: int, batch: int) -> int:
@@ -77,7 +76,7 @@ def _probs(hf: nn.Module, geometry: list[LayerGeometry], start: int, stop: int, 
     n, L = stop - start, int(config.sliding_window)
     raw = min(start, L - 1) + n  # the cached window's keys, then this call's own
     entries = max((stop // g.spec.stride if g.spec else 0) for g in geometry)  # all entries up to `stop`
-    item = _size(hf.get_input_embeddings().weight.dtype)
+    item = item_size(hf.get_input_embeddings().weight.dtype)
     return batch * int(config.num_attention_heads) * n * (raw + entries) * item
 
 
@@ -85,7 +84,7 @@ def _cache_bytes(hf: nn.Module, g: LayerGeometry, T: int, batch: int, dtype: tor
     """Bytes of layer ``g``'s cache after ``T`` tokens (the window, entries, buffers, overlap halves)."""
     config = hf.config
     d, L = int(config.head_dim), int(config.sliding_window)
-    item = _size(dtype)
+    item = item_size(dtype)
     window = min(T, L - 1) * d * item * (2 if g.spec is None else 1)  # sliding layers: K and V separately
     if g.spec is None:
         return batch * window
@@ -100,7 +99,7 @@ def _cache_bytes(hf: nn.Module, g: LayerGeometry, T: int, batch: int, dtype: tor
 def _compressor_bytes(module: nn.Module, T: int, S: int, d: int, item: int, *, overlap: bool) -> int:
     """Entries ``[T // S, d]``, the unfinished block's projections ``[T % S, C]`` (kv and gate, C = 2d with
     overlap) and, with overlap, the last block's ``Ca`` half ``[S, d]`` (kv, and gate with the fp32 bias added)."""
-    proj = 4 if isinstance(module.kv_proj, Fp32Projection) else item if is_packed(module.kv_proj) else _size(
+    proj = 4 if isinstance(module.kv_proj, Fp32Projection) else item if is_packed(module.kv_proj) else item_size(
         module.kv_proj.weight.dtype)
     width = (2 if overlap else 1) * d
     total = (T // S) * d * item + 2 * (T % S) * width * proj

@@ -5,7 +5,8 @@ layer. Chunked prefill runs the prefix in pieces of ``chunk`` tokens through a
 ``transformers.DynamicCache(config=...)`` (which builds V4's own sliding / CSA / HCA cache layers, so the
 compressors carry their unfinished blocks and overlap halves across pieces), then runs the **query
 chunk**, the last ``query_len`` tokens, as one more call. Only that last call is hooked and recorded.
-Peak attention memory falls from ``O(T^2)`` to ``O(chunk * (chunk + L + T/m))``.
+Peak attention memory falls from ``O(T^2)`` to ``O(chunk * (chunk + L + T/m))``. The pieces are planned by
+:func:`phaselens.models.numerics.chunks.plan_chunks`; this module runs them through transformers.
 
 With ``index_topk`` at least the number of entries, chunked and unchunked logits agree to float rounding
 (tested at 1e-5 in fp32). Prefix pieces run under ``torch.no_grad()``: gradients stop at the cache.
@@ -13,45 +14,13 @@ With ``index_topk`` at least the number of entries, chunked and unchunked logits
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from phaselens.core.errors import InputError
-
-
-@dataclass(frozen=True)
-class ChunkPlan:
-    """Token ranges ``[start, stop)``: ``prefix`` pieces, then the hooked ``query`` range."""
-
-    prefix: tuple[tuple[int, int], ...]
-    query: tuple[int, int]
-
-    @property
-    def query_start(self) -> int:
-        return self.query[0]
-
-
-def plan_chunks(T: int, chunk: int | None, query_len: int | None) -> ChunkPlan:
-    """Split ``T`` tokens: the query chunk is the last ``query_len`` (default ``min(chunk, T)``) tokens,
-    and the rest is prefilled in pieces of ``chunk``. ``chunk=None`` and no ``query_len``: one unchunked
-    call."""
-    if chunk is None and query_len is None:
-        return ChunkPlan((), (0, T))
-    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, numbers.Integral) or chunk < 1):
-        raise InputError(f"chunk must be a positive int (tokens per prefill piece), got {chunk!r}.")
-    chunk = None if chunk is None else int(chunk)
-    q = query_len if query_len is not None else min(chunk, T)
-    if isinstance(q, bool) or not isinstance(q, numbers.Integral) or not 1 <= q <= T:
-        raise InputError(f"query_len must be an int in 1..{T} (the hooked last tokens), got {query_len!r}.")
-    q = int(q)
-    step = chunk or (T - q) or 1
-    start = T - q
-    prefix = tuple((s, min(s + step, start)) for s in range(0, start, step))
-    return ChunkPlan(prefix, (start, T))
+from phaselens.models.numerics.chunks import ChunkPlan
 
 
 @dataclass

@@ -15,7 +15,8 @@ from phaselens.models.deepseek_v41.cache import V41Cache
 from phaselens.models.deepseek_v41.checkpoint import is_v41_checkpoint, load_v41
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
 from phaselens.models.deepseek_v41.model import DeepSeekV41, V41Cfg
-from phaselens.models.deepseek_v41.notices import DeepSeekV41Warning, EngramDroppedWarning, IndexTopKWarning
+from phaselens.models.deepseek_v41.notices import DeepSeekV41Warning, EngramDroppedWarning
+from phaselens.models.numerics.notices import IndexTopKWarning
 
 __all__ = [
     "DeepSeekV41",

@@ -26,18 +26,22 @@ from phaselens.models.deepseek_v41.compressed import (
     visible,
 )
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
-from phaselens.models.deepseek_v41.layers import (
-    GroupedLinear,
-    Linear,
-    Numerics,
-    RMSNorm,
-    compute_dtype,
-    rope,
-    rope_frequencies,
-)
-from phaselens.models.deepseek_v41.quant import fp4_round_trip, fp8_round_trip
+from phaselens.models.deepseek_v41.layers import GroupedLinear, Linear, Numerics, RMSNorm, rope
+from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.numerics.formats import fp4_round_trip, fp8_round_trip
+from phaselens.models.numerics.rope import inverse_frequencies
 
 NEG_INF = float("-inf")
+
+
+def layer_inv_freq(cfg: V41Config, role: LayerRole) -> Tensor:
+    """RoPE inverse frequencies ``[qk_rope_head_dim // 2]`` of a layer: ``compress_rope_theta`` with YaRN where it
+    compresses, plain ``rope_theta`` where it slides."""
+    if role.compressed:
+        return inverse_frequencies(cfg.qk_rope_head_dim, cfg.compress_rope_theta, factor=cfg.rope_factor,
+                                   original=cfg.rope_original_max_position, beta_fast=cfg.beta_fast,
+                                   beta_slow=cfg.beta_slow)
+    return inverse_frequencies(cfg.qk_rope_head_dim, cfg.rope_theta)
 
 
 class V41Attention(nn.Module):
@@ -68,13 +72,7 @@ class V41Attention(nn.Module):
             self.compressor = Compressor(D, d, role.ratio, cfg.rms_norm_eps, numerics, dtype)
         if role.is_kv_source or role.is_index_source:
             self.indexer = Indexer(cfg, numerics, dtype, owns_keys=role.is_kv_source, has_queries=role.is_index_source)
-        if role.compressed:
-            freqs = rope_frequencies(self.rope_dims, cfg.compress_rope_theta, factor=cfg.rope_factor,
-                                     original=cfg.rope_original_max_position, beta_fast=cfg.beta_fast,
-                                     beta_slow=cfg.beta_slow)
-        else:
-            freqs = rope_frequencies(self.rope_dims, cfg.rope_theta)
-        self.register_buffer("inv_freq", freqs, persistent=False)
+        self.register_buffer("inv_freq", layer_inv_freq(cfg, role), persistent=False)
         self.hook_q, self.hook_kv, self.hook_z = HookPoint(), HookPoint(), HookPoint()
         self.hook_pattern_local, self.hook_pattern_sink = HookPoint(), HookPoint()
         if role.compressed:

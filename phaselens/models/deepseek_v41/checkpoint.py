@@ -297,13 +297,7 @@ def truncate_config(raw: dict[str, Any], n_layers: int) -> dict[str, Any]:
 
 def _restore_buffers(model: DeepSeekV41) -> None:
     """Recompute the RoPE frequencies (buffers are not in the checkpoint), on each layer's device."""
-    from phaselens.models.deepseek_v41.layers import rope_frequencies
+    from phaselens.models.deepseek_v41.attention import layer_inv_freq
 
-    c = model.config
     for role, block in zip(model.roles, model.blocks):
-        if role.compressed:
-            f = rope_frequencies(c.qk_rope_head_dim, c.compress_rope_theta, factor=c.rope_factor,
-                                 original=c.rope_original_max_position, beta_fast=c.beta_fast, beta_slow=c.beta_slow)
-        else:
-            f = rope_frequencies(c.qk_rope_head_dim, c.rope_theta)
-        block.attn.inv_freq = f.to(block.attn.inv_freq.device)
+        block.attn.inv_freq = layer_inv_freq(model.config, role).to(block.attn.inv_freq.device)

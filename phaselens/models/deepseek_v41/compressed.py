@@ -16,7 +16,8 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
-from phaselens.models.deepseek_v41.layers import Linear, Numerics, RMSNorm, compute_dtype
+from phaselens.models.deepseek_v41.layers import Linear, Numerics, RMSNorm
+from phaselens.models.numerics.dtypes import compute_dtype
 
 
 class Compressor(nn.Module):

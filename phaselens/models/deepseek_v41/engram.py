@@ -26,7 +26,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from phaselens.models.deepseek_v41.layers import Linear, Numerics, compute_dtype
+from phaselens.models.deepseek_v41.layers import Linear, Numerics
+from phaselens.models.numerics.dtypes import compute_dtype
 
 SCALE_GROUP = 32  # one UE8M0 scale per 32 table values
 GATE_FLOOR = 1e-6  # |dot| is clamped to this before the square root (the sign is kept)

@@ -1,12 +1,14 @@
 """Building blocks of the V4.1 text model: linear layers, RMSNorm, RoPE and hyper-connections.
 
+The numerics themselves (RMSNorm, RoPE / YaRN frequencies, the FP8 round trip, packed weights) are the shared
+ones of :mod:`phaselens.models.numerics`; this module fits them to V4.1's modules and shapes.
+
 Numerics follow DeepSeek's reference: RMSNorm, the hyper-connection mixes and the Sinkhorn projection run in
 fp32 (``ct`` below: at least fp32) and are cast back; linear layers run in the model dtype.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -15,11 +17,12 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from phaselens.models.compressed.compressor import rms_norm
-from phaselens.models.compressed.rope import apply_rope
 from phaselens.models.deepseek_v41.kernels import CALLS, Kernels, kernel_linear, wants_kernel
-from phaselens.models.deepseek_v41.packed import PackedFormat, dequantize
-from phaselens.models.deepseek_v41.quant import fp8_round_trip
+from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.numerics.formats import fp8_round_trip
+from phaselens.models.numerics.norms import rms_norm
+from phaselens.models.numerics.packed import PackedFormat, dequantize
+from phaselens.models.numerics.rope import apply_rope
 
 Quantize = Literal["kv", "fp8"] | None
 
@@ -46,18 +49,13 @@ class Numerics:
         return self.quantize == "fp8"
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """At least fp32 (fp64 stays fp64)."""
-    return torch.promote_types(dtype, torch.float32)
-
-
 class Linear(nn.Module):
     """``y = x W^T`` in the model dtype. ``quantized`` marks layers whose GEMM the reference runs in FP8/FP4: it
     quantizes their input to FP8 (groups of 32), which ``Numerics(quantize="fp8")`` simulates.
 
     The weight is either dense (``weight`` ``[d_out, d_in]`` in ``dtype``) or packed as the checkpoint stores it
     (:meth:`set_packed`: ``weight`` holds the FP8/FP4 bytes and ``scale`` the block scales; see
-    :mod:`~phaselens.models.deepseek_v41.packed`), dequantized per call (or multiplied by transformers' kernel).
+    :mod:`~phaselens.models.numerics.packed`), dequantized per call (or multiplied by transformers' kernel).
     ``stored`` is the release's format of this weight (``"fp8"`` or ``None``), for plans made without a checkpoint.
     """
 
@@ -127,23 +125,6 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return rms_norm(x, self.weight, self.eps)
-
-
-def rope_frequencies(dims: int, theta: float, *, factor: float = 1.0, original: int = 0,
-                     beta_fast: float = 32.0, beta_slow: float = 1.0) -> Float[Tensor, " pairs"]:
-    """Inverse frequencies ``[dims // 2]`` as the reference computes them: YaRN (no magnitude scaling) when
-    ``original > 0``, else plain RoPE."""
-    inv = 1.0 / (theta ** (torch.arange(0, dims, 2, dtype=torch.float32) / dims))
-    if original <= 0:
-        return inv
-
-    def corrected(rotations: float) -> float:
-        return dims * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
-
-    low = max(math.floor(corrected(beta_fast)), 0)
-    high = min(math.ceil(corrected(beta_slow)), dims - 1)
-    ramp = ((torch.arange(dims // 2, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
-    return inv / factor * ramp + inv * (1 - ramp)
 
 
 def rope(x: Tensor, positions: Tensor, inv_freq: Tensor, *, inverse: bool = False) -> Tensor:

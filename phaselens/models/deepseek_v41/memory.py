@@ -24,21 +24,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import torch
-
 from phaselens.contract.memory import MemoryEstimate
-
-
-def _size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def calls(T: int, chunk: int | None, query_len: int | None) -> list[tuple[int, int]]:
-    """The ``(start, stop)`` token ranges of one forward: prefix pieces, then the query piece."""
-    if chunk is None:
-        return [(0, T)]
-    q = min(chunk, T) if query_len is None else int(query_len)
-    return [(a, min(a + chunk, T - q)) for a in range(0, T - q, chunk)] + [(T - q, T)]
+from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.numerics.sizing import held_bytes, item_size
 
 
 def estimate_memory(model: Any, tokens: int, *, batch: int = 1, chunk: int | None = None,
@@ -46,13 +34,12 @@ def estimate_memory(model: Any, tokens: int, *, batch: int = 1, chunk: int | Non
     """Estimate the memory of ``model(tokens, chunk=chunk, query_len=query_len, logits=logits)``."""
     c = model.config
     T, B = int(tokens), int(batch)
-    pieces = calls(T, chunk, query_len)
-    item = _size(model.embed.weight.dtype)
-    weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
-    attention = max(_scores(model, a, b, B) for a, b in pieces)
-    activations = max(_transients(model, a, b, B, item) for a, b in pieces) + _dequant(model, item)
-    rows = T if logits == "all" else pieces[-1][1] - pieces[-1][0] if chunk else int(query_len or T)
-    return MemoryEstimate(T, B, chunk, pieces[-1][1] - pieces[-1][0], weights, _cache(model, T, B, item),
+    plan = plan_chunks(T, chunk, query_len if chunk is not None else None)  # unchunked: one call
+    item = item_size(model.embed.weight.dtype)
+    attention = max(_scores(model, a, b, B) for a, b in plan.calls)
+    activations = max(_transients(model, a, b, B, item) for a, b in plan.calls) + _dequant(model, item)
+    rows = T if logits == "all" else plan.query_rows if chunk else int(query_len or T)
+    return MemoryEstimate(T, B, chunk, plan.query_rows, held_bytes(model), _cache(model, T, B, item),
                           attention, logits=B * rows * int(c.vocab_size) * 4, activations=activations)
 
 

@@ -43,19 +43,13 @@ from phaselens.models.deepseek_v41.engram_hash import (
     history_after,
 )
 from phaselens.models.deepseek_v41.kernels import Kernels
-from phaselens.models.deepseek_v41.layers import (
-    Numerics,
-    Quantize,
-    RMSNorm,
-    compute_dtype,
-    hc_mixes,
-    hc_post,
-    hc_pre,
-)
+from phaselens.models.deepseek_v41.layers import Numerics, Quantize, RMSNorm, hc_mixes, hc_post, hc_pre
 from phaselens.models.deepseek_v41.moe import MoE
-from phaselens.models.deepseek_v41.notices import IndexTopKWarning
 from phaselens.models.deepseek_v41.placement import input_device
 from phaselens.models.hooking import ContextHooks, query_start, silent_hooks
+from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.numerics.notices import IndexTopKWarning
 
 _UNSET = object()
 
@@ -316,19 +310,13 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         chunk = self.chunk if chunk is _UNSET else chunk
         if cache is not None or chunk is None:
             return self._call(tokens, cache, logits, query_len)
-        T = tokens.shape[1]
-        if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-            raise InputError(f"chunk must be a positive int (tokens per prefill piece) or None, got {chunk!r}.")
-        q = min(chunk, T) if query_len is None else query_len
-        if isinstance(q, bool) or not isinstance(q, int) or not 1 <= q <= T:
-            raise InputError(f"query_len must be an int in 1..{T} (the query piece), got {query_len!r}.")
+        plan = plan_chunks(tokens.shape[1], chunk, query_len)
         run = V41Cache(self, tokens.shape[0])
         kept = []
         with torch.no_grad(), silent_hooks():
-            for a in range(0, T - q, chunk):
-                out = self._call(tokens[:, a : min(a + chunk, T - q)], run, "all", None, head=logits == "all")
-                kept.append(out)
-        out = self._call(tokens[:, T - q :], run, "all", None)
+            for a, b in plan.prefix:
+                kept.append(self._call(tokens[:, a:b], run, "all", None, head=logits == "all"))
+        out = self._call(tokens[:, plan.query_start :], run, "all", None)
         return torch.cat([*kept, out], dim=1) if logits == "all" else out
 
     def _call(self, tokens: Tensor, cache: V41Cache | None, logits: str, query_len: int | None,

@@ -14,9 +14,11 @@ from torch import Tensor, nn
 
 from phaselens.models.deepseek_v41.config import V41Config
 from phaselens.models.deepseek_v41.kernels import CALLS, kernel_linear, wants_kernel
-from phaselens.models.deepseek_v41.layers import Linear, Numerics, compute_dtype
-from phaselens.models.deepseek_v41.packed import PackedFormat, dequantize
-from phaselens.models.deepseek_v41.quant import fp8_round_trip
+from phaselens.models.deepseek_v41.layers import Linear, Numerics
+from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.numerics.formats import fp8_round_trip
+from phaselens.models.numerics.packed import PackedFormat, dequantize
+from phaselens.models.numerics.sizing import item_size
 
 
 def swiglu(gate: Tensor, up: Tensor, limit: float) -> Tensor:
@@ -88,7 +90,7 @@ class RoutedExperts(nn.Module):
     def _groups(self, experts: list[int]) -> list[list[int]]:
         """``experts`` cut into runs whose dequantized weights fit ``chunk_bytes``."""
         _, rows, cols = self.shapes["w1"]
-        per = 3 * rows * cols * torch.empty((), dtype=self.dtype).element_size()
+        per = 3 * rows * cols * item_size(self.dtype)
         size = max(1, self.chunk_bytes // per)
         return [experts[i : i + size] for i in range(0, len(experts), size)]
 

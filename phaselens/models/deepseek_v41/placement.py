@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from phaselens.core.errors import DeviceMapError
+from phaselens.models.numerics.sizing import held_bytes
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 NO_SPLIT = ["Block"]
@@ -118,7 +119,7 @@ def _infer(model: nn.Module, strategy: str, max_memory: Any) -> dict[str, str | 
         raise DeviceMapError(f"max_memory={max_memory!r} cannot be used ({err}); give bytes or strings such as "
                              "{0: '70GiB', 'cpu': '200GiB'}.") from None
     if "disk" in placed.values():
-        need = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+        need = held_bytes(model)
         raise DeviceMapError(
             f"the model ({need / 2**30:.1f} GiB of weights as loaded) does not fit in "
             f"{_budget_text(budget)}: give more max_memory, use more GPUs (`phaselens plan DIR --gpu-memory ...` "

@@ -20,6 +20,12 @@ with a ``.scale`` is either
 Before either, :func:`~phaselens.models.deepseek_v41.formats.check_formats` checks every tensor's dtype and shape,
 from the headers, against its format (a scale stored as ``int32`` or ``float8_e4m3fn`` is refused by name).
 
+A module that can hold a packed weight (the layouts of :mod:`phaselens.models.numerics.packed`) offers
+``set_packed(fmt, scale_dtype)`` (replace its ``weight`` parameter by empty ``uint8`` values, add a ``scale``
+parameter, set ``self.fmt``), ``stored`` (``"fp8"`` / ``"fp4"``: the release's format, for plans made from
+``config.json`` alone: ``phaselens plan`` then counts it packed) and, for FP8 scales that are not the config's
+32 x 32 blocks, ``fp8_block`` (e.g. ``(1, 32)``).
+
 A parameter a module keeps in FP8's own dtypes (Engram's tables: ``float8_e4m3fn`` values and a
 ``float8_e8m0fnu`` ``.scale``) receives the stored tensors as they are. Anything else is copied and cast.
 """
@@ -39,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from phaselens.core.errors import CheckpointError
-from phaselens.models.deepseek_v41.packed import (
+from phaselens.models.numerics.packed import (
     FP4_ROWS,
     PackedFormat,
     as_bytes,
@@ -47,6 +53,7 @@ from phaselens.models.deepseek_v41.packed import (
     scale_bytes_dtype,
     stored_kind,
 )
+from phaselens.models.numerics.sizing import item_size
 from phaselens.runtime.checkpoints import read_json
 
 SKIP_PREFIXES = ("mtp.", "vision.", "aligner.", "image_")
@@ -83,7 +90,7 @@ class Stored:
         n = 1
         for s in self.shape:
             n *= s
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return n * item_size(self.dtype)
 
 
 FIX_SHARD = "download this shard again (or convert it again from the release)"

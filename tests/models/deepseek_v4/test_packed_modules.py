@@ -4,7 +4,7 @@ On the CPU: the real ``FP8Linear`` / ``FP8GroupedLinear`` / ``FP8Experts`` modul
 quantizer, holding FP8 block codes and FP4 expert codes, with the GPU kernels replaced by CPU stand-ins
 (``tests/support/deepseek_packed.py``). Every packed tensor records who reads it: only transformers' FP8 modules
 themselves (their kernels) and phaselens's decoder (``models/deepseek_v4/packed.py``, which dequantizes with
-``models/deepseek_v41/packed.py``) may.
+``models/numerics/packed.py``) may.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.support.paths import ROOT
 
 # transformers' FP8 modules (their kernels), and phaselens's decoder (V4's bridge and the shared dequantizer)
 ALLOWED = ("transformers/integrations/finegrained_fp8.py", "phaselens/models/deepseek_v4/packed.py",
-           "phaselens/models/deepseek_v41/packed.py")
+           "phaselens/models/numerics/packed.py")
 
 
 def _x(seed=0):
@@ -74,5 +74,5 @@ def test_decoder_and_memory_estimate_on_packed_modules():
 
 
 def test_gpu_check_script_exists_and_prints_json():
-    script = ROOT / "scripts" / "gpu_packed_check.py"
+    script = ROOT / "tests" / "gpu" / "packed.py"
     assert script.is_file() and "json" in script.read_text()

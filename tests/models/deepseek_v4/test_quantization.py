@@ -18,14 +18,8 @@ import scipy.linalg
 import torch
 
 from phaselens.core.errors import InputError
-from phaselens.models.deepseek_v4.quantization import (
-    fp4_simulate,
-    fp8_simulate,
-    hadamard,
-    indexer_simulate,
-    pow2_scale,
-    round_e2m1,
-)
+from phaselens.models.deepseek_v4.quantization import FP4_BLOCK, fp8_simulate, hadamard, indexer_simulate
+from phaselens.models.numerics.formats import fp4_round_trip, pow2_scale, round_e2m1
 from tests.support.deepseek_reference import (
     E2M1,
     E2M1_EVEN,
@@ -76,7 +70,7 @@ def test_fp8_simulation_matches_the_reference_formula(dtype):
 def test_fp4_simulation_matches_the_reference_formula(dtype):
     g = torch.Generator().manual_seed(2)
     x = (torch.randn(5, 4, 128, generator=g) * 3).to(dtype)
-    out = fp4_simulate(x)
+    out = fp4_round_trip(x, FP4_BLOCK)
     assert out.dtype == dtype
     expected = reference_block_quant(x, 32, 6.0, 6 * 2.0**-126, E2M1, E2M1_EVEN)
     assert np.array_equal(out.double().numpy(), expected)
@@ -115,7 +109,7 @@ def test_indexer_simulation_is_rotation_then_fp4():
     g = torch.Generator().manual_seed(4)
     x = torch.randn(4, 128, generator=g).bfloat16()
     rotated = hadamard(x)
-    assert torch.equal(indexer_simulate(x), fp4_simulate(rotated))
+    assert torch.equal(indexer_simulate(x), fp4_round_trip(rotated, FP4_BLOCK))
     expected = reference_block_quant(rotated, 32, 6.0, 6 * 2.0**-126, E2M1, E2M1_EVEN)
     assert np.array_equal(indexer_simulate(x).double().numpy(), expected)
 
@@ -124,6 +118,6 @@ def test_bad_sizes_are_refused():
     with pytest.raises(InputError, match="multiple of 64"):
         fp8_simulate(torch.ones(2, 48))
     with pytest.raises(InputError, match="multiple of 32"):
-        fp4_simulate(torch.ones(2, 16))
+        fp4_round_trip(torch.ones(2, 16), FP4_BLOCK)
     with pytest.raises(InputError, match="power-of-two"):
         hadamard(torch.ones(2, 96))

@@ -1,29 +1,22 @@
-"""Weights kept in their stored FP8 / FP4 formats, dequantized inside the forward.
+"""Weights kept in their stored FP8 / FP4 formats, and dequantizing them (DeepSeek-V4 and V4.1 store them alike).
 
-A packed weight is two tensors, both as the checkpoint stores them:
+A packed weight is two tensors, both as a checkpoint stores them:
 
 * ``values``: ``uint8`` bytes. FP8 (E4M3) ``[..., O, I]``, one byte per value; FP4 (E2M1) ``[..., O, I/2]``,
   two values per byte, the first in the low nibble.
 * ``scale``: one power-of-two (UE8M0) scale per block of ``block = (rows, cols)`` logical values, ``[...,
   ceil(O/rows), ceil(I/cols)]``, kept as its ``uint8`` bytes (a float dtype if the checkpoint stores one).
 
-``w[i, j] = value[i, j] * scale[i // rows, j // cols]``. DeepSeek-V4.1 uses three layouts:
-:data:`FP8_BLOCKS` ``(32, 32)`` for FP8 projections, :data:`FP4_ROWS` ``(1, 32)`` for the routed experts and
-:data:`FP8_ROWS` ``(1, 32)`` for Engram's n-gram tables (read with :func:`dequantize_rows`).
+``w[i, j] = value[i, j] * scale[i // rows, j // cols]``. The layouts in use: :data:`FP8_BLOCKS` ``(32, 32)``
+(DeepSeek-V4.1's FP8 projections; V4's checkpoints name their own block), :data:`FP4_ROWS` ``(1, 32)`` (the
+routed experts of both) and :data:`FP8_ROWS` ``(1, 32)`` (V4.1's Engram tables, read with
+:func:`dequantize_rows`).
 
 Bytes, not ``float8_e4m3fn``: ``model.to(torch.float32)`` or ``model.double()`` convert every floating-point
 tensor, which would turn FP8 codes into numbers without their scales; ``uint8`` tensors are left alone.
 
 Every product is exact in bf16 and fp32 (at most 4 significant bits times a power of two), so dequantizing
-here gives bit for bit the weights that dequantizing at load gives.
-
-A module holds a packed weight by offering ``set_packed(fmt, scale_dtype)`` (replace its ``weight`` parameter
-by empty ``uint8`` values and add a ``scale`` parameter, set ``self.fmt``), ``stored`` (``"fp8"`` / ``"fp4"``:
-the release's format, for plans made from ``config.json`` alone) and, for FP8 scales that are not the
-config's 32 x 32 blocks, ``fp8_block`` (e.g. ``(1, 32)``). The loader
-(:func:`~phaselens.models.deepseek_v41.weights.pack_from_headers`) then keeps the checkpoint's ``X.weight`` /
-``X.scale`` packed in it, and ``phaselens plan`` counts it packed: :class:`~.layers.Linear` and
-:class:`~.moe.RoutedExperts` do; an Engram table (``FP8_ROWS``, read with :func:`dequantize_rows`) would too.
+inside the forward gives bit for bit the weights that dequantizing at load gives.
 """
 
 from __future__ import annotations
@@ -35,7 +28,7 @@ import torch
 from torch import Tensor
 
 from phaselens.core.errors import CheckpointError
-from phaselens.models.deepseek_v41.quant import E2M1_VALUES
+from phaselens.models.numerics.formats import E2M1_VALUES
 
 
 @dataclass(frozen=True)

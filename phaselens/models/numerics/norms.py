@@ -1,0 +1,18 @@
+"""RMSNorm as DeepSeek-V4 computes it: in the compute dtype (at least fp32), cast back."""
+
+from __future__ import annotations
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from phaselens.models.numerics.dtypes import compute_dtype
+
+
+def rms_norm(x: Float[Tensor, "*batch d"], weight: Float[Tensor, " d"], eps: float) -> Float[Tensor, "*batch d"]:
+    """``weight * x / sqrt(mean(x**2) + eps)`` over the last axis in :func:`compute_dtype` of ``x``, returned in
+    ``x.dtype``."""
+    ct = compute_dtype(x.dtype)
+    xf = x.to(ct)
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.to(ct) * xf).to(x.dtype)
