@@ -195,7 +195,7 @@ HF_CASES = [
     ("index names a missing shard", lambda d: (d / "model.safetensors.index.json").write_text(
         json.dumps({"weight_map": {"w": "model-00002-of-00002.safetensors"}})), {}, CheckpointError, "missing"),
     ("layer_types too short in config", _edit_config(lambda r: r.update(layer_types=r["layer_types"][:2])), {},
-     UnsupportedModelError, "one attention type per layer"),
+     CheckpointError, "layer_types"),  # the config's own fields: the same check and message as `phaselens plan`
     ("layer_types= too long", lambda d: None, {"layer_types": ["sliding_attention"] * 9}, UnsupportedModelError,
      "num_hidden_layers=4"),
     ("layer_types= a string", lambda d: None, {"layer_types": "sliding_attention"}, UnsupportedModelError,

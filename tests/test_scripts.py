@@ -26,8 +26,6 @@ SYS_PATH_EDIT = re.compile(r"sys\.path\.(insert|append|extend)\b|sys\.path(\[[^\
 ALLOWED = {
     # launched as `python tests/support/family_worker.py` and under torchrun by tests/train/family/test_train.py
     "tests/support/family_worker.py",
-    # the source of a `python -c` child process of the test (the child is given the repository's path)
-    "tests/models/deepseek_v41/test_packed.py",
 }
 
 

@@ -5,7 +5,7 @@ reports, in bytes:
 
 * the weights **as stored** (the text model in the checkpoint's formats: FP8 projections, FP4 experts, bf16
   and fp32 tensors; Engram's tables separately; the draft layers and the vision tower are not counted) and
-  **as loaded** on GPUs by phaselens (DeepSeek-V4.1: packed, :mod:`phaselens.models.deepseek_v41.packed`;
+  **as loaded** on GPUs by phaselens (DeepSeek-V4.1: packed, :mod:`phaselens.models.numerics.packed`;
   DeepSeek-V4: as transformers' finegrained-fp8 integration keeps them on CUDA), with the dequantized size
   for comparison;
 * one forward at ``context`` tokens, prefilled in pieces of ``chunk``: the cache, the attention scores (the

@@ -83,7 +83,6 @@ def test_packed_and_dequantized_loads_agree_in_bf16(tiny):
 
 _MEASURE = r"""
 import gc, json, sys, torch
-sys.path[:0] = [sys.argv[3], sys.argv[4]]
 from phaselens.models.deepseek_v41 import load_v41
 torch.set_num_threads(1)
 def status(key):
@@ -93,7 +92,7 @@ def status(key):
 load_v41(sys.argv[2], dtype=torch.bfloat16)  # warm-up on another checkpoint: imports, lazy torch state
 gc.collect()
 base = status("VmRSS")
-model = load_v41(sys.argv[1], dtype=torch.bfloat16, weights=sys.argv[5])
+model = load_v41(sys.argv[1], dtype=torch.bfloat16, weights=sys.argv[3])
 gc.collect()
 tensors = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
 print(json.dumps({"rss_growth": status("VmRSS") - base, "peak_growth": status("VmHWM") - base,
@@ -102,9 +101,8 @@ print(json.dumps({"rss_growth": status("VmRSS") - base, "peak_growth": status("V
 
 
 def _measure(ckpt: Path, warm: Path, weights: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _MEASURE, str(ckpt), str(warm), str(REPO), str(REPO / "tests"),
-                          weights], capture_output=True, text=True, check=True, env={**os.environ,
-                                                                                   "OMP_NUM_THREADS": "1"})
+    out = subprocess.run([sys.executable, "-c", _MEASURE, str(ckpt), str(warm), weights], cwd=REPO,
+                         capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
