@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING
 
 from phaselens.core.errors import *  # noqa: F403
 from phaselens.core.errors import __all__ as _error_names
-
-__version__ = "0.1.0"
+from phaselens.core.version import __version__
 
 # the module that defines each public name
 _EXPORTS: dict[str, tuple[str, ...]] = {

@@ -58,11 +58,14 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
             if node.level:
                 parts = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            # `from pkg import sub` imports the submodule; `from pkg import name` the package itself
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         for t in targets:
             while t and t not in known:
                 t = t.rsplit(".", 1)[0] if "." in t else ""
-            if t and t != name and not name.startswith(t + "."):
+            # a module's own ancestors are skipped (its package's __init__), except the top package: nothing
+            # below it may import `phaselens` itself (the check that could not fire before)
+            if t and t != name and (t == "phaselens" or not name.startswith(t + ".")):
                 out.add(t)
     return out
 
@@ -84,7 +87,8 @@ def test_every_subpackage_has_a_layer():
     assert tops <= set(LAYERS), f"give these a layer in LAYERS and docs/architecture.md: {tops - set(LAYERS)}"
 
 
-def test_imports_point_down(graph):
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports that point up a layer, between siblings, or at the top package."""
     bad = []
     for src, targets in graph.items():
         ls = _layer(src)
@@ -98,10 +102,11 @@ def test_imports_point_down(graph):
                 bad.append(f"{src} ({ls}) imports {dst} ({ld}): upward")
             elif frozenset({ls, ld}) in SIBLINGS:
                 bad.append(f"{src} ({ls}) imports {dst} ({ld}): siblings meet only through the contract")
-    assert not bad, "\n".join(sorted(bad))
+    return sorted(bad)
 
 
-def test_no_import_cycles(graph):
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -113,7 +118,7 @@ def test_no_import_cycles(graph):
         index[v] = low[v] = len(index)
         stack.append(v)
         on.add(v)
-        for w in graph[v]:
+        for w in graph.get(v, ()):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -133,6 +138,16 @@ def test_no_import_cycles(graph):
     for v in graph:
         if v not in index:
             visit(v)
+    return cycles
+
+
+def test_imports_point_down(graph):
+    bad = upward_imports(graph)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles(graph):
+    cycles = import_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
@@ -146,11 +161,12 @@ def _model_package(module: str) -> str | None:
     return parts[2] if is_package else None
 
 
-def test_model_kinds_import_only_the_core(graph):
-    """models/: the shared core (models.numerics) imports nothing else of models/; one package per kind
-    imports the core and models/' shared modules (hooking, ...), never another kind."""
-    kinds = {p.name for p in (PKG / "models").iterdir() if (p / "__init__.py").exists()} - {MODEL_CORE}
-    assert {"compressed", "deepseek_v4", "deepseek_v41", "served"} <= kinds
+def _kinds() -> set[str]:
+    return {p.name for p in (PKG / "models").iterdir() if (p / "__init__.py").exists()} - {MODEL_CORE}
+
+
+def cross_kind_imports(graph: dict[str, set[str]], kinds: set[str]) -> list[str]:
+    """Imports from one model kind into another, or from the models core into anything else of models/."""
     bad = []
     for src, targets in graph.items():
         own = _model_package(src)
@@ -162,7 +178,46 @@ def test_model_kinds_import_only_the_core(graph):
                 bad.append(f"{src} (the models core) imports {dst}")
             elif own in kinds and other in kinds and other != own:
                 bad.append(f"{src} ({own}) imports {dst} ({other}): kinds share code only through models.numerics")
-    assert not bad, "\n".join(sorted(bad))
+    return sorted(bad)
+
+
+def test_model_kinds_import_only_the_core(graph):
+    """models/: the shared core (models.numerics) imports nothing else of models/; one package per kind
+    imports the core and models/' shared modules (hooking, ...), never another kind."""
+    kinds = _kinds()
+    assert {"compressed", "deepseek_v4", "deepseek_v41", "served"} <= kinds
+    bad = cross_kind_imports(graph, kinds)
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.parametrize("source, check, fires", [
+    # the top package imported from below: the check that could not fire before
+    ("import phaselens\n", upward_imports, "imports the top package"),
+    ("from phaselens import load\n", upward_imports, "imports the top package"),
+    ("from phaselens.presentation.cli import app\n", upward_imports, "upward"),
+    ("from phaselens.analyses import evaluation\n", upward_imports, "siblings"),
+    ("from phaselens.models.deepseek_v41 import config\n", cross_kind_imports, "kinds share code only"),
+])
+def test_each_check_fires_on_a_planted_violation(graph, source, check, fires):
+    """Every rule above, run on the real graph plus one planted module (phaselens.models.deepseek_v4.planted)
+    that breaks it: the rule reports the planted module."""
+    planted = "phaselens.models.deepseek_v4.planted"
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "planted.py"
+        f.write_text(source)
+        known = set(graph) | {planted}
+        g = {**graph, planted: _imports(planted, f, known)}
+    found = check(g) if check is upward_imports else check(g, _kinds())
+    assert any(planted in line and fires in line for line in found), found
+    assert not any(planted in line for line in (check(graph) if check is upward_imports else check(graph, _kinds())))
+
+
+def test_the_cycle_check_fires_on_a_planted_cycle(graph):
+    a, b = "phaselens.core.checks", "phaselens.core.planted"
+    g = {**graph, b: {a}, a: graph[a] | {b}}
+    assert [a, b] in import_cycles(g) and not import_cycles(graph) == [[a, b]]
 
 
 def test_a_small_top_level():

@@ -458,7 +458,7 @@ ANY_ERROR = [  # (what a command meets, a phrase of its one line): the CLI never
 @pytest.mark.parametrize(("err", "said"), ANY_ERROR, ids=[type(e).__name__ + str(getattr(e, "errno", "") or "")
                                                           for e, _ in ANY_ERROR])
 def test_any_error_of_a_command_is_one_line_and_exit_3(monkeypatch, err, said):
-    monkeypatch.setattr(phaselens, "evaluate", _raise(err))
+    monkeypatch.setattr("phaselens.analyses.evaluation.evaluate", _raise(err))
     res = runner.invoke(app, ["eval", "w4s4", "--n-per-residue", "1", "--no-progress"])
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert res.exit_code == 3 and len(lines) == 1 and lines[0].startswith("error: "), res.output

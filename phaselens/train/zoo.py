@@ -13,9 +13,10 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-import phaselens
 from phaselens.analyses.evaluation import evaluate
 from phaselens.analyses.scoring import answer_metrics
+from phaselens.core.geometry import PhaseSpec
+from phaselens.core.version import __version__
 from phaselens.models.compressed.io import checkpoint_kind, save_model
 from phaselens.models.zoo import file_digests
 from phaselens.runtime.files import atomic_write_dir, check_output_dir
@@ -85,14 +86,14 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
                   n_permutations=2000, n_bootstrap=1000, batch_size=256)
     eval_s = time.time() - t1
     per_res = ev.per_residue()
-    eval_batch = task.build(phaselens.PhaseSpec(stride), n_per_residue=EVAL_BATCH_PER_RESIDUE, seed=EVAL_BATCH_SEED)
+    eval_batch = task.build(PhaseSpec(stride), n_per_residue=EVAL_BATCH_PER_RESIDUE, seed=EVAL_BATCH_SEED)
     with torch.no_grad():
         logits = model(eval_batch.tokens)[torch.arange(len(eval_batch)), eval_batch.query_pos]
     fixed_correct = answer_metrics(logits, eval_batch.answer, eval_batch.wrong)["correct"]
     card = {
         "name": name,
         "description": recipe.description,
-        "phaselens_version": phaselens.__version__,
+        "phaselens_version": __version__,
         "torch": torch.__version__,
         "machine": platform.machine(),
         "code": code_provenance(),

@@ -100,9 +100,11 @@ def _forbid_compute(monkeypatch):
     def boom(*a, **k):
         raise AssertionError("computed before validating --out")
 
-    for name in ("evaluate", "record", "specialization_map", "load"):
-        monkeypatch.setattr(phaselens, name, boom)
     import importlib
+
+    for module, name in (("analyses.evaluation", "evaluate"), ("analyses.recording", "record"),
+                         ("analyses.maps", "specialization_map"), ("models.sources", "load")):
+        monkeypatch.setattr(importlib.import_module(f"phaselens.{module}"), name, boom)  # where the CLI reads it
 
     monkeypatch.setattr(importlib.import_module("phaselens.presentation.reporting"), "report", boom)
 
@@ -127,7 +129,7 @@ def test_a_multi_line_error_message_is_printed_on_one_line(monkeypatch):
     def raise_two_lines(*a, **k):
         raise phaselens.InputError("first line\n    second line")
 
-    monkeypatch.setattr(phaselens, "load", raise_two_lines)
+    monkeypatch.setattr("phaselens.models.sources.load", raise_two_lines)
     res = runner.invoke(app, ["record", "w4s4", "--no-progress"])
     assert res.exit_code == 3 and res.output.strip() == "error: first line second line"
 

@@ -72,7 +72,7 @@ def eval_cmd(
     A served model: phaselens eval http://node:8000/v1 --tokenizer /data/DeepSeek-V4-Flash-Base --task niah-128k
     --checkpoint flash.ckpt --out flash.csv
     """
-    import phaselens
+    from phaselens.analyses.evaluation import evaluate
 
     opts = Served(tokenizer, served_model, concurrency, task, records, length, retries)
     opts.check(model)
@@ -87,7 +87,7 @@ def eval_cmd(
         else:
             m, fold = _load_for_phases(model, stride), stride
         items = opts.preset(opts_tokenizer(opts), model) if task is not None and not is_url(model) else None
-        ev = phaselens.evaluate(m, items, n_per_residue=n, seed=seed, progress=progress, stride=fold,
+        ev = evaluate(m, items, n_per_residue=n, seed=seed, progress=progress, stride=fold,
                                 checkpoint=checkpoint)
     say(ev.summary())
     if path and main_rank():
@@ -109,11 +109,11 @@ def record_cmd(
 
     Example: phaselens record w8s4 --out w8s4-recording.csv
     """
-    import phaselens
+    from phaselens.analyses.recording import record
 
     path = check_out(out, kind="file", force=force)
     with _label(model):
-        rec = phaselens.record(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
+        rec = record(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
     say(repr(rec))
     if path and main_rank():
         write_csv(rec.to_frame(), path, force=force)
@@ -161,17 +161,17 @@ def map_cmd(
 
     Example: phaselens map w8s4 --checkpoint runs/w8s4-map.npz --out w8s4-map.csv
     """
-    import phaselens
+    from phaselens.analyses.maps import specialization_map
 
     kind_tuple = _parse_kinds(kinds)
     if plan:
-        say(repr(phaselens.specialization_map(_load_for_phases(model, stride), method=method,
+        say(repr(specialization_map(_load_for_phases(model, stride), method=method,
                                                      n_per_residue=n_per_residue, seed=seed, kinds=kind_tuple,
                                                      stride=stride, plan=True)))
         return
     path = check_out(out, kind="file", force=force)
     with _label(model):
-        pm = phaselens.specialization_map(_load_for_phases(model, stride), method=method, n_per_residue=n_per_residue, seed=seed,
+        pm = specialization_map(_load_for_phases(model, stride), method=method, n_per_residue=n_per_residue, seed=seed,
                                           kinds=kind_tuple, stride=stride, checkpoint=checkpoint, progress=progress)
     say(repr(pm))
     if "head" in kind_tuple:

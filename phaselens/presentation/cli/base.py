@@ -261,7 +261,7 @@ def write_csv(frame: Any, path: Path, *, force: bool = False) -> None:
 
 def _version(value: bool) -> None:
     if value:
-        from phaselens import __version__
+        from phaselens.core.version import __version__
 
         typer.echo(f"phaselens {__version__}")
         raise typer.Exit()
@@ -297,10 +297,10 @@ def main(
 
 
 def _load(model: str) -> Any:
-    import phaselens
+    from phaselens.models.sources import load
 
     if _world_env()[1] <= 1:
-        return phaselens.load(model)
+        return load(model)
     from phaselens.runtime.replicas import rank_device, replica_gpus
 
     k = int(_state["gpus_per_replica"])
@@ -309,8 +309,8 @@ def _load(model: str) -> Any:
         from phaselens.models.sources import meta_model
         from phaselens.runtime.replicas import replica_device_map
 
-        return phaselens.load(model, device_map=replica_device_map(meta_model(model[3:]), replica_gpus(k)))
-    return phaselens.load(model, device=device)
+        return load(model, device_map=replica_device_map(meta_model(model[3:]), replica_gpus(k)))
+    return load(model, device=device)
 
 
 def _load_for_phases(model: str, stride: int | None) -> Any:

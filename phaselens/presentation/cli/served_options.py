@@ -53,9 +53,9 @@ class Served:
 
     def load(self, model: str, stride: int | None = None) -> Any:
         """The served model at ``model`` (a URL), its default task set to the preset."""
-        import phaselens
+        from phaselens.models.sources import load
 
-        m = phaselens.load(model, model=self.served_model, tokenizer=self.tokenizer, stride=stride,
+        m = load(model, model=self.served_model, tokenizer=self.tokenizer, stride=stride,
                            concurrency=self.concurrency, retries=self.retries)
         m.default_task = self.preset(m.tokenizer, model)
         return m

@@ -24,9 +24,9 @@ DEFAULT_MODELS = ("w8s4", "full")
 
 def _resolve(model: Any) -> tuple[str, Any, str]:
     if isinstance(model, str):
-        import phaselens
+        from phaselens.models.sources import load
 
-        m = phaselens.load(model)
+        m = load(model)
         card = getattr(m, "metadata", {}) or {}
         return model.split(":")[-1], m, card.get("description", "")
     name = str(model.name).rstrip("/").split("/")[-1] or str(model.name)  # names prefix files: no folders
@@ -77,7 +77,7 @@ def report(
     import plotly
     import torch
 
-    import phaselens
+    from phaselens.core.version import __version__
 
     check_output_dir(out, REPORT, overwrite=overwrite)  # fail now, not after minutes of computing
     settings = settings or ReportSettings()
@@ -99,7 +99,7 @@ def report(
     secs = sections(results)
     meta = {
         "command": command or "phaselens.report(" + ", ".join(repr(n) for n, _, _ in resolved) + f", out={str(out)!r})",
-        "versions": {"phaselens": phaselens.__version__, "torch": torch.__version__, "plotly": plotly.__version__,
+        "versions": {"phaselens": __version__, "torch": torch.__version__, "plotly": plotly.__version__,
                      "numpy": np.__version__, "python": platform.python_version()},
         "settings": vars(settings) if not hasattr(settings, "__dataclass_fields__") else
         {k: getattr(settings, k) for k in settings.__dataclass_fields__},

@@ -37,9 +37,9 @@ def family_data(recipe: FamilyRecipe, pretraining: TokenFiles | None = None, rat
 
 def validation(rank: int, size: int) -> Any:
     """``model -> (correct, n)``: top-1 at the query on this rank's share of a fixed prefix-padded batch."""
-    import phaselens
+    from phaselens.core.geometry import PhaseSpec
 
-    batch = paper_task("prefix").build(phaselens.PhaseSpec(COMPARE_STRIDE), n_per_residue=VAL_PER_RESIDUE,
+    batch = paper_task("prefix").build(PhaseSpec(COMPARE_STRIDE), n_per_residue=VAL_PER_RESIDUE,
                                        seed=VAL_SEED)
     rows = slice(rank * len(batch) // size, (rank + 1) * len(batch) // size)
     tokens, answer = batch.tokens[rows], batch.answer[rows]
@@ -79,8 +79,8 @@ def run_recipe(recipe: FamilyRecipe, *, out: str | Path, runs: str | Path, paral
 
 def _write(recipe: FamilyRecipe, res: Any, data: FamilyData, path: Path, eval_per_residue: int, progress: bool,
            overwrite: bool, parallel: Parallelism) -> dict[str, Any]:
-    import phaselens
     from phaselens.analyses.evaluation import evaluate
+    from phaselens.core.version import __version__
     from phaselens.models.compressed.io import save_model
     from phaselens.train.zoo import battery_summary, code_provenance
 
@@ -91,7 +91,7 @@ def _write(recipe: FamilyRecipe, res: Any, data: FamilyData, path: Path, eval_pe
     losses = log["loss"]
     card: dict[str, Any] = {
         "name": path.name, "recipe": recipe.name, "size": recipe.size, "description": recipe.description,
-        "phaselens_version": phaselens.__version__, "torch": torch.__version__, "machine": platform.machine(),
+        "phaselens_version": __version__, "torch": torch.__version__, "machine": platform.machine(),
         "code": code_provenance(),
         "parameters": sum(p.numel() for p in model.parameters()),
         "training": {**dataclasses.asdict(recipe.settings), "world_size": res.world_size,
