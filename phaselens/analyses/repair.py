@@ -26,7 +26,6 @@ from phaselens.contract.protocol import PhaseModel, is_black_box, model_name, re
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError, NotApplicableError
 from phaselens.results.base import Result
-from phaselens.runtime.distributed import block_labels, item_blocks, shard_map
 from phaselens.runtime.phase_shift import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
 
 
@@ -93,18 +92,6 @@ class RepairTable(Result):
         from phaselens import plots
 
         return plots.repair_panel(self, **kwargs)
-
-
-@torch.no_grad()
-def copy_query_logits(model: Any, batch: Any, shifts: Sequence[int], pad_id: int, *, batch_size: int = 64,
-                      insert_at: int = 1, progress: bool = False) -> torch.Tensor:
-    """Query logits of every shifted copy: ``[K, N, V]`` (copy k reads position ``query_pos + k``).
-
-    Under torch.distributed the blocks of ``batch_size`` items are split across ranks and gathered."""
-    blocks = item_blocks(len(batch), batch_size)
-    out = shard_map(lambda idx: [block_copy_logits(model, batch, blocks[b], shifts, pad_id, insert_at) for b in idx],
-                    block_labels(blocks), progress=progress, stage="repair", model=model)
-    return torch.cat(out, 1)
 
 
 @torch.no_grad()

@@ -68,12 +68,6 @@ def gates(layer: int, available: Iterable[str]) -> list[tuple[str, str]]:
     return [(p, gate(layer, p)) for p in ("k", "v") if gate(layer, p) in names]
 
 
-def layer_of(name: str) -> int | None:
-    """The block index in a hook name (``None`` for names outside the blocks)."""
-    m = re.match(r"^blocks\.(\d+)\.", name)
-    return int(m.group(1)) if m else None
-
-
 def explain_missing(name: Any, available: Iterable[str]) -> str:
     """Why ``name`` is not a hook of a model with hooks ``available``, and what to use instead."""
     names = list(available)

@@ -116,8 +116,3 @@ def nested_cochran_q(matrix: ArrayLike | int | float, period: int, *, phases: Ar
     stat = float(q.sum())
     return TestResult(name, stat, df, float(stats.chi2.sf(stat, df)))
 
-
-def cochran_q_statistic(x: np.ndarray) -> np.ndarray:
-    """Cochran's Q over all M residues for a batch ``(..., items, M)`` of 0/1 matrices (simulations)."""
-    q, _ = stratified_q(x, 1)
-    return q[..., 0]

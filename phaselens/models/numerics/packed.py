@@ -157,6 +157,3 @@ def dequantize_rows(values: Tensor, scale: Tensor, fmt: PackedFormat, indices: T
     rows = dequantize(values[flat].unsqueeze(-2), scale[flat].unsqueeze(-2), fmt, dtype).squeeze(-2)
     return rows.unflatten(0, tuple(indices.shape))
 
-
-def packed_bytes(values: Tensor, scale: Tensor) -> int:
-    return values.numel() * values.element_size() + scale.numel() * scale.element_size()
