@@ -22,7 +22,7 @@ from phaselens.analyses.scoring import model_logits
 from phaselens.contract.protocol import HookContext, PhaseModel, model_name
 from phaselens.core.errors import InputError, NotApplicableError
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result, renamed
+from phaselens.results.base import Result
 from phaselens.stats.by_residue import residue_mean_ci
 
 
@@ -50,7 +50,6 @@ class AttributionMap(Result):
     residue: np.ndarray
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    items = renamed("items", "values", "`items` is the per-item frame in every result; these are arrays")
 
     def per_residue(self) -> pd.DataFrame:
         """Tidy rows per (layer, head, residue): ``value`` with ``ci_low`` / ``ci_high``."""

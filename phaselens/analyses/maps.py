@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +17,7 @@ from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError, ResidueError
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result, renamed
+from phaselens.results.base import Result
 from phaselens.runtime.planning import MapPlan, plan_map
 from phaselens.stats import benjamini_hochberg
 from phaselens.stats.effects import EFFECT_COLUMNS, Effects, mcnemar_p, relative_effects
@@ -117,10 +116,6 @@ class PhaseMap(Result):
         return Labelled(out, ("layer", dim, "residue"), {"layer": layers, dim: np.arange(n_idx), "residue": res},
                         olo if lo is not None else None, ohi if hi is not None else None, name=quantity)
 
-    clean_correct = renamed("clean_correct", "correct", "item outcomes are named alike in every result")
-    ko_correct = renamed("ko_correct", "correct_ko", "item outcomes are named alike in every result")
-    clean_logit_diff = renamed("clean_logit_diff", "logit_diff", "item outcomes are named alike in every result")
-    ko_logit_diff = renamed("ko_logit_diff", "logit_diff_ko", "item outcomes are named alike in every result")
 
     def _phase_frame(self, kind: str) -> pd.DataFrame:
         """Residues folded mod S, one row per cell of ``kind`` and phase (from ``phase_effects``)."""
@@ -144,12 +139,6 @@ class PhaseMap(Result):
         kind present (``None``)."""
         kinds = [kind] if kind else [k for k in KINDS if (self.cells["kind"] == k).any()]
         return pd.concat([self._phase_frame(k) for k in kinds], ignore_index=True)
-
-    def by_phase(self, kind: str = "head") -> pd.DataFrame:
-        """Deprecated: :meth:`per_phase` (one name for one level in every result)."""
-        warnings.warn("PhaseMap.by_phase(kind) is now PhaseMap.per_phase(kind); the old name will be removed.",
-                      DeprecationWarning, stacklevel=2)
-        return self.per_phase(kind)
 
     def bh_mask(self, alpha: float = 0.05, kind: str | None = None) -> np.ndarray:
         """Benjamini-Hochberg significance over the cells x residues p-values: bool ``[cells, residues]``."""

@@ -19,7 +19,6 @@ from phaselens.analyses.runner import (
     Common,
     Run,
     arguments_of,
-    heads_or_task,
     public,
     run,
 )
@@ -35,7 +34,7 @@ from phaselens.core.checks import as_float
 from phaselens.core.errors import InputError
 from phaselens.core.heads import Head, parse_heads
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result, renamed
+from phaselens.results.base import Result
 from phaselens.runtime.engines import Cell
 from phaselens.runtime.world import world
 from phaselens.stats.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
@@ -86,9 +85,6 @@ class PatchResult(Result):
     phase_frame: pd.DataFrame
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    item_clean = renamed("item_clean", "logit_diff", "per-item values are named alike in every result")
-    item_corrupt = renamed("item_corrupt", "logit_diff_corrupt", "per-item values are named alike in every result")
-    item_patched = renamed("item_patched", "logit_diff_patched", "per-item values are named alike in every result")
 
     def per_residue(self) -> pd.DataFrame:
         """Tidy rows per (layer, head, residue): recovery with its CI, ``undefined``, and the group means
@@ -296,7 +292,6 @@ def patch(
         eps: the smallest ``|M_clean - M_corrupt|`` for which recovery is defined.
         engine: ``"auto"``, ``"suffix"`` (query rows over a cached prefix) or ``"full"``.
     """
-    heads, task = heads_or_task(heads, task, "patch")
     options = Common(n_per_residue, residues, phase, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
     return run(Patching(heads, direction, site, eps, engine), model, task, options, arguments_of(patch, locals()))
 

@@ -227,26 +227,6 @@ def public(fn: F) -> F:
     return sharded(fn)
 
 
-def heads_or_task(heads: Any, task: Any, what: str) -> tuple[Any, Any]:
-    """``(heads, task)`` of an analysis whose second positional argument is ``heads`` (``ablate``, ``patch``).
-
-    phaselens 0.1 took ``patch(model, task, heads=...)``: a task (or ``TaskBatch``) passed in ``heads``'s place
-    still works, with a DeprecationWarning that shows the new call.
-    """
-    from phaselens.analyses.items import is_batch
-
-    if heads is not None and (callable(getattr(heads, "build", None)) or is_batch(heads)):
-        if task is not None:
-            raise InputError(f"{what}: a task was passed twice (as the second argument and as task=); pass the "
-                             f"heads second: {what}(model, heads, phase, task=task).")
-        import warnings
-
-        warnings.warn(f"{what}(model, task) is deprecated: the second argument is now heads, as in ablate; write "
-                      f"{what}(model, heads=None, task=task).", DeprecationWarning, stacklevel=3)
-        return None, heads
-    return heads, task
-
-
 def arguments_of(fn: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:
     """The exact arguments of a call of the public ``fn`` from its ``locals()``: every parameter of its
     signature but ``model`` and ``task``, paths as strings (a result's ``metadata["arguments"]``)."""
@@ -259,4 +239,4 @@ def arguments_of(fn: Callable[..., Any], values: dict[str, Any]) -> dict[str, An
     return out
 
 
-__all__ = ["Analysis", "Common", "N_BOOTSTRAP", "Run", "arguments_of", "heads_or_task", "public", "run"]
+__all__ = ["Analysis", "Common", "N_BOOTSTRAP", "Run", "arguments_of", "public", "run"]

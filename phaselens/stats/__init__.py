@@ -22,7 +22,7 @@ from phaselens.stats.battery import PhaseBattery, phase_battery
 from phaselens.stats.battery_items import ItemBattery, phase_battery_items
 from phaselens.stats.continuous import ContinuousResult, continuous_phase_tests
 from phaselens.stats.folding import fold_counts, folded_gap, residue_gap
-from phaselens.stats.gapci import gap_bootstrap_ci, gap_ci, item_bootstrap_ci, item_gap_ci
+from phaselens.stats.gapci import gap_ci, item_gap_ci
 from phaselens.stats.grouping import GroupMeans, group_means
 from phaselens.stats.intervals import wilson_ci
 from phaselens.stats.multiple import benjamini_hochberg, holm
@@ -72,7 +72,6 @@ __all__ = [
     "folded_gap",
     "g_statistic",
     "g_test",
-    "gap_bootstrap_ci",
     "gap_ci",
     "gap_permutation_test",
     "gate_cycling_summary",
@@ -80,7 +79,6 @@ __all__ = [
     "harmonic_fraction",
     "harmonic_statistic",
     "holm",
-    "item_bootstrap_ci",
     "item_gap_ci",
     "knockout_summary",
     "nested_cochran_q",

@@ -41,7 +41,7 @@ from phaselens.stats.contrasts import (
 from phaselens.stats.folding import fold, folded_gap_from_counts, gap
 from phaselens.stats.outcomes import GapInterval
 
-MIN_DRAWS = 20_000  # draws the batteries and the old names use at least: the critical value's MC SD is ≈ 0.01
+MIN_DRAWS = 20_000  # draws the batteries use at least: the critical value's MC SD is ≈ 0.01
 
 
 def gap_bounds(
@@ -181,36 +181,6 @@ def item_interval(item: np.ndarray, r: np.ndarray, v: np.ndarray, stride: int, p
     crossed = bool(np.any((counts > 0).sum(axis=1) > 1))
     scheme = "item-cluster" if crossed else "items, one phase each"
     return _interval(float(gap(sums.sum(axis=0) / rows)), est, cov, level, n_draws, seed, scheme)
-
-
-def gap_bootstrap_ci(
-    correct: ArrayLike | int | float,
-    n: ArrayLike | int | float,
-    stride: int,
-    *,
-    level: float = 0.95,
-    n_bootstrap: int = 20000,
-    seed: int = 0,
-) -> GapInterval:
-    """Deprecated name of :func:`gap_ci` (the percentile bootstrap it once ran undercovered; see
-    docs/statistics.md). ``n_bootstrap`` becomes ``n_draws``, at least ``MIN_DRAWS``."""
-    return gap_ci(correct, n, stride, level=level, n_draws=max(n_bootstrap, MIN_DRAWS), seed=seed)
-
-
-def item_bootstrap_ci(
-    item_ids: ArrayLike | int | float,
-    residues: ArrayLike | int | float,
-    values: ArrayLike | int | float,
-    stride: int,
-    modulus: int | None = None,
-    *,
-    level: float = 0.95,
-    n_bootstrap: int = 20000,
-    seed: int = 0,
-) -> GapInterval:
-    """Deprecated name of :func:`item_gap_ci`; ``n_bootstrap`` becomes ``n_draws``, at least ``MIN_DRAWS``."""
-    return item_gap_ci(item_ids, residues, values, stride, modulus, level=level,
-                       n_draws=max(n_bootstrap, MIN_DRAWS), seed=seed)
 
 
 def batch_count_bounds(correct: np.ndarray, n: np.ndarray, stride: int, **kw: object) -> dict[str, np.ndarray]:

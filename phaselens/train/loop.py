@@ -29,7 +29,7 @@ from phaselens.core.errors import CheckpointError, ConfigError, InputError, Outp
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.transformer import CompressedTransformer
 from phaselens.runtime.budget import check_threads
-from phaselens.runtime.checkpoints import load_safetensors, read_json, safetensors_metadata
+from phaselens.runtime.checkpoints import load_safetensors, safetensors_metadata
 from phaselens.runtime.files import write_owned_file
 from phaselens.runtime.fingerprints import fingerprint, model_fingerprint
 from phaselens.runtime.reading import peek_json, peek_json_object
@@ -153,20 +153,16 @@ def _restore(run_dir: Path, model: CompressedTransformer, opt: torch.optim.AdamW
     fix = (f"delete {run_dir / STATE_WEIGHTS} and {run_dir / STATE_JSON} to restart from step 0, or pass another "
            "run_dir.")
     header = safetensors_metadata(run_dir / STATE_WEIGHTS, fix=fix).get("phaselens_train_state")
-    # Runs written before the metadata moved into the weights file keep it in the JSON copy only.
     try:
-        meta = json.loads(header) if header else read_json(run_dir / STATE_JSON, fix=fix)
+        meta = json.loads(header)
         stored = dict(meta.get("fingerprint") or {})
         step = int(meta["step"])
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise CheckpointError(f"{run_dir / STATE_WEIGHTS} has damaged metadata ({err}); {fix}") from None
-    if isinstance(stored.get("settings"), dict) and stored["settings"].get("curriculum", None) == "":
-        stored["settings"].pop("curriculum")  # written before empty curricula were dropped
     differ = [_PARTS[k] for k in expect if stored.get(k) != expect[k]]
     if differ:
-        old = " (it was written by an older phaselens that did not record the data)" if "data" not in stored else ""
         raise CheckpointError(
-            f"{run_dir} holds a run with different settings{old}: {'; '.join(differ)}. Remove it or use another "
+            f"{run_dir} holds a run with different settings: {'; '.join(differ)}. Remove it or use another "
             "run_dir."
         )
     tensors = load_safetensors(run_dir / STATE_WEIGHTS, fix=fix)

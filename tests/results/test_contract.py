@@ -95,16 +95,13 @@ def test_loading_another_type_says_which(results, tmp_path):
         phaselens.PhaseMap.load(path)
 
 
-def test_renamed_fields_warn_and_resolve(results):
-    pm = results["PhaseMap"]
-    with pytest.warns(DeprecationWarning, match="correct_ko"):
-        assert pm.ko_correct is pm.correct_ko
-    with pytest.warns(DeprecationWarning, match="per_phase"):
-        assert pm.by_phase("head").equals(pm.per_phase("head"))
-    with pytest.warns(DeprecationWarning, match="logit_diff_patched"):
-        assert results["PatchResult"].item_patched is results["PatchResult"].logit_diff_patched
-    with pytest.warns(DeprecationWarning, match="values"):
-        assert results["Recording"].items is results["Recording"].values
+def test_one_name_per_concept_and_no_aliases(results):
+    """phaselens has not been released: no renamed alias stays behind (issue 33)."""
+    gone = {"PhaseMap": ("ko_correct", "clean_correct", "clean_logit_diff", "ko_logit_diff", "by_phase"),
+            "PatchResult": ("item_clean", "item_corrupt", "item_patched")}
+    for name, old in gone.items():
+        for attr in old:
+            assert not hasattr(results[name], attr), (name, attr)
 
 
 def test_frames_are_pandas(results):

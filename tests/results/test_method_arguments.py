@@ -15,7 +15,6 @@ import inspect
 import math
 import pkgutil
 import re
-import warnings
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -149,9 +148,7 @@ def call(r: Any, method: str, name: str, value: Any) -> Any:
             kind = kind_of(method, p.name)
             assert kind, f"{type(r).__name__}.{method}: say here which valid value its parameter {p.name!r} takes"
             kw[p.name] = good_values(kind, r, method, p.name)[0]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # by_phase: a deprecated alias, still checked
-        return getattr(r, method)(**kw)
+    return getattr(r, method)(**kw)
 
 
 def test_every_result_type_is_covered(results):

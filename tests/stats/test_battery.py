@@ -35,7 +35,7 @@ def test_battery_fields(flash: stats.PhaseBattery) -> None:
 def test_battery_matches_standalone_functions(flash: stats.PhaseBattery) -> None:
     h = stats.harmonic_fraction(FLASH, 256, 4, n_permutations=999, seed=0)
     g = stats.gap_permutation_test(FLASH, 256, 4, n_permutations=999, seed=0)
-    ci = stats.gap_bootstrap_ci(FLASH, 256, 4, n_bootstrap=500, seed=0)
+    ci = stats.gap_ci(FLASH, 256, 4, n_draws=stats.gapci.MIN_DRAWS, seed=0)
     assert (flash.harmonic.fraction, flash.harmonic.pvalue) == (h.fraction, h.pvalue)
     assert (flash.gap_test.pvalue, flash.gap_test.null_mean) == (g.pvalue, g.null_mean)
     assert flash.gap_ci is not None and (flash.gap_ci.ci_low, flash.gap_ci.ci_high) == (ci.ci_low, ci.ci_high)

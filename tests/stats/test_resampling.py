@@ -100,9 +100,9 @@ def test_within_item_chunks_agree_with_one_batch(monkeypatch: pytest.MonkeyPatch
     assert 0.0 <= chunked.pvalue <= 1.0 and abs(chunked.null_mean - whole.null_mean) < 0.01
 
 
-def test_gap_bootstrap_ci_from_counts() -> None:
-    # The old name now returns the pairwise-difference interval (tests/stats/test_gapci.py covers it).
-    res = stats.gap_bootstrap_ci(FLASH, 256, 4, n_bootstrap=2000, seed=0)
+def test_gap_ci_from_counts() -> None:
+    # The pairwise-difference interval (tests/stats/test_gapci.py covers its coverage).
+    res = stats.gap_ci(FLASH, 256, 4, n_draws=2000, seed=0)
     assert isinstance(res, stats.GapInterval) and res.scheme == "independent trials"
     assert res.ci_low < res.estimate < res.ci_high
     # The folded gap 38.5 pp has a binomial SE of about 3 pp: a 95% CI about ±6-7 pp wide.
@@ -119,7 +119,7 @@ def test_item_cluster_interval_uses_the_pairing() -> None:
     # suggests, because every item contributes to every phase.
     x = _paired(150, np.tile([0.5, 0.7, 0.65, 0.35], 2), 3.0, seed=1)
     ids, res, val = _frame_arrays(x)
-    cluster = stats.item_bootstrap_ci(ids, res, val, 4, n_bootstrap=2000, seed=0)
+    cluster = stats.item_gap_ci(ids, res, val, 4, n_draws=2000, seed=0)
     naive = stats.gap_ci(x.sum(0), 150, 4, seed=0)
     assert cluster.scheme == "item-cluster"
     assert cluster.estimate == pytest.approx(naive.estimate)

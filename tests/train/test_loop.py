@@ -123,7 +123,7 @@ def test_resume_with_other_data_or_initial_weights_is_refused(tmp_path):
     assert train(CFG, batch_fn, SMALL, tmp_path, progress=False).resumed_from == 2  # the right run resumes
 
 
-def test_state_of_an_older_phaselens_without_a_data_fingerprint_is_refused(tmp_path):
+def test_a_state_whose_fingerprint_lacks_fields_is_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
     train(CFG, batch_fn, SMALL, tmp_path, progress=False, stop_after=2)
@@ -134,7 +134,7 @@ def test_state_of_an_older_phaselens_without_a_data_fingerprint_is_refused(tmp_p
         meta = json.loads(f.metadata()["phaselens_train_state"])
     del meta["fingerprint"]["data"], meta["fingerprint"]["init"]
     save_file(load_file(str(path)), str(path), metadata={"phaselens_train_state": json.dumps(meta)})
-    with pytest.raises(CheckpointError, match="older phaselens that did not record the data"):
+    with pytest.raises(CheckpointError, match="different settings: batch_fn gives other batches"):
         train(CFG, batch_fn, SMALL, tmp_path, progress=False)
 
 
