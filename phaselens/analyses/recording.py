@@ -135,12 +135,17 @@ class _Accumulator:
         store.setdefault(key, []).append(value.detach().float().cpu())
 
     def to_unit(self) -> dict[str, np.ndarray]:
-        """One block's values as named arrays (a checkpoint unit): ``"read/{q}/{layer}/{call}"``, ..."""
+        """One block's values as named arrays (a checkpoint unit): ``"read/{q}/{layer}/{call}"``, ...
+
+        Every array is C-contiguous, as a checkpoint or another rank gives it back: float32 reductions in
+        :func:`_assemble` add in an order that depends on the strides, so a unit must look the same whether
+        it stayed in memory or was read back (a strided gate profile made a resumed run differ in the last bit).
+        """
         out: dict[str, np.ndarray] = {}
         for name in ("read", "gate_item", "profile_sum", "entropy_sum"):
             for key, values in getattr(self, name).items():
                 for i, v in enumerate(values):
-                    out["/".join([name, *map(str, key), str(i)])] = v.numpy()
+                    out["/".join([name, *map(str, key), str(i)])] = np.ascontiguousarray(v.numpy())
         for key, n in self.count.items():
             out["/".join(["count", *map(str, key)])] = np.asarray([n])  # 1-d: safetensors keeps its shape
         return out
@@ -159,7 +164,8 @@ class _Accumulator:
                     continue
                 *key, call = key
                 typed = tuple(int(x) if x.lstrip("-").isdigit() else x for x in key)
-                calls.setdefault((store, typed), []).append((int(call), torch.from_numpy(np.asarray(value))))
+                value = np.ascontiguousarray(value)  # one layout, however the unit arrived (see to_unit)
+                calls.setdefault((store, typed), []).append((int(call), torch.from_numpy(value)))
             for (store, key), values in calls.items():
                 getattr(out, store).setdefault(key, []).extend(v for _, v in sorted(values, key=lambda x: x[0]))
         return out

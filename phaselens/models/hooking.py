@@ -5,16 +5,27 @@ TransformerLens calls a hook as ``fn(tensor, hook=hook_point)``. phaselens's mod
 attribute of the hook point, read through), plus where the call sits (``query_start``, ``first_entry``) and
 what a wrapper announced (``row_shift``). Hooks added through ``hooks`` / ``run_with_hooks`` /
 ``run_with_cache`` get it; a hook added directly with ``HookPoint.add_hook`` gets the bare hook point.
+
+What a hook returns replaces the value at its hook point, so it is checked there (:func:`check_hook_return`):
+``None``, or a tensor of exactly the given shape, dtype and device; anything else is an
+:class:`~phaselens.core.errors.InputError` naming the hook point, what was expected and what came back (not a
+broadcast, a silent dtype promotion or a raw error three layers later). Hooks never outlive a failed call:
+the ``hooks`` context removes its hooks on an error even with ``reset_hooks_end=False``, and a hook added with
+``model.add_hook`` that returns a wrong value is removed before the error is raised.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import reprlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from torch import Tensor
+
 from phaselens.contract.protocol import hook_context, hook_pairs
+from phaselens.core.errors import InputError
 
 _START: contextvars.ContextVar[int] = contextvars.ContextVar("phaselens_query_start", default=0)
 _SILENT: contextvars.ContextVar[bool] = contextvars.ContextVar("phaselens_hooks_silent", default=False)
@@ -42,6 +53,32 @@ def silent_hooks() -> Iterator[None]:
         _SILENT.reset(token)
 
 
+def _describe(value: Any) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {tuple(value.shape)}, dtype {value.dtype} on {value.device}"
+    shape = getattr(value, "shape", None)  # numpy arrays and the like
+    if shape is not None:
+        return f"a {type(value).__name__} of shape {tuple(shape)}"
+    if isinstance(value, list | tuple | dict):
+        return f"a {type(value).__name__} of {len(value)} items"
+    return f"a {type(value).__name__} {reprlib.repr(value)[:80]}"  # bounded, whatever the object
+
+
+def check_hook_return(name: str, given: Tensor, out: Any) -> None:
+    """``out``, what the hook on ``name`` returned for ``given``, must be ``None`` (the hook only read) or a
+    tensor of ``given``'s shape, dtype and device (its replacement); else an :class:`InputError` naming both."""
+    if out is None or out is given:
+        return
+    if isinstance(out, Tensor) and out.shape == given.shape and out.dtype == given.dtype \
+            and out.device == given.device:
+        return
+    raise InputError(
+        f"the hook on {name} returned {_describe(out)}; a hook returns None (to read the value) or a tensor of "
+        f"shape {tuple(given.shape)}, dtype {given.dtype} on {given.device} (to replace it): e.g. edit a copy "
+        "and return it, cast with .to(value.dtype), or return None."
+    )
+
+
 def _layer_of(name: str) -> int | None:
     parts = name.split(".")
     return int(parts[1]) if len(parts) > 1 and parts[0] == "blocks" and parts[1].isdigit() else None
@@ -67,7 +104,9 @@ class ContextHooks:
         def call(tensor: Any, hook: Any) -> Any:
             if _SILENT.get():
                 return None
-            return fn(tensor, hook=self._context(hook))
+            out = fn(tensor, hook=self._context(hook))
+            check_hook_return(hook.name, tensor, out)
+            return out
 
         call.__wrapped__ = fn  # type: ignore[attr-defined]
         return call
@@ -75,11 +114,43 @@ class ContextHooks:
     @contextlib.contextmanager
     def hooks(self, fwd_hooks: Any = (), bwd_hooks: Any = (), reset_hooks_end: bool = True,
               clear_contexts: bool = False) -> Iterator[Any]:
-        """TransformerLens's ``hooks`` context (hooks removed in ``finally``), with hook contexts."""
+        """TransformerLens's ``hooks`` context (hooks removed in ``finally``), with hook contexts and checked
+        returns; on an error its hooks are removed even with ``reset_hooks_end=False``."""
         fwd = [(self._check_name(name), self._with_context(fn)) for name, fn in hook_pairs(fwd_hooks)]
         bwd = [(self._check_name(name), self._with_context(fn)) for name, fn in hook_pairs(bwd_hooks)]
         with super().hooks(fwd, bwd, reset_hooks_end, clear_contexts) as model:  # type: ignore[misc]
-            yield model
+            try:
+                yield model
+            except BaseException:
+                if not reset_hooks_end:  # a failed call leaves no hooks behind
+                    self.reset_hooks(clear_contexts, including_permanent=False,  # type: ignore[attr-defined]
+                                     level=self.context_level)  # type: ignore[attr-defined]
+                raise
+
+    def check_and_add_hook(self, hook_point: Any, hook_point_name: str, hook: Callable[..., Any],
+                           dir: str = "fwd", is_permanent: bool = False, level: int | None = None,
+                           prepend: bool = False) -> None:
+        """``model.add_hook``'s way in (TransformerLens): the hook's return is checked, and a hook that returns
+        a wrong value is removed from its hook point before the :class:`InputError` is raised."""
+        user = hook
+
+        def checked(tensor: Any, hook: Any) -> Any:
+            out = user(tensor, hook=hook)
+            try:
+                check_hook_return(hook_point_name, tensor, out)
+            except InputError:
+                for handle in [h for h in [*hook_point.fwd_hooks, *hook_point.bwd_hooks]
+                               if getattr(h, "user_hook", None) is checked]:
+                    handle.hook.remove()
+                    for store in (hook_point.fwd_hooks, hook_point.bwd_hooks):
+                        if handle in store:
+                            store.remove(handle)
+                raise
+            return out
+
+        checked.__wrapped__ = user  # type: ignore[attr-defined]
+        super().check_and_add_hook(hook_point, hook_point_name, checked, dir=dir,  # type: ignore[misc]
+                                   is_permanent=is_permanent, level=level, prepend=prepend)
 
 
     def _check_name(self, name: Any) -> Any:

@@ -15,6 +15,10 @@ and raises :class:`~phaselens.core.errors.ResourceError` when either would not f
 now (``MemAvailable`` and the cgroup's limit on the host, free memory on a CUDA device), saying the largest
 ``n_per_residue`` or ``batch_size`` that fits.
 
+Every other allocation sized by a user's number goes through :func:`check_allocation` first (a model built
+from its config, a KV cache of ``batch_size x max_len``, one forward's attention): it prices the bytes exactly
+(or from below, never above), and refuses what the memory available now cannot hold, naming what fits.
+
 Also the one check of thread counts (:func:`check_threads`): torch and OpenMP abort the whole process on a
 count they cannot create (``--threads 1000000000`` aborted inside libgomp).
 """
@@ -24,12 +28,14 @@ from __future__ import annotations
 import math
 import numbers
 import os
+from collections.abc import Callable
 from typing import Any
 
 from phaselens.core.errors import InputError, ResourceError
+from phaselens.tasks.placement import BUILD_BYTES_PER_TOKEN
 
 GiB = 2**30
-BUILD_BYTES_PER_TOKEN = 56
+SMALL = 64 * 2**20  # allocations below this are never priced (no memory probe on every small forward)
 ITEM_OVERHEAD = 512  # the per-item table row and the per-item results of an analysis
 
 
@@ -81,6 +87,55 @@ def device_available(device: Any) -> int | None:
         return int(torch.cuda.mem_get_info(dev)[0])
     except (RuntimeError, AssertionError):
         return None
+
+
+def available(device: Any = "cpu") -> tuple[int | None, str]:
+    """``(bytes, where)``: what ``device`` can still give. A CUDA device: its free memory plus what torch's
+    caching allocator holds unused; any other real device: the host (:func:`host_available`); ``meta``:
+    ``None`` (nothing is allocated there). ``None`` bytes: unknown."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "meta":
+        return None, "meta"
+    if dev.type == "cuda":
+        free = device_available(dev)
+        if free is not None:
+            try:
+                free += int(torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev))
+            except (RuntimeError, AssertionError):
+                pass
+        return free, str(dev)
+    return host_available(), "cpu"
+
+
+def check_allocation(what: str, need: int, *, device: Any = "cpu", fits: Callable[[int], str],
+                     parts: dict[str, int] | None = None) -> None:
+    """Raise :class:`ResourceError` before allocating ``need`` bytes on ``device`` when they exceed what it has.
+
+    ``what`` names the allocation (``"a KV cache of batch_size=8 x max_len=10**9"``); ``fits(free)`` says, in
+    a sentence, the largest size that fits in ``free`` bytes; ``parts`` breaks ``need`` down. Allocations under
+    :data:`SMALL` and those of unknown room pass without a probe.
+    """
+    if need < SMALL:
+        return
+    free, where = available(device)
+    if free is None or need <= free:
+        return
+    detail = f" ({', '.join(f'{k} {_gib(v)}' for k, v in parts.items() if v)})" if parts else ""
+    raise ResourceError(f"{what} needs about {_gib(need)}{detail} on {where}, but {_gib(free)} is available there; "
+                        f"{fits(free)}")
+
+
+def largest_fitting(cost: Callable[[int], int], free: int, upper: int) -> int:
+    """The largest ``x`` in ``1..upper`` with ``cost(x) <= free`` (``cost`` non-decreasing), 0 when none."""
+    if cost(1) > free:
+        return 0
+    lo, hi = 1, max(1, int(upper))
+    while lo < hi:  # cost(lo) fits; find the last x that fits
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if cost(mid) <= free else (lo, mid - 1)
+    return lo
 
 
 def items_bytes(n_items: int, seq_len: int) -> int:

@@ -26,7 +26,13 @@ from phaselens.core.errors import ResidueError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.tasks import layout
 from phaselens.tasks.base import TaskBatch, as_long
-from phaselens.tasks.placement import RecordsTask, check_records, draw_records, place_records
+from phaselens.tasks.placement import (
+    RecordsTask,
+    check_build_size,
+    check_records,
+    draw_records,
+    place_records,
+)
 from phaselens.tasks.registry import SerializableTask, register_task
 from phaselens.tasks.residues import (
     check_modulus,
@@ -252,6 +258,7 @@ class KVRecall(RecordsTask, SerializableTask):
         check_positive("batch_size", batch_size, 1)
         if spec is not None:
             check_modulus(spec, self.modulus)
+        check_build_size(self, spec, int(batch_size), 1, "batch_size")
         rng = numpy_rng(generator)
         plan = self.plan(spec)
         residues = rng.integers(0, self.modulus, batch_size)

@@ -11,6 +11,8 @@ design, in-sequence arrangement), so a seed gives the same items as it always ha
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -18,11 +20,57 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.core.errors import TaskError
+from phaselens.core.errors import ResourceError, TaskError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.tasks import layout
 from phaselens.tasks.design import PositionDesign
 from phaselens.tasks.residues import check_count, check_modulus, check_residues, expand_items, geometry_frame
+
+# Peak bytes per item token while a task builds its items (token ids, the corrupted twin, int64 scratch);
+# measured, see runtime/budget.py, which prices analyses with it.
+BUILD_BYTES_PER_TOKEN = 56
+
+
+def machine_memory() -> int | None:
+    """Bytes of memory this machine has (its physical memory, capped by a cgroup v2 limit); ``None``: unknown.
+    No build larger than this can ever run, so a build refused against it is refused for certain."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, AttributeError):
+        return None
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            text = f.read().strip()
+        return min(total, int(text)) if text.isdigit() else total
+    except (OSError, ValueError):
+        return total
+
+
+def check_build_size(task: Any, spec: PhaseSpec | None, n_items: int, n_residues: int,
+                     count: str = "n_per_residue") -> None:
+    """Refuse (:class:`ResourceError`) ``n_items`` items of ``task.seq_len(spec)`` tokens that need more than
+    this machine's memory, before a row is allocated; the message names the largest ``count`` (items per
+    residue, or a training ``batch_size`` with ``n_residues=1``) and ``block_filler`` that fit (a huge
+    ``block_filler`` asked for hundreds of GiB)."""
+    T, mem = int(task.seq_len(spec)), machine_memory()
+    need = n_items * BUILD_BYTES_PER_TOKEN * T
+    if mem is None or need <= mem:
+        return
+    per_residue = mem // (BUILD_BYTES_PER_TOKEN * T * n_residues)  # items of T tokens per residue that fit
+    fix = [f"{count}={per_residue:,}"] if per_residue else []
+    per_item = mem // (BUILD_BYTES_PER_TOKEN * n_items)  # tokens of one item that fit, at this many items
+    bf = int(getattr(task, "block_filler", 0))
+    lo, hi = 0, bf  # the largest block_filler whose items fit (seq_len grows with it)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if int(dataclasses.replace(task, block_filler=mid).seq_len(spec)) <= per_item else (lo, mid - 1)
+    if bf and int(dataclasses.replace(task, block_filler=lo).seq_len(spec)) <= per_item:
+        fix.append(f"block_filler={lo:,}")
+    raise ResourceError(
+        f"{type(task).__name__}: {n_items:,} items of {T:,} tokens need about {need / 2**30:,.1f} GiB to build, "
+        f"more than this machine's {mem / 2**30:,.1f} GiB of memory; "
+        + (f"use {' or '.join(fix)} or less." if fix else "shorten the task (fewer records or demos).")
+    )
 
 
 @dataclass(frozen=True)
@@ -148,6 +196,7 @@ class RecordsTask:
         res = check_residues(residues, modulus)
         n = check_count(n_per_residue)
         plan = self.plan(spec)
+        check_build_size(self, spec, n * len(res), len(res))
         base, row_res, n_base = expand_items(n, res, self.paired)
         return Rows(modulus, plan, base, row_res, n_base)
 

@@ -19,9 +19,12 @@ from jaxtyping import Float
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
-from phaselens.models.compressed.compressor import Compressor, PoolerState, compute_dtype, rms_norm
+from phaselens.models.compressed.compressor import Compressor, PoolerState
 from phaselens.models.compressed.config import CompressedConfig
-from phaselens.models.compressed.rope import apply_rope, rope_inv_freq
+from phaselens.models.compressed.rope import rope_inv_freq
+from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.numerics.norms import rms_norm
+from phaselens.models.numerics.rope import apply_rope
 
 LayerKind = Literal["compressed", "local", "full"]
 

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from phaselens.core.errors import CacheError
 from phaselens.models.compressed.compressor import PoolerState
+from phaselens.models.compressed.sizing import check_cache, layer_shapes
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.attention import Attention
@@ -33,22 +34,18 @@ class LayerCache:
     """Storage of one layer; implements the attention's ``Past`` protocol against that storage."""
 
     def __init__(self, attn: Attention, batch: int, max_len: int, dtype: torch.dtype, device: torch.device) -> None:
-        cfg = attn.cfg
         self.kind = attn.kind
         self.start = 0
-        shape = (batch, cfg.n_key_value_heads, cfg.d_head)
-        n_raw = max_len if self.kind == "full" else cfg.local_window - 1
-        self.ring = n_raw  # rows of raw storage
-        self.raw_k = torch.zeros(batch, n_raw, *shape[1:], dtype=dtype, device=device)
+        shapes = layer_shapes(attn, batch, max_len)
+        self.ring = shapes["raw_k"][1]  # rows of raw storage
+        self.raw_k = torch.zeros(shapes["raw_k"], dtype=dtype, device=device)
         self.raw_v = None if attn.tied else torch.zeros_like(self.raw_k)
         self.entry_store: dict[str, Tensor] = {}
         self.n_entries: dict[str, int] = {}
         self.states: dict[str, PoolerState] = {}
         if attn.compressor is not None:
-            max_entries = max_len // attn.compressor.stride
             for path, pooler in attn.compressor.poolers.items():
-                # head-major [B, Hkv, E, d]: each KV head's entries are one contiguous block for attention
-                self.entry_store[path] = torch.zeros(batch, shape[1], max_entries, shape[2], dtype=dtype, device=device)
+                self.entry_store[path] = torch.zeros(shapes[f"entries_{path}"], dtype=dtype, device=device)
                 self.n_entries[path] = 0
                 self.states[path] = pooler.empty_state(batch, device=device, dtype=dtype)
 
@@ -135,6 +132,7 @@ class CompressedKVCache:
         batch_size, max_len = int(batch_size), int(max_len)
         if max_len > model.config.n_ctx:
             raise CacheError(f"max_len {max_len} exceeds the model's context n_ctx={model.config.n_ctx}.")
+        check_cache(model, batch_size, max_len)  # priced before any storage: ResourceError naming what fits
         param = model.unembed.weight
         self.dtype, self.device = param.dtype, param.device
         self._owner = weakref.ref(model)
@@ -163,7 +161,11 @@ class CompressedKVCache:
             )
         B, n = tokens.shape
         if B != self.batch_size:
-            raise CacheError(f"the cache holds {self.batch_size} sequences but tokens have batch {B}.")
+            raise CacheError(
+                f"the cache holds {self.batch_size} sequence(s) but the tokens have batch {B}; make a cache for this "
+                f"batch with model.new_cache(batch_size={B}, max_len={self.max_len}), or, to start this cache over "
+                f"with {self.batch_size} sequence(s), call cache.reset() and prefill it again."
+            )
         if self.length + n > self.max_len:
             raise CacheError(
                 f"appending {n} tokens to {self.length} cached would exceed max_len={self.max_len}; "

@@ -107,23 +107,24 @@ class Pooler(nn.Module):
     def _prev_groups(self, groups: int) -> int:
         return 1 if groups == 1 else self.k - 1
 
-    def empty_state(self, batch: int, *, device: torch.device | str, dtype: torch.dtype) -> PoolerState:
-        """Preallocated, zeroed state for ``batch`` sequences."""
+    def state_shapes(self, batch: int) -> list[tuple[int, ...] | None]:
+        """Shapes of :meth:`empty_state`'s tensors (cur/prev payload, cur/prev gate logits; ``None`` without
+        gates): ``[batch, groups, S, channels]`` and ``[batch, k - 1, groups', S, channels]``."""
         S, k = self.stride, self.k
+        p_groups, p_channels = (1, self.n_kv_heads * self.d_head) if self.payload is None else (
+            self.payload.weight.shape[0], self.payload.weight.shape[-1])
+        out: list[tuple[int, ...] | None] = [(batch, p_groups, S, p_channels),
+                                             (batch, k - 1, self._prev_groups(p_groups), S, p_channels)]
+        if self.gate is None:
+            return out + [None, None]
+        g_groups = self.gate.weight.shape[0]
+        return out + [(batch, g_groups, S, self.gate_channels),
+                      (batch, k - 1, self._prev_groups(g_groups), S, self.gate_channels)]
 
-        def alloc(groups: int, channels: int) -> tuple[Tensor, Tensor]:
-            cur = torch.zeros(batch, groups, S, channels, device=device, dtype=dtype)
-            prev = torch.zeros(batch, k - 1, self._prev_groups(groups), S, channels, device=device, dtype=dtype)
-            return cur, prev
-
-        if self.payload is None:
-            cur_p, prev_p = alloc(1, self.n_kv_heads * self.d_head)
-        else:
-            cur_p, prev_p = alloc(self.payload.weight.shape[0], self.payload.weight.shape[-1])
-        cur_g = prev_g = None
-        if self.gate is not None:
-            cur_g, prev_g = alloc(self.gate.weight.shape[0], self.gate_channels)
-        return PoolerState(cur_p, prev_p, cur_g, prev_g)
+    def empty_state(self, batch: int, *, device: torch.device | str, dtype: torch.dtype) -> PoolerState:
+        """Preallocated, zeroed state for ``batch`` sequences (shapes: :meth:`state_shapes`)."""
+        return PoolerState(*(None if shape is None else torch.zeros(shape, device=device, dtype=dtype)
+                             for shape in self.state_shapes(batch)))
 
     # ---- streaming -----------------------------------------------------------------------------------
     def gates(

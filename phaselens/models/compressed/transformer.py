@@ -25,6 +25,7 @@ from phaselens.core.geometry import PhaseSpec
 from phaselens.models.compressed.attention import Attention, NoPast, Past
 from phaselens.models.compressed.compressor import default_init_, rms_norm
 from phaselens.models.compressed.config import CompressedConfig
+from phaselens.models.compressed.sizing import check_forward, check_weights
 from phaselens.models.hooking import ContextHooks, query_start
 
 if TYPE_CHECKING:
@@ -120,6 +121,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
     name: str = ""
 
     def __init__(self, cfg: CompressedConfig) -> None:
+        check_weights(cfg)  # priced before any parameter exists: ResourceError naming the sizes that fit
         super().__init__()
         self.config = cfg
         self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
@@ -331,16 +333,14 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
                 f"tokens have shape {tuple(tokens.shape)}: a forward needs at least one sequence of at least one "
                 "token; drop empty batches before calling the model."
             )
-        if cache is None:
-            if n > self.config.n_ctx:
-                raise InputError(
-                    f"sequence of {n} tokens exceeds the model's context n_ctx={self.config.n_ctx}; "
-                    "shorten it or build the model with a larger n_ctx."
-                )
-            pasts: list[Past] = [NoPast() for _ in self.blocks]
-        else:
+        if cache is None and n > self.config.n_ctx:
+            raise InputError(f"sequence of {n} tokens exceeds the model's context n_ctx={self.config.n_ctx}; "
+                             "shorten it or build the model with a larger n_ctx.")
+        if cache is not None:
             cache.check_model(self)
-            pasts = cache.begin(tokens)
+        rows = n if logits == "all" and targets is None else 1  # a lower bound of the unembedded rows
+        check_forward(self, B, n, 0 if cache is None else cache.length, rows)
+        pasts: list[Past] = [NoPast() for _ in self.blocks] if cache is None else cache.begin(tokens)
         with query_start(0 if cache is None else cache.length):
             resid = self.hook_embed(self.embed(tokens))
             for block, past in zip(self.blocks, pasts):
@@ -367,12 +367,16 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         loss = F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), tokens[:, 1:].reshape(-1))
         return loss if return_type == "loss" else (out, loss)
 
-    def new_cache(self, batch_size: SupportsInt = 1, max_len: SupportsInt | None = None) -> CompressedKVCache:
+    def new_cache(self, batch_size: SupportsInt = 1, max_len: SupportsInt | None = None, *,
+                  batch: SupportsInt | None = None) -> CompressedKVCache:
         """An empty :class:`~phaselens.models.compressed.cache.CompressedKVCache` for ``batch_size`` sequences of up to
-        ``max_len`` tokens (default ``n_ctx``). Both must be positive ints (numpy ints too); anything else
-        raises a :class:`~phaselens.core.errors.CacheError` (the annotation admits any number so that check runs)."""
+        ``max_len`` tokens (default ``n_ctx``; ``batch`` is another name of ``batch_size``). Both must be positive
+        ints (numpy ints too), else a :class:`~phaselens.core.errors.CacheError`; a cache larger than the memory
+        available is a :class:`~phaselens.core.errors.ResourceError` naming the sizes that fit."""
         from phaselens.models.compressed.cache import CompressedKVCache
 
+        if batch is not None:
+            batch_size = batch
         return CompressedKVCache(self, batch_size, self.config.n_ctx if max_len is None else max_len)
 
     @torch.no_grad()
