@@ -1,17 +1,29 @@
-"""The query engines' shared parts: a cell (one intervention), the loop over cells by layer, and the
-engine for items whose query positions differ.
+"""The query engines' shared design: a cell (one intervention), the per-slot engine every model kind builds on,
+the loop over cells by layer, and the engine for items whose query positions differ.
 
-An intervention on ``z`` at the query position changes nothing at earlier positions, so a model's
-*slot engine* runs the clean prefix once and then only the query rows per cell. The slot engines are the
-models' own (``phaselens.models.compressed.engine.SuffixEngine``, the DeepSeek-V4 adapter's); what they share
-lives here, and analyses reach them only through the ``query_engine`` capability.
+An intervention on ``z`` at the query position changes nothing at earlier positions, so a model's *slot engine*
+runs the clean prefix once into the model's own cache and then only the query rows per cell. The parts every
+kind shares live here (:class:`SlotEngine`):
+
+* the clean query step: the query row through every layer once, keeping each layer's input state and ``z``;
+* a pass: ``C`` cells at one layer become ``C x n`` rows (row ``c * n + i`` is cell ``c`` on item ``i``), the
+  clean input state of that layer repeated ``C`` times, and one ``hook_z`` replacement
+  (:func:`cell_rows`, :func:`replace_z`);
+* how many cells go into a pass (``rows_per_pass`` and a memory budget ``pass_bytes`` per pass);
+* the prefix views repeated for a pass width, built once per width and shared by its passes (:meth:`SlotEngine.repeated`).
+
+A model kind keeps only what truly differs: its prefill, its embedding of the query row, and
+:meth:`SlotEngine.run_layers` (its layers from ``start`` on over a read-only, repeated view of its cache, with
+the given hooks). The kinds' engines are ``phaselens.models.compressed.engine.SuffixEngine``,
+``phaselens.models.deepseek_v4.engine.V4SuffixEngine`` and ``phaselens.models.deepseek_v41.engine.V41SuffixEngine``;
+analyses reach them only through the ``query_engine`` capability. This module imports no model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
@@ -19,6 +31,8 @@ from torch import Tensor
 from phaselens.core.errors import InputError
 
 PASS_BYTES = 2**30  # default memory budget of one cell pass (its repeated cache and attention temporaries)
+HookList = list[tuple[str, Callable[..., Tensor | None]]]
+V = TypeVar("V")
 
 
 @dataclass
@@ -31,6 +45,52 @@ class Cell:
     layer: int
     heads: Sequence[int]
     replacement: Tensor | None = None
+
+
+def z_site(layer: int) -> str:
+    """The hook point of the per-head attention output ``z`` ``[B, pos, H, d]`` of ``layer`` (every kind)."""
+    return f"blocks.{layer}.attn.hook_z"
+
+
+def repeat_rows(value: Any, copies: int) -> Any:
+    """``value`` repeated ``copies`` times along dim 0 (row ``c * n + i`` is copy ``c`` of row ``i``); tuples,
+    lists and dicts of tensors element-wise; ``None`` and 0-d tensors as they are."""
+    if isinstance(value, tuple | list):
+        return type(value)(repeat_rows(v, copies) for v in value)
+    if isinstance(value, dict):
+        return {k: repeat_rows(v, copies) for k, v in value.items()}
+    if not isinstance(value, Tensor) or copies == 1 or value.dim() == 0:
+        return value
+    return value.repeat(copies, *([1] * (value.dim() - 1)))
+
+
+def cell_rows(cells: Sequence[Cell], z0: Tensor) -> tuple[Tensor, Tensor]:
+    """The cells of one pass as rows over the ``n`` items of ``z0`` ``[n, H, d]`` (the clean ``z`` of the layer).
+
+    Returns ``mask`` ``[C * n, 1, H, 1]`` (bool: which heads each row replaces) and ``replacement``
+    ``[C * n, 1, H, d]`` (zeros where a cell gives none), on ``z0``'s device and in its dtype.
+    """
+    n, H, d = z0.shape
+    C = len(cells)
+    mask = torch.zeros(C, H, dtype=torch.bool)
+    repl = torch.zeros(C, n, H, d, dtype=z0.dtype, device=z0.device)
+    for c, cell in enumerate(cells):  # one small assignment per cell: the heads of a cell go in together
+        heads = list(cell.heads)
+        mask[c, heads] = True
+        if cell.replacement is not None:
+            r = cell.replacement.to(device=repl.device, dtype=repl.dtype)
+            repl[c][:, heads] = r if r.dim() == 3 else r.expand(n, -1, -1)
+    mask_rows = mask.repeat_interleave(n, 0)[:, None, :, None].to(z0.device)
+    return mask_rows, repl.reshape(C * n, 1, H, d)
+
+
+def replace_z(mask: Tensor, replacement: Tensor) -> Callable[..., Tensor]:
+    """The hook of a pass: ``z`` ``[C * n, 1, H, d]`` with the masked heads replaced (:func:`cell_rows`)."""
+
+    def intervene(z: Tensor, *, hook: Any) -> Tensor:
+        return torch.where(mask, replacement, z)
+
+    return intervene
 
 
 def run_by_layer(cells: Sequence[Cell], per_pass: Callable[[int], int],
@@ -53,20 +113,97 @@ def run_by_layer(cells: Sequence[Cell], per_pass: Callable[[int], int],
     return torch.stack(out)  # type: ignore[arg-type]
 
 
+class SlotEngine:
+    """A query-suffix engine for ``n`` items that share one query slot ``q``: the shared part of every kind's.
+
+    A subclass prefills the clean prefix into its model's cache, then calls :meth:`clean_step` with the query
+    row's input to the first layer, and implements :meth:`run_layers` (and :meth:`row_bytes` when passes need
+    a memory bound).
+
+    Attributes (after :meth:`clean_step`):
+        n, q: items and query slot.
+        clean_logits: ``[n, V]`` at the query slot.
+        clean_z: per layer ``[n, H, d]``, the clean ``z`` at the query slot.
+        resid_pre: per layer, the query row's input state to that layer (what the kind's layers take: a
+            ``[n, 1, D]`` residual, ``[n, 1, hc, D]`` hyper-connection streams, or a tuple of tensors).
+    """
+
+    clean_logits: Tensor
+    clean_z: list[Tensor]
+    resid_pre: list[Any]
+
+    def __init__(self, n: int, query_pos: int, *, rows_per_pass: int = 4096, pass_bytes: int = PASS_BYTES) -> None:
+        self.n, self.q = int(n), int(query_pos)
+        self.rows_per_pass, self.pass_bytes = int(rows_per_pass), int(pass_bytes)
+        self._views: dict[tuple[Hashable, int], Any] = {}
+
+    # ---- the kind's part -----------------------------------------------------------------------------
+    def run_layers(self, start: int, state: Any, copies: int, hooks: HookList, record: list[Any] | None = None
+                   ) -> Tensor:
+        """Run the query rows ``state`` (``copies * n`` rows: the input to layer ``start``) through layers
+        ``start..L-1`` over the clean prefix (read, never written) with ``hooks`` active, appending each layer's
+        input state to ``record`` when given; the logits ``[copies * n, V]`` at the query slot."""
+        raise NotImplementedError
+
+    def row_bytes(self, layer: int) -> int:
+        """Memory of one row of a pass from ``layer`` (0: no bound but ``rows_per_pass``)."""
+        return 0
+
+    # ---- shared --------------------------------------------------------------------------------------
+    def clean_step(self, state: Any, n_layers: int) -> None:
+        """The clean query row from the first layer (``state``: its input): sets :attr:`resid_pre`,
+        :attr:`clean_z` and :attr:`clean_logits`."""
+        zs: dict[int, Tensor] = {}
+
+        def keep(z: Tensor, *, hook: Any) -> None:
+            zs[hook.layer()] = z[:, 0].clone()
+
+        record: list[Any] = []
+        self.clean_logits = self.run_layers(0, state, 1, [(z_site(i), keep) for i in range(n_layers)], record)
+        self.resid_pre, self.clean_z = record, [zs[i] for i in range(n_layers)]
+
+    @torch.no_grad()
+    def run(self, cells: Sequence[Cell], *, progress: Any = None) -> Tensor:
+        """Logits at the query slot under each cell: ``[C, n, V]``."""
+        return run_by_layer(cells, self.cells_per_pass, self._pass, progress)
+
+    def cells_per_pass(self, layer: int) -> int:
+        """Cells in one pass from ``layer``: rows bounded by ``rows_per_pass`` and by ``pass_bytes``."""
+        rows, per_row = self.rows_per_pass, self.row_bytes(layer)
+        if per_row > 0:
+            rows = min(rows, self.pass_bytes // per_row)
+        return max(1, rows // max(self.n, 1))
+
+    def _pass(self, layer: int, cells: Sequence[Cell]) -> Tensor:
+        """One pass: ``cells`` (all at ``layer``) as ``C x n`` rows from ``layer`` up; ``[C, n, V]``."""
+        C = len(cells)
+        mask, repl = cell_rows(cells, self.clean_z[layer])
+        state = repeat_rows(self.resid_pre[layer], C)
+        return self.run_layers(layer, state, C, [(z_site(layer), replace_z(mask, repl))]).view(C, self.n, -1)
+
+    def repeated(self, key: Hashable, copies: int, build: Callable[[], V]) -> V:
+        """The view ``build()`` of the prefix for passes of ``copies`` cells, built once per width and shared by
+        every pass of it (a new width drops the old width's views). ``build`` must return state that passes
+        only read."""
+        if any(k[1] != copies for k in self._views):
+            self._views = {k: v for k, v in self._views.items() if k[1] == copies}
+        if (key, copies) not in self._views:
+            self._views[(key, copies)] = build()
+        return self._views[(key, copies)]
+
+
 class QueryEngine:
     """The query-suffix engine for items whose query positions may differ.
 
     Rows are grouped by query slot (and a slot's rows split into pieces of at most ``batch_size``); each group
-    gets one :class:`SuffixEngine` (one clean prefix pass), and every cell runs on every group. Results come
+    gets one :class:`SlotEngine` (one clean prefix pass), and every cell runs on every group. Results come
     back in the items' order, so callers never see the groups.
 
     Args:
         model: a model with a per-slot engine (``slot_engine``).
-        tokens: ``[N, T]``; query_pos: ``[N]`` the slot whose logits are scored in each row.
-        slot_engine: builds the engine of one slot, ``slot_engine(model, tokens [n, T], q, rows_per_pass=...)``
-            with ``clean_logits [n, V]``, ``clean_z[layer] [n, H, d]`` and ``run(cells) -> [C, n, V]``
-            (the compressed transformer's :class:`~phaselens.models.compressed.engine.SuffixEngine`, the
-            DeepSeek-V4 adapter's own).
+        tokens: ``[N, T]``; query_pos: ``[N]`` the slot whose logits are scored in each row (``0..T-1``).
+        slot_engine: builds the engine of one slot, ``slot_engine(model, tokens [n, T], q, rows_per_pass=...)``:
+            a :class:`SlotEngine` of the model's kind.
         batch_size: at most this many rows per group, so per prefill call (``None``: a slot's rows together).
     """
 
@@ -75,6 +212,8 @@ class QueryEngine:
         qp = torch.as_tensor(query_pos).long().cpu()
         if qp.dim() != 1 or len(qp) != tokens.shape[0]:
             raise InputError(f"query_pos must be [N] = [{tokens.shape[0]}], got {tuple(qp.shape)}.")
+        if len(qp) and (int(qp.min()) < 0 or int(qp.max()) >= tokens.shape[-1]):
+            raise InputError(f"query_pos must be slots in 0..{tokens.shape[-1] - 1}, got {qp.tolist()[:8]}.")
         self.N = len(qp)
         self.groups: list[tuple[Tensor, Any]] = []
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):

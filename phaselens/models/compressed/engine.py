@@ -1,5 +1,5 @@
 """The compressed transformer's query-suffix engine: many per-head interventions at the query position for
-little more than one forward (the shared parts are in :mod:`phaselens.runtime.engines`).
+little more than one forward (cells, passes and the clean step are shared: :mod:`phaselens.runtime.engines`).
 
 An intervention on ``z`` at the query position changes nothing at earlier positions. So the engine runs
 the clean prefix once into a :class:`~phaselens.models.CompressedKVCache`, and for each *cell* (a set of
@@ -13,7 +13,6 @@ same streaming compressor as decoding does (it reads the open block's projection
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -22,7 +21,7 @@ from torch import Tensor
 from phaselens.models.compressed.cache import CompressedKVCache, LayerCache
 from phaselens.models.compressed.compressor import PoolerState
 from phaselens.models.hooking import query_start
-from phaselens.runtime.engines import Cell, run_by_layer
+from phaselens.runtime.engines import HookList, SlotEngine
 
 
 def _state_tensors(st: PoolerState) -> tuple[Tensor | None, ...]:
@@ -71,81 +70,37 @@ class FrozenPast:
         pass
 
 
-class SuffixEngine:
-    """Clean prefix once; per-cell query passes from the intervened layer up.
+class SuffixEngine(SlotEngine):
+    """Clean prefix once; per-cell query passes from the intervened layer up (a
+    :class:`~phaselens.runtime.engines.SlotEngine`: cells, passes and the clean step are shared).
+
+    What this kind keeps: the prefix goes into a :class:`~phaselens.models.CompressedKVCache`, and a pass reads
+    it through :class:`FrozenPast` views repeated once per pass width.
 
     Args:
         model: a :class:`~phaselens.models.CompressedTransformer`.
-        tokens: ``[N, T]`` items that share one query position ``query_pos`` (slot ``q``).
+        tokens: ``[n, T]`` items that share one query position ``query_pos`` (slot ``q``).
     """
 
     def __init__(self, model: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096) -> None:
-        self.model = model
-        self.q = int(query_pos)
-        self.rows_per_pass = rows_per_pass
-        self._frozen: dict[tuple[int, int], FrozenPast] = {}
         tokens = model.to_tokens(tokens)
-        self.N = tokens.shape[0]
+        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass)
+        self.model = model
         self.query_tokens = tokens[:, self.q : self.q + 1]
         with torch.no_grad():
-            self.cache = CompressedKVCache(model, self.N, self.q + 1)
+            self.cache = CompressedKVCache(model, self.n, self.q + 1)
             if self.q > 0:
                 model(tokens[:, : self.q], cache=self.cache)
-            self.resid_pre, self.clean_z, self.clean_logits = self._clean_step()
+            self.clean_step(model.hook_embed(model.embed(self.query_tokens)), len(model.blocks))
 
-    @torch.no_grad()
-    def _clean_step(self) -> tuple[list[Tensor], list[Tensor], Tensor]:
-        """Query-position residuals into each block ``[N, 1, D]``, per-head z ``[N, H, d]``, clean logits ``[N, V]``."""
+    def run_layers(self, start: int, resid: Tensor, copies: int, hooks: HookList,
+                   record: list[Any] | None = None) -> Tensor:
+        """Residuals ``[copies * n, 1, D]`` into block ``start`` through the rest of the model: ``[copies * n, V]``."""
         model = self.model
-        resid = model.hook_embed(model.embed(self.query_tokens))
-        resid_pre, zs = [], []
-        for i, block in enumerate(model.blocks):
-            resid_pre.append(resid)
-            grab: list[Tensor] = []
-
-            def keep(z: Tensor, hook: Any, _out: list[Tensor] = grab) -> None:
-                _out.append(z[:, 0].clone())
-
-            with model.hooks(fwd_hooks=[(f"blocks.{i}.attn.hook_z", keep)]), query_start(self.q):
-                resid = block(resid, FrozenPast(self.cache.layers[i], self.q, 1))
-            zs.append(grab[0])
-        logits = model.unembed(model.ln_final(resid))[:, 0]
-        return resid_pre, zs, logits
-
-    @torch.no_grad()
-    def run(self, cells: Sequence[Cell], *, progress: Any = None) -> Tensor:
-        """Logits at the query position under each cell: ``[C, N, V]``."""
-        per_pass = max(1, self.rows_per_pass // max(1, self.N))
-        return run_by_layer(cells, lambda _layer: per_pass, self._pass, progress)
-
-    def _past(self, layer: int, copies: int) -> FrozenPast:
-        key = (layer, copies)
-        if key not in self._frozen:  # repeated prefix views are reused by every pass of this width
-            self._frozen = {k: v for k, v in self._frozen.items() if k[1] == copies}
-            self._frozen[key] = FrozenPast(self.cache.layers[layer], self.q, copies)
-        return self._frozen[key]
-
-    def _pass(self, layer: int, cells: Sequence[Cell]) -> Tensor:
-        model, N = self.model, self.N
-        C = len(cells)
-        H, d = model.cfg.n_heads, model.cfg.d_head
-        mask = torch.zeros(C, H, dtype=torch.bool)
-        repl = torch.zeros(C, N, H, d, dtype=self.clean_z[layer].dtype, device=self.clean_z[layer].device)
-        for c, cell in enumerate(cells):
-            heads = list(cell.heads)
-            mask[c, heads] = True
-            if cell.replacement is not None:
-                r = cell.replacement.to(device=repl.device, dtype=repl.dtype)
-                repl[c][:, heads] = r if r.dim() == 3 else r.expand(N, -1, -1)
-        device = self.clean_z[layer].device
-        mask_rows = mask.repeat_interleave(N, 0)[:, None, :, None].to(device)  # [C*N, 1, H, 1]
-        repl_rows = repl.reshape(C * N, 1, H, d).to(device)
-
-        def intervene(z: Tensor, hook: Any) -> Tensor:
-            return torch.where(mask_rows, repl_rows, z)
-
-        resid = self.resid_pre[layer].repeat(C, 1, 1)
-        with model.hooks(fwd_hooks=[(f"blocks.{layer}.attn.hook_z", intervene)]), query_start(self.q):
-            for i in range(layer, len(model.blocks)):
-                resid = model.blocks[i](resid, self._past(i, C))
-        return model.unembed(model.ln_final(resid))[:, 0].view(C, N, -1)
+        with model.hooks(fwd_hooks=hooks), query_start(self.q):
+            for i in range(start, len(model.blocks)):
+                if record is not None:
+                    record.append(resid)
+                past = self.repeated(i, copies, lambda i=i: FrozenPast(self.cache.layers[i], self.q, copies))
+                resid = model.blocks[i](resid, past)
+        return model.unembed(model.ln_final(resid))[:, 0]

@@ -37,7 +37,7 @@ uncached forward's, so near-tied picks may differ (``docs/deepseek_v4.md`` gives
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -56,19 +56,13 @@ from phaselens.models.deepseek_v4.reference_ops import (
 )
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
 from phaselens.models.numerics.chunks import plan_chunks
-from phaselens.runtime.engines import PASS_BYTES, Cell, run_by_layer
+from phaselens.runtime.engines import PASS_BYTES, HookList, SlotEngine, repeat_rows
 
 # The per-row state of transformers' DeepSeek-V4 cache layers (sliding, CSA, HCA): tensors [B, ...] and
 # dicts of them, plus the entry counters (dicts of ints). Anything else batch-shaped is refused.
 _TENSORS = ("keys", "values")
 _TENSOR_DICTS = ("buffer_kv", "buffer_gate", "compressed_kv", "overlap_kv", "overlap_gate")
 _COUNTS = ("entry_count",)
-
-
-def _repeat(t: Tensor | None, copies: int) -> Tensor | None:
-    if t is None or copies == 1 or t.dim() == 0:
-        return t
-    return t.repeat(copies, *([1] * (t.dim() - 1)))
 
 
 def repeated_layer(layer: Any, copies: int) -> Any:
@@ -80,9 +74,9 @@ def repeated_layer(layer: Any, copies: int) -> Any:
     new = copy.copy(layer)
     for name, value in vars(layer).items():
         if name in _TENSORS:
-            setattr(new, name, _repeat(value, copies))
+            setattr(new, name, repeat_rows(value, copies))
         elif name in _TENSOR_DICTS:
-            setattr(new, name, {k: _repeat(v, copies) for k, v in value.items()})
+            setattr(new, name, {k: repeat_rows(v, copies) for k, v in value.items()})
         elif name in _COUNTS:
             setattr(new, name, dict(value))
         elif (isinstance(value, Tensor) and value.dim() > 0) or (
@@ -142,11 +136,13 @@ def _fresh(template: Any) -> Any:
     return new
 
 
-class V4SuffixEngine:
+class V4SuffixEngine(SlotEngine):
     """Clean prefix once; per-cell query passes from the intervened layer up (one query slot).
 
     The per-slot engine behind :meth:`DeepSeekV4Adapter.query_engine` (grouped by slot by
-    :class:`phaselens.runtime.engines.QueryEngine`).
+    :class:`phaselens.runtime.engines.QueryEngine`); cells, passes, the clean step and the pass-size budget are
+    the shared :class:`~phaselens.runtime.engines.SlotEngine`'s. What this kind keeps: the prefill into
+    transformers' cache, the repeated copies of its cache layers, and the hooks through :func:`torch_sites`.
 
     Args:
         adapter: a :class:`~phaselens.models.deepseek_v4.DeepSeekV4Adapter`.
@@ -160,15 +156,11 @@ class V4SuffixEngine:
 
     def __init__(self, adapter: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096,
                  pass_bytes: int = PASS_BYTES) -> None:
+        tokens = adapter._tokens(tokens)
+        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
         self.adapter = adapter
         self.hf = adapter.model
-        self.q = int(query_pos)
-        self.rows_per_pass = int(rows_per_pass)
-        self.pass_bytes = int(pass_bytes)
-        tokens = adapter._tokens(tokens)
-        self.n = int(tokens.shape[0])
         self.query_ids = tokens[:, self.q : self.q + 1]
-        self._templates: dict[tuple[int, int], Any] = {}
         with torch.no_grad():
             plan = plan_chunks(self.q + 1, adapter.chunk, 1)  # the prefix in the adapter's pieces, then the query
             self.cache = run_prefix(self.hf, tokens[:, : self.q + 1], plan, keep_logits=False).cache
@@ -180,38 +172,27 @@ class V4SuffixEngine:
                 for kind in ("main", "compress")
             }
             hidden = embeds.unsqueeze(2).expand(-1, -1, int(self.hf.config.hc_mult), -1).contiguous()
-            self.resid_pre, self.clean_z, self.clean_logits = self._clean_step(hidden)
+            self.clean_step(hidden, len(inner.layers))
         self._row_bytes = [self._bytes_per_row(layer) for layer in range(len(inner.layers))]
 
-    # ---- passes --------------------------------------------------------------------------------------
-    def _z_name(self, layer: int) -> str:
-        return f"blocks.{layer}.attn.hook_z"
+    def row_bytes(self, layer: int) -> int:
+        return self._row_bytes[layer]
 
-    def _clean_step(self, hidden: Tensor) -> tuple[list[Tensor], list[Tensor], Tensor]:
-        """Per layer, the query's input streams ``[n, 1, hc, D]`` and ``z`` ``[n, H, d]``; clean logits ``[n, V]``."""
-        L = len(self.hf.model.layers)
-        zs: dict[int, Tensor] = {}
-
-        def keep(z: Tensor, *, hook: Any) -> None:
-            zs[hook.layer()] = z[:, 0].clone()
-
-        resid: list[Tensor] = []
-        hooks: dict[str, list[HookFn]] = {self._z_name(i): [keep] for i in range(L)}
-        with torch_sites(self.hf, self.adapter._points, hooks, RunInfo(self.q, True)):
-            logits = self._layers(0, hidden, 1, record=resid)
-        return resid, [zs[i] for i in range(L)], logits
-
-    def _layers(self, start: int, hidden: Tensor, copies: int, record: list[Tensor] | None = None) -> Tensor:
+    def run_layers(self, start: int, hidden: Tensor, copies: int, hooks: HookList,
+                   record: list[Any] | None = None) -> Tensor:
         """Run the query rows ``hidden`` ``[copies * n, 1, hc, D]`` through layers ``start..L-1`` of the model
         (over a repeated view of the prefix cache) and the head: logits ``[copies * n, V]``."""
         from transformers.masking_utils import create_sliding_window_causal_mask
 
+        sites: dict[str, list[HookFn]] = {}
+        for name, fn in hooks:
+            sites.setdefault(name, []).append(fn)
         inner = self.hf.model
         cache = self._pass_cache(start, copies)
         ids = self.query_ids.repeat(copies, 1)
         mask = create_sliding_window_causal_mask(config=self.hf.config, inputs_embeds=hidden[:, :, 0],
                                                  attention_mask=None, cache=cache, position_ids=self.position_ids)
-        with query_attention():
+        with torch_sites(self.hf, self.adapter._points, sites, RunInfo(self.q, True)), query_attention():
             for layer in inner.layers[start:]:
                 if record is not None:
                     record.append(hidden)
@@ -222,14 +203,9 @@ class V4SuffixEngine:
     def _pass_cache(self, start: int, copies: int) -> Any:
         """A cache for one pass: layers below ``start`` are the clean prefix's own (only read, for the mask),
         layers from ``start`` fresh copies of the prefix repeated ``copies`` times."""
-        if not any(k[1] == copies for k in self._templates):  # a new pass width: drop the old width's copies
-            self._templates = {}
         layers = list(self.cache.layers)
         for i in range(start, len(layers)):
-            key = (i, copies)
-            if key not in self._templates:
-                self._templates[key] = repeated_layer(layers[i], copies)
-            layers[i] = _fresh(self._templates[key])
+            layers[i] = _fresh(self.repeated(i, copies, lambda i=i: repeated_layer(self.cache.layers[i], copies)))
         cache = copy.copy(self.cache)
         cache.layers = layers
         return cache
@@ -249,35 +225,3 @@ class V4SuffixEngine:
                 n_keys = keys.shape[2] + 1 + (0 if entries is None else entries.shape[1])
                 widest = max(widest, n_keys * (keys.shape[3] + 4 * H) * keys.element_size())
         return cache_bytes // max(self.n, 1) + widest
-
-    @torch.no_grad()
-    def run(self, cells: Sequence[Cell], *, progress: Any = None) -> Tensor:
-        """Logits at the query slot under each cell: ``[C, n, V]``."""
-        def per_pass(layer: int) -> int:  # rows bounded by rows_per_pass and the pass's memory budget
-            rows = min(self.rows_per_pass, self.pass_bytes // max(self._row_bytes[layer], 1))
-            return max(1, rows // max(self.n, 1))
-
-        return run_by_layer(cells, per_pass, self._pass, progress)
-
-    def _pass(self, layer: int, cells: Sequence[Cell]) -> Tensor:
-        n, C = self.n, len(cells)
-        z0 = self.clean_z[layer]
-        H, d = z0.shape[1:]
-        mask = torch.zeros(C, H, dtype=torch.bool)
-        repl = torch.zeros(C, n, H, d, dtype=z0.dtype, device=z0.device)
-        for c, cell in enumerate(cells):
-            heads = list(cell.heads)
-            mask[c, heads] = True
-            if cell.replacement is not None:
-                r = cell.replacement.to(device=repl.device, dtype=repl.dtype)
-                repl[c][:, heads] = r if r.dim() == 3 else r.expand(n, -1, -1)
-        mask_rows = mask.repeat_interleave(n, 0)[:, None, :, None].to(z0.device)  # [C * n, 1, H, 1]
-        repl_rows = repl.reshape(C * n, 1, H, d)
-
-        def intervene(z: Tensor, *, hook: Any) -> Tensor:
-            return torch.where(mask_rows, repl_rows, z)
-
-        hidden = self.resid_pre[layer].repeat(C, 1, 1, 1)
-        with torch_sites(self.hf, self.adapter._points, {self._z_name(layer): [intervene]}, RunInfo(self.q, True)):
-            logits = self._layers(layer, hidden, C)
-        return logits.view(C, n, -1)

@@ -403,6 +403,15 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
 
         return estimate_memory(self, tokens, batch=batch, chunk=self.chunk, query_len=query_len, logits=logits)
 
+    def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
+                     batch_size: int | None = None, pass_bytes: int = 2**30) -> Any:
+        """The ``query_engine`` capability: the clean prefix once per query slot, then only the query rows per
+        cell (:func:`~phaselens.models.deepseek_v41.engine.query_engine`; ``engine="auto"`` picks it)."""
+        from phaselens.models.deepseek_v41.engine import query_engine
+
+        return query_engine(self, tokens, query_pos, rows_per_pass=rows_per_pass, batch_size=batch_size,
+                            pass_bytes=pass_bytes)
+
     def with_metadata(self, **entries: Any) -> DeepSeekV41:
         self._metadata.update(entries)
         return self
