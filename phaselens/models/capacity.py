@@ -15,7 +15,12 @@ reports, in bytes:
   transients on every GPU, 90% of each GPU usable (CUDA's context, the allocator's fragmentation);
 * the smallest node (1, 2, 4 or 8 of those GPUs) that runs a per-head map at ``map_context`` tokens (one
   forward per cell and item, batch 1, as ``specialization_map(engine="full")`` runs it), and the largest
-  prefill chunk that fits there.
+  prefill chunk that fits there;
+* DeepSeek-V4.1's Engram: device maps keep its tables in host memory
+  (:mod:`phaselens.models.deepseek_v41.placement`), so the GPUs hold every layer but the tables, and the plan
+  states the host memory and the bytes per token its lookups send to the GPUs;
+* DeepSeek-V4.1's time (``time``, :mod:`phaselens.models.costs`): FLOPs, bytes, seconds and GPU-hours of the
+  forward above and of a per-head map with the query-suffix engine, at ``mfu`` of the GPU's peaks.
 
 Sizes are estimates from the code's tensors, not measurements on a GPU (see ``docs/scale.md``).
 """
@@ -25,94 +30,21 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
+from phaselens.models.costs import MFU, gpu_spec, plan_time
+from phaselens.models.plan_report import GPU_TYPES, USABLE, GiB, ModelPlan, gpu_bytes, gpu_type
 
-GiB = 2**30
-GPU_TYPES = {"H100": 80.0, "H200": 141.0, "B200": 192.0}  # GB (1e9 bytes) as sold
 NODE_SIZES = (1, 2, 4, 8)
 CHUNKS = (4096, 2048, 1024, 512, 256, 128, 64)
-USABLE = 0.9
+MAP_ITEMS = 8  # the time of a map: items (one per residue mod 8, as docs/scale.md's plans)
 MAP_CONTEXT = 131072  # the per-head map's default context
 MAX_CALLS = 2**20  # prefill calls one estimate walks (the released 1M-token context in chunks of 1)
 FP32_STORED = ("hc_", "attn_sink", "gate.bias")  # V4.1 tensors the release stores in fp32 (the rest: bf16)
-
-
-@dataclass(frozen=True)
-class ModelPlan:
-    """A checkpoint's memory at a context length, and the GPUs it needs (see the module docstring)."""
-
-    source: str
-    model_type: str
-    config_only: bool
-    weights_stored_bytes: int
-    engram_stored_bytes: int
-    files_bytes: int | None
-    weights_bytes: int  # as loaded
-    weights_dequantized_bytes: int
-    context: int
-    batch: int
-    chunk: int | None
-    cache_bytes: int
-    attention_bytes: int  # one score tensor; four are budgeted
-    activation_bytes: int
-    logits_bytes: int
-    peak_bytes: int  # everything of one forward on one device
-    gpu_memory_bytes: int
-    gpus: int | None  # GPUs of gpu_memory for the forward above (None: more than 64)
-    per_gpu_bytes: int | None  # the fullest GPU's need with that many GPUs
-    map_context: int
-    map_node_gpus: int | None  # smallest node for a per-head map at map_context (None: no node of <= 8)
-    map_node_chunk: int | None
-    notes: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def __str__(self) -> str:
-        g = lambda b: f"{b / GiB:,.1f} GiB"  # noqa: E731
-        gb = self.gpu_memory_bytes / 1e9
-        lines = [f"{Path(self.source).name or self.source} ({self.model_type}"
-                 + (", config.json only)" if self.config_only else ")"),
-                 f"  weights as stored   {g(self.weights_stored_bytes)}"
-                 + (f" (Engram tables {g(self.engram_stored_bytes)})" if self.engram_stored_bytes else "")
-                 + (f" (files: {g(self.files_bytes)})" if self.files_bytes else ""),
-                 f"  weights as loaded   {g(self.weights_bytes)} (dequantized: {g(self.weights_dequantized_bytes)})",
-                 f"  at {self.context:,} tokens, batch {self.batch}, "
-                 + (f"chunk {self.chunk}" if self.chunk else "one call")
-                 + f": cache {g(self.cache_bytes)}, attention 4 x {g(self.attention_bytes)}, other activations "
-                 f"{g(self.activation_bytes)}, logits {g(self.logits_bytes)}",
-                 f"  GPUs of {gb:g} GB ({USABLE:.0%} usable): "
-                 + (f"{self.gpus} (fullest GPU {g(self.per_gpu_bytes or 0)})" if self.gpus else "more than 64"),
-                 f"  per-head map at {self.map_context:,} tokens: "
-                 + (f"{self.map_node_gpus} x {gb:g} GB, chunk {self.map_node_chunk}" if self.map_node_gpus
-                    else f"no node of up to 8 x {gb:g} GB")]
-        return "\n".join(lines + [f"  note: {n}" for n in self.notes])
-
-
-def gpu_bytes(text: str | float) -> int:
-    """``"141"``, ``141``, ``"141GB"``, ``"80GiB"`` or a type (``"H200"``) -> bytes."""
-    s = str(text).strip()
-    if s.upper() in GPU_TYPES:
-        return int(GPU_TYPES[s.upper()] * 1e9)
-    for unit, scale in (("GIB", GiB), ("GB", 1e9)):
-        if s.upper().endswith(unit):
-            s, mult = s[: -len(unit)], scale
-            break
-    else:
-        mult = 1e9
-    try:
-        value = float(s)
-    except ValueError:
-        raise InputError(f"--gpu-memory {text!r}: give GB (141), '80GiB', or a type ({', '.join(GPU_TYPES)}).") from None
-    if not 0 < value < float("inf"):  # NaN too
-        raise InputError(f"--gpu-memory must be a finite positive size, got {text!r}.")
-    return int(value * mult)
 
 
 # ---- the two model families ----------------------------------------------------------------------------
@@ -150,9 +82,9 @@ class _Sized:
             self.notes.append(f"Engram's tables ({self.engram / GiB:,.1f} GiB as stored, layers {layers}) are not "
                               "loaded (engram='drop', an ablation); weights as loaded leave them out.")
         elif self.engram:
-            self.notes.append(f"weights include Engram's tables ({self.engram / GiB:,.1f} GiB, FP8 as stored, layers "
-                              f"{layers}); each sits whole in its layer's GPU. --engram drop plans the model "
-                              "without them.")
+            self.notes.append(f"Engram's tables ({self.engram / GiB:,.1f} GiB, FP8 as stored, layers {layers}) stay "
+                              "in host memory under a device map; each lookup sends only its rows to the layer's "
+                              "GPU. --engram drop plans the model without them.")
 
     def _v41_stored(self) -> int:
         """The text model's bytes in the checkpoint: shard headers when present, else the release's formats."""
@@ -187,6 +119,13 @@ class _Sized:
 
     def weights(self) -> int:
         return _bytes(self.meta)
+
+    def host_bytes(self) -> int:
+        """Bytes device maps keep in host memory (``host_resident`` modules: Engram's tables)."""
+        from phaselens.contract.protocol import module_of
+
+        return sum(t.numel() * t.element_size() for m in module_of(self.meta).modules()
+                   if getattr(type(m), "host_resident", False) for t in [*m.parameters(), *m.buffers()])
 
     def max_positions(self) -> int:
         """The longest sequence a forward takes (``max_position_embeddings``; the V4.1 model refuses more)."""
@@ -313,22 +252,35 @@ def _files_bytes(root: Path) -> int | None:
 
 
 def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = "141", chunk: int | None = None,
-               batch: int = 1, map_context: int | None = None, engram: str = "run") -> ModelPlan:
+               batch: int = 1, map_context: int | None = None, engram: str = "run", items: int = MAP_ITEMS,
+               item_batch: int = 1, mfu: float = MFU, peak_tflops: float | None = None,
+               fp32_tflops: float | None = None, hbm_tbps: float | None = None) -> ModelPlan:
     """The :class:`ModelPlan` of the checkpoint directory ``source`` (``hf:DIR`` or ``DIR``; ``config.json``
     alone is enough). ``chunk=None`` takes the chunk of the smallest node found for the map; ``engram``
-    (DeepSeek-V4.1) is ``load``'s: ``"run"`` (the tables on the GPUs) or ``"drop"``; ``map_context`` (default:
-    128K tokens, or the model's longest sequence if shorter).
+    (DeepSeek-V4.1) is ``load``'s: ``"run"`` (the tables in host memory, the rest on the GPUs) or ``"drop"``;
+    ``map_context`` (default: 128K tokens, or the model's longest sequence if shorter).
+
+    Time (DeepSeek-V4.1): a map of ``items`` items in batches of ``item_batch``; ``mfu`` the fraction of the
+    GPU's peaks reached; ``peak_tflops`` (bf16 dense), ``fp32_tflops`` and ``hbm_tbps`` override the peaks of
+    the GPU type ``gpu_memory`` names or sizes (an H100's when it names none; see :mod:`phaselens.models.costs`).
 
     The config goes through the loader's own checks (the same error, the same message as ``load``), and every
     size is priced from numbers before anything is built at that size: a context longer than the model's
     ``max_position_embeddings`` is refused, as its forward would be."""
     if engram not in ("run", "drop"):
         raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
-    for name, value in (("context", context), ("batch", batch), ("map_context", map_context)):
+    for name, value in (("context", context), ("batch", batch), ("map_context", map_context), ("items", items),
+                        ("item_batch", item_batch)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InputError(f"{name} must be a positive int, got {value!r}.")
     if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
         raise InputError(f"chunk must be a positive int or None, got {chunk!r}.")
+    for name, rate, most in (("mfu", mfu, 1.0), ("peak_tflops", peak_tflops, math.inf),
+                             ("fp32_tflops", fp32_tflops, math.inf), ("hbm_tbps", hbm_tbps, math.inf)):
+        number = isinstance(rate, int | float) and not isinstance(rate, bool)
+        if (rate is not None or name == "mfu") and not (number and 0 < rate <= most and rate < math.inf):
+            raise InputError(f"{name} must be a positive number{' of at most 1' if name == 'mfu' else ''}, "
+                             f"got {rate!r}.")
     usable = USABLE * gpu_bytes(gpu_memory)
     root, raw = _read_config(source)
     sized = _Sized(root, raw, engram)
@@ -359,6 +311,23 @@ def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = 
     peak = e["cache"] + 4 * e["attention"] + e["activations"] + e["logits"]
     gpus = gpus_for(sizes, usable - peak)
     gpus = gpus if gpus is not None and gpus <= 64 else None
+    extra: dict[str, Any] = {}
+    if sized.model_type == "deepseek_v41":
+        from phaselens.models.deepseek_v41.engram import engram_traffic
+
+        host = sized.host_bytes()
+        per_token = engram_traffic(sized.meta.config).bytes_per_token if host else 0
+        rows = (min(use_chunk, context) if use_chunk else context)
+        extra = dict(
+            engram_placement="host" if host else None, engram_host_bytes=host, engram_bytes_per_token=per_token,
+            engram_map_context_bytes=per_token * map_context,
+            time=plan_time(sized.meta, gpu=gpu_spec(gpu_type(gpu_memory), bf16_tflops=peak_tflops,
+                                                    fp32_tflops=fp32_tflops, hbm_tbps=hbm_tbps), mfu=mfu,
+                           context=context, chunk=use_chunk, batch=batch, head_rows=rows, gpus=gpus,
+                           map_context=map_context, map_chunk=node[1] or min(CHUNKS), map_gpus=node[0],
+                           items=items, item_batch=item_batch))
+    else:
+        sized.notes.append("time (FLOPs, GPU-hours) is priced for DeepSeek-V4.1 only.")
     return ModelPlan(
         source=str(source), model_type=sized.model_type, config_only=not any(root.glob("*.safetensors")),
         weights_stored_bytes=sized.stored, engram_stored_bytes=sized.engram, files_bytes=_files_bytes(root),
@@ -366,7 +335,7 @@ def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = 
         chunk=use_chunk, cache_bytes=e["cache"], attention_bytes=e["attention"], activation_bytes=e["activations"],
         logits_bytes=e["logits"], peak_bytes=weights + peak, gpu_memory_bytes=gpu_bytes(gpu_memory), gpus=gpus,
         per_gpu_bytes=None if gpus is None else fullest(sizes, gpus) + peak, map_context=map_context,
-        map_node_gpus=node[0], map_node_chunk=node[1], notes=sized.notes)
+        map_node_gpus=node[0], map_node_chunk=node[1], notes=sized.notes, **extra)
 
 
 __all__ = ["GPU_TYPES", "ModelPlan", "gpu_bytes", "plan_model"]

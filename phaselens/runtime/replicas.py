@@ -60,13 +60,21 @@ def replica_gpus(gpus_per_replica: int = 1, *, rank: int | None = None, n_gpus: 
 
 
 def _bytes(module: Any, recurse: bool = True) -> int:
-    tensors = [*module.parameters(recurse=recurse), *module.buffers(recurse=recurse)]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    """Bytes a device map puts on GPUs: every tensor except those of modules marked ``host_resident`` (kept in
+    host memory by the loader's device maps: DeepSeek-V4.1's Engram tables)."""
+    mods = module.modules() if recurse else [module]
+    seen: dict[int, int] = {}
+    for m in mods:
+        if not getattr(type(m), "host_resident", False):
+            for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]:
+                seen[id(t)] = t.numel() * t.element_size()
+    return sum(seen.values())
 
 
 def _units(model: Any) -> list[tuple[str, int]]:
     """``(name, bytes)`` of the pieces a device map places, in execution order: every decoder layer, and
-    around them the modules and loose tensors of the modules that lead to the layer list."""
+    around them the modules and loose tensors of the modules that lead to the layer list (GPU bytes:
+    host-resident tables are not counted, see :func:`_bytes`)."""
     import torch
 
     lists = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.ModuleList) and n]

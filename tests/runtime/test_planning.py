@@ -41,7 +41,7 @@ class Counted:
 
         for module in modules:
             monkeypatch.setattr(module, "model_logits", forwards(module.model_logits))
-        for cls, rows in ((SuffixEngine, "N"), (V4SuffixEngine, "n")):
+        for cls in (SuffixEngine, V4SuffixEngine):  # the shared SlotEngine's _pass, counted per kind
             init, step = cls.__init__, cls._pass
 
             def counted_init(eng, m, tokens, q, *a, _init=init, **kw):
@@ -49,9 +49,9 @@ class Counted:
                 self.forwards += (1 if q > 0 else 0) + 1  # prefill, clean step
                 self.tokens += tokens.shape[0] * (q + 1)
 
-            def counted_pass(eng, layer, cells, _step=step, _rows=rows):
+            def counted_pass(eng, layer, cells, _step=step):
                 self.forwards += 1
-                self.tokens += len(cells) * getattr(eng, _rows) * (L - layer) / L
+                self.tokens += len(cells) * eng.n * (L - layer) / L
                 return _step(eng, layer, cells)
 
             monkeypatch.setattr(cls, "__init__", counted_init)

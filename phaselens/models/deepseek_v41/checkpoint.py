@@ -105,7 +105,9 @@ def load_v41(
         device_map: spread the model over devices, with transformers/accelerate conventions: ``"auto"``,
             ``"balanced"``, ``"sequential"``, a dict ``{module name: device}`` (e.g.
             :func:`phaselens.runtime.replicas.replica_device_map`) or one device (see
-            :mod:`~phaselens.models.deepseek_v41.placement`).
+            :mod:`~phaselens.models.deepseek_v41.placement`). Every map keeps Engram's tables (98 GB each at
+            the released size) in host memory and sends each lookup's rows to its layer's GPU, unless it names
+            a table (``"blocks.1.engram.embed": 0``); ``device=`` puts everything on one device.
         max_memory: the per-device budget of ``device_map="auto"``, e.g. ``{0: "70GiB", "cpu": "100GiB"}``.
         chunk: prefill in pieces of this many tokens (hooks see the query piece only); what long contexts
             need (``phaselens plan`` says which chunk fits).

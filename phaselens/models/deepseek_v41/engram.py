@@ -17,9 +17,16 @@ dba1be0a of DeepSeek-V4.1-Flash). Per token, with ``x`` ``[hc, D]`` the streams 
 Hooks (``blocks.{l}.engram.*``): ``hook_rows`` ``[B, n, C]`` (int64 table rows; editable), ``hook_key``
 ``[B, n, hc, D]``, ``hook_value`` ``[B, n, D]``, ``hook_gate`` ``[B, n, hc]`` and ``hook_out`` ``[B, n, hc, D]``
 (``g_c v``, what Engram adds; zero it to ablate one layer's Engram). Every one is editable.
+
+Placement: a device map keeps each table (98 GB at the released size) in host memory and sends only the
+looked-up rows to the layer's GPU (:class:`EngramTable`, :mod:`.placement`); :func:`engram_traffic` counts
+the bytes per token.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
@@ -37,19 +44,85 @@ class EngramTable(nn.Module):
     """The n-gram table kept as stored: ``weight`` FP8 ``[rows, head_dim]``, ``scale`` UE8M0 ``[rows, head_dim / 32]``.
 
     At the released size a table has 384 M rows (98 GB as FP8, 197 GB in bf16), so only looked-up rows are
-    dequantized.
+    dequantized. Where the table lives (see :mod:`~phaselens.models.deepseek_v41.placement`):
+
+    * **with its layer** (``device=``, or a device map that names the table): the rows are indexed in place;
+    * **in host memory** (``host_resident``: what every device map does unless it names the table): the looked-up
+      rows are gathered on the host into a pinned staging buffer and copied (asynchronously) to the device of
+      ``rows``, where they are dequantized. Only ``rows_per_token x row_bytes`` move per token and Engram layer
+      (:func:`engram_traffic`); ``moved_bytes`` counts what this table has sent.
+
+    Both paths give bit-identical values: FP8 and UE8M0 bytes are copied as they are, and the dequantization
+    (:func:`dequantize_rows`) is exact on any device.
     """
+
+    host_resident: ClassVar[bool] = True  # device maps keep this module's tensors in host memory
 
     def __init__(self, rows: int, head_dim: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(rows, head_dim, dtype=torch.float8_e4m3fn), requires_grad=False)
         self.scale = nn.Parameter(torch.empty(rows, head_dim // SCALE_GROUP, dtype=torch.float8_e8m0fnu),
                                   requires_grad=False)
+        self.staged = False  # gather through the host path even when rows and table share a device (set by placement)
+        self.moved_bytes = 0
 
     def forward(self, rows: Int[Tensor, "*shape"]) -> Float[Tensor, "*shape head_dim"]:
-        """The rows' values as bf16 (fp32 products of the stored values and their scales, read in bf16)."""
-        values = self.weight[rows].float().unflatten(-1, (-1, SCALE_GROUP))
-        return (values * self.scale[rows].float().unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
+        """The rows' values as bf16 (fp32 products of the stored values and their scales, read in bf16), on
+        ``rows``' device."""
+        if self.staged or rows.device != self.weight.device:
+            return dequantize_rows(*self.gather(rows))
+        return dequantize_rows(self.weight[rows], self.scale[rows])
+
+    def gather(self, rows: Int[Tensor, "*shape"]) -> tuple[Tensor, Tensor]:
+        """The stored values ``[*shape, head_dim]`` (FP8) and scales ``[*shape, head_dim / 32]`` (UE8M0) of
+        ``rows``, gathered where the table lives and sent to ``rows``' device (through pinned memory when the
+        table is on the CPU and ``rows`` on a GPU)."""
+        home, dest = self.weight.device, rows.device
+        flat = rows.reshape(-1).to(home)
+        pin = home.type == "cpu" and dest.type == "cuda"
+        out = []
+        for t in (self.weight, self.scale):
+            raw = t.view(torch.uint8)  # bytes as stored (index_select needs no FP8 kernels)
+            buf = torch.empty(flat.numel(), raw.shape[1], dtype=torch.uint8, device=home, pin_memory=pin)
+            torch.index_select(raw, 0, flat, out=buf)
+            self.moved_bytes += buf.numel()
+            out.append(buf.to(dest, non_blocking=pin).view(t.dtype).unflatten(0, rows.shape))
+        return out[0], out[1]
+
+
+def dequantize_rows(values: Tensor, scales: Tensor) -> Tensor:
+    """FP8 ``values`` ``[..., head_dim]`` times their UE8M0 ``scales`` ``[..., head_dim / 32]``, in fp32, as bf16."""
+    grouped = values.float().unflatten(-1, (-1, SCALE_GROUP))
+    return (grouped * scales.float().unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class EngramTraffic:
+    """What Engram's lookups move from host-resident tables to the GPUs (:func:`engram_traffic`)."""
+
+    layers: int  # Engram layers
+    rows_per_token: int  # per layer: (max_ngram - 1) x heads
+    row_bytes: int  # FP8 values plus one UE8M0 scale per 32
+    index_bytes_per_token: int  # int64 row ids sent to the host, per token (all layers)
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Host -> GPU bytes per token, over every Engram layer."""
+        return self.layers * self.rows_per_token * self.row_bytes
+
+    def bytes_at(self, tokens: int) -> int:
+        """Host -> GPU bytes of a pass over ``tokens`` tokens."""
+        return tokens * self.bytes_per_token
+
+
+def engram_traffic(cfg: Any) -> EngramTraffic:
+    """Rows and bytes per token that Engram gathers, for a :class:`~phaselens.models.deepseek_v41.V41Config`:
+    per Engram layer one row per n-gram size (``2 .. engram_max_ngram_size``) and head, each row ``head_dim``
+    FP8 bytes plus ``head_dim / 32`` scale bytes. (V4.1-Flash: 2 layers x 24 rows x 264 B = 12,672 B per token.)"""
+    layers = len(cfg.engram_layer_ids)
+    rows = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads if layers else 0
+    hd = cfg.engram_head_dim
+    return EngramTraffic(layers, rows, hd + hd // SCALE_GROUP if layers else 0, layers * rows * 8)
 
 
 def engram_gate(x: Tensor, key: Tensor, weight: Tensor, eps: float) -> Tensor:

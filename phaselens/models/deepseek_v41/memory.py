@@ -3,7 +3,9 @@
 :func:`estimate_memory` counts, in bytes, for ``batch`` sequences of ``tokens`` tokens run as
 :meth:`DeepSeekV41.forward` runs them (optionally prefilled in pieces of ``chunk``):
 
-* ``weights``: every parameter and buffer as held (packed FP8 / FP4 bytes and scales, or dequantized);
+* ``weights``: every parameter and buffer as held (packed FP8 / FP4 bytes and scales, or dequantized),
+  Engram's tables included wherever they are (device maps keep them in host memory: see
+  :mod:`~phaselens.models.deepseek_v41.placement`);
 * ``cache``: the :class:`V41Cache` after the run: every layer's last ``window - 1`` keys, and per KV source
   its entries (``T // r`` rows of ``head_dim``), index keys (``T // r`` rows of ``index_head_dim``) and the open
   group's fp32 projections;
@@ -14,7 +16,9 @@
 * ``activations``: the rest of one call's transients at its largest layer: the window's fp32 unfold
   ``[B, n, head_dim, window]``, about six fp32 copies of the hyper-connection streams ``[B, n, hc, D]``, the
   indexer's ``[B, n, index_heads, entries]`` scores (three copies, model dtype), and packed weights being
-  dequantized (a group of experts, ``RoutedExperts.chunk_bytes`` at most, and the largest FP8 projection);
+  dequantized (a group of experts, ``RoutedExperts.chunk_bytes`` at most, and the largest FP8 projection) and
+  Engram's looked-up rows ``[B, n, C, head_dim]`` (the FP8 bytes sent over, two fp32 and one bf16 copy while
+  dequantizing, and the model-dtype input of ``wkv``);
 * ``logits``: the returned logits, fp32 ``[B, rows, vocab]``.
 
 Counted from the code's tensors; allocator fragmentation and CUDA's context (~1 GiB) come on top.
@@ -59,7 +63,9 @@ def _transients(model: Any, start: int, stop: int, B: int, item: int) -> int:
     window = B * n * c.head_dim * c.sliding_window * 4
     streams = 6 * B * n * c.hc_mult * c.hidden_size * 4
     index = 3 * B * n * c.index_n_heads * _entries(model, stop) * item if c.index_source_layer_ids else 0
-    return window + streams + index
+    layout = getattr(model, "engram_layout", None)
+    engram = B * n * layout.n_cols * layout.head_dim * (1 + 4 + 4 + 2 + item) if layout is not None else 0
+    return window + streams + index + engram
 
 
 def _dequant(model: Any, item: int) -> int:

@@ -14,11 +14,21 @@ size), filled from the shards, then accelerate's ``dispatch_model`` adds the hoo
 inputs to its device. As in accelerate, modules mapped to ``"cpu"`` next to GPUs are *offloaded*: they live in
 CPU memory and run on the first GPU. Anything wrong raises :class:`~phaselens.core.errors.DeviceMapError` naming the
 fix; ``"disk"`` is refused (the packed model is what fits, not a disk copy of it).
+
+**Engram's tables stay in host memory.** Every map keeps the modules marked ``host_resident`` (the
+:class:`~phaselens.models.deepseek_v41.engram.EngramTable` of each Engram layer: 98 GB at the released size)
+on the CPU, unless the map names the table itself (``"blocks.1.engram.embed": 3``). accelerate never sees them:
+they are left out of ``"auto"``'s sizing and hidden while its hooks are attached, so neither the hooks nor
+``infer_auto_device_map`` move or offload them. A lookup gathers its rows on the host and sends only those rows
+to the layer's GPU (``rows_per_token x row_bytes`` per token and Engram layer:
+:func:`~phaselens.models.deepseek_v41.engram.engram_traffic`); the rest of the layer sits on its GPU as placed.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -74,8 +84,41 @@ def _owner(name: str, keys: list[str]) -> str | None:
     return best
 
 
+def host_modules(model: nn.Module) -> list[str]:
+    """Names of the modules device maps keep in host memory (``host_resident``: Engram's tables)."""
+    return [n for n, m in model.named_modules() if getattr(type(m), "host_resident", False)]
+
+
+def _under(name: str, prefixes: list[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+@contextmanager
+def hidden_host_tensors(model: nn.Module) -> Iterator[list[str]]:
+    """Detach the tensors of :func:`host_modules` while accelerate sizes or hooks the rest (put back after)."""
+    names = host_modules(model)
+    saved = [(m, dict(m._parameters), dict(m._buffers)) for m in map(model.get_submodule, names)]
+    for m, _, _ in saved:
+        m._parameters.clear()
+        m._buffers.clear()
+    try:
+        yield names
+    finally:
+        for m, params, buffers in saved:
+            m._parameters.update(params)
+            m._buffers.update(buffers)
+
+
 def resolve(model: nn.Module, device_map: Any, *, max_memory: Any = None) -> dict[str, str | int]:
-    """A checked ``{name: device}`` for ``model`` (on the meta device) from any accepted ``device_map``."""
+    """A checked ``{name: device}`` for ``model`` (on the meta device) from any accepted ``device_map``, with
+    Engram's tables in host memory (``"cpu"``) unless the map names them."""
+    placed = _resolve(model, device_map, max_memory)
+    keys = list(placed)
+    hosts = {n: "cpu" for n in host_modules(model) if not any(_under(k, [n]) for k in keys if k)}
+    return {**placed, **hosts}
+
+
+def _resolve(model: nn.Module, device_map: Any, max_memory: Any) -> dict[str, str | int]:
     if isinstance(device_map, str) and device_map in STRATEGIES:
         return _infer(model, device_map, max_memory)
     if max_memory is not None:
@@ -109,17 +152,18 @@ def _infer(model: nn.Module, strategy: str, max_memory: Any) -> dict[str, str | 
     from accelerate.utils import get_balanced_memory, get_max_memory, infer_auto_device_map
 
     try:
-        if strategy in ("auto", "balanced", "balanced_low_0") and torch.cuda.device_count() > 1:
-            budget = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=NO_SPLIT,
-                                         low_zero=strategy == "balanced_low_0")
-        else:
-            budget = get_max_memory(max_memory)
-        placed = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=NO_SPLIT)
+        with hidden_host_tensors(model):  # host tables: not the GPUs' to hold
+            if strategy in ("auto", "balanced", "balanced_low_0") and torch.cuda.device_count() > 1:
+                budget = get_balanced_memory(model, max_memory=max_memory, no_split_module_classes=NO_SPLIT,
+                                             low_zero=strategy == "balanced_low_0")
+            else:
+                budget = get_max_memory(max_memory)
+            placed = infer_auto_device_map(model, max_memory=budget, no_split_module_classes=NO_SPLIT)
+            need = held_bytes(model)
     except (ValueError, TypeError, KeyError) as err:
         raise DeviceMapError(f"max_memory={max_memory!r} cannot be used ({err}); give bytes or strings such as "
                              "{0: '70GiB', 'cpu': '200GiB'}.") from None
     if "disk" in placed.values():
-        need = held_bytes(model)
         raise DeviceMapError(
             f"the model ({need / 2**30:.1f} GiB of weights as loaded) does not fit in "
             f"{_budget_text(budget)}: give more max_memory, use more GPUs (`phaselens plan DIR --gpu-memory ...` "
@@ -132,8 +176,12 @@ def _budget_text(budget: dict[Any, int]) -> str:
 
 
 def materialize(model: nn.Module, placed: dict[str, str | int]) -> None:
-    """Allocate every (meta) parameter and buffer on its device, uninitialised."""
+    """Allocate every (meta) parameter and buffer on its device, uninitialised. Tables placed in host memory
+    gather through the host path (``staged``) even on a CPU-only machine, so a CPU run checks the code a GPU
+    run takes."""
     keys = list(placed)
+    for name in host_modules(model):
+        model.get_submodule(name).staged = placed[_owner(name + ".weight", keys)] == "cpu"  # type: ignore[index]
     for module_name, module in list(model.named_modules()):
         prefix = f"{module_name}." if module_name else ""
         for kind in ("_parameters", "_buffers"):
@@ -150,10 +198,17 @@ def materialize(model: nn.Module, placed: dict[str, str | int]) -> None:
 
 def dispatch(model: nn.Module, placed: dict[str, str | int]) -> nn.Module:
     """accelerate's ``dispatch_model``: hooks that move each placed module's inputs to its device (always
-    attached, so one code path serves one device and many). Sets ``model.hf_device_map``."""
+    attached, so one code path serves one device and many). Sets ``model.hf_device_map`` (the whole map).
+
+    Engram's tables are hidden from accelerate meanwhile: its hooks would otherwise copy a table to its layer's
+    GPU (or offload it and copy it back on every call); they stay where :func:`materialize` put them."""
     from accelerate import dispatch_model
 
-    return dispatch_model(model, device_map=dict(placed), force_hooks=True)
+    with hidden_host_tensors(model) as hosts:
+        out = dispatch_model(model, device_map={k: v for k, v in placed.items() if not _under(k, hosts)},
+                             force_hooks=True)
+    model.hf_device_map = dict(placed)
+    return out
 
 
 def input_device(model: nn.Module) -> torch.device:

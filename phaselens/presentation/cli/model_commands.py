@@ -30,18 +30,37 @@ def plan_cmd(
     engram: Annotated[str, typer.Option(
         "--engram", metavar="run|drop", help="DeepSeek-V4.1: plan with Engram's tables (run, load's default) or "
                                              "without them (drop).")] = "run",
+    map_context: Annotated[int | None, typer.Option(
+        "--map-context", metavar="T", min=1, help="Tokens per item of the per-head map (default 131072).")] = None,
+    items: Annotated[int, typer.Option("--items", metavar="N", min=1,
+                                       help="Items of the per-head map whose time is priced.")] = 8,
+    item_batch: Annotated[int, typer.Option("--item-batch", metavar="B", min=1,
+                                            help="Items per batch of the map (one prefix pass each).")] = 1,
+    mfu: Annotated[float, typer.Option("--mfu", metavar="F", help="Fraction of the GPU's peaks reached (time).")]
+    = 0.4,
+    peak_tflops: Annotated[float | None, typer.Option(
+        "--peak-tflops", metavar="TF", help="bf16 dense peak of one GPU (default: the --gpu-memory type's; "
+                                            "H100/H200 989, B200 2250).")] = None,
+    fp32_tflops: Annotated[float | None, typer.Option(
+        "--fp32-tflops", metavar="TF", help="fp32 peak of one GPU (default: H100/H200 67, B200 80).")] = None,
+    hbm_tbps: Annotated[float | None, typer.Option(
+        "--hbm-tbps", metavar="TB", help="GPU memory bandwidth in TB/s (default: H100 3.35, H200 4.8, "
+                                         "B200 8).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON (bytes).")] = False,
 ) -> None:
     """What a DeepSeek-V4 / V4.1 checkpoint needs, from config.json alone (no weights read): weights as stored
-    and as loaded, cache and activations at --context, GPUs of --gpu-memory, the smallest node for a 128K map.
+    and as loaded, cache and activations at --context, GPUs of --gpu-memory, the smallest node for a 128K map;
+    for V4.1 also where Engram's tables go and the time (FLOPs, bytes, GPU-hours) of a forward and of the map.
 
-    Example: phaselens plan hf:/data/DeepSeek-V4.1-Flash --gpu-memory H200 --json
+    Example: phaselens plan hf:/data/DeepSeek-V4.1-Flash --gpu-memory H100 --items 8 --json
     """
     import json
 
     from phaselens.models.capacity import plan_model
 
-    plan = plan_model(source, context=context, gpu_memory=gpu_memory, chunk=chunk, batch=batch, engram=engram)
+    plan = plan_model(source, context=context, gpu_memory=gpu_memory, chunk=chunk, batch=batch, engram=engram,
+                      map_context=map_context, items=items, item_batch=item_batch, mfu=mfu,
+                      peak_tflops=peak_tflops, fp32_tflops=fp32_tflops, hbm_tbps=hbm_tbps)
     say(json.dumps(plan.to_dict(), indent=2) if as_json else str(plan))
 
 

@@ -206,9 +206,11 @@ def test_v41_in_torchrun_replicas(tiny):
     loads = [sum(b for n, b in units.items() if dm[n] == g) for g in range(4)]
     assert dm["embed"] == 0 and dm["head"] == 3 and list(dm.values()) == sorted(dm.values())
     assert max(loads) <= sum(loads) / 4 + max(units.values())  # a share plus at most one layer
-    # 468 GiB packed with Engram's FP8 tables (0.5 TB), whose layers 1 and 14 are the largest pieces (~101 GB)
-    assert 460 * 2**30 < sum(loads) < 475 * 2**30
+    # 279 GiB packed on the GPUs: Engram's FP8 tables (189 GiB) stay in host memory (placement.py), so layers 1
+    # and 14 are the largest pieces by Engram's projection only (~0.15 GiB), not by a 101 GB table
+    assert 275 * 2**30 < sum(loads) < 285 * 2**30
     assert sorted(units, key=units.get)[-2:] in (["blocks.1", "blocks.14"], ["blocks.14", "blocks.1"])
+    assert units["blocks.1"] - units["blocks.0"] < 2**30
     cpu_map = {k: "cpu" for k in replica_device_map(meta_model(tiny), [0, 1])}
     ref = load_v41(tiny, dtype=torch.float32, index_topk="all")
     spread = load_v41(tiny, dtype=torch.float32, index_topk="all", device_map=cpu_map)
