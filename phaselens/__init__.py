@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib as _importlib
 from typing import TYPE_CHECKING
 
+from phaselens.contract.adapting import register_adapter as _register_adapter
 from phaselens.core.errors import *  # noqa: F403
 from phaselens.core.errors import __all__ as _error_names
 from phaselens.core.version import __version__
@@ -32,13 +33,19 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.core.labelled": ("Labelled",),
     "phaselens.models": ("CompressedConfig", "CompressedKVCache", "CompressedTransformer", "Compressor",
                          "CompressorSpec", "RopeSpec", "YarnSpec"),
-    "phaselens.models.deepseek_v4": ("DeepSeekV4Adapter", "from_hf"),
+    "phaselens.models.causal_lm": ("CausalLMAdapter",),
+    "phaselens.models.deepseek_v4": ("DeepSeekV4Adapter",),
+    "phaselens.models.objects": ("from_hf",),
     "phaselens.models.ensemble": ("PhaseEnsemble", "phase_ensemble"),
     "phaselens.models.sources": ("load",),
     "phaselens.presentation.reporting": ("report",),
     "phaselens.runtime.planning": ("MapPlan",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+# Model objects phaselens did not build (a transformers model, an nnsight envoy, a TransformerLens bridge) are
+# adapted by every analysis: the composition root wires the models layer's adapter into the contract (by import
+# path, resolved on first use; analyses never import model kinds).
+_register_adapter("phaselens.models.objects:adapt_object")
 # subpackages that are part of the API (phaselens.stats.wilson_ci, phaselens.plots.gate_profiles, ...)
 _SUBPACKAGES = ("plots", "stats", "tasks")
 
@@ -67,8 +74,10 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve i
         RopeSpec,
         YarnSpec,
     )
-    from phaselens.models.deepseek_v4 import DeepSeekV4Adapter, from_hf
+    from phaselens.models.causal_lm import CausalLMAdapter
+    from phaselens.models.deepseek_v4 import DeepSeekV4Adapter
     from phaselens.models.ensemble import PhaseEnsemble, phase_ensemble
+    from phaselens.models.objects import from_hf
     from phaselens.models.sources import load
     from phaselens.presentation.reporting import report
     from phaselens.runtime.planning import MapPlan
@@ -94,6 +103,7 @@ __all__ = [
     "AblationResult",
     "AttributionMap",
     "CAPABILITIES",
+    "CausalLMAdapter",
     "CompressedConfig",
     "CompressedKVCache",
     "CompressedTransformer",

@@ -27,6 +27,7 @@ Adding an analysis is one module: a subclass and a public function that calls :f
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 
 from phaselens.analyses.items import build_items, check_options
+from phaselens.contract.adapting import as_phase_model
 from phaselens.contract.protocol import check_model, metadata_of, refuse_black_box
 from phaselens.core.errors import InputError
 from phaselens.runtime.checkpoints import check_checkpoint_path
@@ -222,9 +224,22 @@ def run(analysis: Analysis, model: Any, task: Any, options: Common, arguments: d
 
 
 def public(fn: F) -> F:
-    """Decorate a public analysis function: its result's metadata gets ``world_size`` and ``shards`` (one
-    entry per sharded stage: which units each rank computed, which were resumed)."""
-    return sharded(fn)
+    """Decorate a public analysis function: its model argument (the first, or ``model=``) is adapted once
+    (:func:`~phaselens.contract.adapting.as_phase_model`: a transformers model, an nnsight envoy or a
+    TransformerLens bridge becomes a phaselens model, at the call's ``stride=`` where the model has no
+    compression), and its result's metadata gets ``world_size`` and ``shards`` (one entry per sharded stage:
+    which units each rank computed, which were resumed)."""
+
+    @functools.wraps(fn)
+    def adapted(*args: Any, **kwargs: Any) -> Any:
+        stride = kwargs.get("stride")
+        if args:
+            args = (as_phase_model(args[0], stride=stride), *args[1:])
+        elif "model" in kwargs:
+            kwargs["model"] = as_phase_model(kwargs["model"], stride=stride)
+        return fn(*args, **kwargs)
+
+    return sharded(adapted)  # type: ignore[return-value]
 
 
 def arguments_of(fn: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:

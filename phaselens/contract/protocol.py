@@ -288,7 +288,9 @@ def check_model(model: Any) -> Any:
                                     f"model = phaselens.load({model!r}).")
     raise UnsupportedModelError(
         f"{type(model).__name__} is not a phaselens model (it needs dims, identity() and a forward); pass a "
-        "model from phaselens.load(...), a CompressedTransformer, or phaselens.from_hf(...)."
+        "model from phaselens.load(...), a CompressedTransformer, or phaselens.from_hf(...). A transformers "
+        "causal LM, an nnsight envoy or a TransformerLens bridge is adapted by phaselens.load(obj, stride=4) (the "
+        "stride a model without compression is analysed at) and by every analysis (pass stride=)."
     )
 
 

@@ -14,19 +14,23 @@ from phaselens.runtime.oserrors import reading
 from phaselens.runtime.reading import peek_json
 
 
-def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> Any:
+def load(source: Any, *, device: str = "cpu", **kwargs: Any) -> Any:
     """Load a model.
 
     Args:
         source: ``"zoo:NAME"`` (a model shipped in the package; a bare zoo name works too), ``"hf:PATH"``
-            (a local checkpoint directory, never downloaded: DeepSeek-V4 through transformers, or
-            DeepSeek-V4.1, ``model_type`` ``deepseek_v41``, through phaselens' own implementation), a
+            (a local checkpoint directory, never downloaded: DeepSeek-V4 through transformers,
+            DeepSeek-V4.1, ``model_type`` ``deepseek_v41``, through phaselens' own implementation, or any other
+            transformers causal LM at a ``stride=`` you give: docs/causal_lm.md), a model object (a transformers
+            model, an nnsight envoy or a TransformerLens bridge; :mod:`phaselens.models.objects`), a
             directory written by ``model.save``, or ``"http://HOST:PORT/v1"``: a served model (an
             OpenAI-compatible endpoint of vLLM, SGLang or ``transformers serve``; a black box that
             ``evaluate``, ``repair_table`` and padding probes run on; docs/served.md).
         device: where to put the model (not for a served model).
         kwargs: for ``hf:`` (V4: ``dtype``, ``device_map``, ``layer_types``, ``index_topk``, ``chunk``, ...;
-            V4.1: ``dtype``, ``quantize``, ``index_topk``, ``analysis_stride``, ``engram``), or for a served
+            V4.1: ``dtype``, ``quantize``, ``index_topk``, ``analysis_stride``, ``engram``; another causal LM:
+            ``stride`` (required), ``window``, ``origin``, ``dtype``, ``device_map``, ``attn_implementation``),
+            for a model object (``stride``, ``window``, ``origin``; V4: ``from_hf``'s keywords), or for a served
             model (``model``, ``tokenizer``, ``stride``, ``concurrency``, ``protocol``, ``timeout``, ``retries``,
             ...: :func:`phaselens.models.served.load_served`). An unknown keyword, or a ``dtype`` that is not a
             floating one, is an :class:`InputError` naming what the source accepts, before anything is read.
@@ -35,6 +39,17 @@ def load(source: str | os.PathLike, *, device: str = "cpu", **kwargs: Any) -> An
         >>> model = phaselens.load("zoo:w8s4")  # doctest: +SKIP
         >>> served = phaselens.load("http://127.0.0.1:8000/v1", tokenizer="/data/DeepSeek-V4-Flash")  # doctest: +SKIP
     """
+    if not isinstance(source, str | os.PathLike):  # a model object: never a path (its repr is no file name)
+        from phaselens.models.objects import ROUTES, adapt_object
+
+        if device != "cpu":
+            raise InputError(f"device={device!r} does not apply to a model object: phaselens never moves it (move "
+                             "it yourself, e.g. model.to('cuda'), before phaselens.load(model)).")
+        out = adapt_object(source, **kwargs)
+        if out is None:
+            raise InputError(f"load() takes a name, a path, a URL or a model object; got a {type(source).__name__}. "
+                             f"Use {ROUTES}.")
+        return out
     text = str(source)
     if text.startswith(("http://", "https://")):
         if device != "cpu":
@@ -72,6 +87,14 @@ def _load(text: str, device: str, kwargs: dict[str, Any]) -> Any:
         from phaselens.models.deepseek_v4.checkpoint import check_arguments
         from phaselens.models.deepseek_v41 import is_v41_checkpoint, load_v41
 
+        kind = _model_type(Path(text[3:]))
+        if kind is not None and kind not in ("deepseek_v4", "deepseek_v41"):  # any other causal LM: the control
+            from phaselens.models.causal_lm import load_causal_lm
+            from phaselens.models.causal_lm.construct import LOAD_OPTIONS
+
+            _refuse_unknown(text, kwargs, LOAD_OPTIONS, _accepts(f"a {kind!r} checkpoint (a causal LM without "
+                                                                 "compression)", LOAD_OPTIONS))
+            return load_causal_lm(text[3:], device=device, **kwargs)
         _check_hf_arguments(text, kwargs)  # before config.json is read
         if is_v41_checkpoint(text[3:]):  # transformers has no deepseek_v41: phaselens' own implementation
             v41 = ("device", *keywords(load_v41))

@@ -21,6 +21,7 @@ from phaselens.analyses.items import analysis_geometry
 from phaselens.analyses.maps import map_cells
 from phaselens.analyses.scoring import answer_metrics
 from phaselens.contract.protocol import capability, choose_engine
+from phaselens.models.compressed.qwen3 import to_qwen3
 from phaselens.runtime.phase_shift import combine, shifted_copies
 from phaselens.tasks import KVRecall
 from phaselens.train.family.recipes import family_config
@@ -29,7 +30,7 @@ from tests.support.deepseek_v41 import write_tiny_checkpoint
 from tests.support.models import LAYOUTS, task_model
 
 KINDS = ["zoo", "control", "uncompressed-layer", "ensemble-zoo", "v4", "v4-nnsight", "v4-chunked", "ensemble-v4",
-         "v41", "family", "family-control"]
+         "v41", "family", "family-control", "causal-lm"]
 ANALYSES = ["evaluate", "record", "knockout", "ablate", "patch", "map", "plan", "attribution", "cycling", "repair",
             "report", "resume"]
 # cells expected to raise NotApplicableError, with the reason they must name
@@ -46,6 +47,7 @@ NOT_APPLICABLE = {
     ("attribution", "v4-nnsight"): "gradient",
     ("cycling", "v41"): "cycle_gates",
     ("cycling", "family-control"): "nothing to roll",
+    ("cycling", "causal-lm"): "cycle_gates",
 }
 V4_TASK = KVRecall(n_records=6, block_filler=4, n_demos=2, min_distance=8, modulus=8)
 TOL = 1e-5
@@ -125,6 +127,9 @@ def kinds(tmp_path_factory):
     family.default_task = V4_TASK
     family_control = phaselens.CompressedTransformer(family_config("full", "tiny", seed=5))
     family_control.default_task = V4_TASK
+    # any transformers causal LM at a given stride: the family's control exported to transformers' Qwen3
+    causal = phaselens.load(to_qwen3(phaselens.CompressedTransformer(family_config("full", "tiny", seed=6))), stride=4)
+    causal.default_task = V4_TASK
     out = [
         Kind("zoo", zoo),
         Kind("control", phaselens.load("zoo:full"), stride=4),
@@ -137,6 +142,7 @@ def kinds(tmp_path_factory):
         Kind("v41", v41),
         Kind("family", family),
         Kind("family-control", family_control, stride=4),
+        Kind("causal-lm", causal),
     ]
     return {k.name: k for k in out}
 
@@ -200,7 +206,7 @@ def check_map(k: Kind):
     # engine="auto" takes the query-suffix engine wherever the model offers one (the adapter's kinds, locally)
     expected = "suffix" if capability(k.model, "query_engine") else "full"
     assert pm.metadata["engine"] == expected and repr(pm)
-    if k.name in ("zoo", "v4", "v4-nnsight", "v4-chunked"):
+    if k.name in ("zoo", "v4", "v4-nnsight", "v4-chunked", "causal-lm"):
         assert expected == "suffix"
 
 

@@ -29,6 +29,9 @@ def _resolve(model: Any) -> tuple[str, Any, str]:
         m = load(model)
         card = getattr(m, "metadata", {}) or {}
         return model.split(":")[-1], m, card.get("description", "")
+    from phaselens.contract.adapting import as_phase_model
+
+    model = as_phase_model(model)  # a transformers model, envoy or bridge: needs phaselens.load(obj, stride=...)
     name = str(model.name).rstrip("/").split("/")[-1] or str(model.name)  # names prefix files: no folders
     return name, model, ""
 

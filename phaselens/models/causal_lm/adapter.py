@@ -1,0 +1,273 @@
+"""``CausalLMAdapter``: any transformers causal LM behind :class:`phaselens.contract.protocol.PhaseModel`, analysed at
+a stride the user gives (full attention: the paper's control).
+
+    model = phaselens.load("hf:/data/Qwen3-0.6B", stride=4)     # or phaselens.load(hf_model, stride=4)
+    logits = model(tokens)                                      # [B, T] -> [B, T, vocab]
+    with model.hooks(fwd_hooks=[("blocks.2.attn.hook_z", fn)]):
+        logits = model(tokens)
+
+Hook names and shapes: :mod:`.sites` (TransformerLens conventions). The wrapped model is ``adapter.model``;
+nothing is attached to it between calls, and a forward leaves it as it was (modes, attention implementation,
+hooks), also when a hook raises.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
+from phaselens.contract.memory import MemoryEstimate
+from phaselens.core.errors import InputError
+from phaselens.core.geometry import PhaseSpec
+from phaselens.models.causal_lm.attention import attn_implementation, borrowed
+from phaselens.models.causal_lm.layout import Layout, model_layout
+from phaselens.models.causal_lm.sites import (
+    CausalHookDict,
+    HookFn,
+    HookPoint,
+    Run,
+    check_fired,
+    hook_points,
+    installed,
+    match,
+    resolve,
+)
+from phaselens.models.numerics.sizing import held_bytes, item_size
+from phaselens.runtime.engines import PASS_BYTES, QueryEngine
+
+
+@dataclass(frozen=True)
+class CausalLMCfg:
+    """The wrapped model's sizes, TransformerLens-named (``adapter.cfg``; analyses read ``adapter.dims``)."""
+
+    n_layers: int
+    n_heads: int
+    n_key_value_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    dtype: torch.dtype
+    device: torch.device
+
+
+class CausalLMAdapter:
+    """A transformers causal LM with phaselens' hook names, geometry and interventions.
+
+    Build it with :func:`~phaselens.models.causal_lm.from_transformers` (or ``phaselens.load``). ``spec`` is the
+    geometry phases are read in (stride, window, origin); every layer is full attention (``phase_specs`` all
+    ``None``).
+
+    Attributes:
+        model: the transformers model (for a TransformerLens-bridged model, a view with the original modules).
+        default_task: the task analyses use when none is passed (``None``: pass one).
+    """
+
+    def __init__(self, model: nn.Module, spec: PhaseSpec, *, metadata: dict[str, Any]) -> None:
+        self.model = model
+        self.default_task: Any = None
+        self._layout: Layout = model_layout(model)
+        self._spec = spec
+        self._points = hook_points(self._layout)
+        self._active: list[tuple[object, dict[str, list[HookFn]]]] = []
+        self._metadata = metadata
+
+    # ---- PhaseModel --------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        """The checkpoint's name or path, else the model's class (what results call the model)."""
+        return str(getattr(self.model.config, "_name_or_path", "") or "") or type(self.model).__name__
+
+    @property
+    def cfg(self) -> CausalLMCfg:
+        lay, w = self._layout, self._layout.embed.weight
+        return CausalLMCfg(lay.n_layers, lay.n_heads, lay.n_kv_heads, lay.d_head, lay.d_model, lay.d_vocab,
+                           lay.n_ctx, w.dtype, w.device)
+
+    @property
+    def phase_specs(self) -> list[PhaseSpec | None]:
+        """``None`` per layer: no layer compresses."""
+        return [None] * self._layout.n_layers
+
+    @property
+    def analysis_spec(self) -> PhaseSpec:
+        """The geometry given at construction: phases are ``(slot - origin) mod stride``."""
+        return self._spec
+
+    @property
+    def dims(self) -> ModelDims:
+        """Sizes and phase geometry as analyses read them (the model contract)."""
+        c = self.cfg
+        return ModelDims(n_layers=c.n_layers, n_heads=c.n_heads, n_key_value_heads=c.n_key_value_heads,
+                         d_head=c.d_head, d_vocab=c.d_vocab, n_ctx=c.n_ctx, phase_specs=tuple(self.phase_specs),
+                         analysis_spec=self._spec, dtype=c.dtype, device=c.device)
+
+    def identity(self) -> ModelIdentity:
+        """transformers' config, the geometry, and the model (fingerprints)."""
+        s = self._spec
+        config = {"config": config_dict(self.model.config), "stride": s.stride, "window": s.window,
+                  "origin": s.origin}
+        return ModelIdentity(type(self).__qualname__, config, self.model)
+
+    @property
+    def returns_query_logits(self) -> bool:
+        return False
+
+    @property
+    def analysis_metadata(self) -> dict[str, Any]:
+        """What a result must carry to be read correctly (a copy): the architecture, the given geometry, and
+        that every layer is full attention."""
+        return dict(self._metadata)
+
+    @property
+    def hook_dict(self) -> dict[str, HookPoint]:
+        """Every hook name with its :class:`~.sites.HookPoint`, in execution order; a missing name raises a
+        :class:`~phaselens.core.errors.HookNameError` that says what exists instead."""
+        return CausalHookDict(self._points)
+
+    # ---- forward -----------------------------------------------------------------------------------
+    def __call__(self, tokens: Int[Tensor, "batch pos"], *, query_len: int | None = None,
+                 logits: Literal["all", "query"] = "all") -> Float[Tensor, "batch pos vocab"]:
+        """Logits ``[B, T, vocab]`` (the last ``query_len`` rows ``[B, query_len, vocab]`` with ``logits="query"``;
+        only those rows are unembedded)."""
+        if logits not in ("all", "query"):
+            raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
+        tokens = self.tokens(tokens)
+        T = tokens.shape[1]
+        kwargs: dict[str, Any] = {"input_ids": tokens, "use_cache": False}
+        if logits == "query" and query_len is not None:
+            if isinstance(query_len, bool) or not isinstance(query_len, numbers.Integral) or not 1 <= query_len <= T:
+                raise InputError(f"query_len must be an int in 1..{T}, got {query_len!r}.")
+            kwargs["logits_to_keep"] = int(query_len)
+        return self.forward_hooked(kwargs, self._merged_hooks()).logits
+
+    forward = __call__
+
+    def tokens(self, tokens: Any) -> Tensor:
+        """``tokens`` as checked ``[B, T]`` ids on the model's device."""
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        if tokens.dim() != 2 or tokens.is_floating_point() or tokens.dtype == torch.bool or 0 in tokens.shape:
+            raise InputError(f"tokens must be integer ids of shape [batch, pos] with batch, pos >= 1, got "
+                             f"{tuple(tokens.shape)} {tokens.dtype}.")
+        V = self._layout.d_vocab
+        if int(tokens.min()) < 0 or int(tokens.max()) >= V:
+            raise InputError(f"token ids must lie in 0..{V - 1}; got {int(tokens.min())}..{int(tokens.max())}.")
+        if tokens.shape[1] > self._layout.n_ctx:
+            raise InputError(f"{tokens.shape[1]} tokens exceed the model's context of {self._layout.n_ctx}.")
+        return tokens.long().to(self._layout.embed.weight.device)
+
+    def forward_hooked(self, kwargs: dict[str, Any], resolved: dict[str, list[HookFn]], *, query_start: int = 0,
+                       model: nn.Module | None = None, check: bool = True) -> Any:
+        """One call of the transformers model (or ``model``, a view of it) with ``resolved`` hooks; the user's
+        object is restored afterwards whatever raises."""
+        run = Run(query_start)
+        eager = any(self._points[n].site == "pattern" for n in resolved)
+        with installed(self._layout, self._points, resolved, run) as taps, borrowed(self.model, eager=eager,
+                                                                                    taps=taps):
+            out = (model or self.model)(**kwargs)
+        if check:
+            check_fired(resolved, run, self.name)
+        return out
+
+    # ---- capabilities (see phaselens.contract.protocol.CAPABILITIES) ---------------------------------------
+    def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
+                     batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
+        """The ``query_engine`` capability: a :class:`~phaselens.runtime.engines.QueryEngine` over the cached clean
+        prefix (the model's own ``DynamicCache``; see :mod:`.engine`)."""
+        from phaselens.models.causal_lm.engine import CausalSuffixEngine
+
+        if self._active:
+            raise InputError(
+                "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
+                "active on the model (model.hooks(...) or a knockout context); pass engine='full'."
+            )
+        tokens = self.tokens(tokens)
+        qp = torch.as_tensor(query_pos).long().cpu()
+        if qp.dim() != 1 or len(qp) != tokens.shape[0] or int(qp.min()) < 0 or int(qp.max()) >= tokens.shape[1]:
+            raise InputError(f"query_pos must be [{tokens.shape[0]}] slots in 0..{tokens.shape[1] - 1}, got "
+                             f"{tuple(qp.shape)} {qp.tolist()[:8]}.")
+
+        def slot(model: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> CausalSuffixEngine:
+            return CausalSuffixEngine(model, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
+
+        return QueryEngine(self, tokens, qp, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
+
+    def estimate_memory(self, tokens: int, *, batch: int = 1, query_len: int | None = None,
+                        logits: Literal["all", "query"] = "all") -> MemoryEstimate:
+        """The ``estimate_memory`` capability: weights; the key/value cache of a ``query_len`` call after its
+        prefix (the query engine's prefill; 0 for one uncached forward); the ``[B, H, n, keys]`` probabilities of
+        eager attention (what pattern hooks make; SDPA holds less); the returned logits."""
+        lay = self._layout
+        item = item_size(lay.embed.weight.dtype)
+        T, n = int(tokens), int(query_len or tokens)
+        cache = 2 * lay.n_layers * lay.n_kv_heads * lay.d_head * T * batch * item if query_len else 0
+        rows = T if logits == "all" else n
+        return MemoryEstimate(T, batch, None, n, held_bytes(self.model), cache, batch * lay.n_heads * n * T * item,
+                              batch * rows * lay.d_vocab * item)
+
+    # ---- hooks -------------------------------------------------------------------------------------
+    def _merged_hooks(self) -> dict[str, list[HookFn]]:
+        merged: dict[str, list[HookFn]] = {}
+        for _, resolved in self._active:
+            for name, fns in resolved.items():
+                merged.setdefault(name, []).extend(fns)
+        return merged
+
+    @contextmanager
+    def hooks(self, fwd_hooks: Iterable[tuple[Any, HookFn]] = (), bwd_hooks: Iterable[Any] = (),
+              reset_hooks_end: bool = True) -> Iterator[CausalLMAdapter]:
+        """Apply ``fwd_hooks`` to every forward inside the block; removed in ``finally`` whatever raises.
+
+        ``fwd_hooks``: ``(name_or_filter, fn)`` pairs; a filter is a name, a list of names or a predicate on
+        names. ``fn(tensor, *, hook)`` may return a replacement (``hook_resid_mid`` is read-only). Contexts
+        nest; hooks run in entry order. Torch hooks exist on the model only during each forward.
+        """
+        if list(bwd_hooks):
+            raise InputError("a transformers model adapter has no backward hooks; take gradients of hooked tensors.")
+        if not reset_hooks_end:
+            raise InputError("reset_hooks_end=False is not supported: the adapter never leaves hooks on the model.")
+        token = object()
+        self._active.append((token, resolve(self._points, fwd_hooks)))
+        try:
+            yield self
+        finally:
+            self._active = [item for item in self._active if item[0] is not token]
+
+    def run_with_hooks(self, tokens: Tensor, *, fwd_hooks: Iterable[tuple[Any, HookFn]] = (),
+                       **forward_kwargs: Any) -> Tensor:
+        """``adapter(tokens, **forward_kwargs)`` with ``fwd_hooks`` applied for that one call."""
+        with self.hooks(fwd_hooks=fwd_hooks):
+            return self(tokens, **forward_kwargs)
+
+    def run_with_cache(self, tokens: Tensor, *, names_filter: Any = None, device: torch.device | str | None = None,
+                       **forward_kwargs: Any) -> tuple[Tensor, Any]:
+        """``(logits, cache)``: a TransformerLens ``ActivationCache`` of the names ``names_filter`` selects (all
+        if ``None``: always filter in sweeps); detached copies, moved to ``device`` if given."""
+        from transformer_lens import ActivationCache
+
+        store: dict[str, Tensor] = {}
+
+        def keep(tensor: Tensor, *, hook: Any) -> None:
+            value = tensor.detach()
+            store[hook.name] = value.to(device, copy=True) if device is not None else value.clone()
+
+        names = match(self._points, names_filter)
+        logits = self.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], **forward_kwargs)
+        return logits, ActivationCache(store, self)
+
+    def __repr__(self) -> str:
+        s = self._spec
+        return (f"CausalLMAdapter({type(self.model).__name__}, layers={self._layout.n_layers}, full attention, "
+                f"stride={s.stride}, window={s.window}, origin={s.origin}, "
+                f"attention={attn_implementation(self.model)!r})")
+

@@ -1,0 +1,121 @@
+"""``from_transformers`` (a model object) and ``load_causal_lm`` (a local checkpoint directory) -> adapter."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from phaselens.core.errors import CheckpointError, InputError, PhaseGeometryError, UnsupportedModelError
+from phaselens.core.geometry import PhaseSpec
+from phaselens.models.causal_lm.adapter import CausalLMAdapter
+from phaselens.models.causal_lm.layout import TESTED_TYPES
+from phaselens.models.wrappers import bridged_modules, unbridged, unwrap_object
+
+COMPRESSED_TYPES = ("deepseek_v4", "deepseek_v41")  # their own kinds read the geometry from the model
+LOAD_OPTIONS = ("device", "stride", "window", "origin", "dtype", "device_map", "attn_implementation")
+
+
+def stride_required(what: str) -> InputError:
+    """The error for a model without compression and no ``stride=``: it names the option."""
+    return InputError(
+        f"{what} has no compressed layers, so phaselens cannot read a stride from it: pass the stride to analyse "
+        "its phases at, e.g. phaselens.load(model, stride=4) (window= and origin= too where they matter), or "
+        "stride=4 to the analysis (phaselens.evaluate(model, task, stride=4))."
+    )
+
+
+def spec_of(stride: Any, window: Any, origin: Any, what: str) -> PhaseSpec:
+    """The :class:`PhaseSpec` of ``stride=`` / ``window=`` / ``origin=`` (window defaults to the stride)."""
+    if stride is None:
+        raise stride_required(what)
+    try:
+        return PhaseSpec(stride, window, 0 if origin is None else origin)
+    except PhaseGeometryError as err:
+        raise PhaseGeometryError(f"{what}: {err}") from None
+
+
+def from_transformers(model: Any, *, stride: int | None = None, window: int | None = None, origin: int = 0
+                      ) -> CausalLMAdapter:
+    """Wrap a transformers causal LM (``...ForCausalLM``), an nnsight envoy of one, or a TransformerLens bridge's
+    model, as a phaselens model analysed at ``stride`` (every layer full attention: the paper's control).
+
+    Args:
+        model: the model object; it is never changed (a TransformerLens-bridged model is read through a view with
+            its original modules, :func:`~phaselens.models.wrappers.unbridged`).
+        stride, window, origin: the geometry phases are read in (:class:`~phaselens.core.geometry.PhaseSpec`).
+    """
+    module, how = unwrap_object(model)
+    config = getattr(module, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if not isinstance(module, nn.Module) or config is None:
+        raise UnsupportedModelError(
+            f"{type(model).__name__} is not a transformers model; phaselens adapts a transformers causal LM "
+            "(phaselens.load(model, stride=4)), an nnsight envoy or a TransformerLens bridge of one."
+        )
+    if model_type in COMPRESSED_TYPES:
+        raise UnsupportedModelError(
+            f"{type(module).__name__} is a compressed model ({model_type}): its geometry comes from the model, not "
+            "a stride; use phaselens.load(model) or phaselens.from_hf(model)."
+        )
+    spec = spec_of(stride, window, origin, type(module).__name__)
+    view = unbridged(module)
+    import transformers
+
+    sliding = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
+    metadata: dict[str, Any] = {
+        "adapter": "phaselens.models.causal_lm",
+        "model_type": model_type,
+        "architecture": type(module).__name__,
+        "name_or_path": str(getattr(config, "_name_or_path", "") or ""),
+        "transformers_version": transformers.__version__,
+        "attention": "full",
+        "analysis_stride": spec.stride,
+        "analysis_window": spec.window,
+        "analysis_origin": spec.origin,
+        "source": how if view is module else f"{how} (TransformerLens bridge, read through its original modules)",
+        "sliding_window": sliding,
+        "tested_architecture": model_type in TESTED_TYPES,
+    }
+    if view is not module:
+        metadata["bridged_modules"] = len(bridged_modules(module))
+    return CausalLMAdapter(view, spec, metadata=metadata)
+
+
+def load_causal_lm(path: str | os.PathLike, *, device: str | torch.device = "cpu", stride: int | None = None,
+                   window: int | None = None, origin: int = 0, dtype: torch.dtype | str | None = None,
+                   device_map: Any = None, attn_implementation: str | None = None) -> CausalLMAdapter:
+    """Load a local transformers causal-LM checkpoint (``phaselens.load("hf:DIR", stride=4)``); never downloads.
+
+    Args:
+        path: a directory with ``config.json`` and weights (``save_pretrained``'s).
+        device: where to put the model when ``device_map`` is ``None``.
+        stride, window, origin: the geometry (required ``stride``: the model has no compression).
+        dtype: e.g. ``torch.bfloat16`` (default: the checkpoint's).
+        attn_implementation: transformers' (default its own, SDPA); phaselens switches to eager attention only
+            for forwards that hook ``hook_pattern``.
+    """
+    root = Path(path).expanduser()
+    if not root.is_dir() or not (root / "config.json").is_file():
+        raise CheckpointError(f"no transformers checkpoint at {root} (a directory with config.json and weights is "
+                              "needed); phaselens never downloads: fetch it first, then phaselens.load('hf:DIR').")
+    spec_of(stride, window, origin, str(root))  # before any weight is read
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, Any] = {"local_files_only": True}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(str(root), **kwargs)
+    except (ValueError, KeyError) as err:
+        raise UnsupportedModelError(f"transformers cannot load {root} as a causal LM: {err}") from None
+    if device_map is None:
+        hf = hf.to(device)
+    return from_transformers(hf.eval(), stride=stride, window=window, origin=origin)

@@ -1,0 +1,261 @@
+"""Hook names of a transformers causal LM, and the torch hooks that reach them for one forward.
+
+Where each site sits (``layer`` = the decoder block, ``attn`` its attention module; see :mod:`.layout`):
+
+* ``hook_embed``: output of the token embedding; ``blocks.{l}.hook_resid_pre`` / ``hook_resid_post``: input /
+  output of ``layer``; ``hook_resid_mid`` (read-only): input of the norm before the MLP;
+* ``attn.hook_q`` / ``hook_k`` / ``hook_v``: the projections' outputs viewed per head (``[B, n, H, d]``,
+  ``[B, n, Hkv, d]``), before RoPE; Qwen3's ``hook_q`` / ``hook_k`` are the QK-norms' outputs (as phaselens's
+  own Qwen3 backbone names them); GPT-2's fused ``c_attn`` output is split into the three;
+* ``attn.hook_pattern``: the probabilities ``[B, H, n, keys]`` inside the attention (see :mod:`.attention`);
+* ``attn.hook_z``: the **input of the output projection** (``o_proj`` / ``c_proj``) viewed per head,
+  ``[B, n, H, d]``: a knockout written here is what the projection computes with;
+* ``hook_attn_out``: the attention module's output ``[B, n, D]``; ``hook_mlp_out``: the MLP's output.
+
+Every handle is registered inside :func:`installed` and removed in its ``finally``, whatever raises. A hook
+name that was asked for and did not fire (a module replaced by another library, an attention that bypasses
+transformers' attention interface) is an :class:`~phaselens.core.errors.UnsupportedModelError`, never a
+reading the model did not produce.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from phaselens.contract.hooknames import HookDict
+from phaselens.contract.protocol import HookContext, hook_context, hook_pairs
+from phaselens.core.errors import HookNameError, InputError, UnsupportedModelError
+from phaselens.models.causal_lm.layout import Layout
+from phaselens.models.hooking import check_hook_return
+
+HookFn = Callable[..., Tensor | None]
+
+# site -> (name template, shape, editable), in execution order within a block
+SITES: dict[str, tuple[str, str, bool]] = {
+    "resid_pre": ("blocks.{l}.hook_resid_pre", "[B, n, D]", True),
+    "q": ("blocks.{l}.attn.hook_q", "[B, n, H, d]", True),
+    "k": ("blocks.{l}.attn.hook_k", "[B, n, Hkv, d]", True),
+    "v": ("blocks.{l}.attn.hook_v", "[B, n, Hkv, d]", True),
+    "pattern": ("blocks.{l}.attn.hook_pattern", "[B, H, n, keys]", True),
+    "z": ("blocks.{l}.attn.hook_z", "[B, n, H, d]", True),
+    "attn_out": ("blocks.{l}.hook_attn_out", "[B, n, D]", True),
+    "resid_mid": ("blocks.{l}.hook_resid_mid", "[B, n, D]", False),
+    "mlp_out": ("blocks.{l}.hook_mlp_out", "[B, n, D]", True),
+    "resid_post": ("blocks.{l}.hook_resid_post", "[B, n, D]", True),
+}
+_ENTRY_SITES = ("hook_pattern_local", "hook_pattern_entry", "hook_pattern_sink", "hook_gate", "hook_entry",
+                "hook_payload")
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """A named site: its block, kind, shape, and whether a hook's returned tensor edits the model."""
+
+    name: str
+    layer: int | None
+    site: str
+    shape: str
+    editable: bool
+
+
+class CausalHookDict(HookDict):
+    """:class:`~phaselens.contract.hooknames.HookDict` that explains compressed-layer names: this model has none."""
+
+    def __missing__(self, name: Any) -> Any:
+        if any(str(name).endswith(s) or f".{s}_" in str(name) for s in _ENTRY_SITES):
+            raise HookNameError(
+                f"{name!r} does not exist: this is a full-attention model analysed at a stride phaselens was given; "
+                "it has no compressed entries, gates or local window. Its attention is blocks.{l}.attn.hook_pattern "
+                "[batch, head, q_pos, k_pos]."
+            )
+        return super().__missing__(name)
+
+
+def hook_points(layout: Layout) -> dict[str, HookPoint]:
+    """Every hook point of the model, in execution order."""
+    points = {"hook_embed": HookPoint("hook_embed", None, "embed", "[B, n, D]", True)}
+    for layer in range(layout.n_layers):
+        for site, (template, shape, editable) in SITES.items():
+            if site == "resid_mid" and layout.norm2[layer] is None:
+                continue
+            if site == "mlp_out" and layout.mlp[layer] is None:
+                continue
+            name = template.format(l=layer)
+            points[name] = HookPoint(name, layer, site, shape, editable)
+    return points
+
+
+def match(points: dict[str, HookPoint], target: Any) -> list[str]:
+    """Names selected by a name, a list of names, or a predicate (``None`` selects every name)."""
+    if target is None:
+        return list(points)
+    if isinstance(target, str):
+        CausalHookDict(points)[target]  # a missing name raises HookNameError, with what exists instead
+        return [target]
+    if callable(target):
+        return [name for name in points if target(name)]
+    if isinstance(target, Iterable):
+        return [name for item in target for name in match(points, item)]
+    raise InputError(f"a hook target is a name, a list of names or a predicate, got {target!r}.")
+
+
+def resolve(points: dict[str, HookPoint], fwd_hooks: Any) -> dict[str, list[HookFn]]:
+    """``(name_or_filter, fn)`` pairs as ``{name: [fn, ...]}`` in call order."""
+    out: dict[str, list[HookFn]] = {}
+    for target, fn in hook_pairs(fwd_hooks):
+        for name in match(points, target):
+            out.setdefault(name, []).append(fn)
+    return out
+
+
+@dataclass
+class Run:
+    """One hooked forward: the cache slot of its row 0, and the names that fired."""
+
+    query_start: int = 0
+    fired: set[str] = field(default_factory=set)
+
+
+def call_hooks(point: HookPoint, fns: list[HookFn], tensor: Tensor, run: Run) -> Tensor:
+    """Run ``fns`` in order on ``tensor``; the tensor the model goes on with (``tensor`` itself, or the last
+    replacement). Read-only sites refuse a replacement.
+
+    The caller puts the returned tensor back into the computation even when no hook replaced it (a per-head view
+    is still a new tensor object), so that gradients with respect to the hooked tensor flow, as in TransformerLens.
+    """
+    run.fired.add(point.name)
+    ctx: HookContext = hook_context(point, point.name, point.layer, query_start=run.query_start)
+    current = tensor
+    for fn in fns:
+        out = fn(current, hook=ctx)
+        if out is None or out is current and not point.editable:
+            continue
+        if not point.editable:
+            raise InputError(f"{point.name} is read-only on a transformers model (an edit there would not reach "
+                             "the residual stream); return None, or edit hook_attn_out / hook_resid_post instead.")
+        check_hook_return(point.name, current, out)
+        current = out
+    return current
+
+
+def _per_head(x: Tensor, d: int) -> Tensor:
+    return x.view(*x.shape[:-1], -1, d)
+
+
+def _out_hook(point: HookPoint, fns: list[HookFn], run: Run, d: int | None = None) -> Callable:
+    """A forward hook on a module whose (first) output is the site (viewed per head when ``d`` is given)."""
+
+    def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
+        value = out[0] if isinstance(out, tuple) else out
+        shown = _per_head(value, d) if d is not None and value.dim() == 3 else value  # a QK-norm's is per head
+        new = call_hooks(point, fns, shown, run).reshape(value.shape)
+        return (new, *out[1:]) if isinstance(out, tuple) else new
+
+    return hook
+
+
+def _in_hook(point: HookPoint, fns: list[HookFn], run: Run, d: int | None = None) -> Callable:
+    """A forward pre-hook (with kwargs) on a module whose first input is the site."""
+
+    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        value = args[0] if args else kwargs["hidden_states"]
+        shown = _per_head(value, d) if d is not None else value
+        new = call_hooks(point, fns, shown, run)
+        if not point.editable:
+            return None
+        new = new.reshape(value.shape)
+        return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
+
+    return hook
+
+
+def _fused_hook(layout: Layout, layer: int, sites: dict[str, tuple[HookPoint, list[HookFn]]], run: Run) -> Callable:
+    """GPT-2's ``c_attn``: one output ``[B, n, (H + 2 Hkv) d]`` split into q, k, v per head."""
+    d, H, Hkv = layout.d_head, layout.n_heads, layout.n_kv_heads
+    sizes = (H * d, Hkv * d, Hkv * d)
+
+    def hook(_m: nn.Module, _args: tuple, out: Tensor) -> Tensor:
+        parts = list(out.split(sizes, dim=-1))
+        for i, site in enumerate(("q", "k", "v")):
+            if site in sites:
+                point, fns = sites[site]
+                parts[i] = call_hooks(point, fns, _per_head(parts[i], d), run).reshape(parts[i].shape)
+        return torch.cat(parts, dim=-1)
+
+    return hook
+
+
+def _register(layout: Layout, layer: int, site: str, hook: Any) -> Any:
+    """Register the torch hook of one site of ``layer``; its handle."""
+    block, attn = layout.layers[layer], layout.attn[layer]
+    q, k, v = layout.qkv[layer]
+    where: dict[str, tuple[nn.Module | None, bool]] = {  # site -> (module, pre-hook?)
+        "resid_pre": (block, True), "resid_post": (block, False), "attn_out": (attn, False),
+        "z": (layout.out_proj[layer], True), "resid_mid": (layout.norm2[layer], True),
+        "mlp_out": (layout.mlp[layer], False),
+        "q": (layout.q_norm[layer] or q, False), "k": (layout.k_norm[layer] or k, False), "v": (v, False),
+    }
+    module, pre = where[site]
+    if module is None:
+        raise UnsupportedModelError(f"layer {layer} has no module for hook site {site!r}.")
+    return module.register_forward_pre_hook(hook, with_kwargs=True) if pre else module.register_forward_hook(hook)
+
+
+@contextmanager
+def installed(layout: Layout, points: dict[str, HookPoint], resolved: dict[str, list[HookFn]], run: Run
+              ) -> Iterator[dict[int, Callable[[Tensor], Tensor]]]:
+    """Register the torch hooks of ``resolved`` for the forwards inside the block; yields the pattern taps
+    ``{id(attention module): fn(probs) -> the probabilities to go on with}`` for :func:`.attention.borrowed`."""
+    handles: list[Any] = []
+    taps: dict[int, Callable[[Tensor], Tensor]] = {}
+    with ExitStack() as stack:
+        stack.callback(_remove, handles)  # registered first: runs last, even if installing fails
+        fused: dict[int, dict[str, tuple[HookPoint, list[HookFn]]]] = {}
+        for name, fns in resolved.items():
+            point = points[name]
+            if point.site == "embed":
+                handles.append(layout.embed.register_forward_hook(_out_hook(point, fns, run)))
+                continue
+            layer = int(point.layer)  # type: ignore[arg-type]
+            if point.site == "pattern":
+                taps[id(layout.attn[layer])] = _tap(point, fns, run)
+            elif point.site in ("q", "k", "v") and layout.fused[layer] is not None:
+                fused.setdefault(layer, {})[point.site] = (point, fns)
+            elif point.site in ("z", "q", "k", "v"):
+                hook = (_in_hook if point.site == "z" else _out_hook)(point, fns, run, layout.d_head)
+                handles.append(_register(layout, layer, point.site, hook))
+            elif point.site in ("resid_pre", "resid_mid"):
+                handles.append(_register(layout, layer, point.site, _in_hook(point, fns, run)))
+            else:
+                handles.append(_register(layout, layer, point.site, _out_hook(point, fns, run)))
+        for layer, sites in fused.items():
+            handles.append(layout.fused[layer].register_forward_hook(_fused_hook(layout, layer, sites, run)))
+        yield taps
+
+
+def _tap(point: HookPoint, fns: list[HookFn], run: Run) -> Callable[[Tensor], Tensor]:
+    return lambda probs: call_hooks(point, fns, probs, run)
+
+
+def check_fired(resolved: dict[str, list[HookFn]], run: Run, what: str) -> None:
+    """Every hooked name fired during the forward, or an :class:`UnsupportedModelError` naming those that did not."""
+    missing = [n for n in resolved if n not in run.fired]
+    if missing:
+        raise UnsupportedModelError(
+            f"{missing[:4]}{' ...' if len(missing) > 4 else ''} did not fire during the forward of {what}: the modules "
+            "they sit on did not run (replaced in place by another library, e.g. a TransformerLens bridge, or an "
+            "attention that bypasses transformers' attention interface). Pass the unwrapped transformers model "
+            "(phaselens.load(model, stride=...) unwraps a TransformerLens bridge and an nnsight envoy)."
+        )
+
+
+def _remove(handles: list[Any]) -> None:
+    for h in handles:
+        h.remove()
+    handles.clear()
