@@ -14,7 +14,6 @@ from phaselens.presentation.cli.base import (
     _Command,
     _label,
     app,
-    check_out,
     friendly_errors,
     say,
 )
@@ -109,7 +108,7 @@ def train(
         if gpus is not None and not gpu_list or any(g < 1 for g in gpu_list):
             raise InputError(f"--gpus {gpus!r}: GPU counts must be positive, e.g. 1,8,64.")
         if not plan:  # every other argument: run_family's check_args, before anything is built
-            check_out(out, kind="dir", what="the trained model is written into a folder")
+            _check_out_folder(out)
         run_family(FamilyArgs(
             recipe=recipe, size="tiny" if size is None else size, out=out, runs=runs or "runs/family", steps=steps,
             tokens=tokens,
@@ -139,7 +138,7 @@ def train(
     from phaselens.train.recipes import get_recipe
 
     chosen = get_recipe(recipe)  # a clear error for an unknown name, before any work
-    check_out(out, kind="dir", what="the trained model is written into a folder")
+    _check_out_folder(out)
     from phaselens.models.compressed.io import checkpoint_kind
     from phaselens.runtime.files import check_output_dir
 
@@ -173,3 +172,10 @@ def train(
     typer.echo(f"{recipe}: mean {100 * b['mean']:.1f}%, worst {100 * b['worst']:.1f}%, gap {100 * b['gap']:.1f} pp, "
                f"period {b['period']}; written to {Path(out) / recipe}")
 
+
+def _check_out_folder(out: str) -> None:
+    """``--out``: created with its missing parents like ``--runs`` (a file on the way, or a folder that cannot
+    be written, is refused before any training)."""
+    from phaselens.train.family.command import check_folder
+
+    check_folder("--out", out, Path(out).expanduser(), "the trained model")

@@ -182,22 +182,29 @@ def _splits(batch: int, gpus: int, micro: int | None) -> bool:
 
 def check_runs(runs: str, run_dir: Path) -> None:
     """``--runs``: a folder that exists or can be made, and written to (before any training)."""
+    check_folder("--runs", runs, run_dir, "checkpoints")
+
+
+def check_folder(option: str, given: str, path: Path, what: str) -> None:
+    """``option`` (``--runs`` or ``--out``): a folder that exists or is created with its missing parents (as
+    ``mkdir -p`` would), under a writable folder; refused before any training when it cannot be."""
     from phaselens.core.errors import OutputError
     from phaselens.runtime.files import nearest_existing, writable
     from phaselens.runtime.oserrors import why_not_written
 
     try:
-        for where in (run_dir, *run_dir.parents):
+        for where in (path, *path.parents):
             if where.exists() and not where.is_dir():
-                raise InputError(f"--runs {runs}: {where} is a file; point --runs at a directory.")
-        if any(len(part.encode()) > 255 for part in run_dir.parts):
-            raise OSError(36, "File name too long", str(run_dir))
-        where = nearest_existing(run_dir)
+                raise InputError(f"{option} {given}: {where} is a file, not a folder (an existing file is never "
+                                 f"replaced); point {option} at a directory.")
+        if any(len(part.encode()) > 255 for part in path.parts):
+            raise OSError(36, "File name too long", str(path))
+        where = nearest_existing(path)
         if not writable(where):
-            raise OutputError(f"--runs {runs}: {where} is not writable (permission denied), so checkpoints cannot "
-                              "be written there; point --runs at a folder you can write to.")
+            raise OutputError(f"{option} {given}: {where} is not writable (permission denied), so {what} cannot "
+                              f"be written there; point {option} at a folder you can write to.")
     except OSError as err:
-        raise OutputError(f"--runs {runs}: {why_not_written(err, run_dir)}") from None
+        raise OutputError(f"{option} {given}: {why_not_written(err, path)}") from None
 
 
 def _check_memory(recipe: Any, world: int) -> None:
