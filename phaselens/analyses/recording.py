@@ -22,7 +22,7 @@ from phaselens.contract.protocol import HookContext, PhaseModel
 from phaselens.core.errors import NotApplicableError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result, renamed
+from phaselens.results.base import Result
 from phaselens.stats.by_residue import residue_mean_ci
 
 READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "entries", "local", "sink")
@@ -63,7 +63,6 @@ class Recording(Result):
     metadata: dict[str, Any] = field(default_factory=dict)
 
     LEVELS = ("residue", "phase", "model")
-    items = renamed("items", "values", "`items` is the per-item frame in every result; these are arrays")
     COLUMNS = {
         "residue": ("quantity", "layer", "residue", "phase", "value", "ci_low", "ci_high"),
         "phase": ("quantity", "layer", "phase", "value", "ci_low", "ci_high", "boundary"),

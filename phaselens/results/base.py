@@ -19,7 +19,6 @@ Every result (``PhaseEval``, ``Recording``, ``AblationResult``, ``PatchResult``,
 from __future__ import annotations
 
 import os
-import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -135,12 +134,3 @@ class Result:
 check_methods(Result)  # its own methods too (to_frame's level, for every subclass that inherits it)
 
 
-def renamed(old: str, new: str, what: str) -> property:
-    """A read-only property ``old`` that returns ``new`` with a DeprecationWarning (names unified in 0.2)."""
-
-    def get(self: Any) -> Any:
-        warnings.warn(f"{type(self).__name__}.{old} is now {new} ({what}); the old name will be removed.",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(self, new)
-
-    return property(get, doc=f"Deprecated: {new}.")

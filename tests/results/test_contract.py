@@ -98,7 +98,7 @@ def test_loading_another_type_says_which(results, tmp_path):
 def test_one_name_per_concept_and_no_aliases(results):
     """phaselens has not been released: no renamed alias stays behind (issue 33)."""
     gone = {"PhaseMap": ("ko_correct", "clean_correct", "clean_logit_diff", "ko_logit_diff", "by_phase"),
-            "PatchResult": ("item_clean", "item_corrupt", "item_patched")}
+            "PatchResult": ("item_clean", "item_corrupt", "item_patched"), "Recording": ("items",)}
     for name, old in gone.items():
         for attr in old:
             assert not hasattr(results[name], attr), (name, attr)
