@@ -45,7 +45,7 @@ def train(
         f"{FAMILY_HELP} The backbone's size: tiny, small, base or 0.6b (Qwen3-0.6B) (default: tiny).")
     )] = None,
     plan: Annotated[bool, typer.Option("--plan", help=(
-        f"{FAMILY_HELP} Print what the run costs (parameters, tokens, 6ND FLOPs, memory per GPU under FSDP, "
+        f"{FAMILY_HELP} Print what the run costs (parameters, tokens, FLOPs per layer kind, memory per GPU under FSDP, "
         "GPU-hours) without building the model, and exit."))] = False,
     gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST", help=(
         f"{FAMILY_HELP} GPU counts to plan for, comma-separated (default: 1,8,64)."))] = None,

@@ -128,16 +128,26 @@ def build_recipe(a: FamilyArgs) -> Any:
     return r
 
 
-def parallelism(a: FamilyArgs) -> Any:
-    """Defaults where they help: bf16 and activation checkpointing on GPUs, fp32 without on CPUs."""
+def parallelism(a: FamilyArgs, recipe: Any = None, world: int = 1) -> Any:
+    """Defaults where they help: bf16 on GPUs, fp32 on CPUs; activation checkpointing on a GPU only when the
+    plan's memory without it (:func:`~phaselens.train.family.plan.plan_run` at this micro-batch and world size)
+    exceeds 90% of the GPU's memory, never on CPUs."""
     import torch
 
     from phaselens.train.family.trainer import Parallelism
 
     gpu = torch.cuda.is_available()
-    return Parallelism(precision=a.precision or ("bf16" if gpu else "fp32"),
-                       activation_checkpointing=gpu if a.activation_checkpointing is None else a.activation_checkpointing,
-                       micro_batch=a.micro_batch)
+    precision = a.precision or ("bf16" if gpu else "fp32")
+    ac = a.activation_checkpointing
+    if ac is None:
+        ac = False
+        if gpu and recipe is not None:
+            from phaselens.train.family.plan import GiB, plan_run
+
+            total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            ac = plan_run(recipe, gpus=world, micro_batch=a.micro_batch, precision=precision,
+                          activation_checkpointing=False, gpu_gib=total / GiB).needs_checkpointing
+    return Parallelism(precision=precision, activation_checkpointing=ac, micro_batch=a.micro_batch)
 
 
 DEFAULT_GPUS = (1, 8, 64)
@@ -157,12 +167,15 @@ def plan_text(a: FamilyArgs) -> str:
         gpus, left = tuple(ok) or (1,), tuple(g for g in DEFAULT_GPUS if g not in ok)
         if not ok:
             batch_split(batch, 1, a.micro_batch)  # refuses, naming the fix
-    text = format_plans([
-        plan_run(recipe, gpus=g, micro_batch=a.micro_batch, precision=a.precision or "bf16",
-                 activation_checkpointing=True if a.activation_checkpointing is None else a.activation_checkpointing,
-                 pretrain_ratio=a.pretrain_ratio, peak_tflops=a.peak_tflops, mfu=a.mfu)
-        for g in gpus
-    ])
+    def planned(g: int) -> Any:  # checkpointing as given, or as the run on an 80 GB GPU would choose it
+        kw = dict(gpus=g, micro_batch=a.micro_batch, precision=a.precision or "bf16",
+                  pretrain_ratio=a.pretrain_ratio, peak_tflops=a.peak_tflops, mfu=a.mfu)
+        ac = a.activation_checkpointing
+        if ac is None:
+            ac = plan_run(recipe, activation_checkpointing=False, **kw).needs_checkpointing
+        return plan_run(recipe, activation_checkpointing=ac, **kw)
+
+    text = format_plans([planned(g) for g in gpus])
     if left:
         text += (f"\n(not planned: {', '.join(map(str, left))} GPUs, over which the global batch of {batch} "
                  "sequences does not split; pass --gpus or --batch-size)")
@@ -244,7 +257,7 @@ def run(a: FamilyArgs, say: Any) -> None:
     recipe, pretraining = check_args(a)
     world = process_world().size
     batch_split(recipe.settings.batch_size, world, a.micro_batch)  # the trainer's own check, before the model
-    parallel = parallelism(a)
+    parallel = parallelism(a, recipe, world)
     name = member_name(recipe)
     check_output_dir(Path(a.out) / name, checkpoint_kind(), overwrite=a.force)
     check_runs(a.runs, Path(a.runs) / name)
