@@ -9,6 +9,7 @@ examples in the fast suite, many random ones under ``slow``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ from typer.testing import CliRunner
 
 import phaselens
 from phaselens.core import errors as E
+from phaselens.core.geometry import PhaseSpec
 from phaselens.presentation.cli import app
 from phaselens.tasks import KVRecall
 from phaselens.train.loop import TrainSettings
@@ -221,7 +223,52 @@ CASES = [
      E.NotApplicableError, "outside that block"),
     ("attribution_map of frozen weights", lambda w: _frozen_attribution(), OK, ""),
     ("TrainSettings(threads=10**9)", lambda w: TrainSettings(threads=10**9), E.ConfigError, "or fewer"),
+    # issue 32 (round 4), one or more cases of each class
+    # 1. a result file chooses no code: a skeleton naming a function, or a registered type with other fields
+    ("a result file naming os.system", lambda w: phaselens.results.load(_crafted("phaselens.runtime.files:os.system",
+                                                                                 {"command": "touch X"})),
+     E.ResultFileError, "not one of phaselens' result types"),
+    ("a result file with unknown fields", lambda w: phaselens.results.load(_crafted("PhaseEval", {"bogus": 1})),
+     E.ResultFileError, "save the result again"),
+    # 3. silent wrong: a batch of another geometry, result-method ranges, a head spec's bad part
+    ("a batch built at stride 2", lambda w: phaselens.evaluate(w.m, w.task.build(PhaseSpec(2), n_per_residue=1),
+                                                               progress=False), E.TaskError, "Rebuild it"),
+    ("top_heads(phase=99)", lambda w: _small_map(w).top_heads(99), E.ResidueError, "0..3"),
+    ("top_heads(k=-1)", lambda w: _small_map(w).top_heads(0, k=-1), E.InputError, "positive"),
+    ("bh_mask(alpha=2)", lambda w: _small_map(w).bh_mask(alpha=2), E.InputError, "between 0 and 1"),
+    ("head spec 'L1H0.5'", lambda w: phaselens.ablate(w.m, "L1H0.5", None, **Q), E.HeadSpecError,
+     "the head number is '0.5'"),
+    # 4. sizes priced before allocating; a hook's return checked where it replaces the value
+    ("CompressedConfig(d_model=10**7)", lambda w: phaselens.CompressedTransformer(
+        dataclasses.replace(w.m.config, d_model=10**7)), E.ResourceError, "or smaller"),
+    ("new_cache(batch_size=10**9)", lambda w: w.m.new_cache(10**9), E.ResourceError, "batch_size="),
+    ("a hook returning another shape", lambda w: w.m.run_with_hooks(
+        w.short, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: z[..., :1])]), E.InputError,
+     "the hook on blocks.0.attn.hook_z returned a tensor of shape"),
+    ("a hook returning a number", lambda w: w.m.run_with_hooks(
+        w.short, fwd_hooks=[("blocks.0.attn.hook_z", lambda z, hook: 3)]), E.InputError, "returns None"),
+    ("load(foo=1)", lambda w: phaselens.load("zoo:w4s4", foo=1), E.InputError, "takes no ['foo']"),
 ]
+
+
+def _crafted(name: str, fields: dict):
+    """A result file whose skeleton names ``name`` with ``fields`` (the format of the day, one array)."""
+    import json
+
+    from safetensors.numpy import save_file
+
+    from phaselens.results import storage
+
+    path = world_tmp() / "crafted.r"
+    save_file({"a0": np.arange(3.0)}, str(path),
+              metadata={"format": storage.FORMAT, "skeleton": json.dumps({"__dataclass__": name, "fields": fields})})
+    return path
+
+
+def _small_map(w):
+    if not hasattr(w, "small_map"):  # one map for the cases on its methods
+        w.small_map = phaselens.specialization_map(w.m, **Q, kinds=("layer",), method="zero", n_bootstrap=0)
+    return w.small_map
 
 
 def _ids(w, **values):
@@ -484,6 +531,25 @@ def test_a_broken_torchrun_environment_is_one_line(env):
     res = runner.invoke(app, ["zoo", "list"], env=env)
     lines = [line for line in res.output.splitlines() if line.strip()]
     assert res.exit_code == 3 and len(lines) == 1 and lines[0].startswith("error: ") and "torchrun" in lines[0]
+
+
+@pytest.mark.parametrize("cmd", [["eval", "w4s4", "--n-per-residue", "1"], ["record", "w4s4", "--n-per-residue", "1"]])
+@pytest.mark.parametrize("link", [False, True])
+def test_out_onto_a_special_file_is_refused_and_left_as_it_was(cmd, link, tmp_path):
+    """Issue 32, class 2: --out onto a FIFO (a device node's stand-in), or a symlink to one, never replaces it,
+    with or without --force."""
+    import os
+    import stat
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    out = fifo
+    if link:
+        out = tmp_path / "link.csv"
+        out.symlink_to(fifo)
+    for force in ([], ["--force"]):
+        _cli([*cmd, "--out", str(out), *force])
+        assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and (not link or out.is_symlink())
 
 
 def test_out_replaces_only_a_file_phaselens_wrote_unless_forced(tmp_path):

@@ -22,10 +22,12 @@ import reprlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from phaselens.contract.protocol import hook_context, hook_pairs
 from phaselens.core.errors import InputError
+from phaselens.models.tl_habits import PhaseCache, TLHabits, check_names_filter
 
 _START: contextvars.ContextVar[int] = contextvars.ContextVar("phaselens_query_start", default=0)
 _SILENT: contextvars.ContextVar[bool] = contextvars.ContextVar("phaselens_hooks_silent", default=False)
@@ -61,7 +63,7 @@ def _describe(value: Any) -> str:
         return f"a {type(value).__name__} of shape {tuple(shape)}"
     if isinstance(value, list | tuple | dict):
         return f"a {type(value).__name__} of {len(value)} items"
-    return f"a {type(value).__name__} {reprlib.repr(value)[:80]}"  # bounded, whatever the object
+    return f"{reprlib.repr(value)[:80]} (of type {type(value).__name__})"  # bounded, whatever the object
 
 
 def check_hook_return(name: str, given: Tensor, out: Any) -> None:
@@ -79,16 +81,34 @@ def check_hook_return(name: str, given: Tensor, out: Any) -> None:
     )
 
 
+def read_only(point: Any, value: Tensor, why: str) -> None:
+    """Call the hook point ``point`` on ``value``, a reading the model does not compute with: a hook (or an
+    nnsight edit) that returns a different tensor is an :class:`InputError` (``why``: what to edit instead),
+    never an edit that is silently ignored."""
+    out = point(value)
+    if out is not value and not (isinstance(out, Tensor) and out.shape == value.shape and torch.equal(out, value)):
+        raise InputError(f"{point.name} is read-only: {why}")
+
+
 def _layer_of(name: str) -> int | None:
     parts = name.split(".")
     return int(parts[1]) if len(parts) > 1 and parts[0] == "blocks" and parts[1].isdigit() else None
 
 
-class ContextHooks:
-    """Mixin for a ``HookedRootModule``: hook functions receive a :class:`~phaselens.contract.protocol.HookContext`.
+class ContextHooks(TLHabits):
+    """Mixin for a ``HookedRootModule``: hook functions receive a :class:`~phaselens.contract.protocol.HookContext`,
+    and ``run_with_cache`` returns a :class:`~phaselens.models.tl_habits.PhaseCache`.
 
     The model supplies ``phase_specs`` (for the first new entry of compressor hooks).
     """
+
+    def run_with_cache(self, *model_args: Any, names_filter: Any = None, **kwargs: Any) -> tuple[Any, PhaseCache]:
+        """TransformerLens's ``run_with_cache``: ``(output, cache)``, the cache a TransformerLens
+        ``ActivationCache`` (:class:`~phaselens.models.tl_habits.PhaseCache`). A ``names_filter`` that selects no
+        hook is a :class:`~phaselens.core.errors.HookNameError` naming what it wanted."""
+        names = check_names_filter(list(self.hook_dict), names_filter)  # type: ignore[attr-defined]
+        out, store = super().run_with_cache(*model_args, names_filter=names, **kwargs)  # type: ignore[misc]
+        return out, PhaseCache(store, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
 
     def _context(self, point: Any) -> Any:
         name = point.name
