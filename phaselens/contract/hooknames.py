@@ -21,6 +21,7 @@ from typing import Any
 from phaselens.core.errors import HookNameError
 
 _PATTERN = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
+_KV = re.compile(r"^blocks\.(\d+)\.attn\.hook_[kv]$")
 
 
 # ---- the table: every hook name an analysis uses ---------------------------------------------------------
@@ -84,6 +85,14 @@ def explain_missing(name: Any, available: Iterable[str]) -> str:
                 f"{', '.join(parts)}. Together they sum to 1 over keys; "
                 f"phaselens.combined_pattern(cache, {layer}) joins them into one [batch, head, q_pos, keys] "
                 "tensor (see docs/hooks.md).")
+    m = _KV.match(str(name))
+    if m and f"blocks.{m.group(1)}.attn.hook_kv" in names:
+        layer = m.group(1)
+        return (f"{name!r} does not exist: on layer {layer} keys and values are one tensor (K = V: a tied "
+                f"compressor, or DeepSeek-V4's single latent), blocks.{layer}.attn.hook_kv [batch, pos, kv_head, "
+                "d_head]. Read or patch hook_kv: it is the key and the value at once, so "
+                "TransformerLens's get_act_patch_attn_head_k_all_pos / _v_all_pos have no separate site here "
+                "(patch hook_kv per KV head, or hook_z per head).")
     close = difflib.get_close_matches(str(name), names, n=3)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     return f"{name!r} is not a hook point of this model.{hint} model.hook_dict lists every name (docs/hooks.md)."

@@ -37,10 +37,10 @@ from phaselens.models.causal_lm.sites import (
     check_fired,
     hook_points,
     installed,
-    match,
     resolve,
 )
 from phaselens.models.numerics.sizing import held_bytes, item_size
+from phaselens.models.tl_habits import PhaseCache, TLHabits, check_names_filter, tokenizer_from_dir
 from phaselens.runtime.engines import PASS_BYTES, QueryEngine
 
 
@@ -57,9 +57,13 @@ class CausalLMCfg:
     n_ctx: int
     dtype: torch.dtype
     device: torch.device
+    normalization_type: str | None = "RMS"  # "LN" for GPT-2; what TransformerLens's cache methods read
+    final_rms: bool = True
+    attn_only: bool = False
+    positional_embedding_type: str = "rotary"
 
 
-class CausalLMAdapter:
+class CausalLMAdapter(TLHabits):
     """A transformers causal LM with phaselens' hook names, geometry and interventions.
 
     Build it with :func:`~phaselens.models.causal_lm.from_transformers` (or ``phaselens.load``). ``spec`` is the
@@ -89,8 +93,61 @@ class CausalLMAdapter:
     @property
     def cfg(self) -> CausalLMCfg:
         lay, w = self._layout, self._layout.embed.weight
+        norm = self.tl_norm
+        kind = None if norm is None else norm[0]
+        learned = self._base_module("wpe") is not None
         return CausalLMCfg(lay.n_layers, lay.n_heads, lay.n_kv_heads, lay.d_head, lay.d_model, lay.d_vocab,
-                           lay.n_ctx, w.dtype, w.device)
+                           lay.n_ctx, w.dtype, w.device, kind, kind == "RMS", False,
+                           "standard" if learned else "rotary")
+
+    # ---- TransformerLens habits (phaselens.models.tl_habits) ----------------------------------------
+    def _base_module(self, name: str) -> nn.Module | None:
+        base = getattr(self.model, getattr(self.model, "base_model_prefix", "model"), None)
+        found = getattr(base, name, None)
+        return found if isinstance(found, nn.Module) else None
+
+    @property
+    def ln_final(self) -> nn.Module | None:
+        """The model's final norm (``model.model.norm``; GPT-2's ``transformer.ln_f``), ``[B, n, D]`` in and out."""
+        return self._base_module("norm") or self._base_module("ln_f")
+
+    @property
+    def tl_norm(self) -> tuple[str, float] | None:
+        """``("RMS" | "LN", eps)`` of the final norm (the blocks' norms share its eps in these families)."""
+        norm = self.ln_final
+        eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        if norm is None or eps is None:
+            return None
+        return ("LN" if isinstance(norm, nn.LayerNorm) else "RMS", float(eps))
+
+    @property
+    def tl_limits(self) -> dict[str, str]:  # type: ignore[override]
+        if self._base_module("wpe") is None:
+            return {}
+        return {"decompose_resid": "learned position embeddings (wpe) are added to the residual without a hook, so "
+                                   "the components would not sum to it; use accumulated_resid()."}
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        """Output weights per head: ``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l]) (+ bias)``."""
+        lay = self._layout
+        out = []
+        for proj in lay.out_proj:
+            w = proj.weight if not isinstance(proj, nn.Linear) else proj.weight.T  # GPT-2's Conv1D is [in, out]
+            out.append(w.reshape(lay.n_heads, lay.d_head, lay.d_model))
+        return torch.stack(out)
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self.model.get_output_embeddings().weight.T
+
+    def _unembed_directions(self) -> Float[Tensor, "d_model d_vocab"]:
+        norm = self.ln_final
+        w = getattr(norm, "weight", None)
+        return self.W_U if w is None else self.W_U * w[:, None]
+
+    def _find_tokenizer(self) -> Any:
+        return tokenizer_from_dir(getattr(self.model.config, "_name_or_path", None))
 
     @property
     def phase_specs(self) -> list[PhaseSpec | None]:
@@ -250,20 +307,19 @@ class CausalLMAdapter:
             return self(tokens, **forward_kwargs)
 
     def run_with_cache(self, tokens: Tensor, *, names_filter: Any = None, device: torch.device | str | None = None,
-                       **forward_kwargs: Any) -> tuple[Tensor, Any]:
-        """``(logits, cache)``: a TransformerLens ``ActivationCache`` of the names ``names_filter`` selects (all
-        if ``None``: always filter in sweeps); detached copies, moved to ``device`` if given."""
-        from transformer_lens import ActivationCache
-
+                       **forward_kwargs: Any) -> tuple[Tensor, PhaseCache]:
+        """``(logits, cache)``: a TransformerLens ``ActivationCache`` (:class:`~phaselens.models.tl_habits.PhaseCache`)
+        of the names ``names_filter`` selects (all if ``None``: always filter in sweeps; a filter selecting none is a
+        ``HookNameError``); detached copies, moved to ``device`` if given."""
         store: dict[str, Tensor] = {}
 
         def keep(tensor: Tensor, *, hook: Any) -> None:
             value = tensor.detach()
             store[hook.name] = value.to(device, copy=True) if device is not None else value.clone()
 
-        names = match(self._points, names_filter)
+        names = check_names_filter(list(self._points), names_filter)
         logits = self.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], **forward_kwargs)
-        return logits, ActivationCache(store, self)
+        return logits, self.make_cache(store)
 
     def __repr__(self) -> str:
         s = self._spec

@@ -22,6 +22,7 @@ from transformer_lens.hook_points import HookPoint
 from phaselens.models.compressed.compressor import Compressor, PoolerState
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.rope import rope_inv_freq
+from phaselens.models.hooking import read_only
 from phaselens.models.numerics.dtypes import compute_dtype
 from phaselens.models.numerics.norms import rms_norm
 from phaselens.models.numerics.rope import apply_rope
@@ -118,23 +119,27 @@ class Attention(nn.Module):
             assert cfg.compression is not None
             self.compressor = Compressor(cfg.compression, D, Hkv, d, cfg.rope)
 
+        # hook points in execution order (nnsight reads them in that order): q, k/v, the compressor's gates and
+        # entries, the pattern parts, z
         self.hook_q = HookPoint()
         if self.tied:
             self.hook_kv = HookPoint()
         else:
             self.hook_k, self.hook_v = HookPoint(), HookPoint()
-        self.hook_z = HookPoint()
-        if self.kind == "full":
-            self.hook_pattern = HookPoint()
-        else:
-            self.hook_pattern_local, self.hook_pattern_sink = HookPoint(), HookPoint()
         if self.kind == "compressed":
-            self.hook_pattern_entry = HookPoint()
             if self.tied:
                 self.hook_gate, self.hook_entry = HookPoint(), HookPoint()
             else:
-                self.hook_gate_k, self.hook_gate_v = HookPoint(), HookPoint()
-                self.hook_entry_k, self.hook_entry_v = HookPoint(), HookPoint()
+                self.hook_gate_k, self.hook_entry_k = HookPoint(), HookPoint()
+                self.hook_gate_v, self.hook_entry_v = HookPoint(), HookPoint()
+        if self.kind == "full":
+            self.hook_pattern = HookPoint()
+        else:
+            self.hook_pattern_local = HookPoint()
+            if self.kind == "compressed":
+                self.hook_pattern_entry = HookPoint()
+            self.hook_pattern_sink = HookPoint()
+        self.hook_z = HookPoint()
 
     # ---- helpers -------------------------------------------------------------------------------------
     @property
@@ -241,10 +246,9 @@ class Attention(nn.Module):
             p_entry = self.hook_pattern_entry(probs[1])
             z_ent = torch.matmul(p_entry.reshape(B, Hkv, G * n, -1), entry_v.transpose(1, 2))  # [B, Hkv, G*n, d]
             z = z + z_ent.view(B, Hkv, G, n, d).permute(0, 3, 1, 2, 4)
-        if self.sink is not None:
-            self.hook_pattern_sink(probs[-1].squeeze(-1))
-        else:
-            self.hook_pattern_sink(probs[0].new_zeros(B, H, n))
+        sink = probs[-1].squeeze(-1) if self.sink is not None else probs[0].new_zeros(B, H, n)
+        read_only(self.hook_pattern_sink, sink, "the sink has no value vector, so its probability is not used "
+                  "after the softmax; edit hook_pattern_local / hook_pattern_entry, or hook_z to knock a head out.")
         return z.reshape(B, n, H, d)
 
     def _entries(self, x: Tensor, past: Past, own: dict[str, Tensor]) -> tuple[Tensor, Tensor]:

@@ -359,6 +359,13 @@ class CompressedConfig:
         assert self.n_kv_heads is not None
         return self.n_kv_heads
 
+    # What TransformerLens's cache methods read (accumulated_resid, decompose_resid, logit_attrs, apply_ln):
+    # pre-norm RMSNorm blocks with attention and an MLP, rotary positions (nothing added to the embedding).
+    normalization_type = "RMS"
+    final_rms = True
+    attn_only = False
+    positional_embedding_type = "rotary"
+
     @property
     def is_compressed(self) -> bool:
         return self.compression is not None

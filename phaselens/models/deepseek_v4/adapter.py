@@ -35,7 +35,6 @@ from phaselens.models.deepseek_v4.hookpoints import (
     HookPoint,
     NameFilter,
     hook_points,
-    match,
     resolve,
 )
 from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
@@ -44,13 +43,20 @@ from phaselens.models.deepseek_v4.prefill import call_kwargs, run_prefix
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
 from phaselens.models.numerics.chunks import plan_chunks
 from phaselens.models.numerics.notices import IndexTopKWarning
+from phaselens.models.tl_habits import (
+    HYPER_CONNECTION_LIMITS,
+    PhaseCache,
+    TLHabits,
+    check_names_filter,
+    tokenizer_from_dir,
+)
 from phaselens.runtime.engines import PASS_BYTES, QueryEngine
 
 Backend = Literal["torch", "nnsight"]
 _UNSET: Any = object()
 
 
-class DeepSeekV4Adapter:
+class DeepSeekV4Adapter(TLHabits):
     """A transformers ``DeepseekV4ForCausalLM`` with phaselens' geometry, hook names and interventions.
 
     Build it with :func:`from_hf` (or :func:`load_hf` / ``phaselens.load("hf:PATH")``). The wrapped model is
@@ -66,6 +72,8 @@ class DeepSeekV4Adapter:
             ``analysis_metadata["index_topk_fragile_picks"]`` (docs/deepseek_v4.md: in bf16 it predicts the
             share of picks on which the adapter and DeepSeek's reference disagree).
     """
+
+    tl_limits = HYPER_CONNECTION_LIMITS  # what TransformerLens's residual methods cannot mean here, and why
 
     def __init__(
         self,
@@ -390,21 +398,23 @@ class DeepSeekV4Adapter:
         names_filter: Any = None,
         device: torch.device | str | None = None,
         **forward_kwargs: Any,
-    ) -> tuple[Tensor, Any]:
-        """``(logits, cache)``: a TransformerLens ``ActivationCache`` of the names selected by ``names_filter``
-        (all if ``None``: always filter in sweeps). Activations are detached copies, moved to ``device`` if
-        given. ``cache["pattern_entry", 1]`` and ``cache["blocks.1.attn.hook_z"]`` both work."""
-        from transformer_lens import ActivationCache
-
+    ) -> tuple[Tensor, PhaseCache]:
+        """``(logits, cache)``: a TransformerLens ``ActivationCache`` (:class:`~phaselens.models.tl_habits.PhaseCache`)
+        of the names selected by ``names_filter`` (all if ``None``: always filter in sweeps; a filter selecting
+        none is a ``HookNameError``). Activations are detached copies, moved to ``device`` if given.
+        ``cache["pattern_entry", 1]`` and ``cache["blocks.1.attn.hook_z"]`` both work."""
         store: dict[str, Tensor] = {}
 
         def keep(tensor: Tensor, *, hook: Any) -> None:
             value = tensor.detach()
             store[hook.name] = value.to(device, copy=True) if device is not None else value.clone()
 
-        names = match(self._points, names_filter)
+        names = check_names_filter(list(self._points), names_filter)
         logits = self.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], **forward_kwargs)
-        return logits, ActivationCache(store, self)
+        return logits, self.make_cache(store)
+
+    def _find_tokenizer(self) -> Any:
+        return tokenizer_from_dir(getattr(self.model.config, "_name_or_path", None))
 
     def __repr__(self) -> str:
         kinds = "".join({"csa": "C", "hca": "H", "sliding": "S"}[g.kind] for g in self._geometry)

@@ -44,6 +44,9 @@ class DeepSeekV4Cfg:
     model_name: str = "deepseek_v4"
     positional_embedding_type: str = "rotary"
     attn_implementation: str = "eager"
+    normalization_type: str = "RMS"  # what TransformerLens's cache methods read (docs/transformer_lens.md)
+    final_rms: bool = True
+    attn_only: bool = False
 
     @property
     def d_mlp(self) -> None:

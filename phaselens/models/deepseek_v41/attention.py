@@ -27,6 +27,7 @@ from phaselens.models.deepseek_v41.compressed import (
 )
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
 from phaselens.models.deepseek_v41.layers import GroupedLinear, Linear, Numerics, RMSNorm, rope
+from phaselens.models.hooking import read_only
 from phaselens.models.numerics.dtypes import compute_dtype
 from phaselens.models.numerics.formats import fp4_round_trip, fp8_round_trip
 from phaselens.models.numerics.rope import inverse_frequencies
@@ -73,18 +74,20 @@ class V41Attention(nn.Module):
         if role.is_kv_source or role.is_index_source:
             self.indexer = Indexer(cfg, numerics, dtype, owns_keys=role.is_kv_source, has_queries=role.is_index_source)
         self.register_buffer("inv_freq", layer_inv_freq(cfg, role), persistent=False)
-        self.hook_q, self.hook_kv, self.hook_z = HookPoint(), HookPoint(), HookPoint()
-        self.hook_pattern_local, self.hook_pattern_sink = HookPoint(), HookPoint()
-        if role.compressed:
-            self.hook_pattern_entry = HookPoint()
-        if role.is_index_source:
-            self.hook_indexer_topk = HookPoint()
-        if role.is_candidate_source:
-            self.hook_candidates = HookPoint()
+        # hook points in execution order (nnsight reads them in that order)
+        self.hook_q, self.hook_kv = HookPoint(), HookPoint()
         if role.is_kv_source:
-            self.hook_payload, self.hook_entry = HookPoint(), HookPoint()
             if role.ratio > 1:
                 self.hook_gate = HookPoint()
+            self.hook_payload, self.hook_entry = HookPoint(), HookPoint()
+        if role.is_candidate_source:
+            self.hook_candidates = HookPoint()
+        if role.is_index_source:
+            self.hook_indexer_topk = HookPoint()
+        self.hook_pattern_local = HookPoint()
+        if role.compressed:
+            self.hook_pattern_entry = HookPoint()
+        self.hook_pattern_sink, self.hook_z = HookPoint(), HookPoint()
 
     # ---- forward -----------------------------------------------------------------------------------
     def forward(self, x: Tensor, start: int, cache: V41Cache, rt: StackRuntime) -> Tensor:
@@ -142,11 +145,12 @@ class V41Attention(nn.Module):
         if ent is not None:
             p_e = probs[..., L : L + ent.shape[1]]
             o = o + torch.einsum("bhne,bed->bnhd", p_e, ent)
-        # read-only: called after the output is computed, so an in-place edit cannot change the model
-        self.hook_pattern_local(p_w)
+        # read-only: called after the output is computed; an edit raises rather than being ignored
+        why = "it is read after the output is computed; knock heads out at hook_z, or edit hook_kv / hook_entry."
+        read_only(self.hook_pattern_local, p_w, why)
         if p_e is not None:
-            self.hook_pattern_entry(p_e)
-        self.hook_pattern_sink(probs[..., -1])
+            read_only(self.hook_pattern_entry, p_e, why)
+        read_only(self.hook_pattern_sink, probs[..., -1], why)
         return o.to(q.dtype)
 
     # ---- compressed path ---------------------------------------------------------------------------

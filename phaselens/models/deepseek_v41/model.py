@@ -50,6 +50,7 @@ from phaselens.models.hooking import ContextHooks, query_start, silent_hooks
 from phaselens.models.numerics.chunks import plan_chunks
 from phaselens.models.numerics.dtypes import compute_dtype
 from phaselens.models.numerics.notices import IndexTopKWarning
+from phaselens.models.tl_habits import HYPER_CONNECTION_LIMITS
 
 _UNSET = object()
 
@@ -76,6 +77,9 @@ class V41Cfg:
     index_topk: int | str
     rope_dims: int
     engram_layer_ids: tuple[int, ...] = ()
+    normalization_type: str = "RMS"  # what TransformerLens's cache methods read (docs/transformer_lens.md)
+    final_rms: bool = True
+    attn_only: bool = False
 
 
 class Block(nn.Module):
@@ -89,17 +93,18 @@ class Block(nn.Module):
         hc, D = cfg.hc_mult, cfg.hidden_size
         ct = compute_dtype(dtype)
         mix = (2 + hc) * hc
+        self.hook_resid_pre = HookPoint()  # hook points in execution order (nnsight reads them in that order)
         self.attn_norm = RMSNorm(D, cfg.rms_norm_eps, dtype)
         self.ffn_norm = RMSNorm(D, cfg.rms_norm_eps, dtype)
         self.attn = V41Attention(cfg, role, numerics, dtype, index_topk=index_topk)
+        self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
         self.ffn = MoE(cfg, numerics, dtype)
+        self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint()
         for part in ("attn", "ffn"):
             setattr(self, f"hc_{part}_fn", nn.Parameter(torch.empty(mix, hc * D, dtype=ct)))
             setattr(self, f"hc_{part}_base", nn.Parameter(torch.empty(mix, dtype=ct)))
             setattr(self, f"hc_{part}_scale", nn.Parameter(torch.empty(3, dtype=ct)))
         self.hc_kw = dict(iters=cfg.hc_sinkhorn_iters, eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
-        self.hook_resid_pre, self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint(), HookPoint()
-        self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint()
 
     def forward(self, x: Tensor, pre: Tensor, start: int, cache: V41Cache, rt: StackRuntime,
                 rows: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -137,6 +142,8 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
 
     default_task: Any = None
     chunk: int | None = None  # tokens per prefill piece (forward's chunk), None: one call
+
+    tl_limits = HYPER_CONNECTION_LIMITS  # what TransformerLens's residual methods cannot mean here, and why
 
     def __init__(self, config: V41Config, *, dtype: torch.dtype = torch.bfloat16, quantize: Quantize = None,
                  index_topk: int | str | None = None, analysis_stride: int | None = None,
