@@ -16,7 +16,9 @@ when ``OUT`` is unset), then a summary ``$OUT/gpu_session.json``. The checks:
 * ``family`` (issue 26): ``python -m benchmarks.bench_family_gpu``, tokens/s and peak memory of the 0.6B size;
 * ``served`` (issue 36): ``python -m tests.gpu.served``, a served model's vLLM and SGLang paths (token-id
   prompts, log-probabilities, the prefix cache) against transformers' forward of the same tiny weights; an
-  engine that is not installed is reported as skipped.
+  engine that is not installed is reported as skipped;
+* ``v41-engine`` (issue 35): ``python -m benchmarks.bench_v41_maps --device cuda``, DeepSeek-V4.1's query-suffix
+  engine against one full forward per cell on CUDA (wall seconds), with the largest logit difference.
 
 Needs torch with CUDA, phaselens's requirements, and transformers >= 5.24 (``deepseek_v4``). A machine with no
 network and an older transformers can take wheels carried with the repository, e.g. transformers,
@@ -49,6 +51,8 @@ CHECKS = [  # name, command, seconds
     ("numerics", [sys.executable, "-m", "benchmarks.bench_v4_numerics", "--device", "cuda", "--tokens", "4096"], 110),
     ("family", [sys.executable, "-m", "benchmarks.bench_family_gpu"], 230),
     ("served", [sys.executable, "-m", "tests.gpu.served"], 300),
+    ("v41-engine", [sys.executable, "-m", "benchmarks.bench_v41_maps", "--device", "cuda", "--lengths", "1024",
+                    "4096", "--full-cells", "0"], 120),
 ]
 
 
