@@ -1,0 +1,457 @@
+"""``CompressedTransformer``: a hookable decoder-only transformer with a chunk-compressed KV cache.
+
+It subclasses TransformerLens's ``HookedRootModule``, so ``run_with_hooks``, ``run_with_cache`` and
+TransformerLens's ``patching`` functions work on it. Hook names follow TransformerLens
+(``blocks.{l}.hook_resid_pre``, ``blocks.{l}.attn.hook_z``, ...) plus the compressed-cache hooks
+documented in ``docs/hooks.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Literal, SupportsInt
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
+from phaselens.core.checks import as_int
+from phaselens.core.errors import InputError
+from phaselens.core.geometry import PhaseSpec
+from phaselens.models.compressed.attention import Attention, NoPast, Past
+from phaselens.models.compressed.compressor import default_init_, rms_norm
+from phaselens.models.compressed.config import CompressedConfig
+from phaselens.models.compressed.sizing import check_forward, check_weights
+from phaselens.models.hooking import ContextHooks, query_start
+
+if TYPE_CHECKING:
+    from phaselens.models.compressed.cache import CompressedKVCache
+
+
+def _is_int(x: Any) -> bool:
+    import numbers
+
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, d: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        return rms_norm(x, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    """``cfg.mlp="gelu"``: ``W_out gelu(W_in x + b_in) + b_out``; ``"swiglu"`` (Qwen3, TransformerLens's gated
+    MLP names): ``W_out (silu(W_gate x) * (W_in x))``. Biases only with ``cfg.mlp_bias``.
+
+    Hooks ``[batch, pos, d_mlp]``: ``hook_pre`` (the activation's input: ``W_in x`` for gelu, ``W_gate x`` for
+    swiglu), ``hook_pre_linear`` (swiglu: ``W_in x``), ``hook_post`` (what ``W_out`` reads).
+    """
+
+    def __init__(self, cfg: CompressedConfig) -> None:
+        super().__init__()
+        self.gated = cfg.mlp == "swiglu"
+        if self.gated:
+            self.W_gate = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.W_in = nn.Parameter(torch.empty(cfg.d_model, cfg.d_mlp))
+        self.b_in = nn.Parameter(torch.zeros(cfg.d_mlp)) if cfg.mlp_bias else None
+        self.W_out = nn.Parameter(torch.empty(cfg.d_mlp, cfg.d_model))
+        self.b_out = nn.Parameter(torch.zeros(cfg.d_model)) if cfg.mlp_bias else None
+        self.hook_pre = HookPoint()
+        if self.gated:
+            self.hook_pre_linear = HookPoint()
+        self.hook_post = HookPoint()
+
+    @staticmethod
+    def _bias(x: Tensor, b: Tensor | None) -> Tensor:
+        return x if b is None else x + b
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.gated:
+            gate = self.hook_pre(x @ self.W_gate)
+            up = self.hook_pre_linear(self._bias(x @ self.W_in, self.b_in))
+            post = self.hook_post(F.silu(gate) * up)
+        else:
+            post = self.hook_post(F.gelu(self.hook_pre(self._bias(x @ self.W_in, self.b_in))))
+        return self._bias(post @ self.W_out, self.b_out)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block. Residual hooks are ``[batch, pos, d_model]``."""
+
+    def __init__(self, cfg: CompressedConfig, layer: int) -> None:
+        super().__init__()
+        self.hook_resid_pre = HookPoint()
+        self.ln1 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg, layer)
+        self.hook_attn_out, self.hook_resid_mid = HookPoint(), HookPoint()
+        self.ln2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+        self.hook_mlp_out, self.hook_resid_post = HookPoint(), HookPoint()
+
+    def forward(self, resid: Tensor, past: Past) -> Tensor:
+        resid = self.hook_resid_pre(resid)
+        resid = self.hook_resid_mid(resid + self.hook_attn_out(self.attn(self.ln1(resid), past)))
+        return self.hook_resid_post(resid + self.hook_mlp_out(self.mlp(self.ln2(resid))))
+
+
+class CompressedTransformer(ContextHooks, HookedRootModule):
+    """A decoder-only transformer whose compressed layers attend to a local window plus pooled entries.
+
+    Args:
+        cfg: the :class:`CompressedConfig`. ``cfg.compression=None`` builds the full-attention control.
+
+    Example:
+        >>> import torch, phaselens
+        >>> from phaselens.models import CompressedConfig, CompressorSpec
+        >>> cfg = CompressedConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=50,
+        ...                        n_ctx=128, local_window=8, compression=CompressorSpec(stride=4))
+        >>> model = phaselens.CompressedTransformer(cfg)
+        >>> model(torch.zeros(1, 10, dtype=torch.long)).shape
+        torch.Size([1, 10, 50])
+    """
+
+    default_task: Any = None
+    name: str = ""
+
+    def __init__(self, cfg: CompressedConfig) -> None:
+        check_weights(cfg)  # priced before any parameter exists: ResourceError naming the sizes that fit
+        super().__init__()
+        self.config = cfg
+        self.embed = nn.Embedding(cfg.d_vocab, cfg.d_model)
+        self.hook_embed = HookPoint()
+        self.blocks = nn.ModuleList([Block(cfg, i) for i in range(cfg.n_layers)])
+        self.ln_final = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
+        if cfg.tie_embeddings:
+            self.unembed.weight = self.embed.weight  # one parameter, [d_vocab, d_model] in both roles
+        self.default_task = None
+        self.metadata: dict[str, Any] = {}
+        self.name = "CompressedTransformer"  # what results call the model (the zoo sets its name)
+        if self.embed.weight.device.type != "meta":  # on the meta device (size planning) there is nothing to fill
+            generator = torch.Generator().manual_seed(cfg.seed)
+            default_init_(self, cfg.init_std, generator)
+        self.setup()
+        self.eval()
+
+    def setup(self) -> None:
+        """TransformerLens's name tables, with lookups of missing names explained (``HookNameError``)."""
+        from phaselens.contract.hooknames import HookDict
+
+        super().setup()
+        self.mod_dict = HookDict(self.mod_dict)
+        self.hook_dict = HookDict(self.hook_dict)
+
+    # ---- TransformerLens-shaped weight views (copies; the parameters live in blocks[l].attn) ---------
+    def _per_head(self, name: str) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """``[n_layers, n_heads, d_model, d_head]`` of W_Q / W_K / W_V, KV heads repeated over their query
+        heads (GQA, KV-major as TransformerLens repeats them); tied K=V layers give W_KV for both."""
+        cfg = self.config
+        H, Hkv, d, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
+        out = []
+        for block in self.blocks:
+            attn = block.attn
+            w = attn.W_Q if name == "Q" else attn.W_KV if attn.tied else getattr(attn, f"W_{name}")
+            heads = H if name == "Q" else Hkv
+            w = w.view(D, heads, d).permute(1, 0, 2)  # [heads, D, d]
+            out.append(w if heads == H else w.repeat_interleave(H // Hkv, dim=0))
+        return torch.stack(out)
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Query weights as TransformerLens shapes them (applied to the RMS-normed residual, before RoPE; with
+        ``cfg.qk_norm`` the per-head RMSNorm ``q_norm`` follows them, so ``hook_q`` is not ``x @ W_Q`` then)."""
+        return self._per_head("Q")
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Key weights, KV heads repeated to ``n_heads`` (before RoPE; W_KV on tied K=V layers)."""
+        return self._per_head("K")
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        """Value weights, KV heads repeated to ``n_heads`` (W_KV on tied K=V layers, where RoPE is undone at z)."""
+        return self._per_head("V")
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        """Output weights per head: ``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l])`` (no bias)."""
+        cfg = self.config
+        return torch.stack([b.attn.W_O.view(cfg.n_heads, cfg.d_head, cfg.d_model) for b in self.blocks])
+
+    @property
+    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        return torch.stack([b.mlp.W_in for b in self.blocks])
+
+    @property
+    def W_gate(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        """The gate weights of a SwiGLU MLP (``cfg.mlp="swiglu"``)."""
+        if self.config.mlp != "swiglu":
+            raise AttributeError("W_gate exists only for a gated MLP (cfg.mlp='swiglu').")
+        return torch.stack([b.mlp.W_gate for b in self.blocks])
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
+        return torch.stack([b.mlp.W_out for b in self.blocks])
+
+    @property
+    def W_E(self) -> Float[Tensor, "d_vocab d_model"]:
+        return self.embed.weight
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model d_vocab"]:
+        """Unembedding as TransformerLens shapes it (the transpose of ``unembed.weight``)."""
+        return self.unembed.weight.T
+
+    # TransformerLens habits (phaselens.models.tl_habits reads these)
+    @property
+    def tl_norm(self) -> tuple[str, float]:
+        """Every norm is an RMSNorm of ``cfg.norm_eps`` (ln1, ln2, ln_final)."""
+        return ("RMS", self.config.norm_eps)
+
+    def _unembed_directions(self) -> Float[Tensor, "d_model d_vocab"]:
+        return self.W_U * self.ln_final.weight[:, None]
+
+    # ---- protocol ------------------------------------------------------------------------------------
+    @property
+    def cfg(self) -> CompressedConfig:
+        """The config, with ``device`` reporting where the parameters are now (TransformerLens reads it)."""
+        device = str(self.unembed.weight.device)
+        if self.config.device != device:
+            self.config = dataclasses.replace(self.config, device=device)
+        return self.config
+
+    @property
+    def phase_specs(self) -> list[PhaseSpec | None]:
+        """Per-layer geometry (``None`` for layers that do not compress)."""
+        return self.config.phase_specs()
+
+    @property
+    def analysis_spec(self) -> PhaseSpec:
+        """The geometry used to define phases: the smallest compressed stride (stride 1 for the control)."""
+        specs = [s for s in self.phase_specs if s is not None]
+        return min(specs, key=lambda s: s.stride) if specs else PhaseSpec(1)
+
+    @property
+    def analysis_metadata(self) -> dict[str, Any]:
+        """What a result must carry to be read correctly: nothing beyond the model's name for this model."""
+        return {}
+
+    @property
+    def dims(self) -> ModelDims:
+        """Sizes and phase geometry as analyses read them (the model contract)."""
+        c, w = self.config, self.unembed.weight
+        specs = tuple(self.phase_specs)
+        return ModelDims(n_layers=c.n_layers, n_heads=c.n_heads, n_key_value_heads=c.n_key_value_heads,
+                         d_head=c.d_head, d_vocab=c.d_vocab, n_ctx=c.n_ctx, phase_specs=specs,
+                         analysis_spec=self.analysis_spec, local_window=c.local_window, dtype=w.dtype,
+                         device=w.device)
+
+    def identity(self) -> ModelIdentity:
+        """The config and the module with every weight (fingerprints)."""
+        return ModelIdentity(type(self).__qualname__, config_dict(self.config), self)
+
+    @property
+    def returns_query_logits(self) -> bool:
+        """False: all logits of a forward fit in memory at this model's sizes."""
+        return False
+
+    # ---- capabilities (see phaselens.contract.protocol.CAPABILITIES) -------------------------------------------
+    def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
+                     batch_size: int | None = None) -> Any:
+        """The query-suffix engine over ``tokens`` ``[N, T]`` with query slots ``query_pos`` ``[N]`` (at most
+        ``batch_size`` rows per cached prefix)."""
+        from phaselens.models.compressed.engine import SuffixEngine
+        from phaselens.runtime.engines import QueryEngine
+
+        return QueryEngine(self, tokens, query_pos, rows_per_pass=rows_per_pass, slot_engine=SuffixEngine,
+                           batch_size=batch_size)
+
+    def cycle_gates(self, delta: int) -> CompressedTransformer:
+        """A copy whose offset-specific gate parameters are rolled by ``delta`` (see
+        :func:`phaselens.analyses.cycling.cycle_gates`)."""
+        from phaselens.models.compressed.gate_cycling import roll_offset_gates
+
+        return roll_offset_gates(self, delta)
+
+    def to_tokens(self, tokens: Any, *args: Any, **kwargs: Any) -> Tensor:
+        """Token ids as a ``[batch, pos]`` long tensor. This model has no tokenizer: text is an error."""
+        if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and isinstance(tokens[0], str)):
+            raise InputError("CompressedTransformer has no tokenizer; pass token ids as a [batch, pos] tensor.")
+        return self._check_tokens(torch.as_tensor(tokens))
+
+    def _check_tokens(self, tokens: Tensor) -> Tensor:
+        if not isinstance(tokens, Tensor):
+            raise InputError(f"tokens must be a torch tensor of ids, got {type(tokens).__name__}.")
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(0)
+        if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
+            raise InputError(
+                f"tokens must be integer ids shaped [batch, pos], got dtype {tokens.dtype} and shape "
+                f"{tuple(tokens.shape)}; use tokens.long()."
+            )
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.d_vocab):
+            raise InputError(
+                f"token ids must lie in 0..{self.config.d_vocab - 1}, got {int(tokens.min())}..{int(tokens.max())}."
+            )
+        return tokens.long().to(self.unembed.weight.device)
+
+    # ---- forward -------------------------------------------------------------------------------------
+    def forward(
+        self,
+        tokens: Tensor,
+        *,
+        cache: CompressedKVCache | None = None,
+        return_type: Literal["logits", "loss", "both", None] = "logits",
+        logits: Literal["all", "query"] = "all",
+        query_len: SupportsInt | None = None,
+        targets: Tensor | None = None,
+        reduction: Literal["mean", "sum"] = "mean",
+    ) -> Any:
+        """Logits ``[batch, pos, d_vocab]`` for token ids ``tokens`` ``[batch, pos]`` (or ``[pos]``).
+
+        Ids are validated here (an ``InputError`` names the problem), so the annotation is a plain Tensor.
+
+        With ``cache``, ``tokens`` continue the cached sequence at slot ``cache.length`` and the cache is
+        advanced; the logits equal those of a parallel forward over the whole sequence.
+
+        With ``logits="query"`` only the last ``query_len`` rows are unembedded: ``[batch, query_len, d_vocab]``
+        (the analyses score query rows only, and the unembedding is most of a small model's cost).
+
+        With ``targets`` ``[batch, pos]`` (``targets[b, t]`` is the token to predict from position t, -100 where
+        no loss is taken, as :class:`~phaselens.tasks.training.TrainingBatch` holds them) and
+        ``return_type="loss"``, the fp32 cross-entropy over the targeted positions (``reduction`` ``"mean"`` or
+        ``"sum"``); only those rows are unembedded (a task trains a few positions of every sequence).
+        """
+        if logits not in ("all", "query"):
+            raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
+        if targets is not None and (return_type != "loss" or logits != "all" or reduction not in ("mean", "sum")
+                                    or not isinstance(targets, Tensor) or targets.shape != getattr(tokens, "shape", None)):
+            raise InputError("targets= needs return_type='loss', reduction 'mean' or 'sum', and a tensor shaped like "
+                             "tokens [batch, pos].")
+        tokens = self._check_tokens(tokens)
+        B, n = tokens.shape
+        if B == 0 or n == 0:  # checked before the cache is touched, so the cache stays usable
+            raise InputError(
+                f"tokens have shape {tuple(tokens.shape)}: a forward needs at least one sequence of at least one "
+                "token; drop empty batches before calling the model."
+            )
+        if cache is None and n > self.config.n_ctx:
+            raise InputError(f"sequence of {n} tokens exceeds the model's context n_ctx={self.config.n_ctx}; "
+                             "shorten it or build the model with a larger n_ctx.")
+        if cache is not None:
+            cache.check_model(self)
+        rows = n if logits == "all" and targets is None else 1  # a lower bound of the unembedded rows
+        check_forward(self, B, n, 0 if cache is None else cache.length, rows)
+        pasts: list[Past] = [NoPast() for _ in self.blocks] if cache is None else cache.begin(tokens)
+        with query_start(0 if cache is None else cache.length):
+            resid = self.hook_embed(self.embed(tokens))
+            for block, past in zip(self.blocks, pasts):
+                resid = block(resid, past)
+        if cache is not None:
+            cache.end(n)
+        if logits == "query":
+            if return_type != "logits":
+                raise InputError("logits='query' returns logits only; use return_type='logits'.")
+            q = n if query_len is None else as_int("query_len", query_len)
+            if not 1 <= q <= n:
+                raise InputError(f"query_len must lie in 1..{n} (the call's length), got {query_len}.")
+            resid = resid[:, n - q :]
+        if return_type is None:
+            return None
+        if targets is not None:
+            targets = targets.to(resid.device).reshape(B, n)
+            keep = targets != -100
+            out = self.unembed(self.ln_final(resid[keep]))
+            return F.cross_entropy(out.float(), targets[keep], reduction=reduction)
+        out = self.unembed(self.ln_final(resid))
+        if return_type == "logits":
+            return out
+        loss = F.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]), tokens[:, 1:].reshape(-1))
+        return loss if return_type == "loss" else (out, loss)
+
+    def new_cache(self, batch_size: SupportsInt = 1, max_len: SupportsInt | None = None, *,
+                  batch: SupportsInt | None = None) -> CompressedKVCache:
+        """An empty :class:`~phaselens.models.compressed.cache.CompressedKVCache` for ``batch_size`` sequences of up to
+        ``max_len`` tokens (default ``n_ctx``; ``batch`` is another name of ``batch_size``). Both must be positive
+        ints (numpy ints too), else a :class:`~phaselens.core.errors.CacheError`; a cache larger than the memory
+        available is a :class:`~phaselens.core.errors.ResourceError` naming the sizes that fit."""
+        from phaselens.models.compressed.cache import CompressedKVCache
+
+        if batch is not None:
+            batch_size = batch
+        return CompressedKVCache(self, batch_size, self.config.n_ctx if max_len is None else max_len)
+
+    @torch.no_grad()
+    def generate(
+        self, tokens: Int[Tensor, "batch pos"], max_new_tokens: int, *, prefill_chunk: SupportsInt | None = None,
+        verbose: bool = False, **tl_options: Any,
+    ) -> Int[Tensor, "batch pos_plus_new"]:
+        """Greedy decoding through the compressed cache; returns prompt + new tokens (``verbose``: a progress
+        bar; TransformerLens's sampling options are refused by name)."""
+        from phaselens.models.tl_habits import check_generate_options
+
+        check_generate_options(tl_options)
+        tokens = self._check_tokens(tokens)
+        cache = self.new_cache(tokens.shape[0], tokens.shape[1] + max_new_tokens)
+        logits = self.prefill(tokens, cache, chunk=prefill_chunk)
+        out = [tokens]
+        from tqdm.auto import tqdm
+
+        for _ in tqdm(range(max_new_tokens), disable=not verbose, desc="generate"):
+            nxt = logits[:, -1:].argmax(-1)
+            out.append(nxt)
+            logits = self(nxt, cache=cache)
+        return torch.cat(out, dim=1)
+
+    def prefill(
+        self, tokens: Int[Tensor, "batch pos"], cache: CompressedKVCache, *, chunk: SupportsInt | None = None
+    ) -> Float[Tensor, "batch 1 d_vocab"]:
+        """Feed ``tokens`` through ``cache`` in chunks of ``chunk`` tokens (a positive int; ``None``: one piece)
+        with bounded memory; return the last position's logits."""
+        tokens = self._check_tokens(tokens)
+        if chunk is not None and (not _is_int(chunk) or chunk < 1):
+            raise InputError(f"chunk must be a positive int (tokens per prefill piece) or None, got {chunk!r}.")
+        if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+            raise InputError(f"prefill needs at least one sequence of at least one token, got shape {tuple(tokens.shape)}.")
+        chunk = int(chunk) if chunk is not None else tokens.shape[1]
+        logits = None
+        for i in range(0, tokens.shape[1], chunk):
+            logits = self(tokens[:, i : i + chunk], cache=cache)[:, -1:]
+        assert logits is not None
+        return logits
+
+    # ---- persistence ---------------------------------------------------------------------------------
+    def save(self, path: Any, *, metadata: dict[str, Any] | None = None, overwrite: bool = False) -> None:
+        """Write ``model.safetensors`` and ``config.json`` (+ ``card.json`` from ``metadata``) into the directory
+        ``path``, atomically.
+
+        A directory holding other files is refused (:class:`~phaselens.core.errors.OutputError`) unless
+        ``overwrite=True``, which replaces only the checkpoint's own files and keeps the rest.
+        """
+        from phaselens.models.compressed.io import save_model
+
+        save_model(self, path, metadata=metadata, overwrite=overwrite)
+
+    def __repr__(self) -> str:
+        c = self.config
+        kinds = [b.attn.kind for b in self.blocks]
+        comp = c.compression
+        geo = "full attention (control)" if comp is None else (
+            f"S={comp.stride} W={comp.window} gate={comp.gate}{' overlap_split' if comp.overlap_split else ''}"
+            f"{' tied K=V' if comp.tied_kv else ''}"
+        )
+        n_params = sum(p.numel() for p in self.parameters())
+        return (
+            f"CompressedTransformer({c.n_layers} layers {kinds}, d_model={c.d_model}, heads={c.n_heads}"
+            f"/{c.n_key_value_heads} kv, d_head={c.d_head}, local_window={c.local_window}, {geo}, "
+            f"{n_params:,} params)"
+        )
