@@ -12,7 +12,8 @@ import phaselens
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-@pytest.mark.parametrize("page", ["api.md", "evaluation.md", "concepts.md", "architecture.md"])
+@pytest.mark.parametrize("page", ["api.md", "evaluation.md", "concepts.md", "architecture.md", "transformer_lens.md",
+                                  "nnsight.md", "causal_lm.md"])
 def test_page_examples_run(page):
     res = doctest.testfile(str(DOCS / page), module_relative=False, verbose=False,
                            optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)

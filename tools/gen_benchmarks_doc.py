@@ -202,6 +202,27 @@ map at least 10x faster than full forwards at ~900 tokens ({'met' if v41.get('go
 
 {chr(10).join(rows)}
 """)
+    cm = load("bench_causal_map")
+    if cm:
+        kinds = [k for k in ("llama", "qwen3") if k in cm]
+        rows = ["| model | tokens | cells x items | full forwards s | suffix engine s | speed-up | physical limit s "
+                "| suffix / limit | max abs diff |", "|---|---|---|---|---|---|---|---|---|"]
+        rows += [f"| {k} | {cm[k]['tokens']} | {cm[k]['cells']} x {cm[k]['items']} | {f(cm[k]['full_forwards_s'])} | "
+                 f"{f(cm[k]['suffix_s'])} | **{f(cm[k]['speedup'], 1)}x** | {f(cm[k]['physical_limit_s'])} | "
+                 f"**{f(cm[k]['suffix_over_limit'])}** | {cm[k]['max_abs_diff_logit_diff']:.1e} |" for k in kinds]
+        config = cm[kinds[0]]["config"] if kinds else ""
+        parts.append(f"""## Full-attention head map (any causal LM)
+`.venv/bin/python -m benchmarks.bench_causal_map --models {' '.join(kinds)}` ({config}; random weights built from
+a config, a KVRecall item of ~1K tokens per residue mod 8). `specialization_map` with `engine="suffix"` (one
+prefill per query slot into the model's own `DynamicCache`, then only the query rows per cell) against
+`engine="full"` (one hooked forward over every item per cell), head and whole-layer cells, zero knockout, no
+bootstrap; wall seconds on the shared 2-core machine (other work ran beside it). The physical limit is one
+prefix forward plus, per cell, a lone query pass through the layers at and above the cell's layer; batched
+passes can beat it (a ratio below 1). Goals: at least 10x faster than full forwards, within 2x of the limit.
+The max abs diff is between the two engines' logit differences. See [causal_lm](causal_lm.md).
+
+{chr(10).join(rows)}
+""")
     pk = load("bench_v41_packed")
     if pk:
         rows = ["| weights | held MiB | load s | prefill tokens/s | decoding tokens/s |", "|---|---|---|---|---|"]
