@@ -29,6 +29,8 @@ from torch import Tensor, nn
 from phaselens.core.errors import CacheError
 from phaselens.models.compressed.config import CompressorSpec, RopeSpec, YarnSpec
 from phaselens.models.compressed.rope import apply_rope, rope_inv_freq
+from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.numerics.norms import rms_norm
 
 
 @dataclass
@@ -45,19 +47,6 @@ class PoolerState:
     prev_payload: Tensor
     cur_logit: Tensor | None
     prev_logit: Tensor | None
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """At least fp32 (DeepSeek-V4 normalises and softmaxes low-precision inputs in fp32); fp64 stays fp64."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """RMSNorm over the last axis in at least fp32 (as DeepSeek-V4 does), cast back to ``x.dtype``."""
-    ct = compute_dtype(x.dtype)
-    xf = x.to(ct)
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (weight.to(ct) * xf).to(x.dtype)
 
 
 class GroupedProjection(nn.Module):

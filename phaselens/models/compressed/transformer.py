@@ -23,19 +23,15 @@ from phaselens.core.checks import as_int
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.compressed.attention import Attention, NoPast, Past
-from phaselens.models.compressed.compressor import default_init_, rms_norm
+from phaselens.models.compressed.compressor import default_init_
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.sizing import check_forward, check_weights
 from phaselens.models.hooking import ContextHooks, query_start
+from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.numerics.norms import rms_norm
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.cache import CompressedKVCache
-
-
-def _is_int(x: Any) -> bool:
-    import numbers
-
-    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
 class RMSNorm(nn.Module):
@@ -418,14 +414,15 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         """Feed ``tokens`` through ``cache`` in chunks of ``chunk`` tokens (a positive int; ``None``: one piece)
         with bounded memory; return the last position's logits."""
         tokens = self._check_tokens(tokens)
-        if chunk is not None and (not _is_int(chunk) or chunk < 1):
-            raise InputError(f"chunk must be a positive int (tokens per prefill piece) or None, got {chunk!r}.")
-        if tokens.shape[0] == 0 or tokens.shape[1] == 0:
+        T = tokens.shape[1]
+        plan_chunks(max(T, 1), chunk, None)  # a bad chunk is refused first
+        if tokens.shape[0] == 0 or T == 0:
             raise InputError(f"prefill needs at least one sequence of at least one token, got shape {tuple(tokens.shape)}.")
-        chunk = int(chunk) if chunk is not None else tokens.shape[1]
+        # pieces of chunk tokens from the start, the last one the rest (one piece without a chunk)
+        plan = plan_chunks(T, chunk, None if chunk is None else T - (T - 1) // int(chunk) * int(chunk))
         logits = None
-        for i in range(0, tokens.shape[1], chunk):
-            logits = self(tokens[:, i : i + chunk], cache=cache)[:, -1:]
+        for start, stop in plan.calls:
+            logits = self(tokens[:, start:stop], cache=cache)[:, -1:]
         assert logits is not None
         return logits
 
