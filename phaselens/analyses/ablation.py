@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
 
 from phaselens.analyses.knockout_runs import KO_FIELDS, ablate_block, knockout_cell
-from phaselens.analyses.knockouts import knockout
-from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.knockouts import Knockout, knockout
+from phaselens.analyses.runner import Analysis, Common, ResamplingOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import METRICS, items_from_metrics, stack_metrics
 from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.heads import Head
 from phaselens.results.base import Result
+from phaselens.runtime.engines import Cell
 from phaselens.stats.effects import EFFECT_COLUMNS, Effects, relative_effects
 
 
@@ -87,41 +87,54 @@ def _frame(e: Effects, n_groups: int, stride: int, level: str) -> pd.DataFrame:
     return df[df["n"] > 0].reset_index(drop=True)
 
 
-class Ablation(Analysis):
-    """Clean and knocked-out answers of every item, one block of items per unit."""
+@dataclass(frozen=True)
+class AblationState:
+    """The knockout, the engine used (``"full"`` when the heads span layers) and its cell."""
+
+    knockout: Knockout
+    engine: str
+    cell: Cell | None
+
+
+@dataclass(frozen=True)
+class Ablation(Analysis[AblationState]):
+    """Clean and knocked-out answers of every item, one block of items per unit. Checked, ``used`` is the
+    engine chosen for the model."""
 
     name = "ablate"
     stage = "ablate"
 
-    def __init__(self, heads: Any, method: str, calibration: Any, engine: str) -> None:
-        self.heads, self.method, self.calibration, self.engine = heads, method, calibration, engine
+    heads: Any
+    method: str = "mean"
+    calibration: Any = None
+    engine: str = "auto"
+    used: str = "auto"
 
-    def check(self, model: Any, options: Common) -> None:
-        self.used = choose_engine(model, self.engine)  # a bad engine is refused before the calibration runs
+    def check(self, model: PhaseModel, options: Common) -> Ablation:
+        return replace(self, used=choose_engine(model, self.engine))  # refused before the calibration runs
 
-    def prepare(self, run: Run) -> None:
-        o = run.options
+    def prepare(self, run: Run) -> AblationState:
         ko = knockout(run.model, self.heads, method=self.method, calibration=self.calibration, task=run.task,
-                      seed=o.seed)
-        if self.used == "suffix" and self.engine == "auto" and len({h.layer for h in ko.heads}) > 1:
-            self.used = "full"  # the engine intervenes at one layer per cell
-        self.ko = ko
-        self.cell = knockout_cell(ko, len(run.batch)) if self.used == "suffix" else None
-        run.note.update(engine=self.used, calibration=None if ko.calibration is None else ko.calibration.source)
+                      seed=run.options.seed)
+        used = self.used
+        if used == "suffix" and self.engine == "auto" and len({h.layer for h in ko.heads}) > 1:
+            used = "full"  # the engine intervenes at one layer per cell
+        return AblationState(ko, used, knockout_cell(ko, len(run.batch)) if used == "suffix" else None)
 
     def fields(self, run: Run) -> tuple[str, ...]:
         return (*METRICS, *KO_FIELDS)
 
-    def fingerprint(self, run: Run) -> dict[str, Any]:
-        cal = self.ko.calibration
-        return dict(heads=[str(h) for h in self.ko.heads], method=self.method,
-                    calibration=None if cal is None else cal.z, seed=run.options.seed, engine=self.used)
+    def fingerprint(self, run: Run, state: AblationState) -> dict[str, Any]:
+        ko = state.knockout
+        return dict(heads=[str(h) for h in ko.heads], method=self.method,
+                    calibration=None if ko.calibration is None else ko.calibration.z, seed=run.options.seed,
+                    engine=state.engine)
 
-    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
-        return [ablate_block(run.model, run.batch, self.ko, self.cell, run.blocks[b],
+    def compute(self, run: Run, state: AblationState, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+        return [ablate_block(run.model, run.batch, state.knockout, state.cell, run.blocks[b],
                              batch_size=run.options.batch_size) for b in idx]
 
-    def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> AblationResult:
+    def result(self, run: Run, state: AblationState, parts: list[tuple[np.ndarray, ...]]) -> AblationResult:
         m = stack_metrics(parts, (*METRICS, *KO_FIELDS))
         items = items_from_metrics(run.batch, {k: m[k] for k in METRICS})
         items["correct_ko"] = np.asarray(m["correct_ko"], bool)
@@ -135,9 +148,10 @@ class Ablation(Analysis):
                                     seed=o.seed)
 
         residue = items["residue"].to_numpy()
-        return AblationResult(self.ko.heads, self.method, effects(residue, run.modulus),
+        cal = state.knockout.calibration
+        return AblationResult(state.knockout.heads, self.method, effects(residue, run.modulus),
                               effects(residue % run.stride, run.stride), items, run.stride, run.modulus,
-                              run.metadata())
+                              run.metadata(engine=state.engine, calibration=None if cal is None else cal.source))
 
 
 @public
@@ -148,16 +162,10 @@ def ablate(
     *,
     task: Any = None,
     n_per_residue: int = 128,
-    residues: Sequence[int] | None = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    stride: int | None = None,
-    progress: bool = True,
-    checkpoint: str | os.PathLike | None = None,
-    n_bootstrap: int = N_BOOTSTRAP,
     method: str = "mean",
     calibration: Any = None,
     engine: str = "auto",
+    **options: Unpack[ResamplingOptions],
 ) -> AblationResult:
     """Evaluate ``task`` with and without knocking out ``heads`` at each item's query position.
 
@@ -178,5 +186,4 @@ def ablate(
         >>> res = phaselens.ablate(phaselens.load("zoo:w8s4"), "L0H3", phase=3, n_per_residue=32)  # doctest: +SKIP
         >>> res.per_phase()  # doctest: +SKIP
     """
-    options = Common(n_per_residue, residues, phase, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
-    return run(Ablation(heads, method, calibration, engine), model, task, options, arguments_of(ablate, locals()))
+    return run(Ablation(heads, method, calibration, engine), model, task, arguments_of(ablate, locals()))

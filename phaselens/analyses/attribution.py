@@ -7,17 +7,16 @@ items (about three forward-equivalents in all, against one pass per head for the
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
 import torch
 from scipy import stats as sps
 
-from phaselens.analyses.knockouts import calibrate, check_method, z_name
-from phaselens.analyses.runner import Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.knockouts import Calibration, calibrate, check_method, z_name
+from phaselens.analyses.runner import Analysis, Common, CommonOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import model_logits
 from phaselens.contract.protocol import HookContext, PhaseModel, model_name
 from phaselens.core.errors import InputError, NotApplicableError
@@ -77,87 +76,50 @@ class AttributionMap(Result):
         return f"AttributionMap({self.method}; stride {self.stride}, residues mod {self.modulus}; Spearman vs exact: {rho})"
 
 
-class Attribution(Analysis):
+@dataclass(frozen=True)
+class AttributionState:
+    """The calibration (``None`` for zero replacement)."""
+
+    calibration: Calibration | None
+
+
+@dataclass(frozen=True)
+class Attribution(Analysis[AttributionState]):
     """One forward and one backward pass per block of items: the first-order knockout estimate of every head."""
 
     name = "attribution_map"
     stage = "attribution"
 
-    def __init__(self, method: str, calibration: Any, exact: Any) -> None:
-        self.method, self.calibration, self.exact = method, calibration, exact
+    method: str = "mean"
+    calibration: Any = None
+    exact: Any = None
 
-    def check(self, model: Any, options: Common) -> None:
-        self.method = check_method(self.method, ("mean", "zero"))
+    def check(self, model: PhaseModel, options: Common) -> Attribution:
+        method = check_method(self.method, ("mean", "zero"))
         if torch.is_inference_mode_enabled():
             raise NotApplicableError(
                 "attribution_map needs gradients, but it was called inside torch.inference_mode(), which forbids "
                 "them; call it outside that block (torch.no_grad() around it is fine: attribution_map enables "
                 "gradients itself, and fills no parameter's .grad).")
+        return replace(self, method=method)
 
-    def prepare(self, run: Run) -> None:
+    def prepare(self, run: Run) -> AttributionState:
         L, H = run.model.dims.n_layers, run.model.dims.n_heads
         _check_exact(self.exact, L, H, run.modulus)
-        self.cal = None if self.method == "zero" else calibrate(run.model, self.calibration, list(range(L)),
-                                                                 task=run.task)
-        run.note["calibration"] = None if self.cal is None else self.cal.source
+        return AttributionState(None if self.method == "zero" else calibrate(run.model, self.calibration,
+                                                                              list(range(L)), task=run.task))
 
     def fields(self, run: Run) -> tuple[str, ...]:
         return ("estimate",)
 
-    def fingerprint(self, run: Run) -> dict[str, Any]:
-        return dict(method=self.method, calibration=None if self.cal is None else self.cal.z)
+    def fingerprint(self, run: Run, state: AttributionState) -> dict[str, Any]:
+        cal = state.calibration
+        return dict(method=self.method, calibration=None if cal is None else cal.z)
 
-    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray]]:
-        return [(self._block(run, run.blocks[b]).numpy(),) for b in idx]
+    def compute(self, run: Run, state: AttributionState, idx: list[int]) -> list[tuple[np.ndarray]]:
+        return [(_block(run, state.calibration, run.blocks[b]).numpy(),) for b in idx]
 
-    def _block(self, run: Run, block: slice) -> torch.Tensor:
-        """Estimates ``[b, L, H]`` of one block of items."""
-        model, batch, cal = run.model, run.batch, self.cal
-        L, H = model.dims.n_layers, model.dims.n_heads
-        tokens, qp = batch.tokens[block], batch.query_pos[block]
-        b = len(qp)
-        kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-        def keep(z: torch.Tensor, hook: HookContext, _qp: torch.Tensor = qp, _kept: dict = kept) -> Any:
-            if not z.requires_grad:  # frozen weights (requires_grad=False): the gradient starts at z itself
-                z = z.detach().requires_grad_()
-                _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
-                return z  # the same values, now on the gradient path
-            _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
-            return None
-
-        with torch.enable_grad():
-            logits = model_logits(model, tokens, qp, [(z_name(layer), keep) for layer in range(L)])
-            dev = logits.device
-            r = torch.arange(b, device=dev)
-            q = logits[r, (qp - (tokens.shape[1] - logits.shape[1])).to(dev)]
-            ld = q[r, batch.answer[block].to(dev)] - q[r, batch.wrong[block].to(dev)]
-            # gradients with respect to z only: no parameter .grad is filled
-            zs = [kept[layer][0] for layer in range(L)]
-            if not all(z.requires_grad for z in zs) or not ld.requires_grad:
-                raise NotApplicableError(
-                    f"{model_name(model)} passes its hooks tensors that are not on the gradient path of its logits "
-                    "(copies, as the DeepSeek-V4 adapter's nnsight backend makes); load the model with "
-                    "backend='torch' for attribution_map."
-                )
-            grads = torch.autograd.grad(ld.sum(), zs, allow_unused=True)
-            if any(g is None for g in grads):
-                raise NotApplicableError(
-                    f"{model_name(model)}'s hooked z is not on the gradient path of its logits (copies, as the "
-                    "DeepSeek-V4 adapter's nnsight backend makes); load the model with backend='torch' for "
-                    "attribution_map."
-                )
-        per_layer = []
-        for layer in range(L):
-            z_all, at = kept[layer]
-            rows = torch.arange(len(at), device=z_all.device)
-            z = z_all.detach()[rows, at.to(z_all.device)]  # [R, H, d]; R = copies x b
-            g = grads[layer][rows, at.to(z_all.device)]
-            repl = torch.zeros_like(z) if cal is None else cal.mean(layer).to(device=z.device, dtype=z.dtype).expand_as(z)
-            per_layer.append(((repl - z) * g).sum(-1).view(-1, b, H).sum(0))  # copies' terms summed: [b, H]
-        return torch.stack(per_layer, 1).float().cpu()
-
-    def result(self, run: Run, parts: list[tuple[np.ndarray]]) -> AttributionMap:
+    def result(self, run: Run, state: AttributionState, parts: list[tuple[np.ndarray]]) -> AttributionMap:
         model, batch = run.model, run.batch
         L, H = model.dims.n_layers, model.dims.n_heads
         values = np.concatenate([p[0] for p in parts])  # [N, L, H]
@@ -171,7 +133,57 @@ class Attribution(Analysis):
             ex = self.exact.values("head", "delta_logit_diff").values
             ok = ~np.isnan(ex) & ~np.isnan(mean)
             rho = float(sps.spearmanr(mean[ok], ex[ok]).statistic)
-        return AttributionMap(lab, rho, self.method, run.stride, M, values, residue, run.metadata())
+        cal = state.calibration
+        return AttributionMap(lab, rho, self.method, run.stride, M, values, residue,
+                              run.metadata(calibration=None if cal is None else cal.source))
+
+
+def _block(run: Run, cal: Calibration | None, block: slice) -> torch.Tensor:
+    """Estimates ``[b, L, H]`` of one block of items."""
+    model, batch = run.model, run.batch
+    L, H = model.dims.n_layers, model.dims.n_heads
+    tokens, qp = batch.tokens[block], batch.query_pos[block]
+    b = len(qp)
+    kept: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(z: torch.Tensor, hook: HookContext, _qp: torch.Tensor = qp, _kept: dict = kept) -> Any:
+        if not z.requires_grad:  # frozen weights (requires_grad=False): the gradient starts at z itself
+            z = z.detach().requires_grad_()
+            _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
+            return z  # the same values, now on the gradient path
+        _kept[hook.layer()] = (z, hook.rows(_qp, z.shape[1]))
+        return None
+
+    with torch.enable_grad():
+        logits = model_logits(model, tokens, qp, [(z_name(layer), keep) for layer in range(L)])
+        dev = logits.device
+        r = torch.arange(b, device=dev)
+        q = logits[r, (qp - (tokens.shape[1] - logits.shape[1])).to(dev)]
+        ld = q[r, batch.answer[block].to(dev)] - q[r, batch.wrong[block].to(dev)]
+        # gradients with respect to z only: no parameter .grad is filled
+        zs = [kept[layer][0] for layer in range(L)]
+        if not all(z.requires_grad for z in zs) or not ld.requires_grad:
+            raise NotApplicableError(
+                f"{model_name(model)} passes its hooks tensors that are not on the gradient path of its logits "
+                "(copies, as the DeepSeek-V4 adapter's nnsight backend makes); load the model with "
+                "backend='torch' for attribution_map."
+            )
+        grads = torch.autograd.grad(ld.sum(), zs, allow_unused=True)
+        if any(g is None for g in grads):
+            raise NotApplicableError(
+                f"{model_name(model)}'s hooked z is not on the gradient path of its logits (copies, as the "
+                "DeepSeek-V4 adapter's nnsight backend makes); load the model with backend='torch' for "
+                "attribution_map."
+            )
+    per_layer = []
+    for layer in range(L):
+        z_all, at = kept[layer]
+        rows = torch.arange(len(at), device=z_all.device)
+        z = z_all.detach()[rows, at.to(z_all.device)]  # [R, H, d]; R = copies x b
+        g = grads[layer][rows, at.to(z_all.device)]
+        repl = torch.zeros_like(z) if cal is None else cal.mean(layer).to(device=z.device, dtype=z.dtype).expand_as(z)
+        per_layer.append(((repl - z) * g).sum(-1).view(-1, b, H).sum(0))  # copies' terms summed: [b, H]
+    return torch.stack(per_layer, 1).float().cpu()
 
 
 @public
@@ -180,15 +192,10 @@ def attribution_map(
     task: Any = None,
     *,
     n_per_residue: int = 64,
-    residues: Any = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    stride: int | None = None,
-    progress: bool = True,
-    checkpoint: str | os.PathLike | None = None,
     method: str = "mean",
     calibration: Any = None,
     exact: Any = None,
+    **options: Unpack[CommonOptions],
 ) -> AttributionMap:
     """Estimate every head's knockout effect on the answer-minus-wrong logit difference, per residue.
 
@@ -204,8 +211,7 @@ def attribution_map(
         exact: an exact PhaseMap built on the same items (same task, ``n_per_residue`` and ``seed``) to
             report the Spearman correlation with.
     """
-    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, 0)
-    return run(Attribution(method, calibration, exact), model, task, options, arguments_of(attribution_map, locals()))
+    return run(Attribution(method, calibration, exact), model, task, arguments_of(attribution_map, locals()))
 
 
 def _check_exact(exact: Any, n_layers: int, n_heads: int, modulus: int) -> None:

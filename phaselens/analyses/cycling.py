@@ -10,16 +10,24 @@ checked by simulation in ``tests/analyses/test_cycling.py`` and tabulated in doc
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
 
 from phaselens.analyses.evaluation import eval_from_items
-from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.runner import (
+    Analysis,
+    Common,
+    NoState,
+    ResamplingOptions,
+    Run,
+    arguments_of,
+    public,
+    run,
+)
 from phaselens.analyses.scoring import METRICS, block_metrics, items_from_metrics, plain_forward
 from phaselens.contract.protocol import PhaseModel, model_name, require
 from phaselens.core.checks import as_int
@@ -223,18 +231,20 @@ def _weighted_accuracy(weights: np.ndarray, design: np.ndarray, phase_onehot: np
     return (weights @ design).reshape(len(weights), -1, S) / (weights @ phase_onehot)[:, None, :]
 
 
-class GateCycling(Analysis):
-    """One unit per model (the unmodified one, then each gate-cycled copy): every item's answers."""
+@dataclass(frozen=True, eq=False)
+class GateCycling(Analysis[NoState]):
+    """One unit per model (the unmodified one, then each gate-cycled copy): every item's answers. Checked,
+    ``deltas`` holds each shift once (nonzero mod S) and ``first`` the copy cycled by the first."""
 
     name = "gate_cycling_test"
     stage = "cycling"
     unit = "copy"
     bar_unit = "model"
 
-    def __init__(self, deltas: Any) -> None:
-        self.deltas = deltas
+    deltas: Any = (-3, -2, -1, 1, 2, 3)
+    first: Any = None
 
-    def check(self, model: Any, options: Common) -> None:
+    def check(self, model: PhaseModel, options: Common) -> GateCycling:
         require(model, "cycle_gates", "gate cycling rolls offset-specific gate parameters.")
         S = model.dims.analysis_spec.stride if options.stride is None else int(options.stride)
         if S < 2:
@@ -243,36 +253,35 @@ class GateCycling(Analysis):
         deltas = self.deltas
         if isinstance(deltas, str) or not isinstance(deltas, Iterable):
             raise InputError(f"deltas must be a list of ints, got {deltas!r}; e.g. deltas={tuple(range(1, S))}.")
-        self.ds = list(dict.fromkeys(d for d in (as_int("delta", d) for d in deltas) if d % S))  # each shift once
-        if not self.ds:
+        ds = tuple(dict.fromkeys(d for d in (as_int("delta", d) for d in deltas) if d % S))  # each shift once
+        if not ds:
             raise InputError(f"deltas {list(deltas)!r} hold no shift that is nonzero mod the stride {S}; pass e.g. "
                              f"deltas={tuple(range(1, S))}.")
-        self.first = cycle_gates(model, self.ds[0])  # NotApplicableError before any item is built: nothing rolls
+        # NotApplicableError before any item is built: nothing rolls
+        return replace(self, deltas=ds, first=cycle_gates(model, ds[0]))
 
-    def prepare(self, run: Run) -> None:
-        run.note["ci"] = "95%, basic bootstrap over items resampled within residue, one resample for all models"
-
-    def labels(self, run: Run) -> list[str]:
-        return ["delta 0", *(f"delta {d:+d}" for d in self.ds)]
+    def labels(self, run: Run, state: NoState) -> list[str]:
+        return ["delta 0", *(f"delta {d:+d}" for d in self.deltas)]
 
     def fields(self, run: Run) -> tuple[str, ...]:
         return METRICS
 
-    def fingerprint(self, run: Run) -> dict[str, Any]:
-        return dict(deltas=self.ds)
+    def fingerprint(self, run: Run, state: NoState) -> dict[str, Any]:
+        return dict(deltas=list(self.deltas))
 
-    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+    def compute(self, run: Run, state: NoState, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
         out = []
+        ds = self.deltas
         for i in idx:
-            delta = 0 if i == 0 else self.ds[i - 1]
-            model = run.model if i == 0 else self.first if delta == self.ds[0] else cycle_gates(run.model, delta)
+            delta = 0 if i == 0 else ds[i - 1]
+            model = run.model if i == 0 else self.first if delta == ds[0] else cycle_gates(run.model, delta)
             forward = plain_forward(model)
             out.append(tuple(np.concatenate(m) for m in zip(*(block_metrics(forward, run.batch, sl)
                                                                    for sl in run.blocks))))
         return out
 
-    def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> GateCyclingResult:
-        S, ds, o = run.stride, self.ds, run.options
+    def result(self, run: Run, state: NoState, parts: list[tuple[np.ndarray, ...]]) -> GateCyclingResult:
+        S, ds, o = run.stride, self.deltas, run.options
         covered = run.covered()
         evals = {}
         for delta, part in zip([0, *ds], parts):
@@ -297,7 +306,8 @@ class GateCycling(Analysis):
             residue = evals[0].items["residue"].to_numpy()
             cis = [r2_bootstrap_ci(y, residue, ds, S, include_boundary=b, n_bootstrap=o.n_bootstrap, seed=o.seed)
                    for b in (False, True)]
-        return GateCyclingResult(frame, r2, r2_all, boundary, base, S, evals, run.metadata(), cis[0], cis[1])
+        note = "95%, basic bootstrap over items resampled within residue, one resample for all models"
+        return GateCyclingResult(frame, r2, r2_all, boundary, base, S, evals, run.metadata(ci=note), cis[0], cis[1])
 
 
 @public
@@ -306,14 +316,8 @@ def gate_cycling_test(
     task: Any = None,
     *,
     n_per_residue: int = 128,
-    residues: Sequence[int] | None = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    stride: int | None = None,
-    progress: bool = True,
-    checkpoint: str | os.PathLike | None = None,
-    n_bootstrap: int = N_BOOTSTRAP,
     deltas: Sequence[int] = (-3, -2, -1, 1, 2, 3),
+    **options: Unpack[ResamplingOptions],
 ) -> GateCyclingResult:
     """Evaluate the model and its gate-cycled copies; compare ``A_delta(p)`` with ``A_0((p - delta) mod S)``.
 
@@ -328,5 +332,4 @@ def gate_cycling_test(
     Raises:
         NotApplicableError: the model cannot cycle its gates (``cycle_gates`` capability), or has nothing to roll.
     """
-    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
-    return run(GateCycling(deltas), model, task, options, arguments_of(gate_cycling_test, locals()))
+    return run(GateCycling(deltas), model, task, arguments_of(gate_cycling_test, locals()))

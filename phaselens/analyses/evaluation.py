@@ -2,16 +2,24 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
 
 from phaselens.analyses.items import check_options
-from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.runner import (
+    Analysis,
+    Common,
+    NoState,
+    ResamplingOptions,
+    Run,
+    arguments_of,
+    public,
+    run,
+)
 from phaselens.analyses.scoring import (
     METRICS,
     block_answers,
@@ -209,7 +217,8 @@ class PhaseEval(Result):
         return plots.accuracy_by_residue(self, control=control, **kwargs)
 
 
-class Evaluation(Analysis):
+@dataclass(frozen=True)
+class Evaluation(Analysis[NoState]):
     """Answer metrics of every item (one forward per block of items), then the statistics battery."""
 
     name = "evaluate"
@@ -217,44 +226,46 @@ class Evaluation(Analysis):
     needs_phases = True
     black_box = True  # a served model is scored from its answers
 
-    def __init__(self, n_permutations: int) -> None:
-        self.n_permutations = n_permutations
+    n_permutations: int = 2000
+
+    def check(self, model: PhaseModel, options: Common) -> Evaluation:
+        check_options(n_permutations=self.n_permutations)
+        return self
 
     def fields(self, run: Run) -> tuple[str, ...]:
         return METRICS
 
-    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+    def compute(self, run: Run, state: NoState, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
         if is_black_box(run.model):
             return [block_answers(run.model, run.batch, run.blocks[b], progress=run.options.progress) for b in idx]
         forward = plain_forward(run.model)
         return [block_metrics(forward, run.batch, run.blocks[b]) for b in idx]
 
-    def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> PhaseEval:
+    def result(self, run: Run, state: NoState, parts: list[tuple[np.ndarray, ...]]) -> PhaseEval:
         metrics = stack_metrics(parts)
-        tested = scored_metrics(run, metrics)
+        tested, note = scored_metrics(run.model, metrics)
         items = items_from_metrics(run.batch, metrics)
-        return eval_from_items(items, run.stride, run.modulus, metadata=run.metadata(),
+        return eval_from_items(items, run.stride, run.modulus, metadata=run.metadata(**note),
                                n_permutations=self.n_permutations, n_bootstrap=run.options.n_bootstrap,
                                seed=run.options.seed, residues=run.covered(), metrics=tested)
 
 
-def scored_metrics(run: Run, metrics: dict[str, np.ndarray]) -> tuple[str, ...]:
+def scored_metrics(model: PhaseModel, metrics: dict[str, np.ndarray]) -> tuple[tuple[str, ...], dict[str, str]]:
     """The continuous metrics the battery tests: ``nll`` and ``logit_diff``, or those of them a black-box
-    model reported for every item; for a black box, ``run.note["scored_by"]`` says which."""
+    model reported for every item; and the metadata note (for a black box, ``scored_by`` says which)."""
     every = ("nll", "logit_diff")
-    if not is_black_box(run.model):
-        return every
+    if not is_black_box(model):
+        return every, {}
     known = np.isfinite(metrics["nll"]) & np.isfinite(metrics["logit_diff"])
     n = len(known)
     if n and known.all():
-        run.note["scored_by"] = "greedy answers (accuracy), with the server's log-probabilities of the answer and distractor"
-        return every
-    run.note["scored_by"] = (
+        return every, {"scored_by": "greedy answers (accuracy), with the server's log-probabilities of the answer "
+                                    "and distractor"}
+    return (), {"scored_by": (
         "greedy answers only: the server reports no log-probabilities, so p_correct, p_wrong, logit_diff and "
         "nll are NaN and the statistics use accuracy alone" if not known.any() else
         f"greedy answers; log-probabilities for {int(known.sum())} of {n} items (the others fell outside the "
-        "server's top log-probabilities): the statistics use accuracy alone")
-    return ()
+        "server's top log-probabilities): the statistics use accuracy alone")}
 
 
 @public
@@ -263,14 +274,8 @@ def evaluate(
     task: Any = None,
     *,
     n_per_residue: int = 256,
-    residues: Sequence[int] | None = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    stride: int | None = None,
-    progress: bool = True,
-    checkpoint: str | os.PathLike | None = None,
-    n_bootstrap: int = N_BOOTSTRAP,
     n_permutations: int = 2000,
+    **options: Unpack[ResamplingOptions],
 ) -> PhaseEval:
     """Evaluate ``model`` with the needle placed at every residue, and run the statistics battery.
 
@@ -289,9 +294,7 @@ def evaluate(
         >>> ev = phaselens.evaluate(phaselens.load("zoo:w8s4"), n_per_residue=64)  # doctest: +SKIP
         >>> ev.worst, ev.boundary, ev.gap_ci  # doctest: +SKIP
     """
-    check_options(n_permutations=n_permutations)
-    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
-    return run(Evaluation(n_permutations), model, task, options, arguments_of(evaluate, locals()))
+    return run(Evaluation(n_permutations), model, task, arguments_of(evaluate, locals()))
 
 
 def eval_from_items(

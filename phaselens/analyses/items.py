@@ -1,19 +1,19 @@
 """The preamble every analysis shares: check the common options, resolve the task, build the items.
 
 Every analysis that samples items takes the same keyword options with the same meaning (``n_per_residue``,
-``residues``, ``seed``, ``batch_size``, ``progress``, ``stride``); they are checked here, once, so a bad
-value gets the same clear error everywhere. Numpy integers are integers.
+``residues``, ``seed``, ``batch_size``, ``progress``, ``stride``); :func:`check_options` checks them, once per
+call (``runner.Common.check``), so a bad value gets the same clear error everywhere. Numpy integers are
+integers. :func:`build_items` and :func:`plan_items` take options already checked.
 """
 
 from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from phaselens.contract.protocol import check_model
 from phaselens.core.checks import MAX_RESAMPLES, MAX_SEED, as_int
 from phaselens.core.errors import (
     ContextLengthError,
@@ -24,6 +24,17 @@ from phaselens.core.errors import (
     TaskError,
 )
 from phaselens.core.geometry import PhaseSpec
+
+if TYPE_CHECKING:
+    from phaselens.tasks.base import TaskBatch
+
+
+class PhaseTask(Protocol):
+    """What an analysis needs of a task: its items, built for a geometry (every phaselens task; a prepared
+    :class:`~phaselens.tasks.base.TaskBatch` is used as it is instead)."""
+
+    def build(self, spec: PhaseSpec, *, n_per_residue: int, residues: Sequence[int] | None = None,
+              seed: int = 0) -> TaskBatch: ...
 
 
 def check_options(*, n_per_residue: Any = 1, seed: Any = 0, batch_size: Any = 1, stride: Any = None,
@@ -205,14 +216,11 @@ def plan_items(model: Any, task: Any, *, n_per_residue: int, residues: Sequence[
 
 def _prepare(model: Any, task: Any, *, n_per_residue: Any, residues: Any, phase: Any, seed: Any,
              stride: Any) -> tuple[Any, PhaseSpec, Any, tuple[int, int] | None]:
-    """Checks shared by :func:`build_items` and :func:`plan_items`: ``(task, spec, residues, (n_res, T))``
-    (the last ``None`` for a prepared batch, or when the task cannot say its length before building)."""
+    """What :func:`build_items` and :func:`plan_items` share (the options are checked already):
+    ``(task, spec, residues, (n_res, T))`` (the last ``None`` for a prepared batch, or when the task cannot say
+    its length before building)."""
     from phaselens.tasks.residues import check_modulus, check_residues
 
-    check_model(model)
-    check_options(n_per_residue=n_per_residue, seed=seed, stride=stride)
-    if phase is not None and residues is not None:
-        raise TaskError("pass residues or phase, not both.")
     task = resolve_task(model, task)
     if is_batch(task):
         spec = check_batch_geometry(model, task, stride)

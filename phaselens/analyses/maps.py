@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
 
 from phaselens.analyses.knockout_runs import engine_metrics, full_metrics
-from phaselens.analyses.knockouts import Knockout, calibrate, check_method
-from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.knockouts import Calibration, Knockout, calibrate, check_method
+from phaselens.analyses.runner import Analysis, Common, ResamplingOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import items_from_logits, score_items
 from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.checks import as_int, as_names
@@ -226,8 +225,21 @@ class PhaseMap(Result):
         return plots.head_phase_heatmap(self, **kwargs)
 
 
-class Map(Analysis):
-    """A clean pass, then one unit per cell (a head, KV head or layer knocked out), batched by the engine."""
+@dataclass(frozen=True)
+class MapState:
+    """What every cell of a map shares: the calibration, one knockout per cell, the clean outcomes and the
+    query-suffix engine (``None`` with full forwards)."""
+
+    calibration: Calibration | None
+    knockouts: list[Knockout]
+    clean: pd.DataFrame
+    engine: Any = None
+
+
+@dataclass(frozen=True, eq=False)
+class Map(Analysis[MapState]):
+    """A clean pass, then one unit per cell (a head, KV head or layer knocked out), batched by the engine.
+    Checked, ``engine`` is the engine used and ``cells`` the cells of the model's map."""
 
     name = "specialization_map"
     stage = "map"
@@ -235,73 +247,76 @@ class Map(Analysis):
     bar_unit = "cell"
     leave = True
 
-    def __init__(self, method: str, kinds: Any, calibration: Any, rows_per_pass: int, engine: str,
-                 plan: bool) -> None:
-        self.method, self.kinds, self.calibration = method, kinds, calibration
-        self.rows_per_pass, self.engine, self.plan = rows_per_pass, engine, plan
+    method: str = "mean"
+    kinds: Any = KINDS
+    calibration: Any = None
+    rows_per_pass: int = 4096
+    engine: str = "auto"
+    plan: bool = False
+    cells: pd.DataFrame | None = None
 
-    def check(self, model: Any, options: Common) -> None:
-        self.method = check_method(self.method)
-        self.kinds = as_names("kinds", self.kinds, KINDS)
-        self.rows_per_pass = as_int("rows_per_pass", self.rows_per_pass, minimum=1)
+    def check(self, model: PhaseModel, options: Common) -> Map:
+        method = check_method(self.method)
+        kinds = as_names("kinds", self.kinds, KINDS)
+        rows_per_pass = as_int("rows_per_pass", self.rows_per_pass, minimum=1)
         if not isinstance(self.plan, bool):
             raise InputError(f"plan must be True or False, got {self.plan!r}.")
-        self.used = choose_engine(model, self.engine)
-        self.cells = map_cells(model.dims, tuple(self.kinds))
+        return replace(self, method=method, kinds=kinds, rows_per_pass=rows_per_pass,
+                       engine=choose_engine(model, self.engine), cells=map_cells(model.dims, tuple(kinds)))
 
     def prices_only(self) -> bool:
-        return bool(self.plan)
+        return self.plan
 
-    def dry_run(self, run: Run) -> MapPlan | None:
-        if not self.plan:
-            return None
-        return plan_map(run.model, run.batch, self.cells, engine=self.used, method=self.method,
-                        calibration=self.calibration, batch_size=run.options.batch_size,
+    def dry_run(self, model: PhaseModel, items: Any, options: Common) -> MapPlan:
+        return plan_map(model, items, self.cells, engine=self.engine, method=self.method,
+                        calibration=self.calibration, batch_size=options.batch_size,
                         rows_per_pass=self.rows_per_pass)
 
-    def prepare(self, run: Run) -> None:
-        model, batch, o = run.model, run.batch, run.options
-        layers = sorted(set(self.cells["layer"]))
+    def prepare(self, run: Run) -> MapState:
+        model, batch, o, cells = run.model, run.batch, run.options, self._cells
+        layers = sorted(set(cells["layer"]))
         cal = None if self.method == "zero" else calibrate(model, self.calibration, layers, task=run.task,
                                                             batch_size=o.batch_size)
-        self.cal = cal
-        self.kos = [Knockout(model, tuple(_heads(row)), self.method, "last", cal, o.seed + i)
-                    for i, row in self.cells.iterrows()]
-        if self.used == "suffix":
-            self.eng = model.query_engine(batch.tokens, batch.query_pos, rows_per_pass=self.rows_per_pass,
-                                          batch_size=o.batch_size)
-            self.clean = items_from_logits(batch, self.eng.clean_logits)
-        else:
-            self.clean = score_items(model, batch, batch_size=o.batch_size, desc="clean")
-        run.note.update(engine=self.used, calibration=None if cal is None else cal.source)
+        kos = [Knockout(model, tuple(_heads(row)), self.method, "last", cal, o.seed + i) for i, row in cells.iterrows()]
+        if self.engine == "suffix":
+            eng = model.query_engine(batch.tokens, batch.query_pos, rows_per_pass=self.rows_per_pass,
+                                     batch_size=o.batch_size)
+            return MapState(cal, kos, items_from_logits(batch, eng.clean_logits), eng)
+        return MapState(cal, kos, score_items(model, batch, batch_size=o.batch_size, desc="clean"))
 
-    def labels(self, run: Run) -> list[str]:
-        return list(self.cells["label"])
+    @property
+    def _cells(self) -> pd.DataFrame:
+        assert self.cells is not None, "check() sets the cells"
+        return self.cells
+
+    def labels(self, run: Run, state: MapState) -> list[str]:
+        return list(self._cells["label"])
 
     def fields(self, run: Run) -> tuple[str, ...]:
         return ("correct", "logit_diff")
 
-    def fingerprint(self, run: Run) -> dict[str, Any]:
-        return dict(task=getattr(run.batch, "task", ""), calibration=None if self.cal is None else self.cal.z,
-                    method=self.method, seed=run.options.seed, cells=list(self.cells["label"]), stride=run.stride)
+    def fingerprint(self, run: Run, state: MapState) -> dict[str, Any]:
+        cal = state.calibration
+        return dict(task=getattr(run.batch, "task", ""), calibration=None if cal is None else cal.z,
+                    method=self.method, seed=run.options.seed, cells=list(self._cells["label"]), stride=run.stride)
 
-    def per_call(self, run: Run) -> int:
-        return max(1, self.rows_per_pass // len(run.batch)) if self.used == "suffix" else 1
+    def per_call(self, run: Run, state: MapState) -> int:
+        return max(1, self.rows_per_pass // len(run.batch)) if self.engine == "suffix" else 1
 
-    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    def compute(self, run: Run, state: MapState, idx: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
         batch = run.batch
-        if self.used == "suffix":
+        if state.engine is not None:
             got: list[dict[str, np.ndarray]] = []
-            engine_metrics(self.eng, batch, [self.kos[i] for i in idx], per_pass=len(idx),
+            engine_metrics(state.engine, batch, [state.knockouts[i] for i in idx], per_pass=len(idx),
                            on_chunk=lambda _i, m: got.extend(m))
             return [(m["correct"], m["logit_diff"]) for m in got]
         return [(m["correct"], m["logit_diff"]) for m in
-                (full_metrics(run.model, batch, self.kos[i], batch_size=run.options.batch_size) for i in idx)]
+                (full_metrics(run.model, batch, state.knockouts[i], batch_size=run.options.batch_size) for i in idx)]
 
-    def result(self, run: Run, parts: list[tuple[np.ndarray, np.ndarray]]) -> PhaseMap:
+    def result(self, run: Run, state: MapState, parts: list[tuple[np.ndarray, np.ndarray]]) -> PhaseMap:
         ko_correct = np.stack([d[0] for d in parts]).astype(bool)
         ko_ld = np.stack([d[1] for d in parts])
-        clean = self.clean
+        clean = state.clean
         clean_correct = clean["correct"].to_numpy().astype(bool)
         residue = clean["residue"].to_numpy()
         o = run.options
@@ -310,10 +325,11 @@ class Map(Analysis):
             return relative_effects(clean_correct, ko_correct, groups, n_groups, clean_ld=clean["logit_diff"].to_numpy(),
                                     ko_ld=ko_ld, n_bootstrap=o.n_bootstrap, seed=o.seed)
 
-        return PhaseMap(self.cells, effects(residue, run.modulus), effects(residue % run.stride, run.stride),
+        cal = state.calibration
+        return PhaseMap(self._cells, effects(residue, run.modulus), effects(residue % run.stride, run.stride),
                         clean_correct, ko_correct, clean["logit_diff"].to_numpy(), ko_ld, residue,
                         run.stride, run.modulus, self.method, run.model.dims.n_layers, run.model.dims.n_heads,
-                        run.metadata())
+                        run.metadata(engine=self.engine, calibration=None if cal is None else cal.source))
 
 
 @public
@@ -322,19 +338,13 @@ def specialization_map(
     task: Any = None,
     *,
     n_per_residue: int = 64,
-    residues: Any = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    stride: int | None = None,
-    progress: bool = True,
-    checkpoint: str | os.PathLike | None = None,
-    n_bootstrap: int = N_BOOTSTRAP,
     method: str = "mean",
     kinds: tuple[str, ...] = KINDS,
     calibration: Any = None,
     rows_per_pass: int = 4096,
     engine: str = "auto",
     plan: bool = False,
+    **options: Unpack[ResamplingOptions],
 ) -> PhaseMap | MapPlan:
     """Knock out every head (and KV head, and layer) at each item's query position; effects per residue.
 
@@ -359,8 +369,7 @@ def specialization_map(
         >>> pm = phaselens.specialization_map(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
         >>> pm.specialization_index().head()  # doctest: +SKIP
     """
-    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
-    return run(Map(method, kinds, calibration, rows_per_pass, engine, plan), model, task, options,
+    return run(Map(method, kinds, calibration, rows_per_pass, engine, plan), model, task,
                arguments_of(specialization_map, locals()))
 
 

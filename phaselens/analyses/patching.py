@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
-from typing import Any, Literal
+from typing import Any, Literal, Unpack
 
 import numpy as np
 import pandas as pd
@@ -14,9 +13,9 @@ import torch
 
 from phaselens.analyses.knockouts import capture_z, z_name
 from phaselens.analyses.runner import (
-    N_BOOTSTRAP,
     Analysis,
     Common,
+    ResamplingOptions,
     Run,
     arguments_of,
     public,
@@ -166,83 +165,101 @@ def recovery(item_clean: np.ndarray, item_corrupt: np.ndarray, item_patched: np.
     return rec, lo, hi, und, mc, mx, mp
 
 
-class Patching(Analysis):
-    """Clean and corrupted answers once, then one unit per head: its query ``z`` patched from the source run."""
+@dataclass(frozen=True)
+class PatchState:
+    """The run patched into (``base``), the source's query ``z`` per layer ``[N, copies, H, d]``, each item's
+    clean and corrupted metric, and the query-suffix engine (``None`` with full forwards)."""
+
+    base: torch.Tensor
+    source_z: dict[int, torch.Tensor]
+    item_clean: np.ndarray
+    item_corrupt: np.ndarray
+    engine: Any = None
+
+
+@dataclass(frozen=True)
+class Patching(Analysis[PatchState]):
+    """Clean and corrupted answers once, then one unit per head: its query ``z`` patched from the source run.
+    Checked, ``engine`` is the engine used and ``heads`` the parsed heads."""
 
     name = "patch"
     stage = "patch"
     unit = "cell"
     bar_unit = "cell"
 
-    def __init__(self, heads: Any, direction: str, site: str, eps: float, engine: str) -> None:
-        self.heads, self.direction, self.site, self.eps, self.engine = heads, direction, site, eps, engine
+    heads: Any = None
+    direction: str = "denoise"
+    site: str = "z"
+    eps: float = EPS_DENOM
+    engine: str = "auto"
 
-    def check(self, model: Any, options: Common) -> None:
+    def check(self, model: PhaseModel, options: Common) -> Patching:
         if self.site != "z":
             raise InputError(f"site {self.site!r} is not supported; patching works on per-head 'z' (site='z').")
         if self.direction not in ("denoise", "noise"):
             raise InputError(f"direction must be 'denoise' or 'noise', got {self.direction!r}.")
-        self.eps = as_float("eps", self.eps, positive=True, fix="It is the smallest |clean - corrupt| metric gap "
-                            f"that counts as defined (default {EPS_DENOM}).")
-        self.used = choose_engine(model, self.engine)
+        eps = as_float("eps", self.eps, positive=True, fix="It is the smallest |clean - corrupt| metric gap "
+                       f"that counts as defined (default {EPS_DENOM}).")
+        engine = choose_engine(model, self.engine)
         cfg = model.dims
-        self.parsed = parse_heads(self.heads if self.heads is not None else [f"L{i}" for i in range(cfg.n_layers)],
-                                  cfg)
+        heads = parse_heads(self.heads if self.heads is not None else [f"L{i}" for i in range(cfg.n_layers)], cfg)
+        return replace(self, eps=eps, engine=engine, heads=tuple(heads))
 
-    def prepare(self, run: Run) -> None:
+    def prepare(self, run: Run) -> PatchState:
         model, batch, bs = run.model, run.batch, run.options.batch_size
         clean, corrupt = batch.tokens, batch.corrupted
-        self.base, source = (corrupt, clean) if self.direction == "denoise" else (clean, corrupt)
-        layers = sorted({h.layer for h in self.parsed})
-        self.src_z = capture_z(model, source, batch.query_pos, layers, batch_size=bs)  # {layer: [N, copies, H, d]}
+        base, source = (corrupt, clean) if self.direction == "denoise" else (clean, corrupt)
+        layers = sorted({h.layer for h in self.heads})
+        src_z = capture_z(model, source, batch.query_pos, layers, batch_size=bs)  # {layer: [N, copies, H, d]}
 
         def metric(tokens: torch.Tensor) -> np.ndarray:  # item blocks split across ranks under torch.distributed
             b = SimpleNamespace(tokens=tokens, query_pos=batch.query_pos, answer=batch.answer, wrong=batch.wrong)
             return query_metrics(plain_forward(model), b, batch_size=bs, desc="patch")["logit_diff"]
 
-        self.item_clean, self.item_corrupt = metric(clean), metric(corrupt)
-        self.eng = model.query_engine(self.base, batch.query_pos, batch_size=bs) if self.used == "suffix" else None
-        run.note["engine"] = self.used
+        item_clean, item_corrupt = metric(clean), metric(corrupt)
+        eng = model.query_engine(base, batch.query_pos, batch_size=bs) if self.engine == "suffix" else None
+        return PatchState(base, src_z, item_clean, item_corrupt, eng)
 
-    def labels(self, run: Run) -> list[str]:
-        return [str(h) for h in self.parsed]
+    def labels(self, run: Run, state: PatchState) -> list[str]:
+        return [str(h) for h in self.heads]
 
     def fields(self, run: Run) -> tuple[str, ...]:
         return ("logit_diff",)
 
-    def fingerprint(self, run: Run) -> dict[str, Any]:
-        return dict(corrupted=run.batch.corrupted, heads=[str(h) for h in self.parsed], direction=self.direction,
-                    site=self.site, seed=run.options.seed, engine=self.used)
+    def fingerprint(self, run: Run, state: PatchState) -> dict[str, Any]:
+        return dict(corrupted=run.batch.corrupted, heads=[str(h) for h in self.heads], direction=self.direction,
+                    site=self.site, seed=run.options.seed, engine=self.engine)
 
-    def per_call(self, run: Run) -> int:
+    def per_call(self, run: Run, state: PatchState) -> int:
         if run.options.checkpoint is None:  # each rank's whole share in one call: nothing to write between cells
-            return max(1, -(-len(self.parsed) // world().size))
+            return max(1, -(-len(self.heads) // world().size))
         # a round per engine pass (per head with full forwards): the checkpoint is written after each
-        return max(1, 4096 // max(1, len(run.batch))) if self.used == "suffix" else 1
+        return max(1, 4096 // max(1, len(run.batch))) if self.engine == "suffix" else 1
 
-    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray]]:
-        batch, heads, src = run.batch, self.parsed, self.src_z
-        if self.eng is not None:
+    def compute(self, run: Run, state: PatchState, idx: list[int]) -> list[tuple[np.ndarray]]:
+        batch, heads, src = run.batch, self.heads, state.source_z
+        if state.engine is not None:
             cells = [Cell(heads[i].layer, [heads[i].head], src[heads[i].layer][:, 0, [heads[i].head]]) for i in idx]
-            return [(answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"],) for lg in self.eng.run(cells)]
-        return [(answer_metrics(query_logits(_query_patch(run.model, heads[i], src[heads[i].layer]), self.base,
+            return [(answer_metrics(lg, batch.answer, batch.wrong)["logit_diff"],) for lg in state.engine.run(cells)]
+        return [(answer_metrics(query_logits(_query_patch(run.model, heads[i], src[heads[i].layer]), state.base,
                                              batch.query_pos, batch_size=run.options.batch_size),
                                 batch.answer, batch.wrong)["logit_diff"],) for i in idx]
 
-    def result(self, run: Run, parts: list[tuple[np.ndarray]]) -> PatchResult:
+    def result(self, run: Run, state: PatchState, parts: list[tuple[np.ndarray]]) -> PatchResult:
         patched = np.stack([p[0] for p in parts])  # [heads, N]
         res = run.batch.frame["residue"].to_numpy()
         M, o = run.modulus, run.options
         L, H = run.model.dims.n_layers, run.model.dims.n_heads
+        heads = self.heads
 
         def stats(groups: np.ndarray, n: int) -> tuple[np.ndarray, ...]:
-            return recovery(self.item_clean, self.item_corrupt, patched, groups, n, self.direction, self.eps,
+            return recovery(state.item_clean, state.item_corrupt, patched, groups, n, self.direction, self.eps,
                             n_bootstrap=o.n_bootstrap, seed=o.seed)
 
         by_residue, by_phase = stats(res, M), stats(res % run.stride, run.stride)
         rec, lo, hi, und_k, mc, mx, mp_k = by_residue
-        li = np.array([h.layer for h in self.parsed], dtype=int)
-        hi_ = np.array([h.head for h in self.parsed], dtype=int)
+        li = np.array([h.layer for h in heads], dtype=int)
+        hi_ = np.array([h.head for h in heads], dtype=int)
 
         def grid(values: np.ndarray, fill: Any = np.nan) -> np.ndarray:
             out = np.full((L, H, M), fill, dtype=np.asarray(values).dtype if fill is False else float)
@@ -252,10 +269,11 @@ class Patching(Analysis):
         coords = {"layer": np.arange(L), "head": np.arange(H), "residue": np.arange(M)}
         lab = Labelled(grid(rec), ("layer", "head", "residue"), coords, grid(lo), grid(hi),
                        name=f"{self.direction}_recovery")
-        frames = (recovery_frame(self.parsed, by_residue, res, M, "residue", run.stride),
-                  recovery_frame(self.parsed, by_phase, res % run.stride, run.stride, "phase", run.stride))
-        return PatchResult(lab, grid(und_k, False), mc, mx, grid(mp_k), self.parsed, self.direction, run.stride, M,
-                           self.item_clean, self.item_corrupt, patched, res, *frames, run.metadata())
+        frames = (recovery_frame(heads, by_residue, res, M, "residue", run.stride),
+                  recovery_frame(heads, by_phase, res % run.stride, run.stride, "phase", run.stride))
+        return PatchResult(lab, grid(und_k, False), mc, mx, grid(mp_k), heads, self.direction, run.stride, M,
+                           state.item_clean, state.item_corrupt, patched, res, *frames,
+                           run.metadata(engine=self.engine))
 
 
 @public
@@ -266,17 +284,11 @@ def patch(
     *,
     task: Any = None,
     n_per_residue: int = 64,
-    residues: Sequence[int] | None = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    stride: int | None = None,
-    progress: bool = True,
-    checkpoint: str | os.PathLike | None = None,
-    n_bootstrap: int = N_BOOTSTRAP,
     direction: Literal["denoise", "noise"] = "denoise",
     site: str = "z",
     eps: float = EPS_DENOM,
     engine: str = "auto",
+    **options: Unpack[ResamplingOptions],
 ) -> PatchResult:
     """Patch each head's query-position ``z`` between clean items and their corrupted twins.
 
@@ -292,8 +304,7 @@ def patch(
         eps: the smallest ``|M_clean - M_corrupt|`` for which recovery is defined.
         engine: ``"auto"``, ``"suffix"`` (query rows over a cached prefix) or ``"full"``.
     """
-    options = Common(n_per_residue, residues, phase, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
-    return run(Patching(heads, direction, site, eps, engine), model, task, options, arguments_of(patch, locals()))
+    return run(Patching(heads, direction, site, eps, engine), model, task, arguments_of(patch, locals()))
 
 
 def _query_patch(model: Any, head: Head, source: torch.Tensor):

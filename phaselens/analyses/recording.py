@@ -6,16 +6,15 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
 import torch
 from torch import Tensor
 
-from phaselens.analyses.runner import Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.runner import Analysis, CommonOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import model_logits
 from phaselens.contract import hooknames
 from phaselens.contract.protocol import HookContext, PhaseModel
@@ -194,50 +193,58 @@ def _target_gate(alpha: Tensor, entries: Tensor, offsets: Tensor, first_entry: i
     return picked.nanmean(1)
 
 
-class Record(Analysis):
+@dataclass(frozen=True)
+class RecordState:
+    """The items' frame, indexed 0..N-1 (blocks are read from it by position)."""
+
+    frame: pd.DataFrame
+
+
+@dataclass(frozen=True)
+class Record(Analysis[RecordState]):
     """Hooks keep each item's query row of every pattern and reduce the gates on the fly, one block at a time."""
 
     name = "record"
     stage = "record"
 
-    def prepare(self, run: Run) -> None:
-        run.state["frame"] = run.batch.frame.reset_index(drop=True)
+    def prepare(self, run: Run) -> RecordState:
+        return RecordState(run.batch.frame.reset_index(drop=True))
 
     def fields(self, run: Run) -> None:
         return None  # a block's unit is a dict of named arrays (which layers and paths depends on the model)
 
     @torch.no_grad()
-    def compute(self, run: Run, idx: list[int]) -> list[dict[str, np.ndarray]]:
-        return [self._block(run, run.blocks[b]).to_unit() for b in idx]
+    def compute(self, run: Run, state: RecordState, idx: list[int]) -> list[dict[str, np.ndarray]]:
+        return [_record_block(run, state.frame.iloc[run.blocks[b]], run.blocks[b]).to_unit() for b in idx]
 
-    def _block(self, run: Run, sl: slice) -> _Accumulator:  # what the hooks keep from one block of items
-        model = run.model
-        acc = _Accumulator()
-        fr = run.state["frame"].iloc[sl]
-        qp = torch.as_tensor(fr["query_pos"].to_numpy().copy())
-        rows = torch.arange(len(qp))
-        t_k = torch.as_tensor(fr["t_K"].to_numpy().copy())
-        t_v = torch.as_tensor(fr["t_V"].to_numpy().copy())
-        names = model.hook_dict
-        hooks = []
-        for layer, spec in enumerate(model.dims.phase_specs):
-            full = hooknames.pattern(layer) in names
-            # a layer with entries but no phase (DeepSeek-V4.1's ratio-1 layers: one entry per token) is read
-            # with stride-1 geometry: the key's entry is the key's own token
-            entry_spec = spec if spec is not None or hooknames.pattern_entry(layer) not in names else PhaseSpec(1)
-            hooks += _read_hooks(acc, layer, entry_spec, rows, qp, t_k, t_v, full)
-            if spec is not None:
-                for path, hname in hooknames.gates(layer, names):
-                    hooks.append((hname, _gate_hook(acc, layer, path, spec, t_k, t_v)))
-        model_logits(model, run.batch.tokens[sl], qp, hooks)
-        return acc
-
-    def result(self, run: Run, parts: list[dict[str, np.ndarray]]) -> Recording:
-        model = run.model
+    def result(self, run: Run, state: RecordState, parts: list[dict[str, np.ndarray]]) -> Recording:
         acc = _Accumulator.merged(parts)
-        dims = model.dims
-        return _assemble(acc, run.state["frame"], list(dims.phase_specs), dims.n_layers, dims.n_heads, dims,
+        dims = run.model.dims
+        return _assemble(acc, state.frame, list(dims.phase_specs), dims.n_layers, dims.n_heads, dims,
                          run.batch, run.stride, run.metadata())
+
+
+def _record_block(run: Run, fr: pd.DataFrame, sl: slice) -> _Accumulator:
+    """What the hooks keep from one block of items (``fr``: its rows of the frame)."""
+    model = run.model
+    acc = _Accumulator()
+    qp = torch.as_tensor(fr["query_pos"].to_numpy().copy())
+    rows = torch.arange(len(qp))
+    t_k = torch.as_tensor(fr["t_K"].to_numpy().copy())
+    t_v = torch.as_tensor(fr["t_V"].to_numpy().copy())
+    names = model.hook_dict
+    hooks = []
+    for layer, spec in enumerate(model.dims.phase_specs):
+        full = hooknames.pattern(layer) in names
+        # a layer with entries but no phase (DeepSeek-V4.1's ratio-1 layers: one entry per token) is read
+        # with stride-1 geometry: the key's entry is the key's own token
+        entry_spec = spec if spec is not None or hooknames.pattern_entry(layer) not in names else PhaseSpec(1)
+        hooks += _read_hooks(acc, layer, entry_spec, rows, qp, t_k, t_v, full)
+        if spec is not None:
+            for path, hname in hooknames.gates(layer, names):
+                hooks.append((hname, _gate_hook(acc, layer, path, spec, t_k, t_v)))
+    model_logits(model, run.batch.tokens[sl], qp, hooks)
+    return acc
 
 
 @public
@@ -246,12 +253,7 @@ def record(
     task: Any = None,
     *,
     n_per_residue: int = 64,
-    residues: Any = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    stride: int | None = None,
-    progress: bool = True,
-    checkpoint: str | os.PathLike | None = None,
+    **options: Unpack[CommonOptions],
 ) -> Recording:
     """Record read-side attention and write-side gates at each item's query position.
 
@@ -265,8 +267,7 @@ def record(
         >>> rec = phaselens.record(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
         >>> rec.read["key_entries"].sel(layer=1).values  # [head, residue]  # doctest: +SKIP
     """
-    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, 0)
-    return run(Record(), model, task, options, arguments_of(record, locals()))
+    return run(Record(), model, task, arguments_of(record, locals()))
 
 
 def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> list:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
@@ -13,7 +12,7 @@ import torch
 
 from phaselens.analyses.evaluation import PhaseEval, eval_from_items, scored_metrics
 from phaselens.analyses.items import check_options
-from phaselens.analyses.runner import N_BOOTSTRAP, Analysis, Common, Run, arguments_of, public, run
+from phaselens.analyses.runner import Analysis, Common, ResamplingOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import (
     METRICS,
     answer_metrics,
@@ -179,7 +178,19 @@ def black_box_rule_metrics(copies: list[Any], batch: Any, block: slice,
     return (*(np.stack([r[k] for r in rows]) for k in METRICS), copy_correct)
 
 
-class Repair(Analysis):
+@dataclass(frozen=True)
+class RepairState:
+    """The pad token, every shift of the stride, each shift set (its label and shifts) and every
+    (shifts, rule) pair measured."""
+
+    pad: int
+    all_shifts: tuple[int, ...]
+    sets: list[tuple[str, tuple[int, ...]]]
+    rules: list[tuple[tuple[int, ...], str]]
+
+
+@dataclass(frozen=True)
+class Repair(Analysis[RepairState]):
     """Every shifted copy of each block of items once; every (shift set, rule) combines the same answers."""
 
     name = "repair_table"
@@ -187,10 +198,12 @@ class Repair(Analysis):
     needs_phases = True
     black_box = True  # a served model's copies are combined from their answers (max_conf, vote)
 
-    def __init__(self, shift_sets: Any, combines: Any, pad_id: Any, n_permutations: int) -> None:
-        self.shift_sets, self.combines, self.pad_id, self.n_permutations = shift_sets, combines, pad_id, n_permutations
+    shift_sets: Any = ("all", "opposite")
+    combines: Any = COMBINES
+    pad_id: Any = None
+    n_permutations: int = 2000
 
-    def check(self, model: Any, options: Common) -> None:
+    def check(self, model: PhaseModel, options: Common) -> Repair:
         check_options(n_permutations=self.n_permutations)
         if "repair" in model.analysis_metadata:
             raise NotApplicableError(
@@ -198,11 +211,11 @@ class Repair(Analysis):
                 "model it wraps (ensemble.model)."
             )
         default = self.combines is COMBINES
-        self.combines = as_names("combines", self.combines, COMBINES)
+        combines = as_names("combines", self.combines, COMBINES)
         if is_black_box(model):
             if default:  # the rules a server's answers support
-                self.combines = tuple(c for c in self.combines if c in BLACK_BOX_COMBINES)
-            unsupported = [c for c in self.combines if c not in BLACK_BOX_COMBINES]
+                combines = tuple(c for c in combines if c in BLACK_BOX_COMBINES)
+            unsupported = [c for c in combines if c not in BLACK_BOX_COMBINES]
             if unsupported:
                 raise NotApplicableError(
                     f"combines {unsupported} need every copy's full distribution over the vocabulary, which "
@@ -211,42 +224,42 @@ class Repair(Analysis):
         if isinstance(sets, str) or not isinstance(sets, Sequence) or not len(sets):
             raise InputError(f"shift_sets must be a non-empty list of shift sets, got {sets!r}; e.g. "
                              "shift_sets=('all', 'opposite', (0, 2)).")
+        return replace(self, combines=tuple(combines))
 
-    def prepare(self, run: Run) -> None:
+    def prepare(self, run: Run) -> RepairState:
         S = run.stride
-        for shifts in self.shift_sets:  # every set checked before the copies run
-            resolve_shifts(shifts, S)
-        self.pad = as_int("pad_id", self.pad_id, minimum=0) if self.pad_id is not None else default_pad_id(run.model, task=run.task)
-        self.all_shifts = tuple(range(S))
-        self.sets = [(shifts if isinstance(shifts, str) else ",".join(map(str, resolve_shifts(shifts, S))),
-                      resolve_shifts(shifts, S)) for shifts in self.shift_sets]
-        self.rules = [(ks, rule) for _, ks in self.sets for rule in self.combines]
-        run.note["pad_id"] = self.pad
+        resolved = [resolve_shifts(shifts, S) for shifts in self.shift_sets]  # every set checked before the copies run
+        pad = as_int("pad_id", self.pad_id, minimum=0) if self.pad_id is not None else default_pad_id(run.model, task=run.task)
+        sets = [(shifts if isinstance(shifts, str) else ",".join(map(str, ks)), ks)
+                for shifts, ks in zip(self.shift_sets, resolved)]
+        return RepairState(pad, tuple(range(S)), sets, [(ks, rule) for _, ks in sets for rule in self.combines])
 
     def fields(self, run: Run) -> tuple[str, ...]:
         return (*METRICS, "copy_correct")
 
-    def fingerprint(self, run: Run) -> dict[str, Any]:
-        return dict(shifts=self.all_shifts, rules=[[list(ks), rule] for ks, rule in self.rules], pad_id=self.pad,
+    def fingerprint(self, run: Run, state: RepairState) -> dict[str, Any]:
+        return dict(shifts=state.all_shifts, rules=[[list(ks), rule] for ks, rule in state.rules], pad_id=state.pad,
                     insert_at=1, seed=run.options.seed)
 
-    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+    def compute(self, run: Run, state: RepairState, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
         batch = run.batch
         if is_black_box(run.model):
-            return [black_box_rule_metrics(block_copy_answers(run.model, batch, run.blocks[b], self.all_shifts,
-                                                              self.pad, progress=run.options.progress),
-                                           batch, run.blocks[b], self.rules) for b in idx]
-        return [rule_metrics(block_copy_logits(run.model, batch, run.blocks[b], self.all_shifts, self.pad),
-                             batch.answer[run.blocks[b]], batch.wrong[run.blocks[b]], self.rules) for b in idx]
+            return [black_box_rule_metrics(block_copy_answers(run.model, batch, run.blocks[b], state.all_shifts,
+                                                              state.pad, progress=run.options.progress),
+                                           batch, run.blocks[b], state.rules) for b in idx]
+        return [rule_metrics(block_copy_logits(run.model, batch, run.blocks[b], state.all_shifts, state.pad),
+                             batch.answer[run.blocks[b]], batch.wrong[run.blocks[b]], state.rules) for b in idx]
 
-    def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> RepairTable:
+    def result(self, run: Run, state: RepairState, parts: list[tuple[np.ndarray, ...]]) -> RepairTable:
         metrics = stack_metrics(parts, (*METRICS, "copy_correct"), axis=1)  # [1 + rules, N]; copies [K, N]
         copy_correct = metrics.pop("copy_correct")
         covered, o = run.covered(), run.options
+        note: dict[str, Any] = {"pad_id": state.pad}
 
         def as_eval(r: int) -> PhaseEval:
             row = {k: v[r] for k, v in metrics.items()}
-            tested = scored_metrics(run, row)
+            tested, scored = scored_metrics(run.model, row)
+            note.update(scored)
             return eval_from_items(items_from_metrics(run.batch, row), run.stride, run.modulus,
                                    n_permutations=self.n_permutations, n_bootstrap=o.n_bootstrap, seed=o.seed,
                                    residues=covered, metrics=tested)
@@ -254,14 +267,14 @@ class Repair(Analysis):
         evals: dict[tuple[str, str], PhaseEval] = {("none", "none"): as_eval(0)}
         rows = [_row("none", "none", 1, evals[("none", "none")], copy_correct[0].mean())]
         r = 1
-        for label, ks in self.sets:
+        for label, ks in state.sets:
             any_right = copy_correct[list(ks)].any(0).mean()
             for rule in self.combines:
                 ev = as_eval(r)
                 evals[(label, rule)] = ev
                 rows.append(_row(label, rule, len(ks), ev, any_right))
                 r += 1
-        return RepairTable(pd.DataFrame(rows), evals, run.stride, run.metadata())
+        return RepairTable(pd.DataFrame(rows), evals, run.stride, run.metadata(**note))
 
 
 @public
@@ -270,17 +283,11 @@ def repair_table(
     task: Any = None,
     *,
     n_per_residue: int = 256,
-    residues: Sequence[int] | None = None,
-    seed: int = 0,
-    batch_size: int = 64,
-    stride: int | None = None,
-    progress: bool = True,
-    checkpoint: str | os.PathLike | None = None,
-    n_bootstrap: int = N_BOOTSTRAP,
     shift_sets: Sequence[Any] = ("all", "opposite"),
     combines: Sequence[str] = COMBINES,
     pad_id: int | None = None,
     n_permutations: int = 2000,
+    **options: Unpack[ResamplingOptions],
 ) -> RepairTable:
     """Measure phase repair: every shift set x combining rule against the unrepaired model, same items.
 
@@ -297,8 +304,7 @@ def repair_table(
         pad_id: the single-token pad (default: the model's or the task's filler).
         n_permutations: permutations of each row's gap test.
     """
-    options = Common(n_per_residue, residues, None, seed, batch_size, stride, progress, checkpoint, n_bootstrap)
-    return run(Repair(shift_sets, combines, pad_id, n_permutations), model, task, options,
+    return run(Repair(shift_sets, combines, pad_id, n_permutations), model, task,
                arguments_of(repair_table, locals()))
 
 

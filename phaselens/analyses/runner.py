@@ -1,25 +1,29 @@
 """The one analysis pipeline: an analysis declares what it measures; :func:`run` does everything else.
 
-An analysis (a subclass of :class:`Analysis`) declares
+An analysis (a subclass of :class:`Analysis`: a frozen dataclass of its own settings) declares
 
 * its **items**: nothing to write, the common options say which (task, ``n_per_residue``, ``residues`` or
   ``phase``, ``seed``, ``stride``);
-* its **units** of work and what one unit yields (``fields``: a tuple of arrays), with ``compute`` for a list
-  of units (one batched call per item block or per group of cells);
-* its **result**: ``result(run, parts)`` turns the units' arrays into the result object.
+* its **state**: what ``prepare(run)`` computes for every unit (a frozen dataclass), passed to every later
+  step; nothing is kept on the analysis;
+* its **units** of work and what one unit yields (``fields``: a tuple of arrays), with
+  ``compute(run, state, idx)`` for a list of units (one batched call per item block or per group of cells);
+* its **result**: ``result(run, state, parts)`` turns the units' arrays into the result object.
 
 :func:`run` does the rest, the same way for every analysis:
 
-1. check the model and the common options (:class:`Common`), then the analysis's own (``check``);
+1. read the common options from the call's arguments (:meth:`Common.of`) and check everything once
+   (:func:`checked`: the model, the common options, then the analysis's own ``check``, which returns the
+   checked analysis);
 2. resolve the task (``None``: the model's default task), price the run against the memory available and
    build the items (``items.build_items``; a dry run only prices them, ``items.plan_items``);
-3. ``prepare`` (calibration, a clean pass, ... whatever the units share);
+3. ``prepare`` (calibration, a clean pass, ... whatever the units share): the state;
 4. split the units across ``torch.distributed`` ranks, checkpoint finished units under a fingerprint of the
    model, the items and the analysis's settings (resume at any world size), and show one progress bar
    (:func:`phaselens.runtime.distributed.shard_map`);
 5. ``result``, then stamp ``metadata``: the model's name and ``analysis_metadata``, the task, the exact
    arguments of the call (read from the public function's signature, defaults included), what the
-   analysis adds (``run.note``), the world size and the shards.
+   analysis notes (``run.metadata(**note)``), the world size and the shards.
 
 Adding an analysis is one module: a subclass and a public function that calls :func:`run`
 (docs/architecture.md has a worked example).
@@ -30,21 +34,48 @@ from __future__ import annotations
 import functools
 import inspect
 import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
 import numpy as np
 
-from phaselens.analyses.items import build_items, check_options
+from phaselens.analyses.items import PhaseTask, build_items, check_battery_items, check_options, plan_items
 from phaselens.contract.adapting import as_phase_model
-from phaselens.contract.protocol import check_model, metadata_of, refuse_black_box
+from phaselens.contract.protocol import PhaseModel, check_model, metadata_of, refuse_black_box
 from phaselens.core.errors import InputError
+from phaselens.core.geometry import PhaseSpec
 from phaselens.runtime.checkpoints import check_checkpoint_path
 from phaselens.runtime.distributed import block_labels, item_blocks, open_checkpoint, shard_map, sharded
+from phaselens.runtime.planning import PlannedItems
+from phaselens.tasks.base import TaskBatch
 
 N_BOOTSTRAP = 1000  # the one default number of bootstrap resamples (every analysis that resamples)
 F = TypeVar("F", bound=Callable[..., Any])
+A = TypeVar("A", bound="Analysis")
+S = TypeVar("S")
+
+
+class CommonOptions(TypedDict, total=False):
+    """The common keywords, written once (docs/api.md, "Common options"; their meaning and defaults:
+    :class:`Common`). A public analysis takes them as ``**options: Unpack[CommonOptions]`` (or
+    :class:`ResamplingOptions`) beside its own ``n_per_residue`` (whose default differs), and :func:`public`
+    spells them out in its signature, each with its type and default, so ``help()`` and
+    ``inspect.signature`` show every keyword and an unknown one is a TypeError."""
+
+    residues: Sequence[int] | None
+    seed: int
+    batch_size: int
+    stride: int | None
+    progress: bool
+    checkpoint: str | os.PathLike | None
+
+
+class ResamplingOptions(CommonOptions, total=False):
+    """The common keywords of an analysis that resamples: :class:`CommonOptions` and ``n_bootstrap``."""
+
+    n_bootstrap: int
 
 
 @dataclass(frozen=True)
@@ -72,29 +103,33 @@ class Common:
     checkpoint: str | os.PathLike | None = None
     n_bootstrap: int = N_BOOTSTRAP
 
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any]) -> Common:
+        """The options of a call, by keyword from its arguments (:func:`arguments_of`); an analysis without
+        ``n_bootstrap`` resamples nothing (0)."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{"n_bootstrap": 0, **{k: v for k, v in arguments.items() if k in names}})
+
     def check(self) -> None:
+        """Every common option, once, before anything is built."""
         check_options(n_per_residue=self.n_per_residue, seed=self.seed, batch_size=self.batch_size,
                       stride=self.stride, n_bootstrap=self.n_bootstrap, progress=self.progress)
+        if self.phase is not None and self.residues is not None:
+            raise InputError("pass residues or phase, not both.")
         check_checkpoint_path(self.checkpoint)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
-    """One run of an analysis: the model, the resolved task, its geometry and items, and the options.
-
-    ``note`` collects what the analysis adds to the result's metadata (the engine used, the calibration's
-    source, ...); ``state`` holds what ``prepare`` computed for the units.
-    """
+    """One run of an analysis: the model, the resolved task, its geometry and items, and the options."""
 
     analysis: str
-    model: Any
-    task: Any
-    spec: Any
-    batch: Any
+    model: PhaseModel
+    task: PhaseTask | TaskBatch
+    spec: PhaseSpec
+    batch: TaskBatch
     options: Common
     arguments: dict[str, Any]
-    note: dict[str, Any] = field(default_factory=dict)
-    state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def stride(self) -> int:
@@ -115,12 +150,13 @@ class Run:
             return None
         return np.unique(self.batch.frame["residue"].to_numpy())
 
-    def metadata(self) -> dict[str, Any]:
-        """What the result carries: model, its analysis_metadata, task, arguments, then ``note``."""
+    def metadata(self, **note: Any) -> dict[str, Any]:
+        """What the result carries: model, its analysis_metadata, task, arguments, then what the analysis
+        notes (the engine used, the calibration's source, ...)."""
         task = self.task
         spec = task.to_dict() if hasattr(task, "to_dict") else repr(task)
         name = str(task.task) if hasattr(task, "task") else type(task).__name__
-        return {**metadata_of(self.model, **self.arguments), "task": name, "task_spec": spec, **self.note}
+        return {**metadata_of(self.model, **self.arguments), "task": name, "task_spec": spec, **note}
 
     def units(self, compute: Callable[[list[int]], list[Any]], labels: Sequence[str], *, stage: str,
               unit: str = "block", bar_unit: str = "batch", per_call: int = 1, leave: bool = False,
@@ -131,9 +167,20 @@ class Run:
                          bar_unit=bar_unit, leave=leave, model=self.model)
 
 
-class Analysis:
-    """What an analysis declares (see the module docstring). Subclasses set the class attributes and
-    implement :meth:`compute` and :meth:`result`; the other steps have defaults."""
+@dataclass(frozen=True)
+class NoState:
+    """The prepared state of an analysis whose units share nothing."""
+
+
+class Analysis(Generic[S]):
+    """What an analysis declares (see the module docstring), without hidden state.
+
+    A subclass is a frozen dataclass of its own settings (the public function's arguments). :meth:`check`
+    returns it checked (a copy, never itself changed); :meth:`prepare` returns the typed state ``S`` its units
+    share (a frozen dataclass), which :meth:`labels`, :meth:`fingerprint`, :meth:`per_call`, :meth:`compute`
+    and :meth:`result` receive. Nothing is set on the analysis after construction (tests/analyses/
+    test_stateless.py). Subclasses set the class attributes and implement :meth:`fields`, :meth:`compute`
+    and :meth:`result`; the other steps have defaults."""
 
     name: ClassVar[str]  # the analysis's name (metadata, fingerprints)
     stage: ClassVar[str]  # the progress bar's label
@@ -143,95 +190,103 @@ class Analysis:
     needs_phases: ClassVar[bool] = False  # refuse one-phase geometry (the phase battery compares phases)
     black_box: ClassVar[bool] = False  # runs on a model that only answers prompts (a served endpoint)
 
-    def check(self, model: Any, options: Common) -> None:
-        """Check the analysis's own options (before any item is built)."""
-
-    def dry_run(self, run: Run) -> Any:
-        """What to return instead of running, once the items are built (a plan), or ``None`` to run. When
-        :meth:`prices_only`, ``run.batch`` is a :class:`~phaselens.runtime.planning.PlannedItems`: the items'
-        shape, not the items."""
-        return None
+    def check(self: A, model: PhaseModel, options: Common) -> A:
+        """The analysis with its own settings checked before any item is built: itself, or a copy with the
+        settings normalised (``dataclasses.replace``)."""
+        return self
 
     def prices_only(self) -> bool:
-        """Whether this call is a dry run that needs only the items' shape (nothing the size of them is built)."""
+        """Whether this call is a dry run: :meth:`dry_run` answers from the items' shape, nothing is run."""
         return False
 
-    def prepare(self, run: Run) -> None:
-        """Compute what every unit shares (default: nothing)."""
+    def dry_run(self, model: PhaseModel, items: TaskBatch | PlannedItems, options: Common) -> Any:
+        """The plan a dry run returns (:meth:`prices_only`); ``items`` is a
+        :class:`~phaselens.runtime.planning.PlannedItems` (the items' shape) or a prepared batch."""
+        raise NotImplementedError
 
-    def labels(self, run: Run) -> list[str]:
+    def prepare(self, run: Run) -> S:
+        """Compute what every unit shares (a calibration, a clean pass, ...): the typed state."""
+        return NoState()  # type: ignore[return-value]
+
+    def labels(self, run: Run, state: S) -> list[str]:
         """The units' labels, in order (default: the item blocks)."""
         return block_labels(run.blocks)
 
-    def fields(self, run: Run) -> tuple[str, ...]:
+    def fields(self, run: Run) -> tuple[str, ...] | None:
         """The names of the arrays one unit yields (the checkpoint's fields)."""
         raise NotImplementedError
 
-    def fingerprint(self, run: Run) -> dict[str, Any]:
+    def fingerprint(self, run: Run, state: S) -> dict[str, Any]:
         """Settings beyond the model and the items that change the numbers (the checkpoint's fingerprint)."""
         return {}
 
-    def per_call(self, run: Run) -> int:
+    def per_call(self, run: Run, state: S) -> int:
         """Units per ``compute`` call (a batched pass over several cells)."""
         return 1
 
-    def compute(self, run: Run, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+    def compute(self, run: Run, state: S, idx: list[int]) -> list[Any]:
         raise NotImplementedError
 
-    def result(self, run: Run, parts: list[tuple[np.ndarray, ...]]) -> Any:
+    def result(self, run: Run, state: S, parts: list[Any]) -> Any:
         raise NotImplementedError
 
 
-def run(analysis: Analysis, model: Any, task: Any, options: Common, arguments: dict[str, Any]) -> Any:
-    """Run ``analysis`` on ``model`` (see the module docstring for the steps)."""
+def checked(analysis: A, model: PhaseModel, options: Common) -> A:
+    """Every check of a call, once, before any item is built: the model, the common options, then the
+    analysis's own (the checked analysis)."""
     check_model(model)
     if not analysis.black_box:
         refuse_black_box(model, analysis.name)
     options.check()
-    analysis.check(model, options)
-    if options.phase is not None and options.residues is not None:
-        raise InputError("pass residues or phase, not both.")
+    return analysis.check(model, options)
+
+
+def run(analysis: Analysis[Any], model: PhaseModel, task: Any, arguments: dict[str, Any]) -> Any:
+    """Run ``analysis`` on ``model`` with the call's ``arguments`` (:func:`arguments_of`; the common options
+    are read from them, :meth:`Common.of`). See the module docstring for the steps."""
+    options = Common.of(arguments)
+    analysis = checked(analysis, model, options)
+    item_options = dict(n_per_residue=options.n_per_residue, residues=options.residues, phase=options.phase,
+                        seed=options.seed, stride=options.stride)
     if analysis.prices_only():  # a dry run: priced without building the run's items
-        from phaselens.analyses.items import plan_items
-
-        task, spec, items = plan_items(model, task, n_per_residue=options.n_per_residue, residues=options.residues,
-                                       phase=options.phase, seed=options.seed, stride=options.stride)
-        return analysis.dry_run(Run(analysis.name, model, task, spec, items, options, arguments))
-    task, spec, batch = build_items(model, task, n_per_residue=options.n_per_residue, residues=options.residues,
-                                    phase=options.phase, seed=options.seed, stride=options.stride,
-                                    batch_size=options.batch_size)
+        task, spec, items = plan_items(model, task, **item_options)
+        return analysis.dry_run(model, items, options)
+    task, spec, batch = build_items(model, task, batch_size=options.batch_size, **item_options)
     if analysis.needs_phases:
-        from phaselens.analyses.items import check_battery_items
-
         check_battery_items(spec, batch, options.stride, analysis.name)
     r = Run(analysis.name, model, task, spec, batch, options, arguments)
-    plan = analysis.dry_run(r)
-    if plan is not None:
-        return plan
-    analysis.prepare(r)
-    labels = analysis.labels(r)
+    state = analysis.prepare(r)
     store = None
     if options.checkpoint is not None:  # hashing the weights is cheap next to the run, but only needed to resume
         from phaselens.runtime.fingerprints import analysis_fingerprint
 
         fp = analysis_fingerprint(model, analysis=analysis.name, items=batch.tokens, query_pos=batch.query_pos,
                                   answers=batch.answer, wrong=batch.wrong, batch_size=options.batch_size,
-                                  **analysis.fingerprint(r))
+                                  **analysis.fingerprint(r, state))
         store = open_checkpoint(options.checkpoint, fp, analysis.fields(r))
-    parts = r.units(lambda idx: analysis.compute(r, idx), labels, stage=analysis.stage, unit=analysis.unit,
-                    bar_unit=analysis.bar_unit, per_call=analysis.per_call(r), leave=analysis.leave, store=store)
-    return analysis.result(r, parts)
+    parts = r.units(lambda idx: analysis.compute(r, state, idx), analysis.labels(r, state), stage=analysis.stage,
+                    unit=analysis.unit, bar_unit=analysis.bar_unit, per_call=analysis.per_call(r, state),
+                    leave=analysis.leave, store=store)
+    return analysis.result(r, state, parts)
 
 
 def public(fn: F) -> F:
-    """Decorate a public analysis function: its model argument (the first, or ``model=``) is adapted once
-    (:func:`~phaselens.contract.adapting.as_phase_model`: a transformers model, an nnsight envoy or a
-    TransformerLens bridge becomes a phaselens model, at the call's ``stride=`` where the model has no
-    compression), and its result's metadata gets ``world_size`` and ``shards`` (one entry per sharded stage:
-    which units each rank computed, which were resumed)."""
+    """Decorate a public analysis function.
+
+    * Its signature is spelled out: ``**options: Unpack[CommonOptions]`` becomes one keyword per common option,
+      with its type and its default from :class:`Common` (``help()``, ``inspect.signature`` and
+      :func:`arguments_of` read it), and a keyword it does not name is a TypeError, as for any function.
+    * Its model argument (the first, or ``model=``) is adapted once
+      (:func:`~phaselens.contract.adapting.as_phase_model`: a transformers model, an nnsight envoy or a
+      TransformerLens bridge becomes a phaselens model, at the call's ``stride=`` where the model has no
+      compression).
+    * Its result's metadata gets ``world_size`` and ``shards`` (one entry per sharded stage: which units each
+      rank computed, which were resumed)."""
+    signature = spelled_out(fn)
 
     @functools.wraps(fn)
     def adapted(*args: Any, **kwargs: Any) -> Any:
+        signature.bind(*args, **kwargs)  # an unknown keyword, or one given twice, is refused as Python would
         stride = kwargs.get("stride")
         if args:
             args = (as_phase_model(args[0], stride=stride), *args[1:])
@@ -239,19 +294,46 @@ def public(fn: F) -> F:
             kwargs["model"] = as_phase_model(kwargs["model"], stride=stride)
         return fn(*args, **kwargs)
 
-    return sharded(adapted)  # type: ignore[return-value]
+    wrapper = sharded(adapted)
+    wrapper.__signature__ = signature  # type: ignore[attr-defined]
+    return wrapper
+
+
+def spelled_out(fn: Callable[..., Any]) -> inspect.Signature:
+    """``fn``'s signature with its ``**options: Unpack[...]`` written out as keyword-only parameters (after
+    ``n_per_residue`` where it has one), each with its annotation and its default from :class:`Common`."""
+    sig = inspect.signature(fn)
+    params = list(sig.parameters.values())
+    if not params or params[-1].kind is not inspect.Parameter.VAR_KEYWORD:
+        return sig
+    annotation = params[-1].annotation
+    if isinstance(annotation, str):  # postponed annotations: read in the defining module
+        annotation = eval(annotation, fn.__globals__)  # noqa: S307 (our own source)
+    (keywords,) = typing.get_args(annotation)
+    defaults = {f.name: f.default for f in fields(Common)}
+    common = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name], annotation=hint)
+              for name, hint in typing.get_type_hints(keywords).items()]
+    own = params[:-1]
+    at = next((i + 1 for i, p in enumerate(own) if p.name == "n_per_residue"), len(own))
+    return sig.replace(parameters=[*own[:at], *common, *own[at:]])
 
 
 def arguments_of(fn: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:
     """The exact arguments of a call of the public ``fn`` from its ``locals()``: every parameter of its
-    signature but ``model`` and ``task``, paths as strings (a result's ``metadata["arguments"]``)."""
+    (spelled-out) signature but ``model`` and ``task``, defaults included, paths as strings (a result's
+    ``metadata["arguments"]``; :meth:`Common.of` reads the common options from them)."""
+    given = dict(values)
+    for p in inspect.signature(inspect.unwrap(fn)).parameters.values():
+        if p.kind is inspect.Parameter.VAR_KEYWORD:
+            given.update(values.get(p.name) or {})
     out = {}
-    for name in inspect.signature(inspect.unwrap(fn)).parameters:
+    for name, p in inspect.signature(fn).parameters.items():
         if name in ("model", "task"):
             continue
-        value = values.get(name)
+        value = given.get(name, p.default)
         out[name] = str(value) if isinstance(value, os.PathLike) else value
     return out
 
 
-__all__ = ["Analysis", "Common", "N_BOOTSTRAP", "Run", "arguments_of", "public", "run"]
+__all__ = ["Analysis", "Common", "CommonOptions", "N_BOOTSTRAP", "NoState", "ResamplingOptions", "Run",
+           "arguments_of", "checked", "public", "run", "spelled_out"]
