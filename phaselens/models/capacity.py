@@ -108,8 +108,8 @@ class _Sized:
 
         check_v4_config(self.raw, where=f"{self.root / 'config.json'}")  # load_hf's check, its message
         meta = _v4_meta(self.root, packed=True)
-        self.dense = _bytes(_v4_meta(self.root, packed=False))
-        self.stored = _bytes(meta)
+        self.dense = held_bytes(_v4_meta(self.root, packed=False))
+        self.stored = held_bytes(meta)
         self.engram = 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -118,7 +118,7 @@ class _Sized:
                           "does on CUDA (on CPU transformers dequantizes them).")
 
     def weights(self) -> int:
-        return _bytes(self.meta)
+        return held_bytes(self.meta)
 
     def host_bytes(self) -> int:
         """Bytes device maps keep in host memory (``host_resident`` modules: Engram's tables)."""
@@ -193,7 +193,8 @@ def fullest(sizes: list[int], k: int) -> int:
     return lo
 
 
-def _bytes(model: Any) -> int:
+def held_bytes(model: Any) -> int:
+    """Bytes the model's module holds in parameters and buffers (at their dtypes; meta tensors count too)."""
     from phaselens.contract.protocol import module_of
 
     m = module_of(model)

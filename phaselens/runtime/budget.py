@@ -25,7 +25,6 @@ count they cannot create (``--threads 1000000000`` aborted inside libgomp).
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 from collections.abc import Callable
@@ -242,9 +241,3 @@ def check_threads(value: Any, *, name: str = "threads") -> int:
         raise InputError(f"{name}={n} is outside 1..{cap}: this machine gives the process {usable_cpus()} CPU(s) "
                          f"(at most {cap} threads are allowed); pass {name}={min(usable_cpus(), cap)} or fewer.")
     return n
-
-
-def fits_per_residue(n_residues: int, seq_len: int) -> int | None:
-    """The largest ``n_per_residue`` whose items fit in host memory now (``None``: unknown)."""
-    host = host_available()
-    return None if host is None else max(0, math.floor(host / max(items_bytes(n_residues, seq_len), 1)))
