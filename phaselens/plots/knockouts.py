@@ -6,7 +6,7 @@ boundary-phase residues outlined. Cells whose value is undefined are marked and 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
@@ -20,6 +20,11 @@ from phaselens.plots.theme import (
     mark_boundary,
     mark_undefined,
 )
+
+if TYPE_CHECKING:  # annotations only: plots sit below the analyses that define the result types
+    from phaselens.analyses.attribution import AttributionMap
+    from phaselens.analyses.maps import PhaseMap
+    from phaselens.analyses.patching import PatchResult
 
 try:  # the threshold below which a relative change is undefined (a constant of the analysis, for the legend)
     from phaselens.stats.effects import EPS_CLEAN
@@ -42,7 +47,7 @@ def _colorbar_title(quantity: str) -> str:
     return {"rel_change": "% change", "delta_logit_diff": "Δ logit diff"}.get(quantity, quantity)
 
 
-def head_phase_heatmap(pm: Any, *, control: Any = None, quantity: str = "rel_change", names: tuple[str, str] | None = None,
+def head_phase_heatmap(pm: PhaseMap, *, control: PhaseMap | None = None, quantity: str = "rel_change", names: tuple[str, str] | None = None,
                        title: str | None = None) -> go.Figure:
     """Head x residue knockout effect of a ``PhaseMap``, one row per layer, diverging colours centred at 0.
 
@@ -87,7 +92,7 @@ def head_phase_heatmap(pm: Any, *, control: Any = None, quantity: str = "rel_cha
     return fig
 
 
-def layer_knockout_map(pm: Any, *, control: Any = None, names: tuple[str, str] | None = None,
+def layer_knockout_map(pm: PhaseMap, *, control: PhaseMap | None = None, names: tuple[str, str] | None = None,
                        title: str | None = None) -> go.Figure:
     """Layer x residue map of whole-layer knockouts (the paper's DeepSeek-style map); ``control`` beside it."""
     maps = [pm] if control is None else [pm, control]
@@ -115,7 +120,7 @@ def layer_knockout_map(pm: Any, *, control: Any = None, names: tuple[str, str] |
     return fig
 
 
-def patch_heatmap(res: Any, *, title: str | None = None) -> go.Figure:
+def patch_heatmap(res: PatchResult, *, title: str | None = None) -> go.Figure:
     """Normalized recovery per head and residue from activation patching."""
     lab = res.recovery
     L, H, M = lab.values.shape
@@ -133,7 +138,7 @@ def patch_heatmap(res: Any, *, title: str | None = None) -> go.Figure:
     return fig
 
 
-def attribution_heatmap(am: Any, *, title: str | None = None) -> go.Figure:
+def attribution_heatmap(am: AttributionMap, *, title: str | None = None) -> go.Figure:
     """Estimated change of the logit difference per head and residue (an ``AttributionMap``)."""
     lab = am.estimate
     L, H, M = lab.values.shape

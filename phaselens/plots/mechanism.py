@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
@@ -20,8 +20,12 @@ from phaselens.plots.theme import (
     mark_boundary,
 )
 
+if TYPE_CHECKING:  # annotations only: plots sit below the analyses that define the result types
+    from phaselens.analyses.cycling import GateCyclingResult
+    from phaselens.analyses.recording import Recording
 
-def read_side_attention(rec: Any, quantity: str = "key_entries", *, title: str | None = None) -> go.Figure:
+
+def read_side_attention(rec: Recording, quantity: str = "key_entries", *, title: str | None = None) -> go.Figure:
     """Attention mass at the query on the entries holding the target key, layer facets of head x residue."""
     lab = rec.read[quantity]
     layers = [int(x) for x in lab.coords["layer"]]
@@ -40,7 +44,7 @@ def read_side_attention(rec: Any, quantity: str = "key_entries", *, title: str |
     return fig
 
 
-def gate_profiles(rec: Any, *, title: str | None = None) -> go.Figure:
+def gate_profiles(rec: Recording, *, title: str | None = None) -> go.Figure:
     """Mean gate weight E[alpha] per window offset relative to uniform pooling (1/W): one panel per (layer, path).
 
     Colour is log2(W * E[alpha]) on a diverging scale centred at uniform (white), labelled as multiples of
@@ -87,7 +91,7 @@ def gate_profiles(rec: Any, *, title: str | None = None) -> go.Figure:
     return fig
 
 
-def gate_concentration(rec: Any, *, title: str | None = None) -> go.Figure:
+def gate_concentration(rec: Recording, *, title: str | None = None) -> go.Figure:
     """Static exp(H(E[alpha])) against per-window E[exp(H(alpha))], one point per (layer, path, KV head)."""
     lab = rec.concentration
     fig = figure(title or "Gate concentration (1 = one offset, W = uniform)",
@@ -119,7 +123,7 @@ def r2_note(r2: float) -> str:
     return f"R^2 = {r2:.2f}: the cycled prediction explains {100 * r2:.0f}% of the variance of the observed accuracy"
 
 
-def gate_cycling_scatter(res: Any, *, title: str | None = None) -> go.Figure:
+def gate_cycling_scatter(res: GateCyclingResult, *, title: str | None = None) -> go.Figure:
     """Observed A_delta(p) against predicted A_0((p - delta) mod S), with R^2 (boundary phase separate).
 
     R^2 = 1 - SS_res / SS_tot around the identity line; it is negative when the prediction is worse than

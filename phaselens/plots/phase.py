@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import plotly.graph_objects as go
@@ -11,8 +11,13 @@ from plotly.subplots import make_subplots
 from phaselens.core.errors import InputError
 from phaselens.plots.theme import BOUNDARY, COMPRESSED, CONTROL, CYCLE_COLORS, TEMPLATE, figure, phase_label
 
+if TYPE_CHECKING:  # annotations only: plots sit below the analyses that define the result types
+    from phaselens.analyses.ablation import AblationResult
+    from phaselens.analyses.evaluation import PhaseEval
+    from phaselens.analyses.repair import RepairTable
 
-def accuracy_by_residue(ev: Any, control: Any = None, *, title: str | None = None, name: str | None = None) -> go.Figure:
+
+def accuracy_by_residue(ev: PhaseEval, control: PhaseEval | None = None, *, title: str | None = None, name: str | None = None) -> go.Figure:
     """Accuracy against phase with Wilson 95% bars, one line per cycle of S residues (``PhaseEval``).
 
     Residues ``c*S .. c*S + S - 1`` form cycle ``c``; lines that coincide show the effect is periodic in S.
@@ -50,7 +55,7 @@ def accuracy_by_residue(ev: Any, control: Any = None, *, title: str | None = Non
     return fig
 
 
-def phase_rose(result: Any, *, title: str | None = None) -> go.Figure:
+def phase_rose(result: PhaseEval | AblationResult, *, title: str | None = None) -> go.Figure:
     """Barpolar of accuracy (``PhaseEval``) or knockout damage (``AblationResult``) by phase."""
     if hasattr(result, "per_phase") and "rel_change" in result.per_phase().columns:
         ph = result.per_phase()
@@ -71,7 +76,7 @@ def phase_rose(result: Any, *, title: str | None = None) -> go.Figure:
     return fig
 
 
-def periodicity_panel(ev: Any, *, title: str | None = None) -> go.Figure:
+def periodicity_panel(ev: PhaseEval, *, title: str | None = None) -> go.Figure:
     """Harmonic-energy bars (DFT power of the residue profile; period-S bins highlighted) and battery p-values."""
     counts = ev.tests.counts if hasattr(ev, "tests") else ev
     h = counts.harmonic
@@ -102,7 +107,7 @@ def periodicity_panel(ev: Any, *, title: str | None = None) -> go.Figure:
     return fig
 
 
-def repair_panel(table: Any, key: tuple[str, str] | None = None, *, title: str | None = None) -> go.Figure:
+def repair_panel(table: RepairTable, key: tuple[str, str] | None = None, *, title: str | None = None) -> go.Figure:
     """Accuracy by phase before and after phase repair (a ``RepairTable``), Wilson 95% bars."""
     key = key or (("all", "max_conf") if ("all", "max_conf") in table.evals else table.best())
     before, after = table.base.per_phase(), table.evals[key].per_phase()
