@@ -34,19 +34,18 @@ from phaselens.core.errors import InputError, PhaseLensError, ResidueError
 # ---- one check per kind of argument ----------------------------------------------------------------------
 def check_phase(value: Any, stride: int, *, name: str = "phase") -> int:
     """``value`` as an int in ``0..stride-1``: InputError for a non-integer, ResidueError when out of range."""
-    v = as_int(name, value, fix=f"A phase is an integer in 0..{stride - 1}.")
-    if not 0 <= v < stride:
-        raise ResidueError(f"{name} {v} is outside 0..{stride - 1} (phases are residues mod the stride {stride}); "
-                           f"pass one of 0..{stride - 1}.")
-    return v
+    return _below(name, value, stride, "A phase", f"phases are residues mod the stride {stride}")
 
 
 def check_residue(value: Any, modulus: int, *, name: str = "residue") -> int:
     """``value`` as an int in ``0..modulus-1``: InputError for a non-integer, ResidueError when out of range."""
-    v = as_int(name, value, fix=f"A residue is an integer in 0..{modulus - 1}.")
-    if not 0 <= v < modulus:
-        raise ResidueError(f"{name} {v} is outside 0..{modulus - 1} (residues mod {modulus}); pass one of "
-                           f"0..{modulus - 1}.")
+    return _below(name, value, modulus, "A residue", f"residues mod {modulus}")
+
+
+def _below(name: str, value: Any, bound: int, what: str, why: str) -> int:
+    v = as_int(name, value, fix=f"{what} is an integer in 0..{bound - 1}.")
+    if not 0 <= v < bound:
+        raise ResidueError(f"{name} {v} is outside 0..{bound - 1} ({why}); pass one of 0..{bound - 1}.")
     return v
 
 

@@ -29,43 +29,38 @@ def _long_name(path: Path) -> str:
 def why_not_written(err: OSError, path: str | os.PathLike) -> str:
     """The cause of a failed write of ``path`` and what to do, in one sentence (no traceback needed)."""
     path = Path(path)
-    code = err.errno
-    if code in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
-        return (f"the disk is full (no space left on the device holding {path.parent}); free some space or "
-                "write elsewhere. Nothing was replaced: the previous version, if any, is intact.")
-    if code in (errno.EACCES, errno.EPERM):
-        return f"permission denied writing {path}; choose a folder you can write to, or change its permissions."
-    if code == errno.EROFS:
-        return f"{path} is on a read-only file system; choose a writable place."
-    if code == errno.ENAMETOOLONG:
-        return f"the file name is too long ({_long_name(path)}): {str(path)[:80]}...; choose a shorter name."
-    if code == errno.ENOTDIR:
-        return f"a part of {path} is a file, not a folder; choose another path."
-    if code == errno.EISDIR:
-        return f"{path} is a directory, but a file goes there; pass a file path."
-    if code == errno.ENOENT:
-        return f"a folder on the way to {path} does not exist (or was removed while writing); create it first."
-    if code == errno.EEXIST:
-        return f"{path} appeared while phaselens was writing it; write again."
-    return f"{path} could not be written ({err.strerror or err}); check the path and the disk."
+    return _said(err, {
+        (errno.ENOSPC, getattr(errno, "EDQUOT", -1)): (
+            f"the disk is full (no space left on the device holding {path.parent}); free some space or write "
+            "elsewhere. Nothing was replaced: the previous version, if any, is intact."),
+        (errno.EACCES, errno.EPERM): (
+            f"permission denied writing {path}; choose a folder you can write to, or change its permissions."),
+        (errno.EROFS,): f"{path} is on a read-only file system; choose a writable place.",
+        (errno.ENAMETOOLONG,): f"the file name is too long ({_long_name(path)}): {str(path)[:80]}...; choose a shorter name.",
+        (errno.ENOTDIR,): f"a part of {path} is a file, not a folder; choose another path.",
+        (errno.EISDIR,): f"{path} is a directory, but a file goes there; pass a file path.",
+        (errno.ENOENT,): f"a folder on the way to {path} does not exist (or was removed while writing); create it first.",
+        (errno.EEXIST,): f"{path} appeared while phaselens was writing it; write again.",
+    }, f"{path} could not be written ({err.strerror or err}); check the path and the disk.")
 
 
 def why_not_read(err: OSError, path: str | os.PathLike) -> str:
     """The cause of a failed read of ``path`` (the file was not changed, and is not known to be damaged)."""
     path = Path(path)
-    code = err.errno
-    if code in (errno.EACCES, errno.EPERM):
-        return (f"{path} cannot be read: permission denied. The file itself may be fine: give yourself read "
-                f"permission (e.g. chmod u+r {path}) or run as its owner.")
-    if code == errno.EISDIR:
-        return f"{path} is a directory, but a file is needed there."
-    if code == errno.ENAMETOOLONG:
-        return f"the file name is too long ({_long_name(path)}); pass a shorter path."
-    if code == errno.ENOENT:
-        return f"{path} is missing."
-    if code == errno.EIO:
-        return f"{path} cannot be read: an input/output error from the disk ({err.strerror}); check the device."
-    return f"{path} cannot be read ({err.strerror or err}); check that it exists and that you may read it."
+    return _said(err, {
+        (errno.EACCES, errno.EPERM): (
+            f"{path} cannot be read: permission denied. The file itself may be fine: give yourself read permission "
+            f"(e.g. chmod u+r {path}) or run as its owner."),
+        (errno.EISDIR,): f"{path} is a directory, but a file is needed there.",
+        (errno.ENAMETOOLONG,): f"the file name is too long ({_long_name(path)}); pass a shorter path.",
+        (errno.ENOENT,): f"{path} is missing.",
+        (errno.EIO,): f"{path} cannot be read: an input/output error from the disk ({err.strerror}); check the device.",
+    }, f"{path} cannot be read ({err.strerror or err}); check that it exists and that you may read it.")
+
+
+def _said(err: OSError, by_code: dict[tuple[int, ...], str], otherwise: str) -> str:
+    """The sentence for ``err``'s errno (the first entry whose codes hold it), else ``otherwise``."""
+    return next((said for codes, said in by_code.items() if err.errno in codes), otherwise)
 
 
 @contextmanager

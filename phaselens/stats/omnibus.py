@@ -45,15 +45,8 @@ def chi2_statistic(correct: ArrayLike | int | float, n: ArrayLike | int | float)
 
 
 def g_statistic(correct: ArrayLike | int | float, n: ArrayLike | int | float) -> np.ndarray:
-    """Likelihood-ratio G = 2 Σ O ln(O / E) of each 2 × R table in a batch.
-
-    Args:
-        correct: ``(..., R)`` correct answers per residue.
-        n: an int or ``(..., R)`` trials per residue.
-
-    Returns:
-        ``(...)`` statistics (df = R − 1 each); 0 for tables that are all correct or all wrong.
-    """
+    """Likelihood-ratio G = 2 Σ O ln(O / E) of each 2 × R table in a batch: the arguments and the ``(...)``
+    statistics as in :func:`chi2_statistic` (df = R − 1; 0 for tables all correct or all wrong)."""
     c, t = check_counts(correct, n)
     e1, e0 = _expected(c, t)
     w = t - c

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pandas as pd
 
@@ -122,20 +122,7 @@ class BootstrapResult:
     scheme: str
 
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(
-            [
-                {
-                    "statistic": self.name,
-                    "estimate": self.estimate,
-                    "ci_low": self.ci_low,
-                    "ci_high": self.ci_high,
-                    "level": self.level,
-                    "n_bootstrap": self.n_bootstrap,
-                    "n_dropped": self.n_dropped,
-                    "scheme": self.scheme,
-                }
-            ]
-        )
+        return _one_row(self, ("estimate", "ci_low", "ci_high", "level", "n_bootstrap", "n_dropped", "scheme"))
 
     def __repr__(self) -> str:
         return (
@@ -175,21 +162,8 @@ class GapInterval:
     method: ClassVar[str] = "pairwise differences: simultaneous lower bound, single-pair upper bound"
 
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(
-            [
-                {
-                    "statistic": self.name,
-                    "estimate": self.estimate,
-                    "ci_low": self.ci_low,
-                    "ci_high": self.ci_high,
-                    "level": self.level,
-                    "upper_bound": self.upper_bound,
-                    "scheme": self.scheme,
-                    "critical_low": self.critical_low,
-                    "critical_high": self.critical_high,
-                }
-            ]
-        )
+        return _one_row(self, ("estimate", "ci_low", "ci_high", "level", "upper_bound", "scheme", "critical_low",
+                               "critical_high"))
 
     def __repr__(self) -> str:
         return (
@@ -197,3 +171,8 @@ class GapInterval:
             f"[{self.ci_low:.4g}, {self.ci_high:.4g}] at {self.level:.0%}, "
             f"one-sided upper {self.upper_bound:.4g})"
         )
+
+
+def _one_row(result: Any, columns: tuple[str, ...]) -> pd.DataFrame:
+    """One row: ``statistic`` (the result's ``name``), then ``columns`` read from the result."""
+    return pd.DataFrame([{"statistic": result.name, **{c: getattr(result, c) for c in columns}}])
