@@ -66,7 +66,7 @@ def phase(name: str, recipe_name: str, *, batch: int, micro: int, max_steps: int
     t0 = time.perf_counter()
     first = 20 if resume_part else max_steps
     train_family(recipe.config, data, recipe.settings, run_dir, parallel=par, progress=False, stop_after=first,
-                 time_limit=budget_s * (0.4 if resume_part else 0.75))
+                 time_limit=budget_s * (0.4 if resume_part else 0.75), peak_tflops=ARGS.peak_tflops)
     first_wall = time.perf_counter() - t0
     log = read_log(run_dir)
     done, resume_wall = log["step"][-1], None
@@ -75,10 +75,13 @@ def phase(name: str, recipe_name: str, *, batch: int, micro: int, max_steps: int
         left = budget_s - (t1 - t0)
         if left > 10:
             train_family(recipe.config, data, recipe.settings, run_dir, parallel=par, progress=False,
-                         stop_after=max_steps, time_limit=left * 0.7)
+                         stop_after=max_steps, time_limit=left * 0.7, peak_tflops=ARGS.peak_tflops)
             resume_wall = time.perf_counter() - t1
             log = read_log(run_dir)
             done = log["step"][-1]
+    from phaselens.train.metrics import read_metrics
+
+    interval = read_metrics(run_dir)  # the trainer's own interval records (loss, grad norm, MFU, peak memory)
     shutil.rmtree(run_dir, ignore_errors=True)
     s = np.asarray(log["seconds"])
     k = first if done > first + 2 else min(5, len(s) - 2)  # steady state: the resumed part, or after warm-up
@@ -97,6 +100,7 @@ def phase(name: str, recipe_name: str, *, batch: int, micro: int, max_steps: int
             "peak_allocated_gib": peak,
             "plan_estimate_gib": plan.memory_per_gpu / 2**30,
             "plan_memory_gib": {key: v / 2**30 for key, v in plan.memory.items()},
+            "trainer_metrics_last": interval[-1] if interval else None,
             "first_part_wall_s": first_wall, "resumed_part_wall_s": resume_wall,
             "loss_first": log["loss"][0], "loss_last": log["loss"][-1]}
 

@@ -361,13 +361,15 @@ def test_train_state_killed(tmp_path, reference_run, one_thread, mode):
         pid, rfd = run_child(train_writer(run))
         wait_ticks(rfd, 2)
         finish(pid, rfd, kill_after=random.Random(11).uniform(0, 0.2))
-    else:  # between the weights' replace and the JSON copy's replace, at step 3
-        pid, rfd = run_child(train_writer(run), die_at="file:replaced", nth=5)
+    else:  # between step 3's rank file and its commit: replaces 1 metrics.jsonl, then per step the rank file,
+        # the step's log.json, latest.json and the run's log.json (the 10th: step 3's rank file)
+        pid, rfd = run_child(train_writer(run), die_at="file:replaced", nth=10)
         assert finish(pid, rfd, kill_after=None) == "killed"
-        assert json.loads((run / "train_state.json").read_text())["step"] == 2  # the copy lags one checkpoint
+        assert (run / "checkpoints" / "step-000000003" / "rank0-of-1.safetensors").is_file()
+        assert json.loads((run / "checkpoints" / "latest.json").read_text())["step"] == 2  # not committed
     resumed = train(CFG, batch_fn, TRAIN, run, progress=False)
     if mode == "between":
-        assert resumed.resumed_from == 3  # the weights file is the truth
+        assert resumed.resumed_from == 2  # the pointer is the truth: a step it does not name is ignored
     assert same_weights(resumed.model, reference_run.model) and resumed.losses == reference_run.losses
     assert untouched(saved) and no_temporaries(run)
 
@@ -445,12 +447,6 @@ def _write_cache(d, overwrite):
     ResultCache(d).put("w4s4", "fp", {"x": 1})
 
 
-def _write_train_state(d, overwrite):
-    from phaselens.train.loop import _atomic_save
-
-    _atomic_save(d, {"w": torch.zeros(2)}, {"step": 1, "losses": [], "val_acc": []})
-
-
 def _write_zoo_dir(d, overwrite):
     from phaselens.train.zoo import save_zoo_model
     from tests.support.models import tiny_task
@@ -481,7 +477,7 @@ def _write_training_run(d, overwrite):
 
 
 WRITERS = {"result": _write_result, "training_run": _write_training_run, "model": _write_model, "report": _write_report, "csv": _write_csv, "checkpoint": _write_checkpoint,
-           "cache": _write_cache, "train_state": _write_train_state, "zoo": _write_zoo_dir}
+           "cache": _write_cache, "zoo": _write_zoo_dir}
 NAMES = ["notes.txt", "figures/mine.png", "figures/top.png", "figures", "index.html", "results.json",
          "config.json", "model.safetensors", "card.json", "sub/data.csv", "out.csv", "map.ckpt", "w4s4.json",
          "train_state.json", "train_state.safetensors", "headline.csv", "eval_batch.safetensors",
@@ -491,7 +487,6 @@ NAMES = ["notes.txt", "figures/mine.png", "figures/top.png", "figures", "index.h
 # the names each writer writes itself: half the user's files are drawn from these, so every writer meets a
 # user's file (or a FIFO, or a symbolic link) at each of its own paths within the default examples
 OWN = {"result": ["result.phaselens"], "csv": ["out.csv"], "checkpoint": ["map.ckpt"], "cache": ["w4s4.json"],
-       "train_state": ["train_state.json", "train_state.safetensors"],
        "model": ["config.json", "model.safetensors", "card.json"],
        "zoo": ["config.json", "model.safetensors", "card.json", "eval_batch.safetensors"],
        "report": ["index.html", "results.json", "figures/top.png", "figures/map.png", "headline.csv"],

@@ -8,7 +8,7 @@ from phaselens.core.errors import ZooError
 from phaselens.models.compressed.config import CompressedConfig, CompressorSpec, RopeSpec
 from phaselens.tasks import KVRecall
 from phaselens.tasks.induction import RepeatedSegments
-from phaselens.train.loop import TrainSettings
+from phaselens.train.settings import TrainSettings
 
 # Training: 12 records spread through filler (in-sequence padding), residues mod 24 (covers S = 4, 6, 8).
 # The target's value lies beyond the 8-token local window, so it is reachable only through entries.

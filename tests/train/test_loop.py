@@ -43,7 +43,7 @@ def test_resume_after_sigkill_is_bit_identical(tmp_path):
     run = tmp_path / "killed"
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT.format(run=str(run))], cwd=ROOT,  # finds tests/
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    state = run / "train_state.json"
+    state = run / "checkpoints" / "latest.json"  # the committed step
     deadline = time.time() + 120
     while time.time() < deadline:  # kill mid-run, once a checkpoint past the first few steps exists
         if state.exists() and json.loads(state.read_text())["step"] >= 12:
@@ -66,16 +66,21 @@ def test_same_seed_same_model_and_other_settings_refused(tmp_path):
     b = train(CFG, batch_fn, TrainSettings(steps=6, batch_size=4, checkpoint_every=3, threads=1), tmp_path / "b",
               progress=False)
     assert all(torch.equal(x, y) for x, y in zip(a.model.state_dict().values(), b.model.state_dict().values()))
-    with pytest.raises(CheckpointError, match="different settings"):
+    with pytest.raises(CheckpointError, match="other settings: the TrainSettings differ"):
         train(CFG, batch_fn, TrainSettings(steps=7, batch_size=4, checkpoint_every=3, threads=1), tmp_path / "a",
               progress=False)
 
 
 def test_checkpoints_are_safetensors_and_json(tmp_path):
     train(CFG, batch_fn, TrainSettings(steps=3, batch_size=4, checkpoint_every=3, threads=1), tmp_path, progress=False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["train_state.json", "train_state.safetensors"]
-    meta = json.loads((tmp_path / "train_state.json").read_text())
-    assert meta["step"] == 3 and len(meta["losses"]) == 3
+    # the family's format (one trainer): a committed step of per-rank safetensors, the loss log, the metrics
+    files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()
+                   and p.name != ".phaselens-manifest.json")
+    assert files == ["checkpoints/latest.json", "checkpoints/step-000000003/log.json",
+                     "checkpoints/step-000000003/rank0-of-1.safetensors", "log.json", "metrics.jsonl"]
+    meta = json.loads((tmp_path / "checkpoints" / "latest.json").read_text())
+    assert meta["step"] == 3 and meta["world_size"] == 1
+    assert len(json.loads((tmp_path / "log.json").read_text())["loss"]) == 3
 
 
 def test_step_aware_batches_for_curricula(tmp_path):
@@ -124,24 +129,21 @@ def test_resume_with_other_data_or_initial_weights_is_refused(tmp_path):
 
 
 def test_a_state_whose_fingerprint_lacks_fields_is_refused(tmp_path):
-    from safetensors.torch import load_file, save_file
+    from phaselens.runtime.files import write_owned_file
 
     train(CFG, batch_fn, SMALL, tmp_path, progress=False, stop_after=2)
-    path = tmp_path / "train_state.safetensors"
-    from safetensors import safe_open
-
-    with safe_open(str(path), framework="pt") as f:
-        meta = json.loads(f.metadata()["phaselens_train_state"])
+    path = tmp_path / "checkpoints" / "latest.json"
+    meta = json.loads(path.read_text())
     del meta["fingerprint"]["data"], meta["fingerprint"]["init"]
-    save_file(load_file(str(path)), str(path), metadata={"phaselens_train_state": json.dumps(meta)})
-    with pytest.raises(CheckpointError, match="different settings: batch_fn gives other batches"):
+    write_owned_file(path, lambda tmp: tmp.write_text(json.dumps(meta)), by="training run")
+    with pytest.raises(CheckpointError, match="other settings: batch_fn gives other batches"):
         train(CFG, batch_fn, SMALL, tmp_path, progress=False)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "random", "header_meta"])
 def test_a_damaged_state_names_the_fix(tmp_path, damage):
     train(CFG, batch_fn, SMALL, tmp_path, progress=False, stop_after=2)
-    path = tmp_path / "train_state.safetensors"
+    path = tmp_path / "checkpoints" / "step-000000002" / "rank0-of-1.safetensors"
     raw = path.read_bytes()
     if damage == "truncate":
         path.write_bytes(raw[: len(raw) // 3])
@@ -150,7 +152,9 @@ def test_a_damaged_state_names_the_fix(tmp_path, damage):
     else:
         from safetensors.torch import load_file, save_file
 
-        save_file(load_file(str(path)), str(path), metadata={"phaselens_train_state": '{"step": 2, "loss'})
+        from phaselens.train.family.checkpoints import FORMAT
+
+        save_file(load_file(str(path)), str(path), metadata={"format": FORMAT, "meta": '{"step": 2, "loss'})
     with pytest.raises(CheckpointError, match="restart from step 0"):
         train(CFG, batch_fn, SMALL, tmp_path, progress=False)
 

@@ -133,7 +133,10 @@ def check_run_dir(run_dir: Path) -> None:
     for where in (run_dir, *run_dir.parents):
         if where.exists() and not where.is_dir():
             raise OutputError(f"the run directory {run_dir} lies under the file {where}; point --runs at a folder.")
-    for path, proves in ((run_dir / LOG, None), (run_dir / "checkpoints" / LATEST, _is_pointer)):
+    from phaselens.train.metrics import METRICS, is_metrics
+
+    for path, proves in ((run_dir / LOG, None), (run_dir / "checkpoints" / LATEST, _is_pointer),
+                         (run_dir / METRICS, is_metrics)):
         if os.path.lexists(path) and not owns_file(path, BY, proves):
             raise OutputError(f"{path} exists and phaselens did not write it (its manifest does not list it "
                               "unchanged), so training would overwrite it; move that file, or pass another "
@@ -149,13 +152,18 @@ def latest(root: Path) -> dict[str, Any] | None:
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{root / LATEST} is not a phaselens family checkpoint pointer; {fix}")
     step, folder, size, fp = (meta.get(k) for k in ("step", "dir", "world_size", "fingerprint"))
-    bad = [k for k, ok in (("step", _count(step, 0)), ("world_size", _count(size, 1)), ("fingerprint", isinstance(fp, str)),
+    bad = [k for k, ok in (("step", _count(step, 0)), ("world_size", _count(size, 1)), ("fingerprint", _fingerprint_ok(fp)),
                            ("dir", isinstance(folder, str) and _STEP.fullmatch(folder) is not None
                             and _count(step, 0) and folder == _step_dir(root, step).name)) if not ok]
     if bad:  # a pointer is data: it never names a folder outside checkpoints/ or a step it does not hold
         raise CheckpointError(f"{root / LATEST} is damaged: its {', '.join(bad)} is missing or malformed "
                               f"(step {step!r}, dir {str(folder)[:40]!r}, world_size {size!r}); {fix}")
     return meta
+
+
+def _fingerprint_ok(fp: Any) -> bool:
+    """One hash, or the run's parts each hashed (``{"config": ..., "data": ...}``)."""
+    return isinstance(fp, str) or (isinstance(fp, dict) and all(isinstance(v, str) for v in fp.values()))
 
 
 def _count(v: Any, low: int) -> bool:
@@ -265,3 +273,53 @@ def restore(tensors: dict[str, torch.Tensor], named: list[tuple[str, torch.Tenso
                 local(buf).copy_(tensors[f"adam.{key}.{name}"].view_as(mine))
                 state[key] = buf
             opt.state[p] = state
+
+
+def load_checkpoint(path: str | os.PathLike, step: int | None = None) -> Any:
+    """The model of a committed training step, for evaluation: a run stopped early (``--time-limit``,
+    ``stop_after``, a preemption) still gives a model.
+
+    ``path``: a run directory, its ``checkpoints`` folder, or one ``checkpoints/step-NNNNNNNNN`` folder;
+    ``step``: which step of a run directory (default: the committed one, ``latest.json``). The step's rank files
+    (from any number of ranks) are resharded to one whole fp32 model on the CPU, built from the config the
+    checkpoint records. Save it with ``model.save(DIR)`` to get a directory that :func:`phaselens.load` reads.
+    """
+    from phaselens.models.compressed.config import CompressedConfig
+    from phaselens.models.compressed.transformer import CompressedTransformer
+
+    p = Path(path)
+    root = p if p.name == "checkpoints" else p / "checkpoints"
+    if _STEP.fullmatch(p.name) and p.is_dir():
+        root, d = p.parent, p
+    elif step is not None:
+        d = _step_dir(root, step)
+    else:
+        pointer = latest(root)
+        if pointer is None:
+            raise CheckpointError(f"{p} holds no committed training step (no {root / LATEST}); pass a run directory "
+                                  "or a checkpoints/step-NNNNNNNNN folder.")
+        d = root / pointer["dir"]
+    fix = "pass another step, or the run's last committed one (its checkpoints/latest.json)."
+    files = sorted(f for f in d.glob("rank0-of-*.safetensors")) if d.is_dir() else []
+    if not files:
+        raise CheckpointError(f"{d} holds no training step's files (rank0-of-N.safetensors); {fix}")
+    size = int(files[0].name.split("-of-")[1].split(".")[0])
+    try:
+        meta = json.loads(safetensors_metadata(files[0], fix=fix).get("meta", ""))
+        cfg = CompressedConfig.from_dict(meta["config"])
+        saved = int(meta["step"])
+    except (ValueError, KeyError, TypeError) as err:
+        raise CheckpointError(f"{files[0]} records no model config ({err}); it was written by a phaselens before "
+                              f"checkpoints loaded as models; {fix}") from None
+    model = CompressedTransformer(cfg)
+    params = dict(model.named_parameters())
+    pointer = {"dir": d.name, "world_size": size, "step": saved}
+    tensors, _ = load(root, pointer, 0, 1, {n: tuple(q.shape) for n, q in params.items()})
+    restore({k: v for k, v in tensors.items() if k.startswith("model.")}, list(params.items()),
+            _NoOptimizer(), d)
+    model.training_step = saved
+    return model.eval()
+
+
+class _NoOptimizer:
+    state: dict[Any, Any] = {}

@@ -268,12 +268,13 @@ def run(a: FamilyArgs, say: Any) -> None:
         print(f"resuming {name} from step {pointer['step']} of {recipe.settings.steps}", file=sys.stderr)
     card = run_recipe(recipe, out=a.out, runs=a.runs, parallel=parallel, pretraining=pretraining,
                       ratio=a.pretrain_ratio, eval_per_residue=a.eval_per_residue, progress=a.progress,
-                      overwrite=a.force, time_limit=a.time_limit)
+                      overwrite=a.force, time_limit=a.time_limit,
+                      peak_tflops=a.peak_tflops if _on_gpu() else None)  # no MFU against a GPU peak on a CPU
     if card is None:
         pointer = ckpt.latest(Path(a.runs) / name / "checkpoints")
         if pointer is not None and pointer["step"] < recipe.settings.steps:
             say(f"{name}: stopped at step {pointer['step']} of {recipe.settings.steps} (time limit); rerun the same "
-                "command to resume.")
+                "command to resume (phaselens.train.load_checkpoint loads the step as a model).")
         return
     t = card["training"]
     line = f"{name}: {t['tokens']:,} tokens, final loss {t['final_loss']:.4f}"
@@ -282,3 +283,9 @@ def run(a: FamilyArgs, say: Any) -> None:
         line += (f"; mean {100 * b['mean']:.1f}%, worst {100 * b['worst']:.1f}%, gap {100 * b['gap']:.1f} pp, "
                  f"period {b['period']}")
     say(f"{line}; written to {Path(a.out) / name} (loss log: {Path(a.runs) / name / 'log.json'})")
+
+
+def _on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from phaselens.core.errors import ConfigError
 from phaselens.train.family.costs import StepFlops, activation_bytes, flops_per_token, layer_kinds
 from phaselens.train.family.recipes import FamilyRecipe, paper_task
+from phaselens.train.settings import batch_split  # noqa: F401  (the plan's check is the run's)
 
 GiB = 2**30
 PEAK_TFLOPS = 989.0  # H100 / H200 SXM, dense bf16
@@ -120,22 +120,6 @@ class TrainPlan:
             f"{self.memory_without_checkpointing / GiB:.2f} GiB: checkpointing {ac} on a {self.gpu_gib * GiB / 1e9:.0f} GB GPU "
             f"(without it, micro-batches of up to {self.largest_micro_batch_without_checkpointing} rows fit)",
         ])
-
-
-def batch_split(batch_size: int, ranks: int, micro_batch: int | None) -> tuple[int, int]:
-    """``(rows per rank, rows per forward)`` of a global batch over ``ranks`` ranks, as the trainer splits it;
-    a :class:`ConfigError` (the trainer's message) when it does not split evenly. The run checks it before
-    building the model, and the plan for each GPU count, so a plan never shows a split the run refuses."""
-    share, rem = divmod(batch_size, ranks)
-    if share == 0:
-        raise ConfigError(f"the global batch ({batch_size} sequences) is smaller than the {ranks} rank(s): each rank "
-                          f"needs at least one sequence; use --batch-size {ranks} or a multiple of it (or fewer GPUs).")
-    micro = micro_batch or share
-    if rem or share % micro:
-        raise ConfigError(f"the global batch ({batch_size} sequences) must split evenly over {ranks} rank(s) "
-                          f"and then into micro-batches of {micro}; choose a batch size that is a multiple of "
-                          f"{ranks * micro}.")
-    return share, micro
 
 
 def _meta_model(recipe: FamilyRecipe) -> Any:

@@ -35,7 +35,7 @@ from phaselens.models.compressed.config import CompressedConfig, CompressorSpec,
 from phaselens.models.compressed.qwen3 import QWEN3_0_6B
 from phaselens.tasks import KVRecall
 from phaselens.tasks.induction import RepeatedSegments
-from phaselens.train.loop import TrainSettings
+from phaselens.train.settings import TrainSettings
 
 PREFIX = "paper-"
 LOCAL_WINDOW = 16

@@ -55,9 +55,11 @@ def validation(rank: int, size: int) -> Any:
 def run_recipe(recipe: FamilyRecipe, *, out: str | Path, runs: str | Path, parallel: Parallelism | None = None,
                pretraining: TokenFiles | None = None, ratio: float = 0.0, eval_per_residue: int = 256,
                progress: bool = True, overwrite: bool = False, stop_after: int | None = None,
-               time_limit: float | None = None) -> dict[str, Any] | None:
+               time_limit: float | None = None, peak_tflops: float | None = None) -> dict[str, Any] | None:
     """Train (or resume) ``recipe`` and write ``out/NAME-SIZE``; returns the card on rank 0 (None elsewhere, and
-    when ``stop_after`` or ``time_limit`` seconds end the run early: rerun to resume)."""
+    when ``stop_after`` or ``time_limit`` seconds end the run early: rerun to resume; the last committed step
+    loads with :func:`phaselens.train.load_checkpoint`). ``peak_tflops``: the GPU's peak, for the MFU in
+    ``RUN_DIR/metrics.jsonl``."""
     from phaselens.runtime.world import local, process_world
     from phaselens.train.family.trainer import _barrier
 
@@ -67,7 +69,7 @@ def run_recipe(recipe: FamilyRecipe, *, out: str | Path, runs: str | Path, paral
     data = family_data(recipe, pretraining, ratio)
     res = train_family(recipe.config, data, recipe.settings, Path(runs) / name, parallel=parallel,
                        val=validation(world.rank, world.size), data_description=data.describe(),
-                       progress=progress, stop_after=stop_after, time_limit=time_limit)
+                       progress=progress, stop_after=stop_after, time_limit=time_limit, peak_tflops=peak_tflops)
     card = None
     if res.model is not None:
         with local():  # rank 0 alone: the other ranks wait at the barrier below
