@@ -50,7 +50,8 @@ def train(
     gpus: Annotated[str | None, typer.Option("--gpus", metavar="LIST", help=(
         f"{FAMILY_HELP} GPU counts to plan for, comma-separated (default: 1,8,64)."))] = None,
     mfu: Annotated[float, typer.Option("--mfu", metavar="U", min=0.01, max=1.0, help=(
-        f"{FAMILY_HELP} Model-FLOPs utilisation the plan's GPU-hours assume."))] = 0.40,
+        f"{FAMILY_HELP} Utilisation of the peak the plan's GPU-hours assume, on the FLOPs the GPU executes "
+        "(activation checkpointing's recompute included)."))] = 0.40,
     peak_tflops: Annotated[float, typer.Option("--peak-tflops", metavar="T", min=1.0, help=(
         f"{FAMILY_HELP} Peak TFLOP/s per GPU the plan assumes (default: 989, dense bf16 H100/H200)."))] = 989.0,
     tokens: Annotated[float | None, typer.Option("--tokens", metavar="N", help=(
