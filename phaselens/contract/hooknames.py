@@ -16,9 +16,23 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from phaselens.core.errors import HookNameError
+
+
+@dataclass(frozen=True)
+class HookPoint:
+    """A named hook site of a model kind that hooks a model it did not build (the DeepSeek-V4 and causal-LM
+    adapters): its name, block (``None`` outside the blocks), kind of site (``"z"``, ``"resid_pre"``, ...), shape
+    (e.g. ``"[B, n, H, d]"``), and whether a hook's returned tensor edits the model."""
+
+    name: str
+    layer: int | None
+    site: str
+    shape: str
+    editable: bool
 
 _PATTERN = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
 _KV = re.compile(r"^blocks\.(\d+)\.attn\.hook_[kv]$")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -195,6 +196,34 @@ class PhaseCache(ActivationCache):
         return all_cached
 
 
+@dataclass(frozen=True, kw_only=True)
+class TLConfig:
+    """A model's sizes under TransformerLens's names (``model.cfg``), the fields TransformerLens's cache methods
+    read included; each kind that has no TransformerLens config of its own extends it with its extra fields
+    (analyses read :class:`~phaselens.contract.dims.ModelDims`, never this).
+
+    Attributes:
+        n_layers, n_heads, n_key_value_heads, d_head, d_model, d_vocab, n_ctx: the sizes.
+        dtype, device: of the weights (torch objects on every kind).
+        normalization_type: ``"RMS"`` or ``"LN"`` (``None``: no norm); final_rms: the final norm is an RMSNorm.
+        attn_only: no MLPs; positional_embedding_type: ``"rotary"`` or ``"standard"`` (learned).
+    """
+
+    n_layers: int
+    n_heads: int
+    n_key_value_heads: int
+    d_head: int
+    d_model: int
+    d_vocab: int
+    n_ctx: int
+    dtype: torch.dtype
+    device: torch.device
+    normalization_type: str | None = "RMS"
+    final_rms: bool = True
+    attn_only: bool = False
+    positional_embedding_type: str = "rotary"
+
+
 class TLHabits:
     """TransformerLens's model conveniences for a phaselens model kind.
 
@@ -283,6 +312,29 @@ class TLHabits:
             f"{type(self).__name__} has no generate(): phaselens analyses score one forward. Decode with the "
             "wrapped model (adapter.model.generate(input_ids, max_new_tokens=...) for transformers models)."
         )
+
+
+class AdapterCache(TLHabits):
+    """The TransformerLens habits of a kind that hooks a model it did not build (the DeepSeek-V4 and causal-LM
+    adapters: hook names are the keys of ``self._points``, hooks run through ``self.run_with_hooks``), plus
+    ``run_with_cache``; kinds built on ``HookedRootModule`` keep TransformerLens's own."""
+
+    def run_with_cache(self, tokens: Tensor, *, names_filter: Any = None, device: torch.device | str | None = None,
+                       **forward_kwargs: Any) -> tuple[Tensor, PhaseCache]:
+        """``(logits, cache)`` of an adapter kind (its hook names are the keys of ``self._points``): a
+        TransformerLens ``ActivationCache`` (:class:`PhaseCache`) of the names ``names_filter`` selects (all if
+        ``None``: always filter in sweeps; a filter selecting none is a ``HookNameError``), detached copies moved
+        to ``device`` if given. ``cache["pattern_entry", 1]`` and ``cache["blocks.1.attn.hook_z"]`` both work."""
+        store: dict[str, Tensor] = {}
+
+        def keep(tensor: Tensor, *, hook: Any) -> None:
+            value = tensor.detach()
+            store[hook.name] = value.to(device, copy=True) if device is not None else value.clone()
+
+        names = check_names_filter(list(self._points), names_filter)  # type: ignore[attr-defined]
+        logits = self.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names],  # type: ignore[attr-defined]
+                                     **forward_kwargs)
+        return logits, self.make_cache(store)
 
 
 def check_generate_options(options: Mapping[str, Any]) -> None:

@@ -363,3 +363,15 @@ def test_matrix(kinds, kind, analysis, tmp_path):
             fn(*args)
     else:
         fn(*args)
+
+
+def test_adapter_kinds_share_one_transformer_lens_config(kinds):
+    """The TransformerLens-named cfg of the kinds phaselens adapts or builds beside TransformerLens (V4, V4.1, any
+    causal LM) is one base class, with torch types for device and dtype on each (no str on one kind)."""
+    from phaselens.models.tl_habits import TLConfig
+
+    for name in ("v4", "v41", "causal-lm"):
+        cfg = kinds[name].model.cfg
+        assert isinstance(cfg, TLConfig), name
+        assert isinstance(cfg.device, torch.device) and isinstance(cfg.dtype, torch.dtype), name
+        assert (cfg.n_layers, cfg.n_heads) == (kinds[name].model.dims.n_layers, kinds[name].model.dims.n_heads)

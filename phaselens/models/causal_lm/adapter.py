@@ -40,30 +40,17 @@ from phaselens.models.causal_lm.sites import (
     resolve,
 )
 from phaselens.models.numerics.sizing import held_bytes, item_size
-from phaselens.models.tl_habits import PhaseCache, TLHabits, check_names_filter, tokenizer_from_dir
+from phaselens.models.tl_habits import AdapterCache, TLConfig, tokenizer_from_dir
 from phaselens.runtime.engines import PASS_BYTES, QueryEngine
 
 
-@dataclass(frozen=True)
-class CausalLMCfg:
-    """The wrapped model's sizes, TransformerLens-named (``adapter.cfg``; analyses read ``adapter.dims``)."""
-
-    n_layers: int
-    n_heads: int
-    n_key_value_heads: int
-    d_head: int
-    d_model: int
-    d_vocab: int
-    n_ctx: int
-    dtype: torch.dtype
-    device: torch.device
-    normalization_type: str | None = "RMS"  # "LN" for GPT-2; what TransformerLens's cache methods read
-    final_rms: bool = True
-    attn_only: bool = False
-    positional_embedding_type: str = "rotary"
+@dataclass(frozen=True, kw_only=True)
+class CausalLMCfg(TLConfig):
+    """The wrapped model's sizes, TransformerLens-named (``adapter.cfg``; analyses read ``adapter.dims``): a
+    :class:`~phaselens.models.tl_habits.TLConfig` (``normalization_type`` ``"LN"`` for GPT-2)."""
 
 
-class CausalLMAdapter(TLHabits):
+class CausalLMAdapter(AdapterCache):
     """A transformers causal LM with phaselens' hook names, geometry and interventions.
 
     Build it with :func:`~phaselens.models.causal_lm.from_transformers` (or ``phaselens.load``). ``spec`` is the
@@ -96,9 +83,10 @@ class CausalLMAdapter(TLHabits):
         norm = self.tl_norm
         kind = None if norm is None else norm[0]
         learned = self._base_module("wpe") is not None
-        return CausalLMCfg(lay.n_layers, lay.n_heads, lay.n_kv_heads, lay.d_head, lay.d_model, lay.d_vocab,
-                           lay.n_ctx, w.dtype, w.device, kind, kind == "RMS", False,
-                           "standard" if learned else "rotary")
+        return CausalLMCfg(n_layers=lay.n_layers, n_heads=lay.n_heads, n_key_value_heads=lay.n_kv_heads,
+                           d_head=lay.d_head, d_model=lay.d_model, d_vocab=lay.d_vocab, n_ctx=lay.n_ctx, dtype=w.dtype,
+                           device=w.device, normalization_type=kind, final_rms=kind == "RMS", attn_only=False,
+                           positional_embedding_type="standard" if learned else "rotary")
 
     # ---- TransformerLens habits (phaselens.models.tl_habits) ----------------------------------------
     def _base_module(self, name: str) -> nn.Module | None:
@@ -305,21 +293,6 @@ class CausalLMAdapter(TLHabits):
         """``adapter(tokens, **forward_kwargs)`` with ``fwd_hooks`` applied for that one call."""
         with self.hooks(fwd_hooks=fwd_hooks):
             return self(tokens, **forward_kwargs)
-
-    def run_with_cache(self, tokens: Tensor, *, names_filter: Any = None, device: torch.device | str | None = None,
-                       **forward_kwargs: Any) -> tuple[Tensor, PhaseCache]:
-        """``(logits, cache)``: a TransformerLens ``ActivationCache`` (:class:`~phaselens.models.tl_habits.PhaseCache`)
-        of the names ``names_filter`` selects (all if ``None``: always filter in sweeps; a filter selecting none is a
-        ``HookNameError``); detached copies, moved to ``device`` if given."""
-        store: dict[str, Tensor] = {}
-
-        def keep(tensor: Tensor, *, hook: Any) -> None:
-            value = tensor.detach()
-            store[hook.name] = value.to(device, copy=True) if device is not None else value.clone()
-
-        names = check_names_filter(list(self._points), names_filter)
-        logits = self.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], **forward_kwargs)
-        return logits, self.make_cache(store)
 
     def __repr__(self) -> str:
         s = self._spec

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phaselens.contract.hooknames import HookDict
+from phaselens.contract.hooknames import HookDict, HookPoint
 from phaselens.contract.protocol import HookContext, hook_context, hook_pairs
 from phaselens.core.errors import HookNameError, InputError, UnsupportedModelError
 from phaselens.models.causal_lm.layout import Layout
@@ -51,17 +51,6 @@ SITES: dict[str, tuple[str, str, bool]] = {
 }
 _ENTRY_SITES = ("hook_pattern_local", "hook_pattern_entry", "hook_pattern_sink", "hook_gate", "hook_entry",
                 "hook_payload")
-
-
-@dataclass(frozen=True)
-class HookPoint:
-    """A named site: its block, kind, shape, and whether a hook's returned tensor edits the model."""
-
-    name: str
-    layer: int | None
-    site: str
-    shape: str
-    editable: bool
 
 
 class CausalHookDict(HookDict):

@@ -45,9 +45,7 @@ from phaselens.models.numerics.chunks import plan_chunks
 from phaselens.models.numerics.notices import IndexTopKWarning
 from phaselens.models.tl_habits import (
     HYPER_CONNECTION_LIMITS,
-    PhaseCache,
-    TLHabits,
-    check_names_filter,
+    AdapterCache,
     tokenizer_from_dir,
 )
 from phaselens.runtime.engines import PASS_BYTES, QueryEngine
@@ -56,7 +54,7 @@ Backend = Literal["torch", "nnsight"]
 _UNSET: Any = object()
 
 
-class DeepSeekV4Adapter(TLHabits):
+class DeepSeekV4Adapter(AdapterCache):
     """A transformers ``DeepseekV4ForCausalLM`` with phaselens' geometry, hook names and interventions.
 
     Build it with :func:`from_hf` (or :func:`load_hf` / ``phaselens.load("hf:PATH")``). The wrapped model is
@@ -390,28 +388,6 @@ class DeepSeekV4Adapter(TLHabits):
         """``adapter(tokens, **forward_kwargs)`` with ``fwd_hooks`` applied for that one call."""
         with self.hooks(fwd_hooks=fwd_hooks):
             return self(tokens, **forward_kwargs)
-
-    def run_with_cache(
-        self,
-        tokens: Tensor,
-        *,
-        names_filter: Any = None,
-        device: torch.device | str | None = None,
-        **forward_kwargs: Any,
-    ) -> tuple[Tensor, PhaseCache]:
-        """``(logits, cache)``: a TransformerLens ``ActivationCache`` (:class:`~phaselens.models.tl_habits.PhaseCache`)
-        of the names selected by ``names_filter`` (all if ``None``: always filter in sweeps; a filter selecting
-        none is a ``HookNameError``). Activations are detached copies, moved to ``device`` if given.
-        ``cache["pattern_entry", 1]`` and ``cache["blocks.1.attn.hook_z"]`` both work."""
-        store: dict[str, Tensor] = {}
-
-        def keep(tensor: Tensor, *, hook: Any) -> None:
-            value = tensor.detach()
-            store[hook.name] = value.to(device, copy=True) if device is not None else value.clone()
-
-        names = check_names_filter(list(self._points), names_filter)
-        logits = self.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], **forward_kwargs)
-        return logits, self.make_cache(store)
 
     def _find_tokenizer(self) -> Any:
         return tokenizer_from_dir(getattr(self.model.config, "_name_or_path", None))

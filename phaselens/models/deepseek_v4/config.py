@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
 
 from phaselens.core.errors import UnsupportedModelError
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
+from phaselens.models.tl_habits import TLConfig
 
 
-@dataclass(frozen=True)
-class DeepSeekV4Cfg:
-    """Sizes of a DeepSeek-V4 model under the names phaselens analyses use.
+@dataclass(frozen=True, kw_only=True)
+class DeepSeekV4Cfg(TLConfig):
+    """Sizes of a DeepSeek-V4 model under the names phaselens analyses use (a
+    :class:`~phaselens.models.tl_habits.TLConfig` plus V4's own fields).
 
     ``n_key_value_heads`` is 1: V4 attention is multi-query with one latent that serves as key and value
     (``tied_kv``), so "L2KV0" means every query head of layer 2. ``local_window`` is the sliding window
@@ -22,13 +23,6 @@ class DeepSeekV4Cfg:
     residual copies: residual hooks are ``[B, n, hc_mult, d_model]``.
     """
 
-    n_layers: int
-    n_heads: int
-    d_head: int
-    d_model: int
-    d_vocab: int
-    n_ctx: int
-    device: torch.device
     hc_mult: int
     local_window: int
     o_groups: int
@@ -36,17 +30,12 @@ class DeepSeekV4Cfg:
     rope_dims: int
     index_topk: int
     index_n_heads: int
-    dtype: torch.dtype
     layer_types: tuple[str, ...]
     compress_rates: dict[str, int] = field(default_factory=dict)
     n_key_value_heads: int = 1
     tied_kv: bool = True
     model_name: str = "deepseek_v4"
-    positional_embedding_type: str = "rotary"
     attn_implementation: str = "eager"
-    normalization_type: str = "RMS"  # what TransformerLens's cache methods read (docs/transformer_lens.md)
-    final_rms: bool = True
-    attn_only: bool = False
 
     @property
     def d_mlp(self) -> None:

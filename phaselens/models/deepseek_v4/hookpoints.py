@@ -8,11 +8,11 @@ shape replaces the activation (pattern hooks are read-only).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
 
+from phaselens.contract.hooknames import HookPoint
 from phaselens.contract.protocol import HookContext, hook_context, hook_pairs
 from phaselens.core.errors import HookNameError, InputError
 from phaselens.models.deepseek_v4.geometry import LayerGeometry
@@ -46,21 +46,10 @@ PATTERN_SITES = frozenset({"pattern_local", "pattern_entry", "pattern_sink"})
 COMPRESSOR_SITES = frozenset({"gate", "payload", "entry"})
 
 
-@dataclass(frozen=True)
-class HookPoint:
-    """A named site: where it is, its shape, and whether returning a tensor from a hook edits the model."""
-
-    name: str
-    layer: int | None
-    site: str
-    shape: str
-    editable: bool
-
-    @property
-    def order(self) -> tuple[int, int]:
-        """Execution order (layer, position inside the block): nnsight must visit sites in this order."""
-        sites = ["embed", *_SITES]
-        return (-1 if self.layer is None else self.layer, sites.index(self.site))
+def site_order(point: HookPoint) -> tuple[int, int]:
+    """Execution order of ``point`` (layer, position inside the block): nnsight must visit sites in this order."""
+    sites = ["embed", *_SITES]
+    return (-1 if point.layer is None else point.layer, sites.index(point.site))
 
 
 def context_for(point: HookPoint, query_start: int = 0, first_entry: int | None = None) -> HookContext:

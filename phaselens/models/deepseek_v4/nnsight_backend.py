@@ -28,7 +28,14 @@ from typing import Any
 from torch import nn
 
 from phaselens.core.errors import InputError
-from phaselens.models.deepseek_v4.hookpoints import MODULE_SITES, HookFn, HookPoint, call_hooks, context_for
+from phaselens.models.deepseek_v4.hookpoints import (
+    MODULE_SITES,
+    HookFn,
+    HookPoint,
+    call_hooks,
+    context_for,
+    site_order,
+)
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo
 
 _PATHS = {
@@ -65,7 +72,7 @@ def run_traced(
     bad = [p.name for p, _ in plan if p.site not in MODULE_SITES]
     if bad:
         raise InputError(f"the nnsight backend reaches module sites only; {bad} are derived sites.")
-    ordered = sorted(plan, key=lambda item: item[0].order)
+    ordered = sorted(plan, key=lambda item: site_order(item[0]))
     owned = envoy is None
     before = {id(m): set(m.__dict__) for m in model.modules()} if owned else {}
     try:

@@ -48,26 +48,18 @@ from phaselens.models.deepseek_v41.moe import MoE
 from phaselens.models.deepseek_v41.placement import input_device
 from phaselens.models.hooking import ContextHooks, query_start, silent_hooks
 from phaselens.models.numerics.chunks import plan_chunks
-from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.numerics.dtypes import compute_dtype, dtype_name
 from phaselens.models.numerics.notices import IndexTopKWarning
-from phaselens.models.tl_habits import HYPER_CONNECTION_LIMITS
+from phaselens.models.tl_habits import HYPER_CONNECTION_LIMITS, TLConfig
 
 _UNSET = object()
 
 
-@dataclass(frozen=True)
-class V41Cfg:
-    """TransformerLens-style names the analyses read (``n_key_value_heads = 1``: one K = V latent)."""
+@dataclass(frozen=True, kw_only=True)
+class V41Cfg(TLConfig):
+    """TransformerLens-style names the analyses read (a :class:`~phaselens.models.tl_habits.TLConfig` plus V4.1's
+    own fields; ``n_key_value_heads = 1``: one K = V latent)."""
 
-    n_layers: int
-    n_heads: int
-    n_key_value_heads: int
-    d_head: int
-    d_model: int
-    d_vocab: int
-    n_ctx: int
-    device: str
-    dtype: str
     hc_mult: int
     local_window: int
     compress_ratios: tuple[int, ...]
@@ -77,9 +69,6 @@ class V41Cfg:
     index_topk: int | str
     rope_dims: int
     engram_layer_ids: tuple[int, ...] = ()
-    normalization_type: str = "RMS"  # what TransformerLens's cache methods read (docs/transformer_lens.md)
-    final_rms: bool = True
-    attn_only: bool = False
 
 
 class Block(nn.Module):
@@ -197,7 +186,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         return V41Cfg(
             n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads, n_key_value_heads=1, d_head=c.head_dim,
             d_model=c.hidden_size, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings,
-            device=str(self.embed.weight.device), dtype=str(self.embed.weight.dtype).replace("torch.", ""),
+            device=self.embed.weight.device, dtype=self.embed.weight.dtype,
             hc_mult=c.hc_mult, local_window=c.sliding_window, compress_ratios=c.compress_ratios,
             kv_source_layer_ids=c.kv_source_layer_ids, index_source_layer_ids=c.index_source_layer_ids,
             candidate_source_layer_id=c.candidate_source_layer_id,
@@ -248,7 +237,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
             "geometry": {str(i): (f"PhaseSpec({s.stride})" if s else None) for i, s in enumerate(self.phase_specs)},
             "kv_source_layer_ids": list(c.kv_source_layer_ids), "index_source_layer_ids": list(c.index_source_layer_ids),
             "candidate_source_layer_id": c.candidate_source_layer_id,
-            "dtype": self.cfg.dtype, "numerics": "reference", "quantize": self.numerics.quantize,
+            "dtype": dtype_name(self.cfg.dtype), "numerics": "reference", "quantize": self.numerics.quantize,
             "index_topk": self.cfg.index_topk, "index_topk_binding": False, "candidate_filter_binding": False,
             "model_modified": False, "modifications": [],
         }
@@ -428,7 +417,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         return (f"DeepSeekV41({self.name!r}, layers={kinds}, kv_sources={list(self.config.kv_source_layer_ids)}, "
                 f"index_sources={list(self.config.index_source_layer_ids)}, engram={list(self.cfg.engram_layer_ids)}, "
                 f"analysis_stride={self._stride}, "
-                f"dtype={self.cfg.dtype}, quantize={self.numerics.quantize})")
+                f"dtype={dtype_name(self.cfg.dtype)}, quantize={self.numerics.quantize})")
 
 
 __all__ = ["Block", "DeepSeekV41", "V41Cfg"]

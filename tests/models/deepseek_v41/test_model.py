@@ -60,7 +60,7 @@ def test_load_recognises_v41_and_reads_config(ckpt):
     cfg = model.cfg
     assert (cfg.n_layers, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_vocab, cfg.hc_mult) == (7, 4, 1, 64, 128, 4)
     assert cfg.compress_ratios == (0, 0, 2, 2, 1, 1, 1)  # the draft layer's entry is not a backbone layer
-    assert cfg.local_window == 8 and cfg.index_topk == 6 and cfg.device == "cpu" and cfg.dtype == "float64"
+    assert cfg.local_window == 8 and cfg.index_topk == 6 and cfg.device == torch.device("cpu") and cfg.dtype == torch.float64
     md = model.analysis_metadata
     assert md["architecture"] == "deepseek_v41" and md["quantize"] is None and md["model_modified"] is False
     assert model.default_task is None and model.returns_query_logits
