@@ -212,11 +212,11 @@ map at least 10x faster than full forwards at ~900 tokens ({'met' if v41.get('go
                  f"**{f(cm[k]['suffix_over_limit'])}** | {cm[k]['max_abs_diff_logit_diff']:.1e} |" for k in kinds]
         config = cm[kinds[0]]["config"] if kinds else ""
         parts.append(f"""## Full-attention head map (any causal LM)
-`.venv/bin/python -m benchmarks.bench_causal_map --models {' '.join(kinds)}` ({config}; random weights built from
+`OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.bench_causal_map --models {' '.join(kinds)}` ({config}; random weights built from
 a config, a KVRecall item of ~1K tokens per residue mod 8). `specialization_map` with `engine="suffix"` (one
 prefill per query slot into the model's own `DynamicCache`, then only the query rows per cell) against
 `engine="full"` (one hooked forward over every item per cell), head and whole-layer cells, zero knockout, no
-bootstrap; wall seconds on the shared 2-core machine (other work ran beside it). The physical limit is one
+bootstrap; wall seconds on a quiet 2-core machine (`OMP_NUM_THREADS=2`). The physical limit is one
 prefix forward plus, per cell, a lone query pass through the layers at and above the cell's layer; batched
 passes can beat it (a ratio below 1). Goals: at least 10x faster than full forwards, within 2x of the limit.
 The max abs diff is between the two engines' logit differences. See [causal_lm](causal_lm.md).
