@@ -11,6 +11,7 @@ import importlib as _importlib
 from typing import TYPE_CHECKING
 
 from phaselens.contract.adapting import register_adapter as _register_adapter
+from phaselens.contract.adapting import register_run_loader as _register_run_loader
 from phaselens.core.errors import *  # noqa: F403
 from phaselens.core.errors import __all__ as _error_names
 from phaselens.core.version import __version__
@@ -46,6 +47,8 @@ _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 # adapted by every analysis: the composition root wires the models layer's adapter into the contract (by import
 # path, resolved on first use; analyses never import model kinds).
 _register_adapter("phaselens.models.objects:adapt_object")
+# phaselens.load(run or step folder) loads a training step; training sits above models, so it is wired here.
+_register_run_loader("phaselens.train.family.checkpoints:load_checkpoint")
 # subpackages that are part of the API (phaselens.stats.wilson_ci, phaselens.plots.gate_profiles, ...)
 _SUBPACKAGES = ("plots", "stats", "tasks")
 

@@ -19,6 +19,7 @@ import os
 from typing import Any
 
 _ADAPTERS: list[str] = []
+_RUN_LOADERS: list[str] = []
 
 
 def register_adapter(path: str) -> None:
@@ -51,3 +52,21 @@ def as_phase_model(obj: Any, *, stride: int | None = None) -> Any:
         if out is not None:
             return out
     return obj
+
+
+def register_run_loader(path: str) -> None:
+    """Register the loader of a training run's committed steps (``"module:function"``, ``fn(path) -> model``) that
+    ``phaselens.load(run or step folder)`` uses: training sits above the models layer, so the package's
+    composition root wires it in (``phaselens.train.family.checkpoints:load_checkpoint``)."""
+    if ":" not in path:
+        raise ValueError(f"a loader is registered as 'module:function', got {path!r}.")
+    if path not in _RUN_LOADERS:
+        _RUN_LOADERS.append(path)
+
+
+def run_loader() -> Any:
+    """The registered training-step loader (imported on first use), or ``None``."""
+    if not _RUN_LOADERS:
+        return None
+    module, _, name = _RUN_LOADERS[0].partition(":")
+    return getattr(importlib.import_module(module), name)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import difflib
 import inspect
 import os
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from phaselens.contract.adapting import run_loader
 from phaselens.core.errors import CheckpointError, InputError
 from phaselens.runtime.oserrors import reading
 from phaselens.runtime.reading import peek_json
@@ -117,9 +119,33 @@ def _load(text: str, device: str, kwargs: dict[str, Any]) -> Any:
     if kind is not None:
         raise CheckpointError(f"{path} holds a transformers checkpoint (model_type {kind!r}), not one phaselens "
                               f"saved; load it with phaselens.load('hf:{path}').")
+    if is_training_folder(path):  # a run directory, its checkpoints folder or one step-N folder
+        model = _run_loader()(path)
+        return model if device == "cpu" else model.to(device)
     from phaselens.models.compressed.loader import load_model
 
     return load_model(path, device=device)
+
+
+_STEP = re.compile(r"step-\d+")
+
+
+def is_training_folder(path: Path) -> bool:
+    """``path`` is a training run directory (``checkpoints/latest.json``), its ``checkpoints`` folder, or one
+    ``checkpoints/step-N`` folder (rank files ``rank0-of-N.safetensors``)."""
+    if not path.is_dir():
+        return False
+    if _STEP.fullmatch(path.name):
+        return any(path.glob("rank0-of-*.safetensors"))
+    return (path / "latest.json").is_file() or (path / "checkpoints" / "latest.json").is_file()
+
+
+def _run_loader() -> Callable[[Path], Any]:
+    loader = run_loader()
+    if loader is None:
+        raise CheckpointError("this folder holds training checkpoints, but no loader of them is registered; load it "
+                              "with phaselens.train.load_checkpoint(path).")
+    return loader
 
 
 FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")

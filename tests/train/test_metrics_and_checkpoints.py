@@ -94,6 +94,10 @@ def test_an_intermediate_family_step_loads_as_a_model(tmp_path):
     # the same weights as an uninterrupted 6-step run has at step 4 (one stopped there by stop_after)
     ref = train_family(FAMILY_CFG, DATA, settings(6), tmp_path / "ref", progress=False, stop_after=4)
     assert ref.model is None and _same(model, load_checkpoint(tmp_path / "ref" / "checkpoints" / "step-000000004"))
+    # phaselens.load takes the run directory, its checkpoints folder or the step folder itself
+    step = tmp_path / "run" / "checkpoints" / "step-000000004"
+    for where in (tmp_path / "run", tmp_path / "run" / "checkpoints", step):
+        assert _same(phaselens.load(where), model), where
     model.save(tmp_path / "model")
     back = phaselens.load(tmp_path / "model")
     tokens = DATA.tasks[0].build(phaselens.PhaseSpec(4), n_per_residue=1).tokens
