@@ -27,7 +27,7 @@ from phaselens.stats.grouping import GroupMeans, group_means
 from phaselens.stats.intervals import wilson_ci
 from phaselens.stats.multiple import benjamini_hochberg, holm
 from phaselens.stats.omnibus import chi2_statistic, chi2_test, cmh_test, cochran_q, g_statistic, g_test
-from phaselens.stats.outcomes import BootstrapResult, GapInterval, PermutationResult, TestResult
+from phaselens.stats.outcomes import GapInterval, PermutationResult, TestResult
 from phaselens.stats.paired import nested_cochran_q
 from phaselens.stats.period import PeriodResult, detect_period, detect_period_paired
 from phaselens.stats.periodicity import (
@@ -47,7 +47,6 @@ from phaselens.stats.published import (
 from phaselens.stats.resampling import gap_permutation_test, within_item_permutation_test
 
 __all__ = [
-    "BootstrapResult",
     "ContinuousResult",
     "GateCyclingSummary",
     "GapInterval",

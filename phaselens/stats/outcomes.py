@@ -97,41 +97,6 @@ class PermutationResult:
 
 
 @dataclass(frozen=True, repr=False)
-class BootstrapResult:
-    """A percentile bootstrap confidence interval (kept for old pickled-free code paths; the gap intervals
-    now return :class:`GapInterval`).
-
-    Attributes:
-        name: the statistic (e.g. ``"folded_gap"``).
-        estimate: its value on the data.
-        ci_low, ci_high: percentile bounds at ``level``.
-        level: confidence level.
-        n_bootstrap: replicates drawn.
-        n_dropped: replicates dropped because some phase had no data in them.
-        scheme: ``"item-cluster"`` (resample item ids) or ``"within-residue"`` (resample items inside each
-            residue, for designs where every item sits at one residue).
-    """
-
-    name: str
-    estimate: float
-    ci_low: float
-    ci_high: float
-    level: float
-    n_bootstrap: int
-    n_dropped: int
-    scheme: str
-
-    def to_frame(self) -> pd.DataFrame:
-        return _one_row(self, ("estimate", "ci_low", "ci_high", "level", "n_bootstrap", "n_dropped", "scheme"))
-
-    def __repr__(self) -> str:
-        return (
-            f"BootstrapResult({self.name}, {self.scheme}: {self.estimate:.4g} "
-            f"[{self.ci_low:.4g}, {self.ci_high:.4g}] at {self.level:.0%}, B={self.n_bootstrap})"
-        )
-
-
-@dataclass(frozen=True, repr=False)
 class GapInterval:
     """Confidence bounds for a max − min gap (see :mod:`phaselens.stats.gapci` for the construction).
 

@@ -14,8 +14,6 @@ hooks), also when a hook raises.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,10 +35,9 @@ from phaselens.models.causal_lm.sites import (
     check_fired,
     hook_points,
     installed,
-    resolve,
 )
 from phaselens.models.numerics.sizing import held_bytes, item_size
-from phaselens.models.tl_habits import AdapterCache, TLConfig, tokenizer_from_dir
+from phaselens.models.tl_habits import HookedAdapter, TLConfig, tokenizer_from_dir
 from phaselens.runtime.engines import PASS_BYTES, QueryEngine
 
 
@@ -50,7 +47,7 @@ class CausalLMCfg(TLConfig):
     :class:`~phaselens.models.tl_habits.TLConfig` (``normalization_type`` ``"LN"`` for GPT-2)."""
 
 
-class CausalLMAdapter(AdapterCache):
+class CausalLMAdapter(HookedAdapter):
     """A transformers causal LM with phaselens' hook names, geometry and interventions.
 
     Build it with :func:`~phaselens.models.causal_lm.from_transformers` (or ``phaselens.load``). ``spec`` is the
@@ -260,39 +257,8 @@ class CausalLMAdapter(AdapterCache):
         return MemoryEstimate(T, batch, None, n, held_bytes(self.model), cache, batch * lay.n_heads * n * T * item,
                               batch * rows * lay.d_vocab * item)
 
-    # ---- hooks -------------------------------------------------------------------------------------
-    def _merged_hooks(self) -> dict[str, list[HookFn]]:
-        merged: dict[str, list[HookFn]] = {}
-        for _, resolved in self._active:
-            for name, fns in resolved.items():
-                merged.setdefault(name, []).extend(fns)
-        return merged
-
-    @contextmanager
-    def hooks(self, fwd_hooks: Iterable[tuple[Any, HookFn]] = (), bwd_hooks: Iterable[Any] = (),
-              reset_hooks_end: bool = True) -> Iterator[CausalLMAdapter]:
-        """Apply ``fwd_hooks`` to every forward inside the block; removed in ``finally`` whatever raises.
-
-        ``fwd_hooks``: ``(name_or_filter, fn)`` pairs; a filter is a name, a list of names or a predicate on
-        names. ``fn(tensor, *, hook)`` may return a replacement (``hook_resid_mid`` is read-only). Contexts
-        nest; hooks run in entry order. Torch hooks exist on the model only during each forward.
-        """
-        if list(bwd_hooks):
-            raise InputError("a transformers model adapter has no backward hooks; take gradients of hooked tensors.")
-        if not reset_hooks_end:
-            raise InputError("reset_hooks_end=False is not supported: the adapter never leaves hooks on the model.")
-        token = object()
-        self._active.append((token, resolve(self._points, fwd_hooks)))
-        try:
-            yield self
-        finally:
-            self._active = [item for item in self._active if item[0] is not token]
-
-    def run_with_hooks(self, tokens: Tensor, *, fwd_hooks: Iterable[tuple[Any, HookFn]] = (),
-                       **forward_kwargs: Any) -> Tensor:
-        """``adapter(tokens, **forward_kwargs)`` with ``fwd_hooks`` applied for that one call."""
-        with self.hooks(fwd_hooks=fwd_hooks):
-            return self(tokens, **forward_kwargs)
+    def _missing_hook(self, name: str) -> None:
+        CausalHookDict(self._points)[name]  # raises HookNameError: compressed-layer names explained too
 
     def __repr__(self) -> str:
         s = self._spec

@@ -20,7 +20,7 @@ reading the model did not produce.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from phaselens.contract.hooknames import HookDict, HookPoint
-from phaselens.contract.protocol import HookContext, hook_context, hook_pairs
+from phaselens.contract.protocol import HookContext, hook_context
 from phaselens.core.errors import HookNameError, InputError, UnsupportedModelError
 from phaselens.models.causal_lm.layout import Layout
 from phaselens.models.hooking import check_hook_return
@@ -78,29 +78,6 @@ def hook_points(layout: Layout) -> dict[str, HookPoint]:
             name = template.format(l=layer)
             points[name] = HookPoint(name, layer, site, shape, editable)
     return points
-
-
-def match(points: dict[str, HookPoint], target: Any) -> list[str]:
-    """Names selected by a name, a list of names, or a predicate (``None`` selects every name)."""
-    if target is None:
-        return list(points)
-    if isinstance(target, str):
-        CausalHookDict(points)[target]  # a missing name raises HookNameError, with what exists instead
-        return [target]
-    if callable(target):
-        return [name for name in points if target(name)]
-    if isinstance(target, Iterable):
-        return [name for item in target for name in match(points, item)]
-    raise InputError(f"a hook target is a name, a list of names or a predicate, got {target!r}.")
-
-
-def resolve(points: dict[str, HookPoint], fwd_hooks: Any) -> dict[str, list[HookFn]]:
-    """``(name_or_filter, fn)`` pairs as ``{name: [fn, ...]}`` in call order."""
-    out: dict[str, list[HookFn]] = {}
-    for target, fn in hook_pairs(fwd_hooks):
-        for name in match(points, target):
-            out.setdefault(name, []).append(fn)
-    return out
 
 
 @dataclass

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -24,7 +23,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
-from phaselens.core.errors import InputError
+from phaselens.contract.hooknames import explain_missing
+from phaselens.core.errors import HookNameError, InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v4.config import DeepSeekV4Cfg, build_cfg, check_eager
 from phaselens.models.deepseek_v4.engine import V4SuffixEngine
@@ -33,9 +33,7 @@ from phaselens.models.deepseek_v4.hookpoints import (
     MODULE_SITES,
     HookFn,
     HookPoint,
-    NameFilter,
     hook_points,
-    resolve,
 )
 from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.models.deepseek_v4.nnsight_backend import run_traced
@@ -45,7 +43,7 @@ from phaselens.models.numerics.chunks import plan_chunks
 from phaselens.models.numerics.notices import IndexTopKWarning
 from phaselens.models.tl_habits import (
     HYPER_CONNECTION_LIMITS,
-    AdapterCache,
+    HookedAdapter,
     tokenizer_from_dir,
 )
 from phaselens.runtime.engines import PASS_BYTES, QueryEngine
@@ -54,7 +52,7 @@ Backend = Literal["torch", "nnsight"]
 _UNSET: Any = object()
 
 
-class DeepSeekV4Adapter(AdapterCache):
+class DeepSeekV4Adapter(HookedAdapter):
     """A transformers ``DeepseekV4ForCausalLM`` with phaselens' geometry, hook names and interventions.
 
     Build it with :func:`from_hf` (or :func:`load_hf` / ``phaselens.load("hf:PATH")``). The wrapped model is
@@ -347,47 +345,9 @@ class DeepSeekV4Adapter(AdapterCache):
         on ``batch`` sequences of ``tokens`` tokens, prefilled in this adapter's ``chunk``."""
         return estimate_memory(self, tokens, batch=batch, chunk=self.chunk, query_len=query_len, logits=logits)
 
-    # ---- hooks -------------------------------------------------------------------------------------
-    def _merged_hooks(self) -> dict[str, list[HookFn]]:
-        merged: dict[str, list[HookFn]] = {}
-        for _, resolved in self._active:
-            for name, fns in resolved.items():
-                merged.setdefault(name, []).extend(fns)
-        return merged
-
-    @contextmanager
-    def hooks(
-        self,
-        fwd_hooks: Iterable[tuple[NameFilter, HookFn]] = (),
-        bwd_hooks: Iterable[Any] = (),
-        reset_hooks_end: bool = True,
-    ) -> Iterator[DeepSeekV4Adapter]:
-        """Apply ``fwd_hooks`` to every forward inside the block; removed in ``finally`` whatever raises.
-
-        ``fwd_hooks``: ``(name_or_filter, fn)`` pairs; a filter is a name, a list of names or a predicate on
-        names. ``fn(tensor, *, hook)`` may return a replacement. Contexts nest; hooks run in entry order.
-        """
-        if list(bwd_hooks):
-            raise InputError(
-                "the DeepSeek-V4 adapter has no backward hooks; take gradients of hooked tensors instead."
-            )
-        if not reset_hooks_end:
-            raise InputError(
-                "reset_hooks_end=False is not supported: the adapter never leaves hooks on the model."
-            )
-        token = object()
-        self._active.append((token, resolve(self._points, fwd_hooks)))
-        try:
-            yield self
-        finally:
-            self._active = [item for item in self._active if item[0] is not token]
-
-    def run_with_hooks(
-        self, tokens: Tensor, *, fwd_hooks: Iterable[tuple[NameFilter, HookFn]] = (), **forward_kwargs: Any
-    ) -> Tensor:
-        """``adapter(tokens, **forward_kwargs)`` with ``fwd_hooks`` applied for that one call."""
-        with self.hooks(fwd_hooks=fwd_hooks):
-            return self(tokens, **forward_kwargs)
+    def _missing_hook(self, name: str) -> None:
+        raise HookNameError(explain_missing(name, self._points) + " On the DeepSeek-V4 adapter, compressed-layer "
+                            "hooks exist only on CSA/HCA layers and hook_indexer_topk only on CSA layers.")
 
     def _find_tokenizer(self) -> Any:
         return tokenizer_from_dir(getattr(self.model.config, "_name_or_path", None))

@@ -7,18 +7,16 @@ shape replaces the activation (pattern hooks are read-only).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Callable
 
 from torch import Tensor
 
 from phaselens.contract.hooknames import HookPoint
-from phaselens.contract.protocol import HookContext, hook_context, hook_pairs
-from phaselens.core.errors import HookNameError, InputError
+from phaselens.contract.protocol import HookContext, hook_context
+from phaselens.core.errors import InputError
 from phaselens.models.deepseek_v4.geometry import LayerGeometry
 
 HookFn = Callable[..., Tensor | None]
-NameFilter = str | Callable[[str], bool]
 
 # site -> (name template, shape, editable, which layers have it)
 _SITES: dict[str, tuple[str, str, bool, str]] = {
@@ -73,37 +71,6 @@ def hook_points(geometry: list[LayerGeometry]) -> dict[str, HookPoint]:
             name = template.format(l=g.layer)
             points[name] = HookPoint(name, g.layer, site, shape, editable)
     return points
-
-
-def resolve(
-    points: dict[str, HookPoint], fwd_hooks: Iterable[tuple[NameFilter, HookFn]]
-) -> dict[str, list[HookFn]]:
-    """Match ``(name_or_filter, fn)`` pairs against the hook points: ``{name: [fn, ...]}`` in call order."""
-    out: dict[str, list[HookFn]] = {}
-    for target, fn in hook_pairs(fwd_hooks):
-        for name in match(points, target):
-            out.setdefault(name, []).append(fn)
-    return out
-
-
-def match(points: dict[str, HookPoint], target: Any) -> list[str]:
-    """Names selected by a name, a list of names, or a predicate (``None`` selects every name)."""
-    if target is None:
-        return list(points)
-    if isinstance(target, str):
-        if target not in points:
-            from phaselens.contract.hooknames import explain_missing
-
-            raise HookNameError(
-                explain_missing(target, points) + " On the DeepSeek-V4 adapter, compressed-layer hooks exist only "
-                "on CSA/HCA layers and hook_indexer_topk only on CSA layers."
-            )
-        return [target]
-    if callable(target):
-        return [name for name in points if target(name)]
-    if isinstance(target, Iterable):
-        return [name for item in target for name in match(points, item)]
-    raise InputError(f"a hook target is a name, a list of names or a predicate, got {target!r}.")
 
 
 def call_hooks(fns: list[HookFn], tensor: Tensor, hook: HookContext) -> tuple[Tensor, bool]:
