@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import pandas as pd
 
@@ -120,24 +121,17 @@ class ItemBattery:
         lines = [self.counts.summary(), f"  items: {self.n_items}, design {self.design}"]
         if self.pairing_note:
             lines[-1] += f" ({self.pairing_note})"
-        if self.cochran is not None:
-            n, pr = self.nested, self.period
-            lines.append(
-                f"  paired tests (these decide): Cochran's Q={self.cochran.statistic:.2f} (df {self.cochran.df}) "
-                f"p={fmt_p(self.cochran.pvalue)}"
-                + ("" if n is None else f"; nested Cochran Q={n.statistic:.3f} (df {n.df}) p={fmt_p(n.pvalue)}")
-                + ("" if pr is None else f"; period {pr.period} ({pr.status})")
-            )
-        else:
-            lines.append(f"  Cochran's Q skipped: {self.cochran_skipped}")
-        if self.within_item is not None:
-            w = self.within_item
-            lines.append(
-                f"  within-item permutation of the folded gap: p={fmt_p(w.pvalue)} "
-                f"(null mean {_pct(w.null_mean)} pp)"
-            )
-        else:
-            lines.append(f"  within-item permutation skipped: {self.within_item_skipped}")
+        n, pr = self.nested, self.period
+        lines.append(_or_skipped(
+            self.cochran, lambda c: f"  paired tests (these decide): Cochran's Q={c.statistic:.2f} (df {c.df}) "
+            f"p={fmt_p(c.pvalue)}"
+            + ("" if n is None else f"; nested Cochran Q={n.statistic:.3f} (df {n.df}) p={fmt_p(n.pvalue)}")
+            + ("" if pr is None else f"; period {pr.period} ({pr.status})"),
+            f"  Cochran's Q skipped: {self.cochran_skipped}"))
+        lines.append(_or_skipped(
+            self.within_item, lambda w: f"  within-item permutation of the folded gap: p={fmt_p(w.pvalue)} "
+            f"(null mean {_pct(w.null_mean)} pp)",
+            f"  within-item permutation skipped: {self.within_item_skipped}"))
         if self.gap_ci is not None:
             ci = self.gap_ci
             lines.append(
@@ -149,6 +143,11 @@ class ItemBattery:
 
     def __repr__(self) -> str:
         return self.summary()
+
+
+def _or_skipped(result: Any, line: Callable[[Any], str], skipped: str) -> str:
+    """``line(result)``, or the line saying why the test was skipped when ``result`` is ``None``."""
+    return skipped if result is None else line(result)
 
 
 def phase_battery_items(

@@ -41,6 +41,7 @@ from phaselens.tasks.residues import (
 )
 from phaselens.tasks.text import (
     Piece,
+    UnitPadded,
     check_pad_site,
     default_pad_id,
     piece,
@@ -52,7 +53,7 @@ from phaselens.tasks.text import (
 
 @register_task
 @dataclass(frozen=True)
-class Needle(RecordsTask, SerializableTask):
+class Needle(UnitPadded, RecordsTask, SerializableTask):
     """Needle-in-a-haystack lookup over fixed-length text records.
 
     Args:
@@ -108,11 +109,6 @@ class Needle(RecordsTask, SerializableTask):
         set_flag(self, "paired")
         check_records(self.padding, self.n_records, len(self.keys), len(self.values), self.n_demos)
         split_template(self.record_template)
-
-    @property
-    def filler_ids(self) -> tuple[int, ...]:
-        """The padding unit's id (what phase repair inserts to shift the items)."""
-        return self._c.unit.ids
 
     # ---- tokenised pieces --------------------------------------------------------------------------
     @cached_property

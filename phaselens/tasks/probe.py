@@ -35,6 +35,7 @@ from phaselens.tasks.residues import (
 )
 from phaselens.tasks.text import (
     Piece,
+    UnitPadded,
     check_pad_site,
     default_pad_id,
     encode,
@@ -65,7 +66,7 @@ class _Compiled:
 
 @register_task
 @dataclass(frozen=True)
-class PaddingProbe(SerializableTask):
+class PaddingProbe(UnitPadded, SerializableTask):
     """A completion probe swept over padding lengths.
 
     Args:
@@ -137,11 +138,6 @@ class PaddingProbe(SerializableTask):
         }
         kwargs.update(overrides)
         return cls(tokenizer, **kwargs)
-
-    @property
-    def filler_ids(self) -> tuple[int, ...]:
-        """The padding unit's id (what phase repair inserts to shift the items)."""
-        return self._c.unit.ids
 
     # ---- tokenised pieces --------------------------------------------------------------------------
     @cached_property

@@ -160,3 +160,15 @@ def check_pad_site(tok: Any, pieces: Sequence[Piece], site: int, unit: Piece, *,
     if encode(tok, "".join(p.text for p in more)) != expected:
         verify_pieces(tok, more, what=f"{what} (one more unit)")
         raise PaddingError(f"{what}: adding one unit {unit.text!r} does not shift later ids by exactly one.")
+
+
+class UnitPadded:
+    """A tokenizer task padded with one unit token (its compiled pieces ``_c`` hold ``unit``): what phase repair
+    inserts to shift the items."""
+
+    _c: Any
+
+    @property
+    def filler_ids(self) -> tuple[int, ...]:
+        """The padding unit's id (what phase repair inserts to shift the items)."""
+        return self._c.unit.ids

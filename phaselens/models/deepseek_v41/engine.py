@@ -53,10 +53,9 @@ class V41SuffixEngine(SlotEngine):
     """Clean prefix once; per-cell query passes from the intervened layer up (one query slot).
 
     Args:
-        model: a :class:`~phaselens.models.deepseek_v41.DeepSeekV41`.
-        tokens: ``[n, T]`` token ids that share the query slot ``query_pos`` (only ``tokens[:, :q + 1]`` is read).
-        rows_per_pass: at most this many rows (cells x items) per pass.
-        pass_bytes: memory budget of one pass; fewer cells go into a pass where the cache is long.
+        model: a :class:`~phaselens.models.deepseek_v41.DeepSeekV41`; ``tokens`` ``[n, T]`` (ids sharing the query
+            slot ``query_pos``; only ``tokens[:, :q + 1]`` is read), ``rows_per_pass`` and ``pass_bytes`` as for
+            every :class:`~phaselens.runtime.engines.SlotEngine`.
 
     Attributes:
         clean_logits: ``[n, V]``; clean_z: per layer ``[n, H, d]``; resid_pre: per layer the query row's

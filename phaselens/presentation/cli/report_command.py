@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from phaselens.core.errors import InputError
+from phaselens.presentation.cli import served_options as so
 from phaselens.presentation.cli.base import (
     FORCE_HELP,
     PROGRESS_HELP,
@@ -16,17 +17,6 @@ from phaselens.presentation.cli.base import (
     check_out,
     friendly_errors,
     say,
-)
-from phaselens.presentation.cli.served_options import (
-    ConcurrencyOpt,
-    LengthOpt,
-    RecordsOpt,
-    RetriesOpt,
-    Served,
-    ServedModelOpt,
-    TaskOpt,
-    TokenizerOpt,
-    is_url,
 )
 
 
@@ -41,13 +31,13 @@ def report(
     static: Annotated[bool, typer.Option("--static/--no-static", help="Write PNGs when a Chromium is present.")] = True,
     force: Annotated[bool, typer.Option("--force", help=FORCE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
-    tokenizer: TokenizerOpt = None,
-    served_model: ServedModelOpt = None,
-    concurrency: ConcurrencyOpt = None,
-    task: TaskOpt = None,
-    records: RecordsOpt = 16000,
-    length: LengthOpt = 131072,
-    retries: RetriesOpt = 6,
+    tokenizer: so.TokenizerOpt = None,
+    served_model: so.ServedModelOpt = None,
+    concurrency: so.ConcurrencyOpt = None,
+    task: so.TaskOpt = None,
+    records: so.RecordsOpt = 16000,
+    length: so.LengthOpt = 131072,
+    retries: so.RetriesOpt = 6,
 ) -> None:
     """Write the figure report: evaluation, battery, recordings, maps, gate cycling and repair (a served model:
     evaluation, battery and repair; the options for served models apply to every URL given).
@@ -58,9 +48,9 @@ def report(
     from phaselens.presentation.reporting import report as build
 
     check_out(out, kind="dir", what="the report is a folder")
-    served = Served(tokenizer, served_model, concurrency, task, records, length, retries)
-    chosen: list = [served.load(m) if is_url(m) else m for m in models or []]  # served models loaded here
-    if tokenizer is not None and not any(is_url(m) for m in models or []):
+    served = so.Served(tokenizer, served_model, concurrency, task, records, length, retries)
+    chosen: list = [served.load(m) if so.is_url(m) else m for m in models or []]  # served models loaded here
+    if tokenizer is not None and not any(so.is_url(m) for m in models or []):
         raise InputError("--tokenizer and the other served-model options apply to served models "
                          "(http://HOST:PORT/v1); none was given.")
     settings = ReportSettings(n_eval=40, n_record=8, n_map=12, n_cycle=24, n_repair=24) if quick else ReportSettings()
