@@ -36,8 +36,9 @@ from phaselens.models.causal_lm.sites import (
     hook_points,
     installed,
 )
+from phaselens.models.hooked_adapter import HookedAdapter
 from phaselens.models.numerics.sizing import held_bytes, item_size
-from phaselens.models.tl_habits import HookedAdapter, TLConfig, tokenizer_from_dir
+from phaselens.models.tl_habits import TLConfig, tokenizer_from_dir
 from phaselens.runtime.engines import PASS_BYTES, QueryEngine
 
 

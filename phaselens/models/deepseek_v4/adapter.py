@@ -39,11 +39,11 @@ from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.models.deepseek_v4.nnsight_backend import run_traced
 from phaselens.models.deepseek_v4.prefill import call_kwargs, run_prefix
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
+from phaselens.models.hooked_adapter import HookedAdapter
 from phaselens.models.numerics.chunks import plan_chunks
 from phaselens.models.numerics.notices import IndexTopKWarning
 from phaselens.models.tl_habits import (
     HYPER_CONNECTION_LIMITS,
-    HookedAdapter,
     tokenizer_from_dir,
 )
 from phaselens.runtime.engines import PASS_BYTES, QueryEngine
