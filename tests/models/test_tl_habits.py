@@ -176,6 +176,15 @@ def test_tokenizer_helpers_work_with_a_tokenizer_and_name_the_fix_without(zoo, v
     assert loaded.to_str_tokens(torch.tensor([3, 4])) == ["t3", "t4"]
 
 
+def test_a_v41_checkpoint_finds_its_own_tokenizer(v41):
+    """DeepSeek-V4.1 loaded from a directory reads that directory's tokenizer (Engram's), never a download."""
+    model, toks = v41
+    tok = model.tokenizer
+    ids = toks[0, :5].tolist()
+    assert model.to_str_tokens(torch.tensor(ids)) == [tok.decode([i]) for i in ids]
+    assert isinstance(model.to_string(torch.tensor(ids)), str)
+
+
 def test_generate_takes_verbose_and_refuses_what_it_cannot_honour(zoo, v4):
     model, toks, _, _ = zoo
     quiet = model.generate(toks[:, :8], 3)

@@ -135,6 +135,7 @@ def load_v41(
     if device_map is not None:
         placement.dispatch(model, placed)
     model.set_engram_tokenizer(root / "tokenizer.json")
+    model.checkpoint_dir = root  # where model.tokenizer is found (never downloaded)
     return model.eval()
 
 

@@ -50,7 +50,7 @@ from phaselens.models.hooking import ContextHooks, query_start, silent_hooks
 from phaselens.models.numerics.chunks import plan_chunks
 from phaselens.models.numerics.dtypes import compute_dtype, dtype_name
 from phaselens.models.numerics.notices import IndexTopKWarning
-from phaselens.models.tl_habits import HYPER_CONNECTION_LIMITS, TLConfig
+from phaselens.models.tl_habits import HYPER_CONNECTION_LIMITS, TLConfig, tokenizer_from_dir
 
 _UNSET = object()
 
@@ -246,6 +246,11 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
             md["model_modified"] = True
             md["modifications"] = [*md["modifications"], f"index_topk={self.cfg.index_topk} (config: {c.index_topk})"]
         return md
+
+    checkpoint_dir: Any = None  # the directory load_v41 read (its tokenizer is model.tokenizer)
+
+    def _find_tokenizer(self) -> Any:
+        return tokenizer_from_dir(self.checkpoint_dir)
 
     # ---- Engram ------------------------------------------------------------------------------------
     def set_engram_tokenizer(self, tokenizer_json: str | Any) -> None:
