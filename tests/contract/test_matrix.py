@@ -30,7 +30,8 @@ from tests.support.deepseek_v41 import write_tiny_checkpoint
 from tests.support.models import LAYOUTS, task_model
 
 KINDS = ["zoo", "control", "uncompressed-layer", "ensemble-zoo", "v4", "v4-nnsight", "v4-chunked", "ensemble-v4",
-         "v41", "family", "family-control", "causal-lm"]
+         "v41", "family", "family-control", "causal-lm",
+         "user-object"]
 ANALYSES = ["evaluate", "record", "knockout", "ablate", "patch", "map", "plan", "attribution", "cycling", "repair",
             "report", "resume"]
 # cells expected to raise NotApplicableError, with the reason they must name
@@ -48,6 +49,7 @@ NOT_APPLICABLE = {
     ("cycling", "v41"): "cycle_gates",
     ("cycling", "family-control"): "nothing to roll",
     ("cycling", "causal-lm"): "cycle_gates",
+    ("cycling", "user-object"): "cycle_gates",
 }
 V4_TASK = KVRecall(n_records=6, block_filler=4, n_demos=2, min_distance=8, modulus=8)
 TOL = 1e-5
@@ -62,14 +64,19 @@ def close(got, ref, tol: float = TOL) -> bool:
 class Kind:
     """A model of one kind, its task and options, and the plain-way reference forward."""
 
-    def __init__(self, name: str, model, *, ref=None, shifts=None, inner_ref=None, stride=None, n=1):
+    def __init__(self, name: str, model, *, ref=None, shifts=None, inner_ref=None, stride=None, n=1, arg=None):
         self.name, self.model, self.stride, self.n = name, model, stride, n
+        # what the analyses are given: the model, or the user's own object it was adapted from (then the task
+        # is passed explicitly: each call adapts the object anew, and an adapter has no default task)
+        self.arg = model if arg is None else arg
+        self.task = None if arg is None else model.default_task
         self.ref = ref if ref is not None else model  # plain reference model (no wrapper)
         self.shifts, self.inner_ref = shifts, inner_ref  # for ensembles: copies, and the inner reference
 
     @property
     def opts(self) -> dict:
-        return dict(n_per_residue=self.n, progress=False, stride=self.stride)
+        out = dict(n_per_residue=self.n, progress=False, stride=self.stride)
+        return out if self.task is None else {**out, "task": self.task}
 
     def batch(self):
         return self.model.default_task.build(analysis_geometry(self.model, self.stride),
@@ -130,6 +137,10 @@ def kinds(tmp_path_factory):
     # any transformers causal LM at a given stride: the family's control exported to transformers' Qwen3
     causal = phaselens.load(to_qwen3(phaselens.CompressedTransformer(family_config("full", "tiny", seed=6))), stride=4)
     causal.default_task = V4_TASK
+    # a user's own transformers object, given to every analysis as it is (with stride=): adapted on each call
+    users = to_qwen3(phaselens.CompressedTransformer(family_config("full", "tiny", seed=7)))
+    adapted = phaselens.load(users, stride=4)
+    adapted.default_task = V4_TASK
     out = [
         Kind("zoo", zoo),
         Kind("control", phaselens.load("zoo:full"), stride=4),
@@ -143,12 +154,13 @@ def kinds(tmp_path_factory):
         Kind("family", family),
         Kind("family-control", family_control, stride=4),
         Kind("causal-lm", causal),
+        Kind("user-object", adapted, stride=4, arg=users),
     ]
     return {k.name: k for k in out}
 
 
 def check_evaluate(k: Kind):
-    ev = phaselens.evaluate(k.model, **k.opts, n_permutations=1, n_bootstrap=0)
+    ev = phaselens.evaluate(k.arg, **k.opts, n_permutations=1, n_bootstrap=0)
     b = k.batch()
     m = answer_metrics(k.query_logits(b.tokens, b.query_pos), b.answer, b.wrong)
     assert np.array_equal(ev.items["correct"].to_numpy(), m["correct"])
@@ -157,7 +169,7 @@ def check_evaluate(k: Kind):
 
 
 def check_record(k: Kind):
-    rec = phaselens.record(k.model, **k.opts)
+    rec = phaselens.record(k.arg, **k.opts)
     b = k.batch()
     L = k.model.cfg.n_layers
     for layer in range(L):
@@ -187,7 +199,7 @@ def check_knockout(k: Kind):
 
 
 def check_ablate(k: Kind):
-    res = phaselens.ablate(k.model, "L1H1", method="zero", n_bootstrap=0, **k.opts)
+    res = phaselens.ablate(k.arg, "L1H1", method="zero", n_bootstrap=0, **k.opts)
     b = k.batch()
     m = answer_metrics(k.query_logits(b.tokens, b.query_pos, zero_heads(1, [1])), b.answer, b.wrong)
     assert np.array_equal(res.items["correct_ko"].to_numpy(), m["correct"])
@@ -196,7 +208,7 @@ def check_ablate(k: Kind):
 
 
 def check_map(k: Kind):
-    pm = phaselens.specialization_map(k.model, method="zero", kinds=("head", "layer"), n_bootstrap=0, **k.opts)
+    pm = phaselens.specialization_map(k.arg, method="zero", kinds=("head", "layer"), n_bootstrap=0, **k.opts)
     b = k.batch()
     for i in (1, len(pm.cells) - 1):  # one head cell and one whole-layer cell
         row = pm.cells.iloc[i]
@@ -212,7 +224,7 @@ def check_map(k: Kind):
 
 def check_plan(k: Kind):
     """The dry run of the same map (tests/runtime/test_planning.py holds its counts against counted runs)."""
-    plan = phaselens.specialization_map(k.model, method="zero", kinds=("head", "layer"), plan=True, **k.opts)
+    plan = phaselens.specialization_map(k.arg, method="zero", kinds=("head", "layer"), plan=True, **k.opts)
     b = k.batch()
     cells = map_cells(k.model.dims, ("head", "layer"))
     assert (plan.items, plan.tokens, plan.n_cells) == (len(b), b.tokens.shape[1], len(cells))
@@ -222,7 +234,7 @@ def check_plan(k: Kind):
 
 
 def check_patch(k: Kind):
-    res = phaselens.patch(k.model, heads=["L0H1", "L1H0"], n_bootstrap=0, **k.opts)
+    res = phaselens.patch(k.arg, heads=["L0H1", "L1H0"], n_bootstrap=0, **k.opts)
     b = k.batch()
     for j, h in enumerate(res.heads):
         src = {}
@@ -247,7 +259,7 @@ def check_patch(k: Kind):
 
 
 def check_attribution(k: Kind):
-    am = phaselens.attribution_map(k.model, method="zero", **k.opts)
+    am = phaselens.attribution_map(k.arg, method="zero", **k.opts)
     b = k.batch()
     layer = 1
     kept = {}
@@ -278,7 +290,7 @@ def check_attribution(k: Kind):
 
 
 def check_cycling(k: Kind):
-    res = phaselens.gate_cycling_test(k.model, deltas=(1,), **k.opts)
+    res = phaselens.gate_cycling_test(k.arg, deltas=(1,), **k.opts)
     inner = k.model if k.shifts is None else k.model.model
     rolled = copy.deepcopy(inner)
     with torch.no_grad():  # the plain way: roll every per-offset bias by hand
@@ -291,7 +303,7 @@ def check_cycling(k: Kind):
 
 
 def check_repair(k: Kind):
-    tab = phaselens.repair_table(k.model, shift_sets=("all",), combines=("max_conf",), n_bootstrap=0,
+    tab = phaselens.repair_table(k.arg, shift_sets=("all",), combines=("max_conf",), n_bootstrap=0,
                                  n_permutations=1, **k.opts)
     b = k.batch()
     S = k.model.analysis_spec.stride if k.stride is None else k.stride
@@ -326,13 +338,13 @@ def check_resume(k: Kind, tmp_path):
     """A checkpoint resumes on the same model after it has run on a longer input (what runs observe, e.g. the
     adapter's longest input, is not part of the model's fingerprint): every unit is read back, same items."""
     path = tmp_path / "evaluate.ckpt"
-    first = phaselens.evaluate(k.model, **k.opts, n_permutations=1, n_bootstrap=0, checkpoint=path)
+    first = phaselens.evaluate(k.arg, **k.opts, n_permutations=1, n_bootstrap=0, checkpoint=path)
     b = k.batch()
     room = int(k.model.cfg.n_ctx) - max(getattr(k.model, "shifts", (0,)))  # an ensemble pads its copies
     longer = torch.cat([b.tokens, b.tokens], dim=1)[:2, :room]
     with torch.no_grad():
         k.model(longer)
-    again = phaselens.evaluate(k.model, **k.opts, n_permutations=1, n_bootstrap=0, checkpoint=path)
+    again = phaselens.evaluate(k.arg, **k.opts, n_permutations=1, n_bootstrap=0, checkpoint=path)
     (shard,) = again.metadata["shards"]
     assert shard["units"] >= 1 and len(shard["resumed"]) == shard["units"]
     cols = ["correct", "logit_diff"]
