@@ -17,6 +17,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
+
 import phaselens
 from benchmarks.common import emit
 from phaselens.tasks import Needle
@@ -41,7 +43,7 @@ def main() -> None:
             bodies = [model.dialect.request(model.served_name, ids, model.prompt_text(ids), int(a), int(w))[2]
                       for ids, a, w in ((batch.tokens[i, : ends[i]].tolist(), batch.answer[i], batch.wrong[i])
                                         for i in range(len(batch)))]
-            client = model.endpoint.client
+            client = httpx.Client(timeout=600.0)  # the baseline's own plain client (phaselens' is asynchronous)
             url = model.endpoint.api + "/completions"
 
             def plain() -> list:
@@ -71,6 +73,7 @@ def main() -> None:
                 "evaluate_over_plain": best["ours"] / best["plain"], "text_round_trips_s": checks, "turns": times,
             })
             model.close()
+            client.close()
 
 
 if __name__ == "__main__":

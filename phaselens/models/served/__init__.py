@@ -1,7 +1,8 @@
 """Served models: an OpenAI-compatible endpoint (vLLM, SGLang, ``transformers serve``) as a black-box model
 kind. ``phaselens.load("http://HOST:PORT/v1", model=NAME, tokenizer=PATH)`` builds one (:mod:`.loader`); the
-model answers prompts (:mod:`.model`), asked in each server's dialect (:mod:`.protocols`) over one HTTP client
-with retries (:mod:`.endpoint`), many at a time (:mod:`.dispatch`), in the served tokenizer's ids
+model answers prompts (:mod:`.model`), asked in each server's dialect (:mod:`.protocols`), every reply checked
+against the dialect's schema before it is read (:mod:`.replies`), over one HTTP client with a deadline per
+request and retries (:mod:`.endpoint`), many at a time (:mod:`.dispatch`), in the served tokenizer's ids
 (:mod:`.vocabulary`). See docs/served.md.
 """
 

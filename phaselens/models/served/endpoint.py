@@ -1,13 +1,24 @@
-"""The HTTP side of a served model: one ``httpx`` client per endpoint, with timeouts, retries and clear errors.
+"""The HTTP side of a served model: one ``httpx`` client per endpoint, with a deadline, retries and clear errors.
+
+Every request has one total deadline, ``timeout=`` seconds, that covers every attempt, the waits between them
+(``Retry-After`` included) and the reply's body however slowly it arrives. The requests run on an
+``httpx.AsyncClient`` on one event loop in a background thread (:func:`io_loop`), under ``asyncio.timeout``:
+a server that trickles its headers or body a byte at a time, or goes silent mid-reply, is cut at the
+deadline (httpx's own timeouts apply to each read, which a trickle never trips). Callers stay synchronous,
+from any thread (a notebook's own event loop is never in the way).
 
 Retried, with exponential backoff and jitter (honouring ``Retry-After``): dropped or refused connections,
-timeouts, and the statuses a busy or restarting server sends (429, 502, 503, 504). Every other error status is
-the request's fault and is raised at once with the server's own message. When the retries are spent the
-error is a :class:`~phaselens.core.errors.ServerError` that names the server's address.
+connect timeouts, and the statuses a busy or restarting server sends (429, 502, 503, 504). A wait that would
+end past the deadline is not started. Every other error status is the request's fault and is raised at once
+with the server's own message. When the retries or the deadline are spent the error is a
+:class:`~phaselens.core.errors.ServerError` that names the server's address.
 """
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
+import os
 import random
 import threading
 import time
@@ -48,14 +59,41 @@ class Traffic:
         return out
 
 
+class InFlight:
+    """The requests of one batch, cancelled together when the batch fails or is interrupted: the others stop
+    at once (their connections closed) instead of running on to their deadline for nothing."""
+
+    def __init__(self) -> None:
+        self._futures: set[Any] = set()
+        self._lock = threading.Lock()
+        self.cancelled = False
+
+    def add(self, future: Any) -> None:
+        with self._lock:
+            self._futures.add(future)
+            if self.cancelled:
+                future.cancel()
+
+    def discard(self, future: Any) -> None:
+        with self._lock:
+            self._futures.discard(future)
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            for future in self._futures:
+                future.cancel()
+
+
 class Endpoint:
-    """One server: its address, an ``httpx.Client`` (thread-safe, pooled) and the retry policy.
+    """One server: its address, an ``httpx.AsyncClient`` (pooled) and the deadline and retry policy.
 
     Args:
         url: ``http://HOST:PORT`` or ``http://HOST:PORT/v1``.
-        timeout: seconds a request may take (a 128K-token prefill behind a queue can take minutes).
-        connect_timeout: seconds to open a connection.
-        retries: attempts after the first one on a dropped connection, a timeout or 429/502/503/504.
+        timeout: seconds a request may take in all: every attempt, the waits between them and the reply's
+            body (a 128K-token prefill behind a queue can take minutes).
+        connect_timeout: seconds to open a connection (a host that never answers is retried after this).
+        retries: attempts after the first one on a dropped connection, a connect timeout or 429/502/503/504.
         backoff: the first wait in seconds; it doubles per attempt up to ``max_backoff`` (with jitter).
         connections: the connection pool's size (at least the requests in flight).
         api_key: sent as a bearer token when the server wants one.
@@ -67,10 +105,12 @@ class Endpoint:
         import httpx
 
         self.api, self.root = normalize_url(url)
+        self.timeout, self.connect_timeout = float(timeout), float(connect_timeout)
         self.retries, self.backoff, self.max_backoff = int(retries), float(backoff), float(max_backoff)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-        self.client = httpx.Client(
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+        self.client = httpx.AsyncClient(
+            # no per-read timeout: the request's deadline (asyncio.timeout) bounds it all, a trickle included
+            timeout=httpx.Timeout(None, connect=min(self.connect_timeout, self.timeout)),
             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
             headers=headers,
         )
@@ -81,49 +121,94 @@ class Endpoint:
         return f"Endpoint({self.api})"
 
     def close(self) -> None:
-        self.client.close()
+        if not self.client.is_closed:
+            asyncio.run_coroutine_threadsafe(self.client.aclose(), io_loop()).result(timeout=30)
 
     # ---- requests -----------------------------------------------------------------------------------
     def request(self, method: str, path: str, body: Any = None, *, root: bool = False,
-                retries: int | None = None) -> Any:
-        """The final ``httpx.Response`` of ``method path`` (retried as the module docstring says).
+                retries: int | None = None, group: InFlight | None = None) -> Any:
+        """The final ``httpx.Response`` of ``method path`` (retried as the module docstring says), its body
+        read in full, within ``timeout`` seconds of the call.
 
-        Raises :class:`ServerError` when no attempt got an answer, or every answer was a retryable status.
+        Raises :class:`ServerError` when no attempt got an answer, every answer was a retryable status, or the
+        deadline passed. ``group`` collects the request with others sent for one batch, so that they can be
+        cancelled together (:class:`InFlight`).
         """
+        url = (self.root if root else self.api) + path
+        req = self.client.build_request(method, url, json=body)  # encoded here, not on the shared loop
+        attempts = 1 + (self.retries if retries is None else int(retries))
+        future = asyncio.run_coroutine_threadsafe(self._request(req, method, path, attempts), io_loop())
+        if group is not None:
+            group.add(future)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()  # an interrupt (or any error here) stops the request on the loop too
+            raise
+        finally:
+            if group is not None:
+                group.discard(future)
+
+    async def _request(self, req: Any, method: str, path: str, attempts: int) -> Any:
         import httpx
 
-        url = (self.root if root else self.api) + path
-        attempts = 1 + (self.retries if retries is None else int(retries))
         start = time.monotonic()
-        why = ""
-        for attempt in range(attempts):
-            if attempt:
-                with self._lock:
-                    self.traffic.retries += 1
-            try:
-                resp = self.client.request(method, url, json=body)
-            except httpx.TransportError as err:  # refused, dropped, timed out, reset mid-answer
-                why = _transport_reason(err)
-                wait = self._wait(attempt, None)
-            else:
-                if resp.status_code not in RETRY_STATUS:
-                    return resp
-                why = f"HTTP {resp.status_code} {_detail(resp)[:200]}".rstrip()
-                wait = self._wait(attempt, resp.headers.get("retry-after"))
-            if attempt + 1 < attempts:
-                time.sleep(wait)
+        state = {"why": "", "doing": "waiting for the reply", "attempt": 0}
+        resp = None
+        try:
+            async with asyncio.timeout(self.timeout):
+                for attempt in range(attempts):
+                    state["attempt"] = attempt + 1
+                    if attempt:
+                        with self._lock:
+                            self.traffic.retries += 1
+                    try:
+                        state["doing"], resp = "waiting for the reply", None
+                        resp = await self.client.send(req, stream=True)
+                        state["doing"] = "reading the reply's body"
+                        try:
+                            await resp.aread()
+                        finally:
+                            await resp.aclose()
+                    except httpx.TransportError as err:  # refused, dropped, timed out, reset mid-answer
+                        state["why"] = _transport_reason(err)
+                        wait = self._wait(attempt, None)
+                    else:
+                        if resp.status_code not in RETRY_STATUS:
+                            return resp
+                        state["why"] = f"HTTP {resp.status_code} {_detail(resp)[:200]}".rstrip()
+                        wait = self._wait(attempt, resp.headers.get("retry-after"))
+                    if attempt + 1 < attempts:
+                        left = self.timeout - (time.monotonic() - start)
+                        if wait >= left:
+                            raise ServerError(self._late(method, path, state, start, f"a retry was due in {wait:.1f} s "
+                                                         f"(Retry-After or backoff), past the deadline"))
+                        state["doing"] = f"waiting {wait:.1f} s to retry"
+                        await asyncio.sleep(wait)
+        except TimeoutError:
+            if state["doing"].startswith("reading") and resp is not None:
+                state["doing"] += f" ({resp.num_bytes_downloaded:,} bytes had arrived)"
+            raise ServerError(self._late(method, path, state, start, state["doing"])) from None
         took = time.monotonic() - start
         raise ServerError(
-            f"the server at {self.api} did not answer {method} {path} ({why}) in {attempts} attempt(s) over "
+            f"the server at {self.api} did not answer {method} {path} ({state['why']}) in {attempts} attempt(s) over "
             f"{took:.0f} s; check that it is running (and restart it). With checkpoint=, rerunning resumes "
             "where this run stopped."
         )
 
+    def _late(self, method: str, path: str, state: dict[str, Any], start: float, doing: str) -> str:
+        before = f"; the last answer: {state['why']}" if state["why"] else ""
+        return (f"the server at {self.api} did not answer {method} {path} within timeout={self.timeout:g} s, the "
+                f"deadline of the whole request (every attempt, the waits between them and the reply's body): "
+                f"{doing} ({time.monotonic() - start:.1f} s in, attempt {state['attempt']}{before}). A slow or busy "
+                "server needs a larger timeout= (a 128K prefill behind a queue takes minutes); with checkpoint=, "
+                "rerunning resumes where this run stopped.")
+
     def json(self, method: str, path: str, body: Any = None, *, root: bool = False,
-             retries: int | None = None, what: str = "") -> Any:
+             retries: int | None = None, what: str = "", group: InFlight | None = None) -> Any:
         """The JSON answer of a request that must succeed; an error status raises :class:`ServerError` with the
         server's message."""
-        resp = self.request(method, path, body, root=root, retries=retries)
+        resp = self.request(method, path, body, root=root, retries=retries, group=group)
         if resp.status_code >= 400:
             raise ServerError(f"the server at {self.api} refused {what or method + ' ' + path}: HTTP "
                               f"{resp.status_code} {_detail(resp)[:500]}")
@@ -134,12 +219,12 @@ class Endpoint:
                               f"{resp.text[:200]!r}") from None
 
     def _wait(self, attempt: int, retry_after: str | None) -> float:
+        """Seconds before the next attempt: ``Retry-After`` (seconds or an HTTP date), else the backoff."""
         if retry_after:
-            try:
-                return min(self.max_backoff, max(0.0, float(retry_after)))
-            except ValueError:
-                pass
-        return min(self.max_backoff, self.backoff * 2**attempt) * (0.5 + 0.5 * random.random())
+            seconds = _retry_after(retry_after)
+            if seconds is not None:
+                return min(self.max_backoff, seconds)
+        return min(self.max_backoff, self.backoff * 2.0 ** min(attempt, 32)) * (0.5 + 0.5 * random.random())
 
     def count(self, prompt_tokens: int, cached_tokens: int | None) -> None:
         """Count one answered request."""
@@ -150,6 +235,34 @@ class Endpoint:
             if cached_tokens is not None:
                 t.cached_tokens += int(cached_tokens)
                 t.cached_reported += 1
+
+
+def _retry_after(value: str) -> float | None:
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        seconds = when.timestamp() - time.time()
+    return max(0.0, seconds) if seconds == seconds else None  # NaN: no usable answer
+
+
+_LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def io_loop() -> asyncio.AbstractEventLoop:
+    """The event loop every endpoint's requests run on: one per process, on a daemon thread (started on first
+    use, and again in a forked child, which inherits no threads)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or _LOOP[0] != os.getpid() or _LOOP[1].is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="phaselens-served-io", daemon=True).start()
+            _LOOP = (os.getpid(), loop)
+        return _LOOP[1]
 
 
 def _transport_reason(err: Exception) -> str:

@@ -13,15 +13,20 @@ At load, before any item runs:
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from phaselens.core.errors import InputError, ServerError, TokenizerMismatchError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.served.endpoint import Endpoint
 from phaselens.models.served.model import ServedModel, mismatch_message
 from phaselens.models.served.protocols import DIALECTS, Dialect
+from phaselens.models.served.replies import validated
 from phaselens.models.served.vocabulary import Vocabulary, load_tokenizer, server_vocabulary
 from phaselens.runtime.reading import peek_json
 
@@ -46,34 +51,40 @@ def load_served(url: str, *, model: str | None = None, tokenizer: Any = None, st
         concurrency: requests in flight (default by server: 32 for vLLM and SGLang, 2 for ``transformers serve``).
         protocol: ``"auto"`` or one of ``vllm``, ``sglang``, ``openai-ids``, ``openai-text``.
         top_logprobs: log-probabilities asked per reply (vLLM's default ``--max-logprobs`` is 20).
-        timeout, retries, backoff: per request: seconds, attempts after the first, first wait (doubling).
+        timeout: the deadline of each request in seconds: every attempt, the waits between them (``Retry-After``
+            included) and the reply's body however slowly it arrives (default 3600: a 128K prefill behind a queue).
+        retries, backoff: attempts after the first; the first wait in seconds (doubling, at most 60 s).
         n_ctx: the longest prompt (default: one less than the server's ``max_model_len`` where it says: the
             answer takes a slot too).
         warm_prefix: hold prompts that share a long prefix behind the first (default: on for vLLM and SGLang).
         default_task, progress, api_key: the task ``evaluate(model)`` uses; the requests' progress bar; a key.
     """
-    if protocol != "auto" and protocol not in DIALECTS:
-        raise InputError(f"protocol must be 'auto' or one of {DIALECTS}, got {protocol!r}.")
-    conc = None if concurrency is None else _positive("concurrency", concurrency)
-    endpoint = Endpoint(url, timeout=timeout, retries=_count("retries", retries), backoff=backoff,
+    opts = _options(model=model, stride=stride, window=window, origin=origin, concurrency=concurrency,
+                    protocol=protocol, top_logprobs=top_logprobs, timeout=timeout, retries=retries, backoff=backoff,
+                    n_ctx=n_ctx, warm_prefix=warm_prefix, progress=progress, api_key=api_key)
+    spec = served_geometry(tokenizer, stride, window, origin)  # local: before anything is sent
+    conc = opts["concurrency"]
+    endpoint = Endpoint(url, timeout=opts["timeout"], retries=opts["retries"], backoff=opts["backoff"],
                         connections=max(conc or 0, 64) + 4, api_key=api_key)
-    name, card = _choose_model(endpoint, model)
-    vocab = Vocabulary(load_tokenizer(tokenizer)) if tokenizer is not None else server_vocabulary(endpoint, name)
-    spec = served_geometry(tokenizer, stride, window, origin)
-    checks: dict[str, Any] = {}
-    dialect = _dialect(endpoint, name, vocab, card, protocol, _count("top_logprobs", top_logprobs), checks)
-    _compare_tokens(endpoint, name, vocab, dialect, checks, local=tokenizer is not None)
-    limit = card.get("max_model_len") or _config_value(tokenizer, "max_position_embeddings")
-    ctx = n_ctx if n_ctx is not None else max(int(limit or 0) - 1, 0)  # the answer token needs a slot too
+    try:
+        name, card = _choose_model(endpoint, model)
+        vocab = Vocabulary(load_tokenizer(tokenizer)) if tokenizer is not None else server_vocabulary(endpoint, name)
+        checks: dict[str, Any] = {}
+        dialect = _dialect(endpoint, name, vocab, card, protocol, opts["top_logprobs"], checks)
+        _compare_tokens(endpoint, name, vocab, dialect, checks, local=tokenizer is not None)
+        ctx = _context(endpoint, card, tokenizer, opts["n_ctx"])
+    except BaseException:
+        endpoint.close()  # no connections left open behind a refused load
+        raise
     conc = conc or DEFAULT_CONCURRENCY[dialect.name]
     warm = dialect.name in ("vllm", "sglang") if warm_prefix is None else bool(warm_prefix)
-    return ServedModel(endpoint, name, vocab, dialect, spec=spec, n_ctx=int(ctx or 0), concurrency=conc, warm_prefix=warm,
+    return ServedModel(endpoint, name, vocab, dialect, spec=spec, n_ctx=ctx, concurrency=conc, warm_prefix=warm,
                        default_task=default_task, progress=progress, checks=checks)
 
 
 def _choose_model(endpoint: Endpoint, model: str | None) -> tuple[str, dict[str, Any]]:
     data = endpoint.json("GET", "/models", what="the model list (GET /v1/models)")
-    cards = [c for c in (data.get("data") if isinstance(data, dict) else None) or [] if isinstance(c, dict)]
+    cards = validated(data, "models", f"the server at {endpoint.api}")["data"]
     names = [str(c.get("id")) for c in cards]
     if model is None:
         if len(cards) != 1:
@@ -97,7 +108,10 @@ def _dialect(endpoint: Endpoint, name: str, vocab: Vocabulary, card: dict[str, A
     ids = vocab.encode(PROBES[0], special=True)
     resp = endpoint.request("POST", "/completions", {"model": name, "prompt": ids, "max_tokens": 1,
                                                      "temperature": 0.0})
-    counted = (_json(resp).get("usage") or {}).get("prompt_tokens") if resp.status_code < 400 else None
+    counted = None
+    if resp.status_code < 400:  # taken: the reply must read as a completion
+        counted = (validated(_json(resp, endpoint), "openai-ids", f"the server at {endpoint.api}").get("usage")
+                   or {}).get("prompt_tokens")
     if counted == len(ids):
         checks["protocol"] = "openai-ids: a token-id prompt was taken with the right usage.prompt_tokens"
         return Dialect("openai-ids", top)
@@ -113,13 +127,15 @@ def _compare_tokens(endpoint: Endpoint, name: str, vocab: Vocabulary, dialect: D
     if not local:
         checks["tokenizer"] = "the server's own /tokenize"
         return
+    server = f"the server at {endpoint.api}"
     resp = endpoint.request("POST", "/tokenize", {"model": name, "prompt": PROBES[0]}, root=True, retries=1)
     if resp.status_code < 400 and isinstance(_json(resp).get("tokens"), list):
         for text in PROBES:
-            theirs = endpoint.json("POST", "/tokenize", {"model": name, "prompt": text, "add_special_tokens": True},
-                                   root=True, what="a /tokenize request").get("tokens")
+            theirs = validated(endpoint.json("POST", "/tokenize", {"model": name, "prompt": text,
+                                                                   "add_special_tokens": True},
+                                             root=True, what="a /tokenize request"), "tokenize", server).get("tokens")
             ours = vocab.encode(text, special=True)
-            if [int(t) for t in theirs] != ours:
+            if theirs != ours:
                 raise TokenizerMismatchError(
                     f"the server at {endpoint.api} tokenizes {text!r} as {theirs[:12]} where the local tokenizer gives "
                     f"{ours[:12]}: pass the served checkpoint's own tokenizer (its phases would be wrong otherwise).")
@@ -132,21 +148,40 @@ def _compare_tokens(endpoint: Endpoint, name: str, vocab: Vocabulary, dialect: D
         ids = vocab.encode(text, special=True)
         data = endpoint.json("POST", "/completions", {"model": name, "prompt": text,
                                                        "max_tokens": 1, "temperature": 0.0}, what="a probe prompt")
-        counted = (data.get("usage") or {}).get("prompt_tokens")
-        if counted is None:
-            raise ServerError(f"the server at {endpoint.api} reports no usage.prompt_tokens, so phaselens cannot check "
-                              "its tokens; use a server that does, or that takes token ids (vLLM, SGLang).")
-        if int(counted) != len(ids):
-            raise TokenizerMismatchError(mismatch_message(endpoint.api, int(counted), len(ids), vocab.prefix, False))
+        counted = validated(data, "openai-text", server)["usage"]["prompt_tokens"]  # required in this dialect
+        if counted != len(ids):
+            raise TokenizerMismatchError(mismatch_message(endpoint.api, counted, len(ids), vocab.prefix, False))
     checks["tokenizer"] = f"prompt token counts agree on {len(PROBES)} probe texts (then on every reply)"
 
 
-def _json(resp: Any) -> dict[str, Any]:
+def _json(resp: Any, endpoint: Endpoint | None = None) -> Any:
+    """A probe's JSON body: ``{}`` when it is not JSON, unless ``endpoint`` is given (a reply that must be
+    read), which makes that a ``ServerError``."""
     try:
         out = resp.json()
     except ValueError:
+        if endpoint is not None:
+            raise ServerError(f"the server at {endpoint.api} answered a probe prompt with something that is not JSON: "
+                              f"{resp.text[:200]!r}") from None
         return {}
-    return out if isinstance(out, dict) else {}
+    return out if endpoint is not None or isinstance(out, dict) else {}
+
+
+def _context(endpoint: Endpoint, card: dict[str, Any], tokenizer: Any, n_ctx: int | None) -> int:
+    """The longest prompt: ``n_ctx``, else one less than the server's ``max_model_len`` (the answer takes a
+    slot too) or the config's ``max_position_embeddings``; 0 when nothing says. An ``n_ctx`` the server's
+    ``max_model_len`` cannot hold is refused here, not by the server on the first long prompt."""
+    limit = card.get("max_model_len")
+    if n_ctx is not None:
+        if limit is not None and n_ctx > limit - 1:
+            raise InputError(f"n_ctx={n_ctx} is more than the server at {endpoint.api} holds: its max_model_len is "
+                             f"{limit}, so prompts of at most {limit - 1} tokens (the answer takes a slot); pass "
+                             f"n_ctx={limit - 1} or less, or leave it out.")
+        return n_ctx
+    limit = limit or _config_value(tokenizer, "max_position_embeddings")
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        return 0
+    return max(limit - 1, 0)
 
 
 def served_geometry(tokenizer: Any, stride: int | None, window: int | None = None, origin: int = 0) -> PhaseSpec:
@@ -192,13 +227,49 @@ def _config_value(tokenizer: Any, key: str) -> Any:
     return cfg.get(key) or (cfg.get("text_config") or {}).get(key)
 
 
-def _positive(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InputError(f"{name} must be a whole number >= 1, got {value!r}.")
-    return value
+#: The loader's numeric options: (kind, smallest, largest, what it is). Bounds keep every later computation
+#: finite (a socket timeout, a backoff of 2**attempt seconds) and name what the option means.
+MAX_TIMEOUT = 7 * 24 * 3600.0
+NUMERIC = {
+    "stride": ("int", 1, None, "the compression stride in tokens"),
+    "window": ("int", 1, None, "the compressor's window in tokens"),
+    "origin": ("int", 0, None, "the slot where block 0 begins"),
+    "concurrency": ("int", 1, 1024, "requests in flight at once"),
+    "top_logprobs": ("int", 0, 1024, "log-probabilities asked per reply (0: none)"),
+    "timeout": ("float", 0.0, MAX_TIMEOUT, "seconds a request may take in all, retries and the reply's body "
+                                          "included"),
+    "retries": ("int", 0, 1000, "attempts after the first"),
+    "backoff": ("float", 0.0, 3600.0, "seconds of the first wait between attempts"),
+    "n_ctx": ("int", 1, None, "the longest prompt in tokens"),
+}
 
 
-def _count(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InputError(f"{name} must be a whole number >= 0, got {value!r}.")
-    return value
+def _options(**given: Any) -> dict[str, Any]:
+    """The served loader's options, checked before anything is sent: a bad value is an ``InputError`` naming
+    the option and its valid range (``timeout=0`` would otherwise blame a server that is up, ``n_ctx=-10``
+    ask for prompts of at most -10 tokens)."""
+    out = dict(given)
+    for name, (kind, low, high, what) in NUMERIC.items():
+        value = given[name]
+        if value is None and name in ("stride", "window", "concurrency", "n_ctx"):  # None: found at load
+            continue
+        real = isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+        if kind == "int":
+            ok = real and isinstance(value, numbers.Integral) and low <= value and (high is None or value <= high)
+            need = f"a whole number in {low}..{high}" if high is not None else f"a whole number >= {low}"
+        else:
+            ok = real and math.isfinite(value) and (value > low if name == "timeout" else value >= low) \
+                and value <= high
+            need = f"a finite number of seconds {'> 0' if name == 'timeout' else '>= 0'} and <= {high:g}"
+        if not ok:
+            raise InputError(f"{name} ({what}) must be {need}, got {value!r}.")
+        out[name] = int(value) if kind == "int" else float(value)
+    if given["protocol"] != "auto" and given["protocol"] not in DIALECTS:
+        raise InputError(f"protocol must be 'auto' or one of {DIALECTS}, got {given['protocol']!r}.")
+    for name in ("warm_prefix", "progress"):
+        if not isinstance(given[name], bool | np.bool_) and not (name == "warm_prefix" and given[name] is None):
+            raise InputError(f"{name} must be True or False, got {given[name]!r}.")
+    for name in ("model", "api_key"):
+        if given[name] is not None and (not isinstance(given[name], str) or not given[name]):
+            raise InputError(f"{name} must be a non-empty string (or left out), got {given[name]!r}.")
+    return out

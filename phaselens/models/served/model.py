@@ -20,9 +20,10 @@ import torch
 from phaselens.contract.answers import Answers
 from phaselens.contract.dims import ModelDims, ModelIdentity
 from phaselens.contract.memory import MemoryEstimate
-from phaselens.core.errors import NotApplicableError, ServerError, TokenizerMismatchError
+from phaselens.core.errors import NotApplicableError, TokenizerMismatchError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.served.dispatch import dispatch, leaders
+from phaselens.models.served.endpoint import InFlight
 from phaselens.models.served.protocols import Dialect, Reply
 
 
@@ -132,25 +133,28 @@ class ServedModel:
         prompts = [rows[i, : ends[i]] for i in range(len(ends))]
         a, w = answer.cpu().numpy().astype(np.int64), wrong.cpu().numpy().astype(np.int64)
         lead = leaders(prompts) if self.warm_prefix else None
-        t0 = time.monotonic()
+        t0, group = time.monotonic(), InFlight()
         try:
-            replies = dispatch(lambda i: self._ask(prompts[i], int(a[i]), int(w[i])), len(prompts),
+            replies = dispatch(lambda i: self._ask(prompts[i], int(a[i]), int(w[i]), group), len(prompts),
                                concurrency=self.concurrency, lead=lead,
                                progress=self.progress if progress is None else progress, stage="requests",
                                model=self, tokens=lambda r: r.prompt_tokens or 0)
+        except BaseException:
+            group.cancel()  # the first failure, or an interrupt, stops the requests still in flight
+            raise
         finally:
             self.endpoint.traffic.seconds += time.monotonic() - t0
         return Answers(np.array([r.predicted for r in replies], np.int64),
                        *(np.array([getattr(r, f) for r in replies], np.float64)
                          for f in ("logp_answer", "logp_wrong", "logp_predicted")))
 
-    def _ask(self, ids: np.ndarray, answer: int, wrong: int) -> Reply:
+    def _ask(self, ids: np.ndarray, answer: int, wrong: int, group: InFlight | None = None) -> Reply:
         """One prompt, one reply, checked against the local tokens."""
         id_list = [int(i) for i in ids]
         text = None if self.dialect.takes_ids else self.prompt_text(id_list)
         path, root, body = self.dialect.request(self.served_name, id_list, text, answer, wrong)
-        data = self.endpoint.json("POST", path, body, root=root, what="a completion request")
-        reply = self.dialect.read(data, answer, wrong, self.vocab)
+        data = self.endpoint.json("POST", path, body, root=root, what="a completion request", group=group)
+        reply = self.dialect.read(data, answer, wrong, self.vocab, server=f"the server at {self.endpoint.api}")
         self._check_reply(reply, id_list)
         self.endpoint.count(reply.prompt_tokens or len(id_list), reply.cached_tokens)
         return reply
@@ -178,11 +182,7 @@ class ServedModel:
             raise TokenizerMismatchError(
                 f"the server at {self.endpoint.api} ran other prompt ids than phaselens sent ({len(reply.echoed)} ids "
                 f"echoed for {len(ids)} sent); it changed the prompt (a chat template or an added BOS?).")
-        if counted is None:
-            if not self.dialect.takes_ids:
-                raise ServerError(f"the server at {self.endpoint.api} returned no usage.prompt_tokens, so the prompt's "
-                                  "token count cannot be checked and its phases are unknown; use a server that reports "
-                                  "usage or takes token ids (vLLM, SGLang).")
+        if counted is None:  # an ids dialect (a text dialect's schema requires the count)
             return
         if counted != len(ids):
             raise TokenizerMismatchError(mismatch_message(self.endpoint.api, counted, len(ids), self.vocab.prefix,

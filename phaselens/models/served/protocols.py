@@ -23,6 +23,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from phaselens.models.served.replies import refuse, validated
+
 NAN = float("nan")
 DIALECTS = ("vllm", "sglang", "openai-ids", "openai-text")
 
@@ -82,45 +84,63 @@ class Dialect:
             body.update(return_tokens_as_token_ids=True, return_token_ids=True)
         return "/completions", False, body
 
-    def read(self, data: Any, answer: int, wrong: int, vocab: Any) -> Reply:
-        """The :class:`Reply` in a server's JSON answer."""
+    def read(self, data: Any, answer: int, wrong: int, vocab: Any, server: str = "the server") -> Reply:
+        """The :class:`Reply` in a server's JSON answer, checked first against the dialect's schema
+        (:mod:`phaselens.models.served.replies`): a reply that cannot be read exactly is a ``ServerError``
+        naming the field, never a predicted id of -1."""
+        data = validated(data, self.name, server)
         if self.name == "sglang":
-            return _read_sglang(data, answer, wrong)
-        return _read_completion(data, answer, wrong, vocab, by_id=self.name == "vllm")
+            return _read_sglang(data, answer, wrong, server)
+        return _read_completion(data, answer, wrong, vocab, dialect=self.name, server=server)
 
 
-def _read_sglang(data: Any, answer: int, wrong: int) -> Reply:
-    if isinstance(data, list):  # a batch of one
-        data = data[0]
-    meta = data.get("meta_info") or {}
-    out = data.get("output_ids") or []
-    first = (meta.get("output_token_logprobs") or [[NAN, -1, None]])[0]
-    predicted = int(out[0]) if out else int(first[1])
-    asked = {int(e[1]): float(e[0]) for e in ((meta.get("output_token_ids_logprobs") or [[]])[0] or [])}
-    return Reply(predicted, _num(first[0]), asked.get(int(answer), NAN), asked.get(int(wrong), NAN),
-                 _int(meta.get("prompt_tokens")), _int(meta.get("cached_tokens")))
+def _read_sglang(data: dict[str, Any], answer: int, wrong: int, server: str) -> Reply:
+    meta = data["meta_info"]
+    out = data.get("output_ids")
+    entries = meta.get("output_token_logprobs")
+    if not out and not entries:
+        refuse(server, "sglang", "output_ids", "is missing, and so is meta_info.output_token_logprobs, so no token "
+               "names the answer")
+    predicted = out[0] if out else entries[0][1]
+    if out and entries and entries[0][1] != predicted:
+        refuse(server, "sglang", "meta_info.output_token_logprobs[0]",
+               f"names token {entries[0][1]} where output_ids[0] is {predicted}")
+    first = _num(entries[0][0]) if entries else NAN
+    asked_rows = meta.get("output_token_ids_logprobs") or [None]
+    asked = {e[1]: _num(e[0]) for e in asked_rows[0] or ()}
+    return Reply(predicted, first, asked.get(int(answer), NAN), asked.get(int(wrong), NAN),
+                 meta.get("prompt_tokens"), meta.get("cached_tokens"))
 
 
-def _read_completion(data: Any, answer: int, wrong: int, vocab: Any, *, by_id: bool) -> Reply:
-    choice = (data.get("choices") or [{}])[0]
+def _read_completion(data: dict[str, Any], answer: int, wrong: int, vocab: Any, *, dialect: str, server: str
+                     ) -> Reply:
+    choice = data["choices"][0]
     usage = data.get("usage") or {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
     lp = choice.get("logprobs") or {}
     tokens = lp.get("tokens") or []
-    top = ((lp.get("top_logprobs") or [None])[0]) or {}
-    first = (lp.get("token_logprobs") or [NAN])[0]
-    if by_id:  # vLLM: "token_id:123" keys, and the generated ids themselves
-        ids = choice.get("token_ids") or []
-        predicted = int(ids[0]) if ids else (_token_id(tokens[0]) if tokens else -1)
-        scores = {_token_id(k): float(v) for k, v in top.items()}
+    top = (lp.get("top_logprobs") or [None])[0] or {}
+    first = _num((lp.get("token_logprobs") or [None])[0])
+    if dialect == "vllm":  # "token_id:123" keys, and the generated ids themselves
+        at = "choices[0].logprobs"
+        named = _token_id(tokens[0], f"{at}.tokens[0]", server) if tokens else None
+        ids = choice.get("token_ids")
+        if ids is None and named is None:
+            refuse(server, dialect, "choices[0].token_ids", "is missing, and so is choices[0].logprobs.tokens, so "
+                   "no token id names the answer (ask with return_token_ids)")
+        predicted = ids[0] if ids is not None else named
+        if named is not None and named != predicted:
+            refuse(server, dialect, f"{at}.tokens[0]", f"names token {named} where choices[0].token_ids[0] is "
+                   f"{predicted}")
+        scores = {_token_id(k, f"{at}.top_logprobs[0][{k!r}]", server): float(v) for k, v in top.items()}
     else:  # tokens as text: read back through the local tokenizer
-        text = tokens[0] if tokens else choice.get("text", "")
+        text = tokens[0] if tokens else choice["text"]
         predicted = resolve_text(vocab, text, answer, wrong)
         scores = {resolve_text(vocab, k, answer, wrong): float(v) for k, v in top.items()}
-    if predicted >= 0 and not math.isnan(_num(first)):
-        scores[predicted] = _num(first)
-    return Reply(predicted, _num(first), scores.get(int(answer), NAN), scores.get(int(wrong), NAN),
-                 _int(usage.get("prompt_tokens")), _int(cached), choice.get("prompt_token_ids"))
+    if predicted >= 0 and not math.isnan(first):
+        scores[predicted] = first
+    return Reply(predicted, first, scores.get(int(answer), NAN), scores.get(int(wrong), NAN),
+                 usage.get("prompt_tokens"), cached, choice.get("prompt_token_ids"))
 
 
 def resolve_text(vocab: Any, text: str, answer: int, wrong: int) -> int:
@@ -135,17 +155,14 @@ def resolve_text(vocab: Any, text: str, answer: int, wrong: int) -> int:
     return int(ids[0]) if len(ids) == 1 and vocab.decode(ids) == text else -1
 
 
-def _token_id(key: str) -> int:
-    text = str(key)
-    return int(text.split(":", 1)[1]) if text.startswith("token_id:") else -1
+def _token_id(key: str, path: str, server: str) -> int:
+    """The id in vLLM's ``"token_id:123"`` (``return_tokens_as_token_ids``); anything else is refused."""
+    head, _, tail = str(key).partition(":")
+    if head != "token_id" or not (tail.isascii() and tail.isdigit()):
+        refuse(server, "vllm", path, f"is {key!r}, not 'token_id:N' (phaselens asks with return_tokens_as_token_ids)")
+    return int(tail)
 
 
 def _num(x: Any) -> float:
-    try:
-        return float(x)
-    except (TypeError, ValueError):
-        return NAN
-
-
-def _int(x: Any) -> int | None:
-    return None if x is None else int(x)
+    """A validated log-probability (a number or null) as a float; null is NaN (not reported)."""
+    return NAN if x is None else float(x)

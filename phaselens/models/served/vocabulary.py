@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from phaselens.core.errors import InputError, ServerError
+from phaselens.models.served.replies import refuse, validated
 from phaselens.tasks.text import encode, special_prefix
 
 
@@ -93,16 +94,26 @@ class ServerVocabulary(Vocabulary):
         special = special if add_special_tokens is None else bool(add_special_tokens)
         key = (text, special)
         if key not in self._cache:
-            out = self.endpoint.json("POST", "/tokenize", {"model": self.model, "prompt": text,
-                                                           "add_special_tokens": special}, root=True,
-                                     what="a /tokenize request")
-            self._cache[key] = [int(i) for i in (out.get("tokens") or out.get("input_ids") or [])]
+            out = validated(self.endpoint.json("POST", "/tokenize", {"model": self.model, "prompt": text,
+                                                                     "add_special_tokens": special}, root=True,
+                                               what="a /tokenize request"), "tokenize", self._server)
+            ids = out.get("tokens", out.get("input_ids"))
+            if ids is None:
+                refuse(self._server, "tokenize", "tokens", "is missing (and so is input_ids)")
+            self._cache[key] = list(ids)
         return list(self._cache[key])
 
     def decode(self, ids: Any, skip_special_tokens: bool = False) -> str:
-        out = self.endpoint.json("POST", "/detokenize", {"model": self.model, "tokens": [int(i) for i in ids]},
-                                 root=True, what="a /detokenize request")
-        return str(out.get("prompt", out.get("text", "")))
+        out = validated(self.endpoint.json("POST", "/detokenize", {"model": self.model, "tokens": [int(i) for i in ids]},
+                                           root=True, what="a /detokenize request"), "detokenize", self._server)
+        text = out.get("prompt", out.get("text"))
+        if text is None:
+            refuse(self._server, "detokenize", "prompt", "is missing (and so is text)")
+        return text
+
+    @property
+    def _server(self) -> str:
+        return f"the server at {self.endpoint.api}"
 
     @property
     def size(self) -> int:
