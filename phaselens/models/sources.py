@@ -31,7 +31,7 @@ def load(source: Any, *, device: str = "cpu", **kwargs: Any) -> Any:
         device: where to put the model (not for a served model).
         kwargs: for ``hf:`` (V4: ``dtype``, ``device_map``, ``layer_types``, ``index_topk``, ``chunk``, ...;
             V4.1: ``dtype``, ``quantize``, ``index_topk``, ``analysis_stride``, ``engram``; another causal LM:
-            ``stride`` (required), ``window``, ``origin``, ``dtype``, ``device_map``, ``attn_implementation``),
+            ``stride`` (required), ``window``, ``origin``, ``dtype``, ``device_map``, ``attn_implementation``, ``strict``),
             for a model object (``stride``, ``window``, ``origin``; V4: ``from_hf``'s keywords), or for a served
             model (``model``, ``tokenizer``, ``stride``, ``concurrency``, ``protocol``, ``timeout``, ``retries``,
             ...: :func:`phaselens.models.served.load_served`). An unknown keyword, or a ``dtype`` that is not a
@@ -86,6 +86,7 @@ def _load(text: str, device: str, kwargs: dict[str, Any]) -> Any:
         return load_zoo_model(text[4:], device=device)
     if text.startswith("hf:"):
         _check_hf_path(text[3:])
+        _refuse_phaselens_folder(text[3:])
         from phaselens.models.deepseek_v4.checkpoint import check_arguments
         from phaselens.models.deepseek_v41 import is_v41_checkpoint, load_v41
 
@@ -217,6 +218,17 @@ def _model_type(path: Path) -> str | None:
     raw = peek_json(path / "config.json")
     kind = raw.get("model_type") if isinstance(raw, dict) and "format" not in raw else None
     return str(kind) if kind else None
+
+
+def _refuse_phaselens_folder(rest: str) -> None:
+    """``hf:`` pointing at a model phaselens saved, or at a training run: say to drop the prefix."""
+    from phaselens.models.compressed.io import is_phaselens_checkpoint
+
+    path = Path(rest)
+    if path.is_dir() and (is_phaselens_checkpoint(path) or is_training_folder(path)):
+        what = "a model phaselens saved (model.save)" if is_phaselens_checkpoint(path) else "a phaselens training run"
+        raise CheckpointError(f"'hf:{rest}' names {what}, not a transformers checkpoint: load it with "
+                              f"phaselens.load({rest!r}), without 'hf:'.")
 
 
 def _check_hf_path(rest: str) -> None:

@@ -165,7 +165,9 @@ def save_result(result: Any, path: str | os.PathLike, *, overwrite: bool = False
                           "not write: pass another path.")
     w = _Writer()
     skeleton = w.encode(result)
-    meta = {"format": FORMAT, "skeleton": json.dumps(skeleton)}
+    from phaselens.runtime.checksums import stamped
+
+    meta = stamped({"format": FORMAT, "skeleton": json.dumps(skeleton)}, w.arrays)
     write_owned_file(path, lambda tmp: save_file(w.arrays, str(tmp), metadata=meta), by="result",
                      proves=lambda p: _format(p) in (FORMAT, *_EARLIER), record=False)
     return path

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from phaselens.core.errors import CheckpointError, OutputError
+from phaselens.runtime.checksums import stamped, verify
 from phaselens.runtime.files import atomic_write_file, nearest_existing, writable, write_owned_file
 from phaselens.runtime.oserrors import NAME_MAX, why_not_read, why_not_written
 from phaselens.runtime.reading import peek_json
@@ -105,18 +106,21 @@ def safetensors_metadata(path: str | os.PathLike, *, fix: str) -> dict[str, str]
 
 
 def load_safetensors(path: str | os.PathLike, *, fix: str, framework: str = "pt") -> dict[str, Any]:
-    """All tensors of a safetensors file (``framework`` ``"pt"`` or ``"np"``); damage raises :class:`CheckpointError`."""
-    safetensors_metadata(path, fix=fix)
+    """All tensors of a safetensors file (``framework`` ``"pt"`` or ``"np"``), checked against the sha256 its
+    header records (:mod:`phaselens.runtime.checksums`); damage raises :class:`CheckpointError`."""
+    meta = safetensors_metadata(path, fix=fix)
     try:
         if framework == "pt":
             from safetensors.torch import load_file
         else:
             from safetensors.numpy import load_file
-        return load_file(str(path))
+        tensors = load_file(str(path))
     except OSError as err:
         raise CheckpointError(why_not_read(err, path)) from None
     except Exception as err:
         raise CheckpointError(f"{path} cannot be read ({err}); {fix}") from None
+    verify(path, tensors, meta, fix=fix)
+    return tensors
 
 
 def check_tensor_names(expected: Mapping[str, Any], present: Mapping[str, Any], *, where: str, fix: str,
@@ -139,6 +143,21 @@ def check_tensor_names(expected: Mapping[str, Any], present: Mapping[str, Any], 
                 wrong.append(f"{name} {tuple(b)} where the model needs {tuple(a)}")
     if missing or unexpected or wrong:
         raise tensor_mismatch(missing, unexpected, wrong, where=where, fix=fix)
+
+
+def check_floating(tensors: Mapping[str, Any], *, where: str, fix: str) -> None:
+    """Refuse weights that are not floating point (a file rewritten as int32 would be cast silently on load).
+
+    Raises:
+        CheckpointError: naming the first such tensors and their dtypes, ending with ``fix``.
+    """
+    bad = [f"{name} ({str(t.dtype).removeprefix('torch.')})" for name, t in sorted(tensors.items())
+           if not (t.is_floating_point() if hasattr(t, "is_floating_point") else t.dtype.kind == "f")]
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        raise CheckpointError(f"{where} holds {len(bad)} tensor(s) that are not floating point: "
+                              f"{', '.join(bad[:3])}{more}; phaselens writes weights as floats, so the file was "
+                              f"rewritten or is not a phaselens checkpoint, and is not cast; {fix}")
 
 
 def tensor_mismatch(missing: list[str], unexpected: list[str], wrong: list[str], *, where: str,
@@ -307,7 +326,7 @@ class CellCheckpoint:
                     "cells": list(self.done)}
         if self.fields is not None and self.done:  # what each field's arrays look like (a load checks it)
             manifest["shapes"] = field_shapes(self.done, self.fields)
-        meta = {"format": CELLS_FORMAT, "manifest": json.dumps(manifest)}
+        meta = stamped({"format": CELLS_FORMAT, "manifest": json.dumps(manifest)}, tensors)
         atomic_write_file(self.path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))
 
 

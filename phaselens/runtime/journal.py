@@ -5,7 +5,9 @@ its journal (which files to put, with the sha256 each replaced file must still h
 this writer to remove, with theirs) and the directory's new manifest, is committed with one rename
 (``.phaselens-new-*``); then the files are moved into place one by one. A kill before the commit leaves the
 old version; a kill after it is rolled forward by :func:`recover_dir` (every loader and the next write call
-it), so the directory always reads as the old or the new complete version.
+it), so the directory always reads as the old or the new complete version. The roll-forward first checks
+every staged file against the sha256 the stage's manifest recorded, so a file damaged on disk meanwhile is
+never put in place.
 
 Ownership is per file (:mod:`phaselens.runtime.manifest`), also inside sub-folders: the roll-forward
 replaces or removes a file only if it still hashes to what the journal recorded, so a file a user put or
@@ -231,6 +233,13 @@ def roll_forward(target: Path, committed: Path, fault: Fault = _no_fault) -> Non
         raise OutputError(
             f"{committed} is an interrupted write whose journal cannot be read ({err}); delete that folder."
         ) from None
+    staged, _, _ = mf.read_manifest(committed)  # each new file's sha256, recorded before the commit
+    damaged = [n for n in put if os.path.lexists(committed / n) and n in staged
+               and not mf.proven(committed, n, staged[n])]
+    if damaged:  # checked before anything moves: a damaged file is never put in place as phaselens's own
+        raise OutputError(f"{committed} is an interrupted write whose staged file(s) {damaged[:3]} no longer match "
+                          "the sha256 recorded when they were written (damaged on disk); delete that folder and "
+                          "write again.")
     for name, sha in stale.items():
         if _matches(target / name, sha):
             (target / name).unlink()

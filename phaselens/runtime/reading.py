@@ -35,3 +35,49 @@ def peek_json_object(path: str | os.PathLike) -> dict[str, Any]:
     """:func:`peek_json`, as a dict: ``{}`` for anything that is not a JSON object."""
     value = peek_json(path)
     return value if isinstance(value, dict) else {}
+
+
+class TornLineWarning(UserWarning):
+    """An append-only file ended in a line cut short (a writer killed mid-line): the line was dropped."""
+
+
+def read_jsonl(path: str | os.PathLike, *, fix: str) -> list[Any]:
+    """The values of a JSON-lines file that phaselens appends to (one value per line, each line written whole
+    and ending in a newline).
+
+    A kill while a line is being appended leaves that last line cut short, without its newline: it is dropped
+    with a :class:`TornLineWarning` (a resume then rewrites it), so a run can always resume. A last line that
+    is complete but lacks its newline is kept. Any other line that is not JSON is damage, not a kill.
+
+    Raises:
+        CheckpointError: ``path`` cannot be read, or a line before the last is not JSON (ending with ``fix``).
+    """
+    import warnings
+
+    from phaselens.core.errors import CheckpointError
+
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8", errors="replace")
+    except OSError as err:
+        from phaselens.runtime.oserrors import why_not_read
+
+        raise CheckpointError(why_not_read(err, path)) from None
+    lines = text.split("\n")
+    tail = lines.pop()  # "" when the file ends in a newline; otherwise the last line, perhaps cut short
+    out = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except (ValueError, RecursionError):
+            raise CheckpointError(f"{path} is damaged: line {i} is not JSON ({line[:60]!r}); {fix}") from None
+    if tail.strip():
+        try:
+            out.append(json.loads(tail))
+        except (ValueError, RecursionError):
+            warnings.warn(TornLineWarning(
+                f"{path}: its last line ({len(tail)} characters, {tail[:40]!r}...) was cut short, as a kill during a "
+                "write leaves it; it is dropped."), stacklevel=2)
+    return out

@@ -10,7 +10,7 @@ the model FLOPs per second (:func:`~phaselens.train.family.costs.flops_per_token
 trained positions; no recompute), ``mfu`` that over the peak the run was given (null without one), and
 ``peak_memory_gib`` the CUDA allocator's peak (``memory: "cuda"``) or the process's peak resident memory on a
 CPU (``"host"``). The first line is a format stamp, which proves the file is phaselens's (the ownership rule);
-a resumed run first drops the lines after its checkpoint, so each step appears once.
+a line cut short by a kill is dropped with a warning, and a resumed run first drops the lines after its checkpoint, so each step appears once.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from phaselens.runtime.files import write_owned_file
+from phaselens.runtime.reading import read_jsonl
 
 METRICS = "metrics.jsonl"
 FORMAT = "phaselens.train_metrics/1"
@@ -40,9 +41,24 @@ def is_metrics(path: Path) -> bool:
 
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The records of ``RUN_DIR/metrics.jsonl`` (without the format stamp)."""
-    lines = (Path(run_dir) / METRICS).read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines[1:] if line.strip()]
+    """The records of ``RUN_DIR/metrics.jsonl`` (without the format stamp).
+
+    A last line cut short by a kill mid-write is dropped with a
+    :class:`~phaselens.runtime.reading.TornLineWarning` (the resume writes that interval again).
+
+    Raises:
+        CheckpointError: the file cannot be read, or an earlier line is damaged (not a JSON object).
+    """
+    from phaselens.core.errors import CheckpointError
+
+    path = Path(run_dir) / METRICS
+    fix = (f"move {path} away to resume (the loss of every step stays in log.json), or restore it from a "
+           "backup.")
+    records = read_jsonl(path, fix=fix)[1:]
+    bad = next((i for i, r in enumerate(records, 2) if not isinstance(r, dict)), None)
+    if bad is not None:
+        raise CheckpointError(f"{path} is damaged: line {bad} is not a JSON object; {fix}")
+    return records
 
 
 class Meter:

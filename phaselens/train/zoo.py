@@ -19,6 +19,7 @@ from phaselens.core.geometry import PhaseSpec
 from phaselens.core.version import __version__
 from phaselens.models.compressed.io import checkpoint_kind, save_model
 from phaselens.models.zoo import file_digests
+from phaselens.runtime.checksums import stamped
 from phaselens.runtime.files import atomic_write_dir, check_output_dir
 from phaselens.train.loop import train
 from phaselens.train.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, ZOO_EVAL_TASK, ZOO_TASK, get_recipe
@@ -125,10 +126,10 @@ def save_zoo_model(target: Path, model: Any, eval_batch: Any, card: dict[str, An
         for f in (tmp / "model").iterdir():
             f.rename(tmp / f.name)
         (tmp / "model").rmdir()
-        save_file({"tokens": eval_batch.tokens.contiguous(), "answer": eval_batch.answer.contiguous(),
-                   "wrong": eval_batch.wrong.contiguous(), "query_pos": eval_batch.query_pos.contiguous(),
-                   "residue": torch.as_tensor(eval_batch.frame["residue"].to_numpy().copy()).contiguous()},
-                  str(tmp / "eval_batch.safetensors"))
+        fixed = {"tokens": eval_batch.tokens.contiguous(), "answer": eval_batch.answer.contiguous(),
+                 "wrong": eval_batch.wrong.contiguous(), "query_pos": eval_batch.query_pos.contiguous(),
+                 "residue": torch.as_tensor(eval_batch.frame["residue"].to_numpy().copy()).contiguous()}
+        save_file(fixed, str(tmp / "eval_batch.safetensors"), metadata=stamped({}, fixed))
         card.update(file_digests(tmp))  # weights and config (with the default task)
         (tmp / "card.json").write_text(json.dumps(card, indent=1, sort_keys=True))
 

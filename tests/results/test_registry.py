@@ -32,7 +32,8 @@ for _name in registry.TYPES:
     registry.declared(registry.resolve(_name))
 
 LOADER = {"phaselens/results/storage.py", "phaselens/results/registry.py", "phaselens/results/__init__.py",
-          "phaselens/results/base.py", "phaselens/runtime/checkpoints.py"}
+          "phaselens/results/base.py", "phaselens/runtime/checkpoints.py",
+          "phaselens/runtime/checksums.py"}  # the arrays' sha256, checked before they are used
 FORBIDDEN = ("os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "subprocess.Popen", "os.remove",
              "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.truncate", "shutil.rmtree", "socket.", "ctypes.",
              "exec", "compile", "import", "builtins.input", "os.symlink", "os.link", "os.utime")

@@ -129,8 +129,9 @@ def test_the_zoo_loop_checkpoints_load_too_and_a_missing_step_is_named(tmp_path)
     res = train(CFG, batch_fn, s, tmp_path, progress=False, stop_after=4)
     assert _same(load_checkpoint(tmp_path), res.model)
     assert load_checkpoint(tmp_path, step=4).training_step == 4
+    assert load_checkpoint(tmp_path, step=2).training_step == 2  # the step before the committed one is kept
     with pytest.raises(CheckpointError, match="holds no training step"):
-        load_checkpoint(tmp_path, step=2)  # removed when step 4 was committed
+        load_checkpoint(tmp_path, step=3)  # never committed
     with pytest.raises(CheckpointError, match="no committed training step"):
         load_checkpoint(tmp_path / "elsewhere")
     assert math.isfinite(json.loads((tmp_path / "log.json").read_text())["grad_norm"][-1])

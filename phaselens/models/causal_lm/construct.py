@@ -14,9 +14,10 @@ from phaselens.core.geometry import PhaseSpec
 from phaselens.models.causal_lm.adapter import CausalLMAdapter
 from phaselens.models.causal_lm.layout import TESTED_TYPES
 from phaselens.models.wrappers import bridged_modules, unbridged, unwrap_object
+from phaselens.runtime.loading_info import check_loading_info, check_strict
 
 COMPRESSED_TYPES = ("deepseek_v4", "deepseek_v41")  # their own kinds read the geometry from the model
-LOAD_OPTIONS = ("device", "stride", "window", "origin", "dtype", "device_map", "attn_implementation")
+LOAD_OPTIONS = ("device", "stride", "window", "origin", "dtype", "device_map", "attn_implementation", "strict")
 
 
 def stride_required(what: str) -> InputError:
@@ -87,7 +88,8 @@ def from_transformers(model: Any, *, stride: int | None = None, window: int | No
 
 def load_causal_lm(path: str | os.PathLike, *, device: str | torch.device = "cpu", stride: int | None = None,
                    window: int | None = None, origin: int = 0, dtype: torch.dtype | str | None = None,
-                   device_map: Any = None, attn_implementation: str | None = None) -> CausalLMAdapter:
+                   device_map: Any = None, attn_implementation: str | None = None, strict: bool = True
+                   ) -> CausalLMAdapter:
     """Load a local transformers causal-LM checkpoint (``phaselens.load("hf:DIR", stride=4)``); never downloads.
 
     Args:
@@ -97,15 +99,21 @@ def load_causal_lm(path: str | os.PathLike, *, device: str | torch.device = "cpu
         dtype: e.g. ``torch.bfloat16`` (default: the checkpoint's).
         attn_implementation: transformers' (default its own, SDPA); phaselens switches to eager attention only
             for forwards that hook ``hook_pattern``.
+        strict: refuse a checkpoint whose tensors do not match the model (missing, unexpected or mis-shaped ones:
+            a :class:`CheckpointError` naming them). ``strict=False`` loads it anyway, as transformers does
+            (missing weights initialised at random), with a
+            :class:`~phaselens.runtime.loading_info.CheckpointMismatchWarning` naming them.
     """
     root = Path(path).expanduser()
     if not root.is_dir() or not (root / "config.json").is_file():
         raise CheckpointError(f"no transformers checkpoint at {root} (a directory with config.json and weights is "
                               "needed); phaselens never downloads: fetch it first, then phaselens.load('hf:DIR').")
     spec_of(stride, window, origin, str(root))  # before any weight is read
+    check_strict(strict)
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, Any] = {"local_files_only": True}
+    # what transformers could not fill comes back, and is refused below (never random-initialised silently)
+    kwargs: dict[str, Any] = {"local_files_only": True, "output_loading_info": True, "ignore_mismatched_sizes": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
     if device_map is not None:
@@ -113,9 +121,11 @@ def load_causal_lm(path: str | os.PathLike, *, device: str | torch.device = "cpu
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
     try:
-        hf = AutoModelForCausalLM.from_pretrained(str(root), **kwargs)
+        hf, info = AutoModelForCausalLM.from_pretrained(str(root), **kwargs)
     except (ValueError, KeyError) as err:
         raise UnsupportedModelError(f"transformers cannot load {root} as a causal LM: {err}") from None
+    check_loading_info(root, info, strict=strict, fix="config.json and the weights disagree, or a shard lacks "
+                       "tensors: restore both from the checkpoint's source.")
     if device_map is None:
         hf = hf.to(device)
     return from_transformers(hf.eval(), stride=stride, window=window, origin=origin)

@@ -1,4 +1,5 @@
-"""Checkpoints: ``model.safetensors`` + ``config.json`` (+ optional ``card.json``). Never pickle.
+"""Checkpoints: ``model.safetensors`` + ``config.json`` (+ optional ``card.json``). Never pickle. The weights' header
+records each tensor's sha256 (:mod:`phaselens.runtime.checksums`), checked when the model is loaded.
 
 Writes go through :func:`phaselens.runtime.files.atomic_write_dir`: a new directory appears in one rename, an
 existing one is updated through a committed journal that
@@ -19,6 +20,7 @@ from safetensors.torch import save_file
 
 from phaselens.core.errors import InputError, PhaseLensError
 from phaselens.runtime.checkpoints import safetensors_metadata
+from phaselens.runtime.checksums import stamped
 from phaselens.runtime.files import DirKind, atomic_write_dir
 from phaselens.runtime.reading import peek_json_object
 
@@ -93,7 +95,7 @@ def save_model(
         config["default_task"] = model.default_task.to_dict()
 
     def write(tmp: Path) -> None:
-        save_file(state, str(tmp / WEIGHTS), metadata={"format": FORMAT})
+        save_file(state, str(tmp / WEIGHTS), metadata=stamped({"format": FORMAT}, state))
         (tmp / CONFIG).write_text(json.dumps(config, indent=2, sort_keys=True))
         if metadata is not None:
             (tmp / CARD).write_text(json.dumps(metadata, indent=2, sort_keys=True))

@@ -12,7 +12,7 @@ from phaselens.core.errors import CheckpointError, OutputError, PhaseLensError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.io import CARD, CONFIG, FORMAT, WEIGHTS, resolve_device, tied_names
 from phaselens.models.compressed.transformer import CompressedTransformer
-from phaselens.runtime.checkpoints import check_tensor_names, load_safetensors, read_json
+from phaselens.runtime.checkpoints import check_floating, check_tensor_names, load_safetensors, read_json
 from phaselens.runtime.files import recover_dir
 
 
@@ -50,6 +50,7 @@ def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -
         expected.pop(name)
     check_tensor_names({k: v.shape for k, v in expected.items()}, {k: v.shape for k, v in tensors.items()},
                        where=f"{path / WEIGHTS}", fix=f"config.json and the weights disagree; {fix}")
+    check_floating(tensors, where=f"{path / WEIGHTS}", fix=fix)  # an int32 rewrite is refused, never cast
     # the saved dtype comes back (a bf16 model saved is a bf16 model loaded, not fp32)
     dtypes = {t.dtype for t in tensors.values() if t.is_floating_point()}
     if len(dtypes) == 1:

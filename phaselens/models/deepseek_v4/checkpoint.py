@@ -20,7 +20,8 @@ from phaselens.models.deepseek_v4.adapter import DeepSeekV4Adapter
 from phaselens.models.deepseek_v4.config_checks import check_v4_config
 from phaselens.models.deepseek_v4.construct import from_hf
 from phaselens.models.deepseek_v4.notices import LayerTypesWarning
-from phaselens.runtime.checkpoints import read_json, safetensors_metadata, tensor_mismatch
+from phaselens.runtime.checkpoints import read_json, safetensors_metadata
+from phaselens.runtime.loading_info import check_loading_info, check_strict
 
 PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -30,7 +31,7 @@ _ADAPTER_KW = ("analysis_stride", "index_topk", "backend", "chunk", "numerics", 
 _LOADING_KW = ("attn_implementation", "max_memory", "offload_folder", "offload_buffers", "quantization_config",
                "key_mapping", "tp_plan", "tp_size", "device_mesh", "distributed_config", "subfolder", "variant",
                "disable_mmap", "use_kernels", "kernel_config", "experts_implementation")
-OPTIONS = ("device", "dtype", "device_map", "layer_types", *_ADAPTER_KW, *_LOADING_KW)
+OPTIONS = ("device", "dtype", "device_map", "layer_types", "strict", *_ADAPTER_KW, *_LOADING_KW)
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "float64": torch.float64}
 
 
@@ -71,6 +72,7 @@ def load_hf(
     dtype: torch.dtype | str | None = None,
     device_map: Any = None,
     layer_types: list[str] | None = None,
+    strict: bool = True,
     **kwargs: Any,
 ) -> DeepSeekV4Adapter:
     """Load a local transformers DeepSeek-V4 checkpoint with eager attention and wrap it.
@@ -85,10 +87,14 @@ def load_hf(
             checkpoints: their ``config.json`` carries ``compress_ratios`` (0 sliding, 4 CSA, 128 HCA per layer),
             from which transformers builds ``layer_types``. Only a config with neither falls back to
             transformers' default schedule, which matches no released model (a ``LayerTypesWarning`` says so).
+        strict: refuse a checkpoint with missing, unexpected or mis-shaped tensors (a ``CheckpointError``
+            naming them); ``strict=False`` loads it as transformers does (missing weights random), with a
+            :class:`~phaselens.runtime.loading_info.CheckpointMismatchWarning`.
         **kwargs: ``analysis_stride``, ``index_topk``, ``backend``, ``chunk``, ``numerics``, ``quantize`` go to
             :func:`from_hf`; the rest to ``DeepseekV4ForCausalLM.from_pretrained`` (config overrides included).
     """
     check_arguments(dtype, kwargs)
+    check_strict(strict)
     root = Path(path).expanduser()
     if not root.is_dir() or not (root / "config.json").is_file():
         raise CheckpointError(
@@ -103,6 +109,13 @@ def load_hf(
     kwargs.pop("attn_implementation", None)
     adapter_kw = {k: kwargs.pop(k) for k in _ADAPTER_KW if k in kwargs}
     raw = read_json(root / "config.json", fix="restore config.json from the checkpoint's source.")
+    if not raw.get("model_type"):  # a model phaselens saved, or no transformers config at all
+        raise CheckpointError(
+            f"{root / 'config.json'} has no model_type"
+            + (f" but phaselens's format {raw.get('format')!r}: it is a model phaselens saved, not a transformers "
+               f"checkpoint; load it with phaselens.load({str(root)!r}), without 'hf:'." if raw.get("format") else
+               ", so it is not a transformers checkpoint; point 'hf:' at a directory save_pretrained wrote.")
+        )
     if raw.get("model_type") != "deepseek_v4":
         raise UnsupportedModelError(
             f"{root} holds a {raw.get('model_type')!r} checkpoint; load_hf supports DeepSeek-V4 "
@@ -144,7 +157,9 @@ def load_hf(
         ignore_mismatched_sizes=True,  # so phaselens, not transformers, names the mismatched tensors
         **kwargs,
     )
-    _check_loaded(root, info)
+    check_loading_info(root, info, strict=strict, fix=(
+        "config.json and the weights disagree, or a shard is missing tensors; restore both from the checkpoint's "
+        "source."))
     if device_map is None:
         model = model.to(device)
     return from_hf(model, **adapter_kw)
@@ -176,15 +191,3 @@ def _check_weights(root: Path) -> None:
         )
     for shard in shards:
         safetensors_metadata(shard, fix="the download is incomplete or damaged: download this shard again.")
-
-
-def _check_loaded(root: Path, info: dict[str, Any]) -> None:
-    """Every weight of the model came from the checkpoint and every checkpoint tensor found its place
-    (transformers would random-initialise a missing ``lm_head`` and report success)."""
-    missing = sorted(info.get("missing_keys") or ())
-    unexpected = sorted(info.get("unexpected_keys") or ())
-    wrong = [f"{k} {tuple(a)} where the model needs {tuple(b)}" for k, a, b in info.get("mismatched_keys") or ()]
-    if missing or unexpected or wrong:
-        raise tensor_mismatch(missing, unexpected, wrong, where=f"{root}", fix=(
-            "config.json and the weights disagree, or a shard is missing tensors; restore both from the "
-            "checkpoint's source (a missing weight is never initialised at random instead)."))

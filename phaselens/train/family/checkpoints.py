@@ -9,7 +9,12 @@ Layout of ``run_dir/checkpoints``::
 
 Every rank writes its file atomically, the ranks meet at a barrier, then rank 0 writes the log and replaces
 ``latest.json`` in one rename: a kill at any moment leaves ``latest.json`` naming a complete step (a half
-written step directory is ignored and removed by the next save).
+written step directory is ignored and removed by the next save). The step that a commit replaces is kept (one
+earlier step), so damage on disk leaves a step to resume from (:mod:`phaselens.train.family.steps`).
+
+Each rank file's header records the sha256 of every tensor (:mod:`phaselens.runtime.checksums`); a resume
+and :func:`load_checkpoint` check them, and a damaged file is a :class:`CheckpointError` naming it and the
+intact earlier step.
 
 The ownership rule of :mod:`phaselens.runtime.files` holds here too: a rank file is phaselens's by its own
 header, ``log.json`` and ``latest.json`` by the folder's manifest (or, for ``latest.json``, its format stamp).
@@ -23,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -33,30 +37,33 @@ from safetensors.torch import save_file
 
 from phaselens.core.errors import CheckpointError, OutputError
 from phaselens.runtime import manifest as mf
-from phaselens.runtime.checkpoints import load_safetensors, read_json, safetensors_metadata
+from phaselens.runtime.checkpoints import check_floating, load_safetensors, read_json, safetensors_metadata
+from phaselens.runtime.checksums import stamped, verify_file
 from phaselens.runtime.files import owns_file, write_owned_file
 from phaselens.runtime.oserrors import writing
 from phaselens.runtime.reading import peek_json_object
+from phaselens.train.family.steps import (
+    BY,
+    FORMAT,
+    LATEST,
+    LOG,
+    RANK,
+    STEP,
+    earlier_fix,
+    fallback,
+    header_meta,
+    parse_step,
+    rank_file,
+    read_step_log,
+    step_dir,
+)
 
-LATEST = "latest.json"
-LOG = "log.json"
-FORMAT = "phaselens.family_train_state/1"
-BY = "training run"
-_STEP = re.compile(r"step-\d{9}")
-_RANK = re.compile(r"rank\d+-of-\d+\.safetensors")
+_STEP, _RANK, _step_dir, _rank_file = STEP, RANK, step_dir, rank_file
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """This rank's part of a parameter or optimizer tensor (``DTensor.to_local()``; a plain tensor as is)."""
     return t.to_local() if hasattr(t, "to_local") else t
-
-
-def _step_dir(root: Path, step: int) -> Path:
-    return root / f"step-{step:09d}"
-
-
-def _rank_file(rank: int, size: int) -> str:
-    return f"rank{rank}-of-{size}.safetensors"
 
 
 def state_tensors(named: Iterable[tuple[str, torch.Tensor]], opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
@@ -77,7 +84,8 @@ def save(root: Path, step: int, rank: int, size: int, tensors: dict[str, torch.T
     d = _step_dir(root, step)
     with writing(d):
         d.mkdir(parents=True, exist_ok=True)
-    header = {"format": FORMAT, "meta": json.dumps({**meta, "step": step, "rank": rank, "world_size": size})}
+    header = stamped({"format": FORMAT, "meta": json.dumps({**meta, "step": step, "rank": rank, "world_size": size})},
+                     tensors)  # each tensor's sha256, checked on resume and on load
     write_owned_file(d / _rank_file(rank, size), lambda tmp: save_file(tensors, str(tmp), metadata=header), by=BY,
                      proves=_is_rank_file, record=False)  # ranks share the folder: the header is the proof
     barrier()
@@ -85,11 +93,12 @@ def save(root: Path, step: int, rank: int, size: int, tensors: dict[str, torch.T
         return
     assert log is not None
     write_log(d / LOG, log)
+    before = peek_json_object(root / LATEST).get("dir")  # the step this commit replaces: kept
     text = json.dumps({"format": FORMAT, "step": step, "dir": d.name, "world_size": size,
                        "fingerprint": meta["fingerprint"]})
     write_owned_file(root / LATEST, lambda tmp: tmp.write_text(text, encoding="utf-8"), by=BY, proves=_is_pointer)
-    for old in root.iterdir():  # earlier steps, and any step a kill left half written
-        if old.name != d.name and _STEP.fullmatch(old.name) and old.is_dir() and not old.is_symlink():
+    for old in root.iterdir():  # older steps, and any step a kill left half written
+        if old.name not in (d.name, before) and _STEP.fullmatch(old.name) and old.is_dir() and not old.is_symlink():
             _remove_own(old)
 
 
@@ -158,7 +167,7 @@ def latest(root: Path) -> dict[str, Any] | None:
     if bad:  # a pointer is data: it never names a folder outside checkpoints/ or a step it does not hold
         raise CheckpointError(f"{root / LATEST} is damaged: its {', '.join(bad)} is missing or malformed "
                               f"(step {step!r}, dir {str(folder)[:40]!r}, world_size {size!r}); {fix}")
-    return meta
+    return fallback(root, meta)  # the folder removed by the user (a damaged step): the intact one before it
 
 
 def _fingerprint_ok(fp: Any) -> bool:
@@ -177,34 +186,38 @@ def rows(n: int, size: int, rank: int) -> tuple[int, int]:
     return min(rank * c, n), min((rank + 1) * c, n)
 
 
-def load(root: Path, pointer: dict[str, Any], rank: int, size: int,
-         shapes: dict[str, tuple[int, ...]]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def load(root: Path, pointer: dict[str, Any], rank: int, size: int, shapes: dict[str, tuple[int, ...]], *,
+         resume: bool = True) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """This rank's tensors of the committed step, for a run of ``size`` ranks, and the step's loss log.
 
     A step written by the same world size is read as it is (a bit-identical resume). One written by another
     world size is resharded: each tensor's rows for this rank are read, by row ranges, from the saved ranks'
-    files that hold them (``safe_open(...).get_slice``: no rank reads a whole file it does not need).
+    files that hold them (``safe_open(...).get_slice``: no rank reads a file it takes no rows from).
     ``shapes`` maps a parameter name to its global shape (AdamW's moments are saved flattened).
+    Every tensor a rank reads is checked against the sha256 its file records (each file it takes rows from,
+    in full); damage raises a :class:`CheckpointError` naming the file and the intact earlier step (how to
+    resume from it with ``resume``, how to load it otherwise).
     """
     fix = f"delete {root} to restart from step 0, or pass another run directory."
     d, old = root / pointer["dir"], int(pointer["world_size"])
-    log = read_json(d / LOG, fix=fix)
-    paths = [d / _rank_file(r, old) for r in range(old)]
-    for path in paths if old != size else paths[rank:rank + 1]:
-        _check_step(path, pointer, fix, root)
-    if old == size:
-        return load_safetensors(paths[rank], fix=fix), log
-    return _reshard(paths, old, rank, size, shapes, fix), log
+    try:
+        log = read_step_log(d, fix)
+        paths = [d / _rank_file(r, old) for r in range(old)]
+        for path in paths if old != size else paths[rank:rank + 1]:
+            _check_step(path, pointer, fix, root)
+        if old == size:  # every tensor checked against its sha256 as it is read
+            return load_safetensors(paths[rank], fix=fix), log
+        return _reshard(paths, old, rank, size, shapes, fix), log
+    except CheckpointError as err:  # damage of the committed step: name the intact earlier one to resume from
+        if not _STEP.fullmatch(d.name):
+            raise
+        said = str(err).removesuffix(fix).rstrip("; ")  # the generic fix gives way to the intact step's
+        raise CheckpointError(f"{said}; {earlier_fix(root, int(pointer['step']), d, resume=resume)}") from None
 
 
 def _check_step(path: Path, pointer: dict[str, Any], fix: str, root: Path) -> None:
-    header = safetensors_metadata(path, fix=fix)
-    try:
-        meta = json.loads(header.get("meta", ""))
-    except ValueError:
-        raise CheckpointError(f"{path} has damaged metadata; {fix}") from None
-    if not isinstance(meta, dict) or meta.get("step") != pointer["step"]:
-        step = meta.get("step") if isinstance(meta, dict) else None
+    step = header_meta(path, fix).get("step")
+    if step != pointer["step"]:
         raise CheckpointError(f"{path} holds step {step}, but {root / LATEST} names {pointer['step']}; {fix}")
 
 
@@ -216,6 +229,7 @@ def _reshard(paths: list[Path], old: int, rank: int, size: int, shapes: dict[str
     from safetensors import safe_open
 
     out: dict[str, torch.Tensor] = {}
+    touched = {0}  # the files this rank reads from: each is checked against its sha256 below
     with ExitStack() as stack:
         files = [stack.enter_context(safe_open(str(p), framework="pt")) for p in paths]
         for key in files[0].keys():
@@ -233,11 +247,14 @@ def _reshard(paths: list[Path], old: int, rank: int, size: int, shapes: dict[str
                 a, b = rows(shape[0], old, k)
                 lo, hi = max(start, a), min(stop, b)
                 if lo < hi:
+                    touched.add(k)
                     part = f.get_slice(key)
                     pieces.append(part[lo - a:hi - a] if kind == "model" else part[(lo - a) * row:(hi - a) * row])
             empty = (0, *shape[1:]) if kind == "model" else (0,)
             dtype = files[0].get_slice(key).get_dtype()
             out[key] = torch.cat(pieces) if pieces else torch.empty(empty, dtype=_DTYPE.get(dtype, torch.float32))
+    for k in sorted(touched):
+        verify_file(paths[k], fix=fix)
     return out
 
 
@@ -258,6 +275,7 @@ def restore(tensors: dict[str, torch.Tensor], named: list[tuple[str, torch.Tenso
             where: Path) -> None:
     """Copy ``tensors`` into the parameters (their local shards) and rebuild AdamW's state exactly."""
     fix = f"delete {where} to restart from step 0, or pass another run directory."
+    check_floating(tensors, where=str(where), fix=fix)  # never cast silently into the parameters
     with torch.no_grad():
         for name, p in named:
             saved = tensors.get(f"model.{name}")
@@ -275,19 +293,26 @@ def restore(tensors: dict[str, torch.Tensor], named: list[tuple[str, torch.Tenso
             opt.state[p] = state
 
 
-def load_checkpoint(path: str | os.PathLike, step: int | None = None) -> Any:
+def load_checkpoint(path: str | os.PathLike, step: int | str | None = None) -> Any:
     """The model of a committed training step, for evaluation: a run stopped early (``--time-limit``,
     ``stop_after``, a preemption) still gives a model.
 
     ``path``: a run directory, its ``checkpoints`` folder, or one ``checkpoints/step-NNNNNNNNN`` folder;
-    ``step``: which step of a run directory (default: the committed one, ``latest.json``). The step's rank files
-    (from any number of ranks) are resharded to one whole fp32 model on the CPU, built from the config the
-    checkpoint records. Save it with ``model.save(DIR)`` to get a directory that :func:`phaselens.load` reads.
+    ``step``: which step of a run directory (default: the committed one, ``latest.json``; the step before it is
+    kept too): an int, or ``"1200"`` or ``"step-000001200"``. The step's rank files (from any number of ranks)
+    are checked against the sha256 they record and resharded to one whole fp32 model on the CPU, built from the
+    config the checkpoint records. Save it with ``model.save(DIR)`` to get a directory that
+    :func:`phaselens.load` reads.
+
+    Raises:
+        InputError: ``step`` is not a step number.
+        CheckpointError: no such step, or a damaged one (naming the file and the intact earlier step).
     """
     from phaselens.models.compressed.config import CompressedConfig
     from phaselens.models.compressed.transformer import CompressedTransformer
 
     p = Path(path)
+    step = None if step is None else parse_step(step)
     root = p if p.name == "checkpoints" else p / "checkpoints"
     if _STEP.fullmatch(p.name) and p.is_dir():
         root, d = p.parent, p
@@ -314,7 +339,7 @@ def load_checkpoint(path: str | os.PathLike, step: int | None = None) -> Any:
     model = CompressedTransformer(cfg)
     params = dict(model.named_parameters())
     pointer = {"dir": d.name, "world_size": size, "step": saved}
-    tensors, _ = load(root, pointer, 0, 1, {n: tuple(q.shape) for n, q in params.items()})
+    tensors, _ = load(root, pointer, 0, 1, {n: tuple(q.shape) for n, q in params.items()}, resume=False)
     restore({k: v for k, v in tensors.items() if k.startswith("model.")}, list(params.items()),
             _NoOptimizer(), d)
     model.training_step = saved

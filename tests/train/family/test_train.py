@@ -98,8 +98,11 @@ def test_one_process_trains_exports_and_logs(tmp_path):
         assert torch.equal(back(tokens), res.model(tokens))
     # the checkpoint is safetensors + JSON; nothing a user loads is pickled
     files = sorted(p.name for p in (tmp_path / "run" / "checkpoints").rglob("*") if p.is_file())
-    assert [f for f in files if f != ".phaselens-manifest.json"] == ["latest.json", "log.json",
-                                                                    "rank0-of-1.safetensors"]
+    # (the committed step 6 and the step 4 it replaced, kept so that damage to one leaves the other)
+    assert [f for f in files if f != ".phaselens-manifest.json"] == ["latest.json", "log.json", "log.json",
+                                                                    "rank0-of-1.safetensors", "rank0-of-1.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*")) == ["step-000000004",
+                                                                                          "step-000000006"]
     # what phaselens wrote is listed by the folders' manifests (the ownership rule), and only that
     from phaselens.runtime import manifest as mf
 
