@@ -50,11 +50,18 @@ def knockout_cell(ko: Knockout, n_items: int) -> Cell:
 
 def engine_metrics(engine: Any, batch: Any, kos: Sequence[Knockout], *, per_pass: int,
                    on_chunk: Callable[[list[int], list[dict[str, np.ndarray]]], None]) -> None:
-    """Run ``kos`` through a query engine, ``per_pass`` cells at a time; ``on_chunk(indices, metrics)`` after each."""
+    """Run ``kos`` through a query engine, ``per_pass`` cells at a time; ``on_chunk(indices, metrics)`` after each.
+    Where the engine measures rounding margins, each metrics dict also holds ``fragile`` ``[N]`` (bool: the
+    cell's item took a top-k or FP8/FP4 decision within rounding of flipping; ``SlotEngine.last_fragile``)."""
     for j in range(0, len(kos), per_pass):
         idx = list(range(j, min(j + per_pass, len(kos))))
         logits = engine.run([knockout_cell(kos[i], len(batch)) for i in idx])
-        on_chunk(idx, [answer_metrics(lg, batch.answer, batch.wrong) for lg in logits])
+        fragile = getattr(engine, "last_fragile", None)
+        metrics = [answer_metrics(lg, batch.answer, batch.wrong) for lg in logits]
+        if fragile is not None:
+            for m, f in zip(metrics, fragile.cpu().numpy()):
+                m["fragile"] = f
+        on_chunk(idx, metrics)
 
 
 KO_FIELDS = ("correct_ko", "logit_diff_ko")  # with scoring.METRICS: one item block of ``ablate``

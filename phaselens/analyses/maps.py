@@ -7,6 +7,7 @@ from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
+import torch
 
 from phaselens.analyses.knockout_runs import engine_metrics, full_metrics
 from phaselens.analyses.knockouts import Calibration, Knockout, calibrate, check_method
@@ -16,6 +17,7 @@ from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError, ResidueError
 from phaselens.core.labelled import Labelled
+from phaselens.core.margins import cell_margins
 from phaselens.results.base import Result
 from phaselens.runtime.planning import MapPlan, plan_map
 from phaselens.stats import benjamini_hochberg
@@ -293,7 +295,7 @@ class Map(Analysis[MapState]):
         return list(self._cells["label"])
 
     def fields(self, run: Run) -> tuple[str, ...]:
-        return ("correct", "logit_diff")
+        return ("correct", "logit_diff", "fragile")
 
     def fingerprint(self, run: Run, state: MapState) -> dict[str, Any]:
         cal = state.calibration
@@ -305,12 +307,14 @@ class Map(Analysis[MapState]):
 
     def compute(self, run: Run, state: MapState, idx: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
         batch = run.batch
+        unmeasured = np.full(len(batch), np.nan)  # fragile: 1.0 / 0.0 where the engine measured it, else NaN
         if state.engine is not None:
             got: list[dict[str, np.ndarray]] = []
             engine_metrics(state.engine, batch, [state.knockouts[i] for i in idx], per_pass=len(idx),
                            on_chunk=lambda _i, m: got.extend(m))
-            return [(m["correct"], m["logit_diff"]) for m in got]
-        return [(m["correct"], m["logit_diff"]) for m in
+            return [(m["correct"], m["logit_diff"], m["fragile"].astype(float) if "fragile" in m else unmeasured)
+                    for m in got]
+        return [(m["correct"], m["logit_diff"], unmeasured) for m in
                 (full_metrics(run.model, batch, state.knockouts[i], batch_size=run.options.batch_size) for i in idx)]
 
     def result(self, run: Run, state: MapState, parts: list[tuple[np.ndarray, np.ndarray]]) -> PhaseMap:
@@ -326,10 +330,14 @@ class Map(Analysis[MapState]):
                                     ko_ld=ko_ld, n_bootstrap=o.n_bootstrap, seed=o.seed)
 
         cal = state.calibration
+        dtype = getattr(getattr(run.model, "cfg", None), "dtype", None)
+        fragile = cell_margins(np.stack([d[2] for d in parts]), dtype if isinstance(dtype, torch.dtype) else None)
         return PhaseMap(self._cells, effects(residue, run.modulus), effects(residue % run.stride, run.stride),
                         clean_correct, ko_correct, clean["logit_diff"].to_numpy(), ko_ld, residue,
                         run.stride, run.modulus, self.method, run.model.dims.n_layers, run.model.dims.n_heads,
-                        run.metadata(engine=self.engine, calibration=None if cal is None else cal.source))
+                        run.metadata(engine=self.engine, calibration=None if cal is None else cal.source,
+                                     rounding_margins=fragile))
+
 
 
 @public

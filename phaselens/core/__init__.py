@@ -1,2 +1,2 @@
-"""The core layer: errors, phase geometry (``PhaseSpec``), head specifications, labelled arrays and argument
-checks. Imports nothing else from phaselens."""
+"""The core layer: errors, phase geometry (``PhaseSpec``), head specifications, labelled arrays, argument
+checks and the rounding margins of discrete steps (``margins``). Imports nothing else from phaselens."""

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from phaselens.core import margins
 from phaselens.core.errors import InputError
 
 PASS_BYTES = 2**30  # default memory budget of one cell pass (its repeated cache and attention temporaries)
@@ -94,10 +95,11 @@ def replace_z(mask: Tensor, replacement: Tensor) -> Callable[..., Tensor]:
 
 
 def run_by_layer(cells: Sequence[Cell], per_pass: Callable[[int], int],
-                 run: Callable[[int, list[Cell]], Tensor], progress: Any = None) -> Tensor:
+                 run: Callable[[int, list[Cell]], Any], progress: Any = None) -> Any:
     """Run ``cells`` grouped by layer, at most ``per_pass(layer)`` cells per ``run(layer, cells)`` call (which
-    returns ``[c, N, V]``); a query engine's shared loop. Returns ``[C, N, V]`` in the cells' order."""
-    out: list[Tensor | None] = [None] * len(cells)
+    returns ``[c, N, V]``, or a tuple of tensors ``[c, ...]``); a query engine's shared loop. Returns ``[C, N, V]``
+    (or the tuple, each stacked) in the cells' order."""
+    out: list[Any] = [None] * len(cells)
     by_layer: dict[int, list[int]] = {}
     for i, c in enumerate(cells):
         by_layer.setdefault(int(c.layer), []).append(i)
@@ -105,12 +107,14 @@ def run_by_layer(cells: Sequence[Cell], per_pass: Callable[[int], int],
         step = per_pass(layer)
         for j in range(0, len(idxs), step):
             chunk = idxs[j : j + step]
-            logits = run(layer, [cells[i] for i in chunk])
+            got = run(layer, [cells[i] for i in chunk])
             for k, i in enumerate(chunk):
-                out[i] = logits[k]
+                out[i] = tuple(g[k] for g in got) if isinstance(got, tuple) else got[k]
             if progress is not None:
                 progress.update(len(chunk))
-    return torch.stack(out)  # type: ignore[arg-type]
+    if out and isinstance(out[0], tuple):
+        return tuple(torch.stack(part) for part in zip(*out))
+    return torch.stack(out)
 
 
 class SlotEngine:
@@ -131,11 +135,17 @@ class SlotEngine:
     clean_logits: Tensor
     clean_z: list[Tensor]
     resid_pre: list[Any]
+    # a kind whose model reports its discrete steps' rounding margins (phaselens.core.margins) sets
+    # this: then every pass records them, and ``last_fragile`` says which cells' rows a rounding could flip
+    measures_margins: bool = False
 
     def __init__(self, n: int, query_pos: int, *, rows_per_pass: int = 4096, pass_bytes: int = PASS_BYTES) -> None:
         self.n, self.q = int(n), int(query_pos)
         self.rows_per_pass, self.pass_bytes = int(rows_per_pass), int(pass_bytes)
         self._views: dict[tuple[Hashable, int], Any] = {}
+        # [n] bool: items whose clean prefix or query step took a decision within rounding of flipping
+        self.prefix_fragile: Tensor | None = None
+        self.last_fragile: Tensor | None = None  # [C, n] after run(), where measured
 
     # ---- the kind's part -----------------------------------------------------------------------------
     def run_layers(self, start: int, state: Any, copies: int, hooks: HookList, record: list[Any] | None = None
@@ -164,8 +174,22 @@ class SlotEngine:
 
     @torch.no_grad()
     def run(self, cells: Sequence[Cell], *, progress: Any = None) -> Tensor:
-        """Logits at the query slot under each cell: ``[C, n, V]``."""
-        return run_by_layer(cells, self.cells_per_pass, self._pass, progress)
+        """Logits at the query slot under each cell: ``[C, n, V]``. Where the kind measures rounding margins,
+        :attr:`last_fragile` ``[C, n]`` then flags each cell's items whose decisions (the prefix's, or the pass's
+        own top-k picks and FP8 roundings) were within rounding of flipping."""
+        if not self.measures_margins:
+            self.last_fragile = None
+            return run_by_layer(cells, self.cells_per_pass, self._pass, progress)
+        logits, fragile = run_by_layer(cells, self.cells_per_pass, self._measured_pass, progress)
+        if self.prefix_fragile is not None:
+            fragile = fragile | self.prefix_fragile.to(fragile.device)
+        self.last_fragile = fragile
+        return logits
+
+    def _measured_pass(self, layer: int, cells: Sequence[Cell]) -> tuple[Tensor, Tensor]:
+        with margins.recording(len(cells) * self.n) as rec:
+            logits = self._pass(layer, cells)
+        return logits, rec.flags.view(len(cells), self.n)
 
     def cells_per_pass(self, layer: int) -> int:
         """Cells in one pass from ``layer``: rows bounded by ``rows_per_pass`` and by ``pass_bytes``."""
@@ -216,6 +240,7 @@ class QueryEngine:
             raise InputError(f"query_pos must be slots in 0..{tokens.shape[-1] - 1}, got {qp.tolist()[:8]}.")
         self.N = len(qp)
         self.groups: list[tuple[Tensor, Any]] = []
+        self.last_fragile: Tensor | None = None
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1):
             raise InputError(f"batch_size must be a positive int or None, got {batch_size!r}.")
         for q in torch.unique(qp).tolist():
@@ -242,11 +267,14 @@ class QueryEngine:
 
         A cell's per-item replacement ``[N, h, d]`` is split among the groups by row.
         """
-        outs = []
+        outs, fragile = [], []
         for rows, eng in self.groups:
             sub = [c if c.replacement is None or c.replacement.dim() != 3 else
                    Cell(c.layer, c.heads, c.replacement[rows]) for c in cells]
             outs.append(eng.run(sub))
+            fragile.append(getattr(eng, "last_fragile", None))
+        # [C, N] bool where the slot engines measure rounding margins (SlotEngine.last_fragile), else None
+        self.last_fragile = None if any(f is None for f in fragile) else self._scatter(fragile, 1)
         return self._scatter(outs, 1)
 
     def _scatter(self, parts: list[Tensor], dim: int) -> Tensor:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
+from phaselens.core import margins
 from phaselens.models.deepseek_v41.layers import Linear, Numerics, RMSNorm
 from phaselens.models.numerics.dtypes import compute_dtype
 
@@ -98,6 +99,8 @@ def stable_topk(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
     parallel paths identical.
     """
     values, indices = scores.sort(dim=-1, descending=True, stable=True)
+    if margins.active() is not None:
+        margins.note_topk(values, k, sorted_desc=True)
     return values[..., :k], indices[..., :k]
 
 

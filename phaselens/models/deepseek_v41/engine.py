@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from phaselens.core import margins
 from phaselens.core.errors import InputError
 from phaselens.models.deepseek_v41.cache import SourceState, StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.layers import hc_pre
@@ -50,7 +51,8 @@ def _nbytes(*tensors: Tensor | None) -> int:
 
 
 class V41SuffixEngine(SlotEngine):
-    """Clean prefix once; per-cell query passes from the intervened layer up (one query slot).
+    """Clean prefix once; per-cell query passes from the intervened layer up (one query slot). It measures the
+    rounding margins of the model's top-k picks, router and FP8/FP4 roundings (``last_fragile`` after ``run``).
 
     Args:
         model: a :class:`~phaselens.models.deepseek_v41.DeepSeekV41`; ``tokens`` ``[n, T]`` (ids sharing the query
@@ -62,6 +64,8 @@ class V41SuffixEngine(SlotEngine):
         ``(streams [n, 1, hc, D], pre [n, 1, hc])`` entering the block (before its Engram).
     """
 
+    measures_margins = True
+
     def __init__(self, model: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096,
                  pass_bytes: int = PASS_BYTES) -> None:
         tokens = model._check_tokens(tokens)
@@ -69,7 +73,7 @@ class V41SuffixEngine(SlotEngine):
         self.model = model
         self.clean_runtime: StackRuntime | None = None  # the clean query step's shared state (set by it)
         q, cfg = self.q, model.config
-        with torch.no_grad():
+        with torch.no_grad(), margins.recording(self.n) as prefix:
             self.cache = V41Cache(model, self.n)
             step = model.chunk or max(q, 1)
             with silent_hooks():
@@ -84,6 +88,7 @@ class V41SuffixEngine(SlotEngine):
             pre = torch.zeros(self.n, 1, cfg.hc_mult, dtype=compute_dtype(h.dtype), device=h.device)
             pre[..., 0] = 1.0  # one-hot: the first block's attention reads stream 0
             self.clean_step((x, pre), len(model.blocks))
+        self.prefix_fragile = prefix.flags
         self._row_bytes = [self._bytes_per_row(layer) for layer in range(len(model.blocks))]
 
     # ---- the kind's part of SlotEngine ----------------------------------------------------------------

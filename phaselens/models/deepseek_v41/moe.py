@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from phaselens.core import margins
 from phaselens.models.deepseek_v41.config import V41Config
 from phaselens.models.deepseek_v41.kernels import CALLS, kernel_linear, wants_kernel
 from phaselens.models.deepseek_v41.layers import Linear, Numerics
@@ -122,10 +123,11 @@ class RoutedExperts(nn.Module):
         """Add expert ``e``'s weighted output to ``y`` for the tokens that chose it."""
         ct = y.dtype
         rows, slot = torch.where(indices == e)
-        xe = self._in(x[rows])
-        h = swiglu(F.linear(xe, w1).to(ct), F.linear(xe, w3).to(ct), self.limit)
-        h = (weights[rows, slot, None] * h).to(x.dtype)
-        y.index_add_(0, rows, F.linear(self._in(h), w2).to(ct))
+        with margins.gathered(rows, x.shape[0]):  # the expert's tokens, for the FP8 roundings' margins
+            xe = self._in(x[rows])
+            h = swiglu(F.linear(xe, w1).to(ct), F.linear(xe, w3).to(ct), self.limit)
+            h = (weights[rows, slot, None] * h).to(x.dtype)
+            y.index_add_(0, rows, F.linear(self._in(h), w2).to(ct))
 
     def _kernel_group(self, x: Tensor, y: Tensor, indices: Tensor, weights: Tensor, group: list[int]) -> bool:
         """transformers' kernel on each expert of ``group`` (CUDA, ``quantize="fp8"``), added to ``y`` only if
@@ -166,7 +168,10 @@ class Gate(nn.Module):
             s = s.sigmoid()
         else:
             s = F.softplus(s).sqrt()
-        indices = (s + self.bias.to(ct)).topk(self.topk, dim=-1).indices
+        biased = s + self.bias.to(ct)
+        indices = biased.topk(self.topk, dim=-1).indices
+        if margins.active() is not None:
+            margins.note_topk(biased, self.topk, dtype=x.dtype)
         w = s.gather(1, indices)
         if self.norm and self.topk > 1:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)

@@ -31,6 +31,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from phaselens.core import margins
 from phaselens.core.errors import InputError
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -77,7 +78,15 @@ def _blocks(x: Tensor, block: int, what: str) -> Tensor:
 
 def fp8_round_trip(x: Float[Tensor, "*batch n"], block: int) -> Float[Tensor, "*batch n"]:
     """Round ``x`` through E4M3 with one ``ue8m0`` scale per ``block`` channels and back, in ``x``'s dtype: the
-    reference's ``act_quant(x, block, "ue8m0", inplace=True)`` as an FP8 kernel (or FP8 KV cache) rounds."""
+    reference's ``act_quant(x, block, "ue8m0", inplace=True)`` as an FP8 kernel (or FP8 KV cache) rounds.
+    Reports its rounding margins to an active :mod:`~phaselens.core.margins` recorder."""
+    out = _fp8(x, block)
+    if margins.active() is not None:
+        margins.note_round_trip(lambda v: _fp8(v, block), x, out)
+    return out
+
+
+def _fp8(x: Tensor, block: int) -> Tensor:
     b = _blocks(x, block, "the FP8 round trip")
     s = pow2_scale(b.abs().amax(-1, keepdim=True).clamp_min(FP8_AMAX_FLOOR), FP8_MAX)
     q = (b / s).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()  # to nearest, ties to even
@@ -87,7 +96,14 @@ def fp8_round_trip(x: Float[Tensor, "*batch n"], block: int) -> Float[Tensor, "*
 def fp4_round_trip(x: Float[Tensor, "*batch n"], block: int, scale: Scale = "ue8m0") -> Float[Tensor, "*batch n"]:
     """Round ``x`` through E2M1 with one scale per ``block`` channels and back, in ``x``'s dtype: the reference's
     ``fp4_act_quant(x, block, inplace=True)``. ``scale``: ``"ue8m0"`` (power of two) or ``"e4m3"`` (module
-    docstring)."""
+    docstring). Reports its rounding margins to an active :mod:`~phaselens.core.margins` recorder."""
+    out = _fp4(x, block, scale)
+    if margins.active() is not None:
+        margins.note_round_trip(lambda v: _fp4(v, block, scale), x, out)
+    return out
+
+
+def _fp4(x: Tensor, block: int, scale: Scale) -> Tensor:
     b = _blocks(x, block, "the FP4 round trip")
     amax = b.abs().amax(-1, keepdim=True)
     if scale == "e4m3":
