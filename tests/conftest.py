@@ -23,3 +23,21 @@ settings.load_profile("phaselens")
 @pytest.fixture(params=list(LAYOUTS), ids=list(LAYOUTS))
 def layout(request) -> CompressorSpec:
     return LAYOUTS[request.param]
+
+
+# Tests whose outcome rests on float kernels: `make test-portable` (tools/portable_tests.py) runs them under every
+# CPU capability the machine can emulate. Marked by where they live, so a new test there is covered too.
+NUMERICS = ("tests/models/", "tests/analyses/", "tests/train/", "tests/contract/", "tests/core/",
+            "tests/test_pinned_numbers.py", "tests/test_doc_knockouts.py", "tests/test_docs.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    root = str(config.rootpath) + os.sep
+    for item in items:
+        rel = str(item.path).removeprefix(root).replace(os.sep, "/")
+        if rel.startswith(NUMERICS):
+            item.add_marker(pytest.mark.numerics)
+
+
+def pytest_report_header(config):
+    return f"torch CPU capability: {torch.backends.cpu.get_cpu_capability()}"

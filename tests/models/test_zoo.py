@@ -13,6 +13,7 @@ import phaselens
 from phaselens.analyses.scoring import answer_metrics
 from phaselens.models.zoo import ZOO_DIR, entry, list_models, sha256_file
 from phaselens.train.recipes import RECIPES
+from tests.support.margins import TIE, assert_flags_agree, decision_margins
 
 SHIPPED = list_models()
 
@@ -37,8 +38,13 @@ def test_checkpoint_loads_matches_sha256_and_reproduces_its_card(name):
     with torch.no_grad():
         logits = model(batch["tokens"])[torch.arange(len(batch["answer"])), batch["query_pos"]]
     correct = answer_metrics(logits, batch["answer"], batch["wrong"])["correct"].astype(int)
-    assert correct.tolist() == card["eval_batch"]["correct"]  # item by item
-    assert float(correct.mean()) == pytest.approx(card["eval_batch"]["accuracy"])
+    pinned = np.array(card["eval_batch"]["correct"])
+    # item by item, wherever the answer's logit is not within rounding of another logit (the card was written on
+    # one CPU; a near-tie may flip on another, and is then not asserted: tests/support/margins.py)
+    margins = decision_margins(logits, batch["answer"], outcomes="correct")
+    assert_flags_agree(correct, pinned, margins, what=f"{name} eval-batch correct flags")
+    firm = margins > TIE
+    assert abs(float(correct.mean()) - card["eval_batch"]["accuracy"]) <= (~firm).mean() + 1e-12
 
 
 def test_tampered_weights_are_refused(tmp_path, monkeypatch):

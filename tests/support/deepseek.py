@@ -72,6 +72,14 @@ def tiny_v4_model(seed: int = 0, **overrides):
     return model
 
 
+def tiny_v4_fp64(seed: int = 0, **overrides):
+    """:func:`tiny_v4_model` in fp64, its experts run one by one (transformers' default ``grouped_mm`` takes no
+    fp64): for exact comparisons of two paths, which a top-k pick or the router could flip in fp32."""
+    model = tiny_v4_model(seed, **overrides).double()
+    model.config._experts_implementation = "eager"
+    return model
+
+
 @pytest.fixture(autouse=True, scope="module")
 def one_thread() -> Iterator[None]:
     """The tiny model is faster on one thread, and far faster on a busy machine (no OpenMP spin-waits)."""

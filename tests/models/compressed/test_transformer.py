@@ -127,7 +127,9 @@ def test_mixed_layers_and_sliding_only_layers_decode_exactly(tokens):
 
 
 def test_generate_matches_greedy_argmax_of_parallel_forward():
-    model = make_model(LAYOUTS["w8s4-deepseek"])
+    # fp64: cached decoding and the parallel forward sum in different orders; in fp32 a near-tie between the two
+    # best logits could pick another token on some CPU
+    model = make_model(LAYOUTS["w8s4-deepseek"]).double()
     prompt = torch.randint(0, 61, (2, 9), generator=torch.Generator().manual_seed(4))
     out = model.generate(prompt, 6, prefill_chunk=4)
     seq = prompt

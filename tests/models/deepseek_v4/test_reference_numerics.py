@@ -234,8 +234,11 @@ def test_within_one_block_the_core_is_the_kernel_to_the_last_bit_but_rare_ties()
     kernel = sparse_attn_emulated(q, kv, sinks, idx, scale)
     ours = reference_attention(_Heads(sinks), q.transpose(1, 2), kv[:, None], kv[:, None], mask, scale)[0]
     diff = (ours.float() - kernel.float()).abs()
-    assert (diff == 0).float().mean() > 0.999  # measured 0.99992
-    assert (diff <= kernel.float().abs() * 2**-7).all()  # the rest one bf16 unit in the last place
+    # fp32 summation order differs (and differs by CPU), so a bf16 output near a rounding midpoint may land one
+    # unit in the last place away: every difference is at most that, and they are rare (measured: 0.008% of the
+    # outputs, mean-rel 3e-7; the bound is 300 times that, and a scale or mask error moves it by far more)
+    assert (diff <= kernel.float().abs() * 2**-7).all()
+    assert diff.sum() / kernel.float().abs().sum() < 1e-4
 
 
 def test_the_swapped_attention_leaves_transformers_function_in_place(bf16_model):
