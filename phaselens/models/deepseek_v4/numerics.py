@@ -247,7 +247,7 @@ def configure(
     if numerics == "reference":
         notes.extend(_semantics(model, unscaled))
         dtype = inner.embed_tokens.weight.dtype
-        if dtype != torch.float32:
+        if dtype in (torch.bfloat16, torch.float16):  # fp32 and fp64 compute in their own dtype throughout
             notes.extend(_precision(model, layers, compressors, indexers, dtype))
     if quantize is not None:
         notes.extend(_quantize(layers, compressors, indexers, quantize, nope))
