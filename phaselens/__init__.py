@@ -49,11 +49,12 @@ _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 _register_adapter("phaselens.models.objects:adapt_object")
 # phaselens.load(run or step folder) loads a training step; training sits above models, so it is wired here.
 _register_run_loader("phaselens.train.family.checkpoints:load_checkpoint")
-# subpackages that are part of the API (phaselens.stats.wilson_ci, phaselens.plots.gate_profiles, ...)
-_SUBPACKAGES = ("plots", "stats", "tasks")
+# subpackages that are part of the API (phaselens.stats.wilson_ci, phaselens.plots.gate_profiles,
+# phaselens.results.load, ...)
+_SUBPACKAGES = ("plots", "results", "stats", "tasks")
 
 if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve in __getattr__
-    from phaselens import plots, stats, tasks  # noqa: F401
+    from phaselens import plots, results, stats, tasks  # noqa: F401
     from phaselens.analyses.ablation import AblationResult, ablate
     from phaselens.analyses.attribution import AttributionMap, attribution_map
     from phaselens.analyses.cycling import GateCyclingResult, cycle_gates, gate_cycling_test
@@ -148,6 +149,7 @@ __all__ = [
     "report",
     "specialization_map",
     "plots",
+    "results",
     "stats",
     "tasks",
     "__version__",

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 from phaselens.models import CompressorSpec
 from tests.support.models import LAYOUTS, make_model, task_model, tiny_task  # noqa: F401  (re-exported)
@@ -15,9 +19,17 @@ from tests.support.models import LAYOUTS, make_model, task_model, tiny_task  # n
 torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, os.cpu_count() or 1))
 
 # No per-example time limit: speed is measured in benchmarks/, and a loaded 2-core machine would make
-# hypothesis' default 200 ms deadline fail tests whose results are right.
-settings.register_profile("phaselens", deadline=None)
+# hypothesis' default 200 ms deadline fail tests whose results are right. No example database either: its
+# default is a .hypothesis/ folder in the directory pytest runs from (the checkout), and tests write only under
+# temporary folders (tests/test_clean_checkout.py); the fuzz tests are derandomized, so nothing is lost.
+settings.register_profile("phaselens", deadline=None, database=None)
 settings.load_profile("phaselens")
+# hypothesis also caches what it reads of the source (.hypothesis/constants) in the working directory: that goes to
+# the system's temporary folder (a HYPOTHESIS_STORAGE_DIRECTORY of your own is kept)
+os.environ.setdefault("HYPOTHESIS_STORAGE_DIRECTORY",
+                      str(Path(tempfile.gettempdir()) / f"phaselens-hypothesis-{getpass.getuser()}"))
+set_hypothesis_home_dir(os.environ["HYPOTHESIS_STORAGE_DIRECTORY"])
+
 
 
 @pytest.fixture(params=list(LAYOUTS), ids=list(LAYOUTS))

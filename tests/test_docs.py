@@ -14,7 +14,8 @@ DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 @pytest.mark.parametrize("page", ["api.md", "evaluation.md", "concepts.md", "architecture.md", "transformer_lens.md",
                                   "nnsight.md", "causal_lm.md"])
-def test_page_examples_run(page):
+def test_page_examples_run(page, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # an example that writes a file writes it here, not in the checkout
     res = doctest.testfile(str(DOCS / page), module_relative=False, verbose=False,
                            optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
     assert res.attempted >= 2 and res.failed == 0

@@ -260,6 +260,22 @@ class GateCycling(Analysis[NoState]):
         # NotApplicableError before any item is built: nothing rolls
         return replace(self, deltas=ds, first=cycle_gates(model, ds[0]))
 
+    def prepare(self, run: Run) -> NoState:
+        """Before any forward: the items must cover every phase, as the prediction for phase ``p`` under a
+        shift is the unmodified accuracy of phase ``p - delta``."""
+        covered = run.covered()
+        S = run.stride
+        phases = sorted({int(r) % S for r in covered}) if covered is not None else list(range(S))
+        if len(phases) < S:
+            given = (f"residues={list(run.options.residues)}" if run.options.residues is not None
+                     else f"phase={run.options.phase!r}")
+            raise InputError(
+                f"gate_cycling_test compares each phase's accuracy under a shift with the unmodified accuracy of the "
+                f"phase it came from, so its items must cover all {S} phases 0..{S - 1}: at least {S} residues, one "
+                f"per phase (e.g. residues={list(range(S))}); {given} covers phases {phases}. Pass residues=None "
+                "(every residue) or residues that cover every phase.")
+        return NoState()
+
     def labels(self, run: Run, state: NoState) -> list[str]:
         return ["delta 0", *(f"delta {d:+d}" for d in self.deltas)]
 

@@ -43,7 +43,15 @@ import numpy as np
 
 from phaselens.analyses.items import PhaseTask, build_items, check_battery_items, check_options, plan_items
 from phaselens.contract.adapting import as_phase_model
-from phaselens.contract.protocol import PhaseModel, check_model, metadata_of, refuse_black_box
+from phaselens.contract.protocol import (
+    PhaseModel,
+    check_model,
+    engine_record,
+    metadata_of,
+    model_name,
+    refuse_black_box,
+)
+from phaselens.contract.strides import check_stride, compression_strides, stride_record
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.runtime.checkpoints import check_checkpoint_path
@@ -156,7 +164,8 @@ class Run:
         task = self.task
         spec = task.to_dict() if hasattr(task, "to_dict") else repr(task)
         name = str(task.task) if hasattr(task, "task") else type(task).__name__
-        return {**metadata_of(self.model, **self.arguments), "task": name, "task_spec": spec, **note}
+        out = {**metadata_of(self.model, **self.arguments), "task": name, "task_spec": spec, **note}
+        return {**out, **stride_record(self.model, self.spec), **engine_record(self.model, self.arguments, out)}
 
     def units(self, compute: Callable[[list[int]], list[Any]], labels: Sequence[str], *, stage: str,
               unit: str = "block", bar_unit: str = "batch", per_call: int = 1, leave: bool = False,
@@ -238,6 +247,8 @@ def checked(analysis: A, model: PhaseModel, options: Common) -> A:
     if not analysis.black_box:
         refuse_black_box(model, analysis.name)
     options.check()
+    if options.stride is not None:  # the one rule for strides (phaselens.contract.strides)
+        check_stride(options.stride, compression_strides(model), what=model_name(model))
     return analysis.check(model, options)
 
 

@@ -44,14 +44,28 @@ def as_phase_model(obj: Any, *, stride: int | None = None) -> Any:
         obj: the model argument of an analysis.
         stride: the analysis's ``stride=``: the geometry a model without compression is analysed at.
     """
-    if obj is None or isinstance(obj, str | bytes | os.PathLike) or is_phase_model(obj):
+    if obj is None or isinstance(obj, str | bytes | os.PathLike):
         return obj
+    if is_phase_model(obj):
+        return at_stride(obj, stride)
     for path in _ADAPTERS:
         module, _, name = path.partition(":")
         out = getattr(importlib.import_module(module), name)(obj, stride=stride)
         if out is not None:
             return out
     return obj
+
+
+def at_stride(model: Any, stride: Any) -> Any:
+    """A phaselens ``model`` as an analysis's ``stride=`` reads it (docs/concepts.md, "Strides: one rule"): a
+    model without compression that can be read at another geometry (``with_geometry``, the causal-LM adapter) is
+    adapted anew at ``stride``, so everything the analysis derives from the model (calibration items, metadata)
+    is at that stride; any other model is returned as it is (the analysis checks ``stride`` against its
+    compression and reads phases at it)."""
+    if stride is None:
+        return model
+    restride = getattr(model, "with_geometry", None)
+    return restride(stride) if callable(restride) else model
 
 
 def register_run_loader(path: str) -> None:

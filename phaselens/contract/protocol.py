@@ -47,6 +47,9 @@ CAPABILITIES: dict[str, str] = {
     "answer_queries": "model.answer_queries(tokens [N, T], query_pos [N], answer [N], wrong [N], progress=) -> "
                       "contract.answers.Answers: the greedy answer after each prompt tokens[i, :query_pos[i] + 1], "
                       "with the log-probabilities the model reports (a black-box model's way to be scored)",
+    "query_engine_support": "model.query_engine_support() -> str | None: why this model's query-suffix engine "
+                            "cannot run it (an architecture the engine does not support), None when it can; "
+                            "engine='auto' then runs full forwards and records why",
 }
 ENGINES = ("auto", "suffix", "full")
 
@@ -239,18 +242,38 @@ def require(model: Any, name: str, why: str) -> Callable[..., Any]:
 def choose_engine(model: Any, engine: str) -> str:
     """``"suffix"`` or ``"full"``: honours an explicit request or raises.
 
-    ``"auto"`` is the fastest exact engine the model offers (the query-suffix engine when the model has the
-    ``query_engine`` capability); ``"suffix"`` without it raises :class:`NotApplicableError`.
+    ``"auto"`` is the fastest exact engine the model can run: the query-suffix engine when the model has the
+    ``query_engine`` capability and its architecture is one the engine supports (:func:`suffix_unsupported`),
+    else full forwards (the result's metadata says why: :func:`engine_record`). ``"suffix"`` that cannot run
+    raises :class:`~phaselens.core.errors.EngineError`, naming why and ``engine='full'``.
     """
     if engine not in ENGINES:
         raise InputError(f"engine must be one of {ENGINES}, got {engine!r}.")
-    has = capability(model, "query_engine") is not None
-    if engine == "suffix" and not has:
-        raise NotApplicableError(
-            f"{model_name(model)} has no query-suffix engine; use engine='full' (one full forward per cell) "
-            "or engine='auto'."
-        )
-    return "suffix" if engine == "suffix" or (engine == "auto" and has) else "full"
+    why = suffix_unsupported(model)
+    if engine == "suffix" and why is not None:
+        from phaselens.core.errors import EngineError
+
+        raise EngineError(f"engine='suffix' cannot run here: {why}; use engine='full' (one full forward per cell, "
+                          "exact on any model) or engine='auto' (picks it for you).")
+    return "suffix" if engine == "suffix" or (engine == "auto" and why is None) else "full"
+
+
+def suffix_unsupported(model: Any) -> str | None:
+    """Why the query-suffix engine cannot run on ``model`` (``None``: it can): the model has no such engine, or
+    its ``query_engine_support`` capability names an architecture the engine does not support."""
+    if capability(model, "query_engine") is None:
+        return f"{model_name(model)} has no query-suffix engine"
+    support = capability(model, "query_engine_support")
+    return None if support is None else support()
+
+
+def engine_record(model: Any, arguments: dict[str, Any], metadata: dict[str, Any]) -> dict[str, Any]:
+    """What a result records of an ``engine="auto"`` that ran full forwards because the query-suffix engine
+    cannot run on the model: ``engine_reason`` (empty when no engine was chosen, or the suffix engine ran)."""
+    if arguments.get("engine") != "auto" or metadata.get("engine") != "full":
+        return {}
+    why = suffix_unsupported(model)
+    return {} if why is None else {"engine_reason": f"engine='auto' ran full forwards: {why}"}
 
 
 def is_black_box(model: Any) -> bool:

@@ -30,6 +30,9 @@ def as_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | 
 #: Seeds fit in a signed 64-bit integer (torch's generators take at most 64 bits, and analyses add a cell's
 #: index to the seed).
 MAX_SEED = 2**63 - 1
+#: Model dimensions (widths, heads, experts, vocabularies, table rows): below 2^31, as torch indexes tensors with
+#: 32-bit sizes in places, and a config's size times the others must stay within the 2^63 bytes torch sums.
+MAX_DIM = 2**31 - 1
 #: Resampling counts: beyond a million, a p-value's Monte Carlo error (at most 0.5 / sqrt(n) = 5e-4) is far
 #: below anything a decision rests on, while the resamples' arrays grow without bound.
 MAX_RESAMPLES = 10**6

@@ -98,6 +98,11 @@ class NotApplicableError(PhaseLensError):
     """An analysis that does not apply to this model (e.g. gate cycling on uniform pooling)."""
 
 
+class EngineError(NotApplicableError):
+    """An explicit ``engine="suffix"`` that cannot run on this model (no query-suffix engine, or an architecture
+    the engine does not support, such as alternating sliding-window and full layers); ``engine="full"`` runs."""
+
+
 class UnsupportedModelError(PhaseLensError):
     """A model that phaselens cannot analyse faithfully."""
 
@@ -152,6 +157,7 @@ __all__ = [
     "ContextLengthError",
     "DeviceMapError",
     "DistributedError",
+    "EngineError",
     "HeadSpecError",
     "HookNameError",
     "InputError",

@@ -27,7 +27,6 @@ Sizes are estimates from the code's tensors, not measurements on a GPU (see ``do
 
 from __future__ import annotations
 
-import json
 import math
 import warnings
 from pathlib import Path
@@ -37,12 +36,15 @@ import torch
 
 from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
 from phaselens.models.costs import MFU, gpu_spec, plan_time
+from phaselens.models.numerics.sizing import addressable
 from phaselens.models.plan_report import GPU_TYPES, USABLE, GiB, ModelPlan, gpu_bytes, gpu_type
+from phaselens.runtime.reading import parse_json
 
 NODE_SIZES = (1, 2, 4, 8)
 CHUNKS = (4096, 2048, 1024, 512, 256, 128, 64)
 MAP_ITEMS = 8  # the time of a map: items (one per residue mod 8, as docs/scale.md's plans)
 MAP_CONTEXT = 131072  # the per-head map's default context
+MAX_COUNT = 2**53  # tokens, sequences, items: counts priced as float sums stay exact
 MAX_CALLS = 2**20  # prefill calls one estimate walks (the released 1M-token context in chunks of 1)
 FP32_STORED = ("hc_", "attn_sink", "gate.bias")  # V4.1 tensors the release stores in fp32 (the rest: bf16)
 
@@ -210,7 +212,7 @@ def _v4_meta(root: Path, *, packed: bool) -> Any:
         warnings.simplefilter("ignore")
         config = AutoConfig.from_pretrained(str(root), local_files_only=True)
         config._attn_implementation = "eager"
-        with torch.device("meta"):
+        with torch.device("meta"), addressable(str(root / "config.json")):
             model = DeepseekV4ForCausalLM._from_config(config, dtype=torch.bfloat16).eval()
         quant = getattr(config, "quantization_config", None)
         if packed and quant:
@@ -245,11 +247,17 @@ def _files_bytes(root: Path) -> int | None:
     index = root / "model.safetensors.index.json"
     if index.is_file():
         try:
-            return int(json.loads(index.read_text()).get("metadata", {}).get("total_size"))
+            return int(parse_json(index.read_text()).get("metadata", {}).get("total_size"))
         except (ValueError, TypeError, AttributeError, OSError):  # a damaged index: the size is unknown
             return None
     shards = list(root.glob("*.safetensors"))
     return sum(p.stat().st_size for p in shards) if shards else None
+
+
+def option(name: str) -> str:
+    """How ``phaselens plan`` spells ``plan_model``'s keyword ``name``, with the keyword: ``--map-context
+    (map_context=)``; plan's messages name its own options."""
+    return f"--{name.replace('_', '-')} ({name}=)"
 
 
 def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = "141", chunk: int | None = None,
@@ -269,18 +277,19 @@ def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = 
     size is priced from numbers before anything is built at that size: a context longer than the model's
     ``max_position_embeddings`` is refused, as its forward would be."""
     if engram not in ("run", "drop"):
-        raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
+        raise InputError(f"{option('engram')} must be 'run' or 'drop', got {engram!r}.")
     for name, value in (("context", context), ("batch", batch), ("map_context", map_context), ("items", items),
-                        ("item_batch", item_batch)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise InputError(f"{name} must be a positive int, got {value!r}.")
-    if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
-        raise InputError(f"chunk must be a positive int or None, got {chunk!r}.")
+                        ("item_batch", item_batch), ("chunk", chunk)):
+        if value is None and name in ("map_context", "chunk"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_COUNT:
+            # every count is bounded before anything is priced: costs are float sums of counts
+            raise InputError(f"{option(name)} must be an integer in 1..{MAX_COUNT:,} (2^53), got {value!r}.")
     for name, rate, most in (("mfu", mfu, 1.0), ("peak_tflops", peak_tflops, math.inf),
                              ("fp32_tflops", fp32_tflops, math.inf), ("hbm_tbps", hbm_tbps, math.inf)):
         number = isinstance(rate, int | float) and not isinstance(rate, bool)
         if (rate is not None or name == "mfu") and not (number and 0 < rate <= most and rate < math.inf):
-            raise InputError(f"{name} must be a positive number{' of at most 1' if name == 'mfu' else ''}, "
+            raise InputError(f"{option(name)} must be a positive number{' of at most 1' if name == 'mfu' else ''}, "
                              f"got {rate!r}.")
     usable = USABLE * gpu_bytes(gpu_memory)
     root, raw = _read_config(source)
@@ -289,14 +298,14 @@ def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = 
     map_context = min(MAP_CONTEXT, most) if map_context is None else map_context
     for name, value, step in (("context", context, chunk or min(CHUNKS)), ("map_context", map_context, min(CHUNKS))):
         if value > most:
-            raise InputError(f"{name}={value:,} tokens exceeds the model's max_position_embeddings={most:,} "
+            raise InputError(f"{option(name)}={value:,} tokens exceeds the model's max_position_embeddings={most:,} "
                              f"(config.json): a forward of more is refused; plan at most {most:,} tokens.")
         calls = -(-value // step)
         if calls > MAX_CALLS:  # each model's estimate walks every prefill call: price, never hang
             fix = (f"use --chunk {-(-value // MAX_CALLS)} or larger" if name == "context" else
-                   f"use map_context={MAX_CALLS * step:,} or fewer")
-            raise InputError(f"{name}={value:,} tokens in chunks of {step:,} is {calls:,} prefill calls, more than "
-                             f"phaselens prices ({MAX_CALLS:,}); {fix}.")
+                   f"use --map-context {MAX_CALLS * step} or fewer")
+            raise InputError(f"{option(name)}={value:,} tokens in chunks of {step:,} is {calls:,} prefill calls, "
+                             f"more than phaselens prices ({MAX_CALLS:,}); {fix}.")
     weights, sizes = sized.weights(), sized.units()
 
     def transient(ctx: int, b: int, c: int | None) -> int:

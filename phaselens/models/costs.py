@@ -281,12 +281,13 @@ def map_cost(model: Any, context: int, *, items: int, item_batch: int = 1, chunk
     """The :class:`MapCost` of a head map (``layers x heads`` cells) at ``context`` tokens, query at the last slot."""
     c = model.config
     L, H, q = c.num_hidden_layers, c.num_attention_heads, context - 1
-    sizes = [item_batch] * (items // item_batch) + ([items % item_batch] if items % item_batch else [])
+    # batches of item_batch items and one of the rest: counted, never listed (a count of 10^15 is priced in O(1))
+    batches = {b: n for b, n in ((item_batch, items // item_batch), (items % item_batch, 1)) if b and n}
     one = pass_cost(model, prefill_calls(q, chunk), batch=1, attended=attended)
     step = [(q, q + 1)]
     kinds: dict[str, Cost] = {}
     acc = Cost()
-    for b, times in ((b, sizes.count(b)) for b in sorted(set(sizes))):
+    for b, times in sorted(batches.items()):
         parts = [pass_cost(model, prefill_calls(q, chunk), batch=b, attended=attended),
                  pass_cost(model, step, batch=b, head_rows=1, attended=attended)]
         parts += [pass_cost(model, step, batch=b, head_rows=1, first_layer=layer, attended=attended) * H
@@ -296,7 +297,8 @@ def map_cost(model: Any, context: int, *, items: int, item_batch: int = 1, chunk
                 kinds[kind] = kinds.get(kind, Cost()) + cost * times
             acc = acc + p.total * times
     forward = one.total + pass_cost(model, step, batch=1, head_rows=1, attended=attended).total
-    return MapCost(items, item_batch, L * H, len(sizes), len(sizes) * (1 + L * H), forward, acc, kinds)
+    n_batches = sum(batches.values())
+    return MapCost(items, item_batch, L * H, n_batches, n_batches * (1 + L * H), forward, acc, kinds)
 
 
 # ---- the plan's time ---------------------------------------------------------------------------------------

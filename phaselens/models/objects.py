@@ -23,6 +23,7 @@ from typing import Any
 from torch import nn
 
 from phaselens.contract.adapting import is_phase_model
+from phaselens.contract.strides import check_stride, compression_strides, refuse_restride
 from phaselens.core.errors import InputError, UnsupportedModelError
 from phaselens.models.wrappers import unbridged, unwrap_object
 
@@ -30,21 +31,26 @@ ROUTES = ("phaselens.load('hf:DIR', stride=4) for a local transformers checkpoin
           "for a transformers causal LM object, an nnsight envoy or a TransformerLens bridge of one")
 
 
-def adapt_object(obj: Any, *, stride: int | None = None, window: int | None = None, origin: int = 0,
+def adapt_object(obj: Any, *, stride: int | None = None, window: int | None = None, origin: int | None = None,
                  **options: Any) -> Any:
-    """``obj`` as a phaselens model, or ``None`` when it is not a model object at all (a phaselens model is
-    returned as is).
+    """``obj`` as a phaselens model, or ``None`` when it is not a model object at all.
+
+    A phaselens model given a geometry follows the one rule for strides (:mod:`phaselens.contract.strides`): one
+    without compression is adapted anew at it (an adapter is never returned at its old stride); one with
+    compression is returned as it is when the stride is its own, and refused otherwise.
 
     Args:
-        obj: a transformers model, an nnsight envoy, a TransformerLens bridge, or the model a bridge rewired.
+        obj: a transformers model, an nnsight envoy, a TransformerLens bridge, the model a bridge rewired, or a
+            phaselens model.
         stride, window, origin: the geometry of a model without compression (``stride`` required there).
-        options: for DeepSeek-V4, :func:`phaselens.models.deepseek_v4.from_hf`'s keywords.
+        options: for DeepSeek-V4, :func:`phaselens.models.deepseek_v4.from_hf`'s keywords (``stride=`` is its
+            ``analysis_stride``).
     """
     if is_phase_model(obj):
-        return obj
+        return _regeometry(obj, stride, window, origin, options)
     module, how = unwrap_object(obj)
     if is_phase_model(module):  # an envoy or bridge of a phaselens model
-        return module
+        return _regeometry(module, stride, window, origin, options)
     if not isinstance(module, nn.Module):
         return None
     config = getattr(module, "config", None)
@@ -57,6 +63,7 @@ def adapt_object(obj: Any, *, stride: int | None = None, window: int | None = No
     if model_type == "deepseek_v4":
         from phaselens.models.deepseek_v4 import from_hf as v4_from_hf
 
+        options = _v4_stride(stride, window, origin, options)
         if options.get("backend") == "nnsight" and how == "nnsight":
             return v4_from_hf(obj, **options)
         return v4_from_hf(unbridged(module), **options)
@@ -65,7 +72,43 @@ def adapt_object(obj: Any, *, stride: int | None = None, window: int | None = No
                          "stride=, window= and origin=.")
     from phaselens.models.causal_lm import from_transformers
 
-    return from_transformers(module, stride=stride, window=window, origin=origin)
+    return from_transformers(module, stride=stride, window=window, origin=0 if origin is None else origin)
+
+
+def _regeometry(model: Any, stride: Any, window: Any, origin: Any, options: dict[str, Any]) -> Any:
+    """A phaselens model at the geometry a ``load(model, stride=, window=, origin=)`` asks for (see
+    :func:`adapt_object`)."""
+    if options:
+        raise InputError(f"{sorted(options)} apply when a transformers model is adapted; {type(model).__name__} is "
+                         "already a phaselens model (load its checkpoint again with them).")
+    if stride is None and window is None and origin is None:
+        return model
+    restride = getattr(model, "with_geometry", None)
+    own = model.dims.analysis_spec
+    if callable(restride):
+        return restride(own.stride if stride is None else stride, window, origin)
+    strides = compression_strides(model)
+    name = str(getattr(model, "name", type(model).__name__))
+    if window is not None or origin is not None:
+        raise InputError(f"window= and origin= set the geometry of a model without compression; {name} takes its "
+                         "geometry from its compressed layers.")
+    s = check_stride(stride, strides, what=name)
+    if s != own.stride:
+        raise refuse_restride(model, s, own.stride, name)
+    return model
+
+
+def _v4_stride(stride: Any, window: Any, origin: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """DeepSeek-V4's keywords with ``stride=`` read as its ``analysis_stride`` (one name for one idea)."""
+    if window is not None or origin is not None:
+        raise InputError("window= and origin= set the geometry of a model without compression; DeepSeek-V4 takes "
+                         "its geometry from its compressed layers (analysis_stride= picks the stride).")
+    if stride is None:
+        return options
+    given = options.get("analysis_stride")
+    if given is not None and given != stride:
+        raise InputError(f"stride={stride!r} and analysis_stride={given!r} name the same setting; pass one.")
+    return {**options, "analysis_stride": stride}
 
 
 def from_hf(model: Any, **kwargs: Any) -> Any:

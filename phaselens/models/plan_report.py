@@ -102,8 +102,8 @@ def time_lines(t: dict[str, Any], gb: float) -> list[str]:
            + (f" (chunk {f['chunk']})" if f["chunk"] else "") + f": {f['total_flops'] / 1e15:,.1f} PFLOP "
            f"({f['flops_fp32'] / 1e15:,.1f} in fp32), {f['bytes'] / 1e12:,.1f} TB moved: "
            + _hours(f["seconds"], f["gpus"], gb))
-    mp = (f"  time of a per-head map at {m['context']:,} tokens ({m['items']} items in batches of {m['item_batch']}, "
-          f"{m['cells']:,} cells, query-suffix engine, chunk {m['chunk']}): {m['prefix_passes']} prefix + "
+    mp = (f"  time of a per-head map at {m['context']:,} tokens ({m['items']:,} items in batches of "
+          f"{m['item_batch']:,}, {m['cells']:,} cells, query-suffix engine, chunk {m['chunk']}): {m['prefix_passes']:,} prefix + "
           f"{m['query_passes']:,} query-row passes = {m['forward_equivalents']:,.2f} forward-equivalents, "
           f"{m['total_flops'] / 1e18:,.2f} EFLOP, {m['bytes'] / 1e15:,.2f} PB moved: "
           + _hours(m["seconds"], m["gpus"], gb))

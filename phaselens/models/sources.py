@@ -213,6 +213,13 @@ def meta_model(path: str | os.PathLike) -> Any:
     return transformers_meta(root)
 
 
+def is_causal_lm_dir(source: str) -> bool:
+    """Whether ``source`` is ``hf:DIR`` of a transformers causal LM without compression (what ``load`` adapts at
+    a ``stride=``), not DeepSeek-V4 / V4.1."""
+    kind = _model_type(Path(source[3:])) if source.startswith("hf:") else None
+    return kind is not None and kind not in ("deepseek_v4", "deepseek_v41")
+
+
 def _model_type(path: Path) -> str | None:
     """The ``model_type`` of a transformers checkpoint directory (``None``: not one, e.g. a phaselens save)."""
     raw = peek_json(path / "config.json")

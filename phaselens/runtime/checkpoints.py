@@ -22,7 +22,7 @@ from phaselens.core.errors import CheckpointError, OutputError
 from phaselens.runtime.checksums import stamped, verify
 from phaselens.runtime.files import atomic_write_file, nearest_existing, writable, write_owned_file
 from phaselens.runtime.oserrors import NAME_MAX, why_not_read, why_not_written
-from phaselens.runtime.reading import peek_json
+from phaselens.runtime.reading import JSONDepthError, parse_json, peek_json
 
 CELLS_FORMAT = "phaselens.cells/1"
 
@@ -41,7 +41,9 @@ def read_json(path: str | os.PathLike, *, fix: str, expect: type = dict) -> Any:
     except OSError as err:
         raise CheckpointError(why_not_read(err, path)) from None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = parse_json(raw.decode("utf-8"))  # its nesting bounded first
+    except JSONDepthError as err:
+        raise CheckpointError(f"{path} is not a file phaselens reads: {err}; {fix}") from None
     except (UnicodeDecodeError, ValueError) as err:
         raise CheckpointError(f"{path} is not valid JSON (truncated or corrupt: {err}); {fix}") from None
     if not isinstance(data, expect):

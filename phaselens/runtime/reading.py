@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,40 @@ from typing import Any
 def is_regular(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a regular file, after symbolic links (``os.path.isfile``; never raises)."""
     return os.path.isfile(path)
+
+
+#: JSON nesting phaselens reads: its own files and transformers' configs nest a handful of levels; Python's
+#: parser recurses once per level and fails with a RecursionError near 1,000.
+MAX_JSON_DEPTH = 64
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+class JSONDepthError(ValueError):
+    """JSON nested deeper than :data:`MAX_JSON_DEPTH` (a ``ValueError``, as any JSON a reader cannot use)."""
+
+
+def json_depth(text: str, *, stop: int | None = None) -> int:
+    """How deep the arrays and objects of the JSON ``text`` nest (0: a scalar), counted without parsing it
+    (brackets inside strings are not counted); the count ends as soon as it passes ``stop``."""
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    depth = most = 0
+    for c in brackets:  # only brackets are left: a short loop for any real file
+        depth += 1 if c in "[{" else -1
+        if depth > most:
+            most = depth
+            if stop is not None and most > stop:
+                break
+    return most
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads(text)``, its nesting bounded first: deeper than :data:`MAX_JSON_DEPTH` levels is a
+    :class:`JSONDepthError` that says so, never a ``RecursionError`` from the parser."""
+    if json_depth(text, stop=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise JSONDepthError(f"its arrays and objects nest more than {MAX_JSON_DEPTH} levels deep, the most "
+                             "phaselens reads (a config.json nests 2 or 3)")
+    return json.loads(text)
 
 
 def peek_json(path: str | os.PathLike) -> Any:
@@ -26,7 +61,7 @@ def peek_json(path: str | os.PathLike) -> Any:
     if not is_regular(path):
         return None
     try:
-        return json.loads(Path(path).read_bytes().decode("utf-8"))
+        return parse_json(Path(path).read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError, RecursionError):
         return None
 

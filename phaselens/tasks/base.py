@@ -91,8 +91,12 @@ class TaskBatch:
             if not -n <= i < n:
                 raise BatchIndexError(f"item {i} out of range for a batch of {n} (valid: {-n}..{n - 1}).")
             return torch.tensor([i % n], dtype=torch.long)
-        if isinstance(idx, slice):
-            return torch.arange(n)[idx]
+        if isinstance(idx, slice):  # any step, reversed too: the rows a list of n items would give
+            try:
+                picked = range(n)[idx]
+            except (TypeError, ValueError) as err:  # a zero step, a non-integer bound
+                raise BatchIndexError(f"{kinds}; the slice {idx!r} is not one ({err}).") from None
+            return torch.tensor(list(picked), dtype=torch.long)
         try:
             rows = torch.as_tensor(np.asarray(idx.cpu() if isinstance(idx, torch.Tensor) else idx))
         except (TypeError, ValueError, RuntimeError):

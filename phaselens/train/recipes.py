@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from phaselens.core.checks import MAX_SEED
 from phaselens.core.errors import ZooError
 from phaselens.models.compressed.config import CompressedConfig, CompressorSpec, RopeSpec
 from phaselens.tasks import KVRecall
@@ -110,9 +111,10 @@ def seeded(name: str, seed: int) -> Recipe:
     ``seeded("w4s4", 2)`` is the recipe ``w4s4-seed2`` (trained by ``python -m tools.train_zoo w4s4 --seed 2``).
     Seed 0 is the base recipe itself.
     """
-    if SEED_SUFFIX in name or name not in RECIPES or seed < 0:
-        raise ZooError(f"seeded() takes a base recipe ({', '.join(SEED_CONFIGS)}, ...) and a seed >= 0; got "
-                       f"{name!r} and {seed}.")
+    in_range = isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed <= MAX_SEED
+    if SEED_SUFFIX in name or name not in RECIPES or not in_range:
+        raise ZooError(f"seeded() takes a base recipe ({', '.join(SEED_CONFIGS)}, ...) and a seed in "
+                       f"0..{MAX_SEED:,} (2^63 - 1: torch's generators take 64 bits); got {name!r} and {seed!r}.")
     base = RECIPES[name]
     if seed == 0:
         return base
@@ -130,7 +132,7 @@ def get_recipe(name: str) -> Recipe:
     if name in RECIPES:
         return RECIPES[name]
     base, sep, seed = name.rpartition(SEED_SUFFIX)
-    if sep and base in RECIPES and seed.isdigit() and int(seed) >= 1 and SEED_SUFFIX not in base:
+    if sep and base in RECIPES and seed.isascii() and seed.isdigit() and int(seed) >= 1 and SEED_SUFFIX not in base:
         return seeded(base, int(seed))
     raise ZooError(f"no recipe {name!r}; recipes: {', '.join(RECIPES)}, or BASE{SEED_SUFFIX}K for another "
                    f"seed K >= 1 of a base recipe (e.g. w4s4{SEED_SUFFIX}3).")

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from phaselens.core.checks import MAX_SEED
 from phaselens.core.errors import ConfigError, InputError
 from phaselens.runtime.budget import check_threads
 from phaselens.runtime.fingerprints import fingerprint
@@ -44,8 +45,11 @@ class TrainSettings:
         for name, low in (("steps", 1), ("batch_size", 1), ("warmup", 0), ("seed", 0), ("checkpoint_every", 1),
                           ("eval_every", 1)):
             value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
-                raise ConfigError(f"TrainSettings.{name} must be an int >= {low}, got {value!r}.")
+            top = MAX_SEED if name == "seed" else None  # torch's generators take 64 bits
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low or \
+                    (top is not None and value > top):
+                within = f"in {low}..{top:,} (2^63 - 1)" if top is not None else f">= {low}"
+                raise ConfigError(f"TrainSettings.{name} must be an int {within}, got {value!r}.")
             object.__setattr__(self, name, int(value))
         if self.threads is not None:
             if not isinstance(self.threads, numbers.Integral) or isinstance(self.threads, bool) or self.threads < 1:

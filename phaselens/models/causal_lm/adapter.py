@@ -229,6 +229,11 @@ class CausalLMAdapter(HookedAdapter):
         prefix (the model's own ``DynamicCache``; see :mod:`.engine`)."""
         from phaselens.models.causal_lm.engine import CausalSuffixEngine
 
+        why = self.query_engine_support()
+        if why is not None:
+            from phaselens.core.errors import EngineError
+
+            raise EngineError(f"the query-suffix engine cannot run here: {why}; use engine='full'.")
         if self._active:
             raise InputError(
                 "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
@@ -245,6 +250,15 @@ class CausalLMAdapter(HookedAdapter):
 
         return QueryEngine(self, tokens, qp, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
 
+    def query_engine_support(self) -> str | None:
+        """The ``query_engine_support`` capability: why the query-suffix engine cannot run this architecture
+        (``None``: it can; :func:`~phaselens.models.causal_lm.engine.engine_support`), checked once."""
+        if "_engine_support" not in self.__dict__:
+            from phaselens.models.causal_lm.engine import engine_support
+
+            self.__dict__["_engine_support"] = engine_support(self.model)
+        return self.__dict__["_engine_support"]
+
     def estimate_memory(self, tokens: int, *, batch: int = 1, query_len: int | None = None,
                         logits: Literal["all", "query"] = "all") -> MemoryEstimate:
         """The ``estimate_memory`` capability: weights; the key/value cache of a ``query_len`` call after its
@@ -257,6 +271,27 @@ class CausalLMAdapter(HookedAdapter):
         rows = T if logits == "all" else n
         return MemoryEstimate(T, batch, None, n, held_bytes(self.model), cache, batch * lay.n_heads * n * T * item,
                               batch * rows * lay.d_vocab * item)
+
+    def with_geometry(self, stride: Any, window: Any = None, origin: Any = None) -> CausalLMAdapter:
+        """This model read at another geometry: a new adapter over the same transformers model whose
+        ``analysis_spec`` and ``analysis_metadata`` are ``stride`` / ``window`` (default: the stride) / ``origin``
+        (default: this adapter's); itself when they are this adapter's (docs/concepts.md, "Strides: one rule")."""
+        from phaselens.contract.strides import check_stride
+        from phaselens.core.errors import PhaseGeometryError
+
+        try:
+            spec = PhaseSpec(check_stride(stride, ()), window, self._spec.origin if origin is None else origin)
+        except PhaseGeometryError as err:
+            raise PhaseGeometryError(f"{self.name}: {err}") from None
+        if spec == self._spec:
+            return self
+        metadata = {**self._metadata, "analysis_stride": spec.stride, "analysis_window": spec.window,
+                    "analysis_origin": spec.origin}
+        out = CausalLMAdapter(self.model, spec, metadata=metadata)
+        out.default_task = self.default_task
+        if "_tl_tokenizer" in self.__dict__:  # a tokenizer found or set once stays
+            out.__dict__["_tl_tokenizer"] = self.__dict__["_tl_tokenizer"]
+        return out
 
     def _missing_hook(self, name: str) -> None:
         CausalHookDict(self._points)[name]  # raises HookNameError: compressed-layer names explained too

@@ -43,6 +43,37 @@ from phaselens.models.wrappers import with_child
 from phaselens.runtime.engines import PASS_BYTES, Cell, run_by_layer
 
 _ROW_TENSORS = ("keys", "values")  # per-row state of transformers' dynamic (and sliding-window) cache layers
+# What the engine runs: every layer full attention, or every layer one sliding window (Mistral). A model that mixes
+# them (Gemma-2's alternating layers, Qwen2's max_window_layers) makes its query passes fail once the prefix is
+# longer than the window (the layers' caches then hold different lengths); other layer kinds are untested.
+LAYER_TYPES = ("full_attention", "sliding_attention")
+CACHE_LAYERS = ("DynamicLayer", "DynamicSlidingWindowLayer")
+
+
+def engine_support(hf: nn.Module) -> str | None:
+    """Why the query-suffix engine cannot run the transformers model ``hf`` (``None``: it can), read from its
+    config before anything runs: ``layer_types``, and the cache layers transformers builds for it."""
+    config, arch = hf.config, type(hf).__name__
+    types = list(getattr(config, "layer_types", None) or [])
+    odd = sorted(set(types) - set(LAYER_TYPES))
+    if odd:
+        return (f"{arch} has layers of type {odd}; the query-suffix engine runs full-attention and sliding-window "
+                "layers only")
+    if len(set(types)) > 1:
+        counts = ", ".join(f"{types.count(t)} {t}" for t in LAYER_TYPES)
+        return (f"{arch} mixes sliding-window (window {getattr(config, 'sliding_window', None)}) and full-attention "
+                f"layers (layer_types: {counts}); the query-suffix engine runs models whose layers share one "
+                "attention kind")
+    from transformers import DynamicCache
+
+    try:
+        kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=config).layers})
+    except (TypeError, ValueError, AttributeError, KeyError) as err:
+        return f"transformers builds no cache for {arch} from its config ({type(err).__name__}: {err})"
+    if set(kinds) - set(CACHE_LAYERS) or len(kinds) > 1:
+        return (f"{arch}'s cache has layers {kinds}; the query-suffix engine runs one kind of "
+                f"{' or '.join(CACHE_LAYERS)}")
+    return None
 
 
 def repeated_layer(layer: Any, copies: int) -> Any:

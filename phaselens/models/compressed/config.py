@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from phaselens.core.checks import MAX_SEED
 from phaselens.core.errors import ConfigError
 from phaselens.core.geometry import PhaseSpec
 
@@ -299,7 +300,7 @@ class CompressedConfig:
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "local_window"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:  # True is an int, not a count
                 raise ConfigError(f"{name} must be a positive int, got {value!r}.")
         for name in ("sink", "qk_norm", "mlp_bias", "tie_embeddings"):
             _check_bool("CompressedConfig", name, getattr(self, name))
@@ -307,8 +308,9 @@ class CompressedConfig:
             raise ConfigError(f"mlp must be 'gelu' or 'swiglu', got {self.mlp!r}.")
         _check_number("CompressedConfig", "norm_eps", self.norm_eps)
         _check_number("CompressedConfig", "init_std", self.init_std, positive=False)
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise ConfigError(f"seed must be a non-negative int, got {self.seed!r}.")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed must be an int in 0..{MAX_SEED:,} (2^63 - 1: torch's generators take 64 bits), "
+                              f"got {self.seed!r}.")
         if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)):
             raise ConfigError(f"n_kv_heads must be a positive int or None, got {self.n_kv_heads!r}.")
         if self.compression is not None and not isinstance(self.compression, CompressorSpec):

@@ -58,7 +58,8 @@ def roll_offset_gates(model: Any, delta: int) -> Any:
     out = copy.deepcopy(model)
     with torch.no_grad():
         for _, p in _offset_params(out):
-            p.copy_(torch.roll(p, shifts=int(delta), dims=1))
+            # rolling by delta is rolling by delta mod S: any Python int (beyond int64 too) is exact
+            p.copy_(torch.roll(p, shifts=int(delta) % p.shape[1], dims=1))
     if hasattr(out, "setup"):
         out.setup()
     return out

@@ -14,6 +14,7 @@ import numbers
 from collections.abc import Mapping
 from typing import Any
 
+from phaselens.core.checks import MAX_DIM
 from phaselens.core.errors import CheckpointError
 
 LAYER_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
@@ -48,6 +49,9 @@ def problems(cfg: Mapping[str, Any]) -> list[str]:
     for k in NON_NEGATIVE_INT:
         if k in cfg and not (_int(cfg[k]) and cfg[k] >= 0):
             out.append(f"{k} must be an integer >= 0, got {cfg[k]!r}")
+    for k in (*POSITIVE_INT, *NON_NEGATIVE_INT):  # bounded before anything is built (positions: priced as numbers)
+        if k != "max_position_embeddings" and _int(cfg.get(k)) and cfg[k] > MAX_DIM:
+            out.append(f"{k}={cfg[k]:,} exceeds {MAX_DIM:,} (2^31 - 1), the largest dimension phaselens builds")
     for k in POSITIVE_FLOAT:
         if k in cfg and not (_real(cfg[k]) and cfg[k] > 0):  # null too: transformers refuses it
             out.append(f"{k} must be a finite number > 0, got {cfg[k]!r}")
@@ -200,8 +204,9 @@ def _rates(rates: Any) -> list[str]:
     for k, v in rates.items():
         if k not in LAYER_TYPES[1:]:
             out.append(f"compress_rates has the unknown key {k!r}; keys are {LAYER_TYPES[1:]}")
-        elif not (_int(v) and v >= 2):
-            out.append(f"compress_rates[{k!r}] must be an integer >= 2 (tokens per compressed entry), got {v!r}")
+        elif not (_int(v) and 2 <= v <= MAX_DIM):
+            out.append(f"compress_rates[{k!r}] must be an integer >= 2 (tokens per compressed entry) and at most "
+                       f"{MAX_DIM:,}, got {v!r}")
     return out
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from phaselens.core.errors import PhaseGeometryError, UnsupportedModelError
+from phaselens.core.errors import UnsupportedModelError
 from phaselens.core.geometry import PhaseSpec
 
 CSA = "compressed_sparse_attention"
@@ -79,15 +79,13 @@ def compressed_strides(geometry: list[LayerGeometry]) -> list[int]:
 
 
 def resolve_analysis_stride(geometry: list[LayerGeometry], stride: int | None) -> int:
-    """The stride that defines phases: ``stride`` if given (one of the model's), else the smallest."""
+    """The stride that defines phases: ``stride`` if given (one of the model's or a multiple of one: the one rule,
+    :func:`phaselens.contract.strides.check_stride`), else the smallest."""
+    from phaselens.contract.strides import check_stride
+
     strides = compressed_strides(geometry)
     if not strides:
         raise UnsupportedModelError("the model has no compressed layers, so there is no stride to analyse.")
     if stride is None:
         return strides[0]
-    if int(stride) not in strides:
-        raise PhaseGeometryError(
-            f"analysis_stride={stride!r} is not a stride of this model; its compressed layers have strides "
-            f"{strides}. Pick one of them (the default is the smallest, {strides[0]})."
-        )
-    return int(stride)
+    return check_stride(stride, strides, option="analysis_stride", what="this DeepSeek-V4 model")

@@ -31,6 +31,7 @@ from phaselens.models.deepseek_v41.weights import (
     pack_from_headers,
     read_index,
 )
+from phaselens.models.numerics.sizing import addressable
 from phaselens.runtime.checkpoints import check_tensor_names, read_json
 from phaselens.runtime.reading import peek_json_object
 
@@ -191,7 +192,7 @@ def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n
         metadata.update(engram="dropped", model_modified=True,
                         modifications=[*metadata["modifications"], f"Engram dropped at layers {layers}"])
     metadata["weights"] = weights
-    with torch.device("meta"):
+    with torch.device("meta"), addressable(str(root / "config.json")):
         model = DeepSeekV41(config, dtype=dtype, quantize=quantize, index_topk=index_topk,
                             analysis_stride=analysis_stride, metadata=metadata, engram=engram, kernels=kernels,
                             chunk=chunk)

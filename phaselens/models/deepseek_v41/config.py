@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from phaselens.core.errors import CheckpointError, UnsupportedModelError
+from phaselens.models.deepseek_v41.bounds import size_problems, spans
 
 
 @dataclass(frozen=True)
@@ -212,12 +213,16 @@ class V41Config:
         """Per-layer roles (raises :class:`UnsupportedModelError` on a sharing map the reference cannot run)."""
         n = self.num_hidden_layers
         kv_src, idx_src = set(self.kv_source_layer_ids), set(self.index_source_layer_ids)
-        bad = sorted(i for i in kv_src | idx_src if not 0 <= i < n or self.compress_ratios[i] == 0)
-        if bad:
-            raise UnsupportedModelError(
-                f"layers {bad} are listed as KV or index sources but are not compressed backbone layers "
-                f"(compress_ratios {list(self.compress_ratios)})."
-            )
+        valid = [i for i in range(n) if self.compress_ratios[i] != 0]
+        for key, listed in (("kv_source_layer_ids", kv_src), ("index_source_layer_ids", idx_src)):
+            bad = sorted(i for i in listed if i not in set(valid))
+            if bad:
+                raise UnsupportedModelError(
+                    f"text_config.{key} lists layers {bad}, which are not compressed backbone layers; a source "
+                    f"must be one of layers {spans(valid) or '(none: no layer is compressed)'}, the layers in "
+                    f"0..{n - 1} (num_hidden_layers={n}) whose compress_ratios entry is not 0 (compress_ratios "
+                    f"{list(self.compress_ratios)})."
+                )
         if self.candidates_on:
             c = self.candidate_source_layer_id
             if c not in idx_src:
@@ -325,6 +330,7 @@ def field_problems(raw: dict[str, Any]) -> list[str]:
     sizes = text.get("engram_num_embeddings", [])
     if not (isinstance(sizes, list) and all(_int(x) and x >= 1 for x in sizes)):
         out.append(f"text_config.engram_num_embeddings must be a list of positive integers, got {sizes!r}")
+    out += size_problems(text, (*POSITIVE_INT, *NON_NEGATIVE_INT))
     out += _rope_problems(text.get("rope_scaling") or text.get("rope_parameters"))
     out += _quant_problems(raw, text)
     if out:

@@ -30,7 +30,8 @@ from transformer_lens.hook_points import HookPoint
 
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.protocol import HookContext, hook_context
-from phaselens.core.errors import CheckpointError, InputError, PhaseGeometryError
+from phaselens.contract.strides import check_stride
+from phaselens.core.errors import CheckpointError, InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v41.block import Block
 from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
@@ -122,10 +123,9 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         self.norm = RMSNorm(D, config.rms_norm_eps, dtype)
         self.head = nn.Linear(D, V, bias=False, dtype=ct)
         strides = sorted({r.ratio for r in self.roles if r.ratio >= 2})
-        if analysis_stride is not None and analysis_stride not in strides:
-            raise PhaseGeometryError(
-                f"analysis_stride={analysis_stride!r} is not a compression ratio of this model ({strides})."
-            )
+        if analysis_stride is not None:  # the one rule for strides (phaselens.contract.strides)
+            analysis_stride = check_stride(analysis_stride, strides, option="analysis_stride",
+                                           what="this DeepSeek-V4.1 model")
         self._stride = analysis_stride or (strides[0] if strides else 1)
         self._metadata: dict[str, Any] = dict(metadata or {})
         self._warned: set[str] = set()

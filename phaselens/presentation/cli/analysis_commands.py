@@ -18,6 +18,7 @@ from phaselens.presentation.cli.base import (
     check_out,
     friendly_errors,
     main_rank,
+    require_default_task,
     say,
     write_csv,
 )
@@ -87,6 +88,8 @@ def eval_cmd(
         else:
             m, fold = _load_for_phases(model, stride), stride
         items = opts.preset(opts_tokenizer(opts), model) if task is not None and not is_url(model) else None
+        if items is None:  # a run folder or a transformers checkpoint: the fix in the command line's words
+            require_default_task(m, model, "eval", task_option=True)
         ev = evaluate(m, items, n_per_residue=n, seed=seed, progress=progress, stride=fold,
                                 checkpoint=checkpoint)
     say(ev.summary())
@@ -113,7 +116,8 @@ def record_cmd(
 
     path = check_out(out, kind="file", force=force)
     with _label(model):
-        rec = record(_load(model), n_per_residue=n_per_residue, seed=seed, progress=progress)
+        m = require_default_task(_load(model), model, "record", task_option=False)
+        rec = record(m, n_per_residue=n_per_residue, seed=seed, progress=progress)
     say(repr(rec))
     if path and main_rank():
         write_csv(rec.to_frame(), path, force=force)
@@ -165,13 +169,15 @@ def map_cmd(
 
     kind_tuple = _parse_kinds(kinds)
     if plan:
-        say(repr(specialization_map(_load_for_phases(model, stride), method=method,
+        m = require_default_task(_load_for_phases(model, stride), model, "map", task_option=False)
+        say(repr(specialization_map(m, method=method,
                                                      n_per_residue=n_per_residue, seed=seed, kinds=kind_tuple,
                                                      stride=stride, plan=True)))
         return
     path = check_out(out, kind="file", force=force)
     with _label(model):
-        pm = specialization_map(_load_for_phases(model, stride), method=method, n_per_residue=n_per_residue, seed=seed,
+        m = require_default_task(_load_for_phases(model, stride), model, "map", task_option=False)
+        pm = specialization_map(m, method=method, n_per_residue=n_per_residue, seed=seed,
                                           kinds=kind_tuple, stride=stride, checkpoint=checkpoint, progress=progress)
     say(repr(pm))
     if "head" in kind_tuple:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -78,10 +78,10 @@ def one_line(err: BaseException) -> str:
     return " ".join(str(err).split())
 
 
-def as_phaselens_error(err: BaseException) -> PhaseLensError:
+def as_phaselens_error(err: BaseException, options: Iterable[str] | None = None) -> PhaseLensError:
     """Any error a command meets, as a :class:`PhaseLensError` that says what happened in words: the OS's
-    refusals (a full disk, a permission, a name too long), memory, numbers too large; anything else is an
-    internal error to report."""
+    refusals (a full disk, a permission, a name too long), memory (naming the command's own size options among
+    ``options``, its option names), numbers too large; anything else is an internal error to report."""
     import errno
 
     from phaselens.core.errors import OutputError, ResourceError
@@ -99,8 +99,9 @@ def as_phaselens_error(err: BaseException) -> PhaseLensError:
             "from its last checkpoint.")
     if isinstance(err, MemoryError) or _out_of_memory(err):
         said = f" ({err})" if str(err) else ""
-        return ResourceError(f"ran out of memory{said}; use a smaller --n-per-residue (or --batch-size), or free "
-                             "memory first.")
+        sizes = [o for o in SIZE_OPTIONS if o in (options or ())]  # the running command's own options only
+        use = f"a smaller {' or '.join(sizes[:2])}" if sizes else "smaller sizes (fewer items, smaller batches)"
+        return ResourceError(f"ran out of memory{said}; use {use}, or free memory first.")
     if isinstance(err, OSError):
         writing = (errno.ENOSPC, getattr(errno, "EDQUOT", -1), errno.EROFS, errno.EACCES, errno.EPERM,
                    errno.ENAMETOOLONG)
@@ -109,6 +110,33 @@ def as_phaselens_error(err: BaseException) -> PhaseLensError:
         return InputError(f"a number is too large for this computation ({err}); use a smaller value.")
     return PhaseLensError(f"internal error ({type(err).__name__}: {err}); rerun with --debug to see the traceback, "
                           "and please report it.")
+
+
+# options that size a command's work, most telling first: an out-of-memory message names those its command has
+SIZE_OPTIONS = ("--n-per-residue", "--batch-size", "--items", "--item-batch", "--batch", "--context",
+                "--map-context", "--records", "--length")
+
+
+def command_options(fn: Callable[..., Any]) -> set[str]:
+    """The option names (``--n-per-residue``, ...) of the typer command function ``fn``, read from its
+    annotations (an option without declared names is ``--`` and its parameter's name with dashes)."""
+    import typing
+
+    from typer.models import OptionInfo
+
+    out: set[str] = set()
+    try:
+        hints = typing.get_type_hints(fn, include_extras=True)
+    except Exception:  # noqa: BLE001 (called while reporting another error: never mask it)
+        return out
+    for name, hint in hints.items():
+        for info in getattr(hint, "__metadata__", ()):
+            if isinstance(info, OptionInfo):
+                # typer takes Option("--json") in Annotated as the declaration, kept as its first argument
+                given = [info.default, *(info.param_decls or ())]
+                decls = [d for d in given if isinstance(d, str) and d.startswith("--")]
+                out.update(d.split("/")[0] for d in decls or [f"--{name.replace('_', '-')}"])
+    return out
 
 
 def _lost_peer(err: BaseException) -> bool:
@@ -144,7 +172,7 @@ def friendly_errors(fn: F) -> F:
         except Exception as err:
             if _state["debug"]:
                 raise
-            _report(as_phaselens_error(err))
+            _report(as_phaselens_error(err, command_options(fn)))
             raise typer.Exit(3) from None
 
     return wrapper  # type: ignore[return-value]
@@ -296,11 +324,11 @@ def main(
         init_from_env(gpus_per_replica)
 
 
-def _load(model: str) -> Any:
+def _load(model: str, **kwargs: Any) -> Any:
     from phaselens.models.sources import load
 
     if _world_env()[1] <= 1:
-        return load(model)
+        return load(model, **kwargs)
     from phaselens.runtime.replicas import rank_device, replica_gpus
 
     k = int(_state["gpus_per_replica"])
@@ -309,17 +337,41 @@ def _load(model: str) -> Any:
         from phaselens.models.sources import meta_model
         from phaselens.runtime.replicas import replica_device_map
 
-        return load(model, device_map=replica_device_map(meta_model(model[3:]), replica_gpus(k)))
-    return load(model, device=device)
+        return load(model, device_map=replica_device_map(meta_model(model[3:]), replica_gpus(k)), **kwargs)
+    return load(model, device=device, **kwargs)
 
 
 def _load_for_phases(model: str, stride: int | None) -> Any:
-    """Load ``model``; a model without compressed layers needs ``--stride`` to fold residues into phases."""
-    m = _load(model)
-    if stride is None and not m.dims.black_box and all(s is None for s in m.dims.phase_specs):
+    """Load ``model``; a model without compressed layers needs ``--stride`` to fold residues into phases (a
+    transformers causal LM, ``hf:DIR``, is adapted at it: the one rule for strides)."""
+    from phaselens.models.sources import is_causal_lm_dir
+
+    causal = is_causal_lm_dir(model)
+    m = None if causal and stride is None else _load(model, stride=stride) if causal else _load(model)
+    if stride is None and (m is None or not m.dims.black_box and all(s is None for s in m.dims.phase_specs)):
         raise InputError(f"{model} has no compressed layers, so it has no stride to fold residues by: pass "
                          "--stride S (the stride of the compressed model you compare it with, e.g. --stride 4).")
     return m
+
+
+def require_default_task(m: Any, model: str, command: str, *, task_option: bool) -> Any:
+    """``m``, or a :class:`NoDefaultTaskError` in the command line's words when it has no default task (the
+    Python API's message would ask for a task object): ``--task`` and its presets where the command has it."""
+    if getattr(m, "default_task", None) is not None:
+        return m
+    from phaselens.core.errors import NoDefaultTaskError
+    from phaselens.tasks.presets import PRESETS
+
+    names = " or ".join(f"--task {name}" for name in PRESETS)
+    if task_option:
+        raise NoDefaultTaskError(
+            f"{model} has no default task, so `phaselens {command}` needs one: pass {names} (a preset built from a "
+            f"tokenizer, so also --tokenizer PATH), e.g. `phaselens {command} {model} --task {next(iter(PRESETS))} "
+            "--tokenizer /data/tokenizer-dir`.")
+    raise NoDefaultTaskError(
+        f"{model} has no default task, and `phaselens {command}` runs a model's default task (it has no --task "
+        f"option): run it on a model that has one (a zoo model), or evaluate this one with `phaselens eval {model} "
+        f"{names.split(' or ')[0]} --tokenizer PATH`.")
 
 
 def _label(model: str) -> Any:

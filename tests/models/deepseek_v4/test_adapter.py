@@ -78,8 +78,9 @@ def test_geometry_follows_a_different_layer_order_and_rates():
 
 def test_analysis_stride_choice(v4):
     assert from_hf(v4, analysis_stride=16).analysis_spec == PhaseSpec(16)
+    assert from_hf(v4, analysis_stride=8).analysis_spec == PhaseSpec(8)  # a multiple of 4 refines its phases
     with pytest.raises(PhaseGeometryError, match=r"strides \[4, 16\]"):
-        from_hf(v4, analysis_stride=8)
+        from_hf(v4, analysis_stride=6)  # mixes the stride-4 phases (the one rule: phaselens.contract.strides)
 
 
 # ---- refusals ----------------------------------------------------------------------------------------
