@@ -7,7 +7,7 @@ Four routes, one module each:
   (:mod:`.completions`): lm-eval's ``local-completions`` with phaselens' exactness rules, as
   ``phaselens-completions``. :func:`register` adds both names to lm-eval's model registry (lm-eval 0.4.13 has
   no plugin hook: ``phaselens lm-eval run ...`` registers them, then runs lm-eval's own command line).
-* :func:`stratify` (:mod:`.stratify`): a phase-stratified variant of any lm-eval task: each document ``M``
+* :func:`stratify` (:mod:`.stratification`): a phase-stratified variant of any lm-eval task: each document ``M``
   times, its context shifted by ``k = 0..M-1`` filler tokens of prefix padding, token-exact with the model's
   tokenizer, each sample's residue recorded in its document (so ``--log_samples`` carries it).
 * :func:`export_task` (:mod:`.export`): phaselens' phase-controlled tasks (the needle, key-value recall, the
@@ -28,11 +28,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.integrations.lm_eval.model": ("PhaseLensLM",),
     "phaselens.integrations.lm_eval.completions": ("PhaseCompletions",),
     "phaselens.integrations.lm_eval.filler": ("Filler", "choose_filler"),
-    "phaselens.integrations.lm_eval.stratify": ("PHASE_KEY", "StratifiedTask", "stratify", "write_stratified"),
+    "phaselens.integrations.lm_eval.stratification": ("PHASE_KEY", "StratifiedTask", "stratify", "write_stratified"),
     "phaselens.integrations.lm_eval.export": ("export_task",),
-    "phaselens.integrations.lm_eval.samples": ("read_samples", "sample_items"),
+    "phaselens.integrations.lm_eval.samples": ("read_all", "read_samples", "sample_items"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+_NEEDS_LM_EVAL = ("model", "completions")
 
 if TYPE_CHECKING:
     from phaselens.integrations.lm_eval.completions import PhaseCompletions
@@ -40,13 +41,22 @@ if TYPE_CHECKING:
     from phaselens.integrations.lm_eval.filler import Filler, choose_filler
     from phaselens.integrations.lm_eval.harness import MODEL_NAMES, register, require_lm_eval, run_cli
     from phaselens.integrations.lm_eval.model import PhaseLensLM
-    from phaselens.integrations.lm_eval.samples import read_samples, sample_items
-    from phaselens.integrations.lm_eval.stratify import PHASE_KEY, StratifiedTask, stratify, write_stratified
+    from phaselens.integrations.lm_eval.samples import read_all, read_samples, sample_items
+    from phaselens.integrations.lm_eval.stratification import (
+        PHASE_KEY,
+        StratifiedTask,
+        stratify,
+        write_stratified,
+    )
 
 
 def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module 'phaselens.integrations.lm_eval' has no attribute {name!r}")
+    if _WHERE[name].rsplit(".", 1)[-1] in _NEEDS_LM_EVAL:  # subclasses of lm-eval's classes: say what to install
+        from phaselens.integrations.lm_eval.harness import require_lm_eval
+
+        require_lm_eval()
     value = getattr(_importlib.import_module(_WHERE[name]), name)
     globals()[name] = value
     return value
@@ -57,5 +67,5 @@ def __dir__() -> list[str]:
 
 
 __all__ = ["MODEL_NAMES", "PHASE_KEY", "Filler", "PhaseCompletions", "PhaseLensLM", "StratifiedTask", "choose_filler",
-           "export_task", "read_samples", "register", "require_lm_eval", "run_cli", "sample_items", "stratify",
+           "export_task", "read_all", "read_samples", "register", "require_lm_eval", "run_cli", "sample_items", "stratify",
            "write_stratified"]

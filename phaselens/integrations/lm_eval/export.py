@@ -72,9 +72,13 @@ def export_task(task: Any = None, out: str | os.PathLike = "lm_eval_tasks", *, m
         task = getattr(model, "default_task", None)
         if task is None:
             raise TaskError("export_task needs a task (or a model with a default task).")
-    spec = _spec(model, spec, stride)
-    batch = task if hasattr(task, "frame") and hasattr(task, "tokens") else \
-        task.build(spec, n_per_residue=int(n_per_residue), residues=residues, seed=int(seed))
+    if hasattr(task, "frame") and hasattr(task, "tokens"):  # a prepared TaskBatch: its own geometry
+        if spec is not None or stride is not None:
+            raise InputError("a prepared TaskBatch carries its geometry (batch.spec); pass no spec or stride.")
+        batch = task
+    else:
+        batch = task.build(_spec(model, spec, stride), n_per_residue=int(n_per_residue), residues=residues,
+                           seed=int(seed))
     kind = str(getattr(batch, "task", "") or "task").split("/")[0]
     name = name or NAMES.get(kind, f"phaselens_{kind}")
     if not name.replace("_", "").replace("-", "").isalnum():

@@ -40,15 +40,22 @@ def make_filler(tok: Any, text: str) -> Filler:
     """``text`` as a filler unit of ``tok``: one token, repeated without merging; else a PaddingError."""
     if not isinstance(text, str) or not text:
         raise PaddingError(f"the filler must be a non-empty string, got {text!r}.")
+    reason = None
     try:
         return Filler(text, int(unit_id(tok, text)), tokenizer_name(tok))
     except PaddingError as err:
-        raise PaddingError(f"the filler {text!r} cannot pad contexts token-exactly with the tokenizer "
-                           f"{tokenizer_name(tok)}: {err} Choose another filler (filler='auto' tries "
-                           f"{', '.join(map(repr, CANDIDATES))}).") from None
+        reason = str(err)
     except Exception as err:  # noqa: BLE001 - tokenizers raises a bare Exception for a word outside its vocabulary
-        raise PaddingError(f"the filler {text!r} is not text the tokenizer {tokenizer_name(tok)} can encode ({err}); "
-                           "choose a filler from its vocabulary (the zoo's words are 't5 ', 't100 ', ...).") from None
+        reason = f"the tokenizer cannot encode it ({str(err)[:60]}; a word-level vocabulary needs one of its words, e.g. 't100 ')"
+    raise _refusal(text, tok, reason)
+
+
+def _refusal(text: str, tok: Any, reason: str) -> PaddingError:
+    err = PaddingError(f"the filler {text!r} cannot pad contexts token-exactly with the tokenizer "
+                       f"{tokenizer_name(tok)}: {reason.rstrip('.')}. Choose another filler (filler='auto' tries "
+                       f"{', '.join(map(repr, CANDIDATES))}).")
+    err.reason = reason.rstrip(".")  # type: ignore[attr-defined]
+    return err
 
 
 def check_shift(tok: Any, filler: Filler, context: str, shifts: Iterable[int], *, base: Sequence[int] | None = None
@@ -64,11 +71,13 @@ def check_shift(tok: Any, filler: Filler, context: str, shifts: Iterable[int], *
         want = [filler.id] * k + ids
         if got != want:
             at = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-            raise PaddingError(
+            err = PaddingError(
                 f"the filler {filler.text!r} does not pad this context token-exactly with the tokenizer "
                 f"{filler.tokenizer}: {k} unit(s) in front of {context[:40]!r} encode to {got[max(0, at - 2):at + 3]} "
                 f"at slot {at}, not {want[max(0, at - 2):at + 3]} (the unit merges with the context's first "
                 "characters). Choose another filler, e.g. one ending in a space or a newline, or filler='auto'.")
+            err.reason = f"merges with the start of {context[:20]!r}"  # type: ignore[attr-defined]
+            raise err
     return ids
 
 
@@ -88,7 +97,7 @@ def choose_filler(tok: Any, filler: str, contexts: Sequence[str], shifts: Sequen
                 check_shift(tok, unit, context, shifts)
             return unit
         except PaddingError as err:
-            reasons.append(f"{text!r}: {str(err).split(':', 1)[-1].strip()[:90]}")
+            reasons.append(f"{text!r} ({getattr(err, 'reason', err)})")
     raise PaddingError(f"no filler pads this task's contexts token-exactly with the tokenizer {tokenizer_name(tok)}; "
                        f"tried {'; '.join(reasons)}. Pass filler='...' with a unit that is one token of this "
                        "tokenizer and stays apart from the text after it.")

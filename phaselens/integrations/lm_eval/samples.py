@@ -55,6 +55,8 @@ def read_samples(source: Any, *, task: str | None = None, filter: str | None = N
     from phaselens.analyses.evaluation import eval_from_items
 
     samples, name, config, where = _load(source, task)
+    if not samples:
+        raise InputError(f"no samples to read in {where}: run lm-eval with --log_samples.")
     samples = _one_filter(samples, filter, name)
     items, geometry, info = sample_items(samples, metric=metric)
     _check_backend(config, info)
@@ -299,3 +301,23 @@ def _pick(names: list[str], task: str | None) -> str:
 
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
+
+
+def read_all(source: Any, **options: Any) -> dict[str, Any]:
+    """Every phaselens task in ``source`` (lm-eval's output folder, a samples file or ``simple_evaluate``'s result)
+    read back: ``{task: PhaseEval}``, in name order; tasks whose samples carry no phaselens record are skipped."""
+    if isinstance(source, Mapping) and "samples" in source:
+        names = sorted(source["samples"])
+    elif isinstance(source, str | os.PathLike) and Path(source).expanduser().is_dir():
+        names = sorted({_task_of(f) for f in Path(source).expanduser().rglob("samples_*.jsonl")})
+    else:
+        return {_load(source, None)[1]: read_samples(source, **options)}
+    out = {}
+    for name in names:
+        samples = _load(source, name)[0]
+        if samples and isinstance((samples[0].get("doc") or {}).get(PHASE_KEY), Mapping):
+            out[name] = read_samples(source, task=name, **options)
+    if not out:
+        raise TaskError(f"no task in {source if not isinstance(source, Mapping) else 'the result'} carries phaselens "
+                        "records: read back tasks exported or stratified by phaselens, run with --log_samples.")
+    return out

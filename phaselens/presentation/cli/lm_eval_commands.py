@@ -72,7 +72,7 @@ def stratify_cmd(
 
     Example: phaselens lm-eval stratify arc_easy --tokenizer /data/model --stride 4 --out tasks/
     """
-    from phaselens.integrations.lm_eval.stratify import write_stratified
+    from phaselens.integrations.lm_eval.stratification import write_stratified
 
     if tokenizer is None:
         raise InputError("stratify needs --tokenizer: the filler must be one token of the model's tokenizer.")

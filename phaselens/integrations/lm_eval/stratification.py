@@ -239,7 +239,7 @@ def write_stratified(task: str, out: str | os.PathLike, *, tokenizer: str | os.P
     lines = [f"# The phase-stratified variant of {base}, written by phaselens (docs/lm_eval.md): every document",
              f"# {design.modulus} times, behind k = 0..{design.modulus - 1} filler tokens of prefix padding.",
              f"task: {json.dumps(values['task'])}",
-             "class: !function phaselens.integrations.lm_eval.stratify.StratifiedTask"]
+             "class: !function phaselens.integrations.lm_eval.stratification.StratifiedTask"]
     lines += [f"{k}: {json.dumps(v)}" for k, v in values.items() if k != "task" and v is not None]
     folder = Path(out).expanduser()
     folder.mkdir(parents=True, exist_ok=True)
