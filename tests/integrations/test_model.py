@@ -91,13 +91,16 @@ def test_every_in_process_kind_scores_as_its_own_forward(kind, tmp_path):
         # float64 end to end on a transformers causal LM; the other kinds compute in float32 (another batch shape)
         assert logp == pytest.approx(float(want.sum()), abs=1e-9 if kind == "causal_lm" else 1e-5)
         assert greedy == bool((rows.argmax(-1) == torch.tensor(cont)).all())
-    out = lm.generate_until([Instance("generate_until", {}, (words(reqs[0][0]), {"until": [], "max_gen_toks": 3}), 0)],
-                            disable_tqdm=True)
-    seq = torch.tensor([[1, *reqs[0][0]]])
-    for _ in range(3):  # greedy decoding by hand
-        with torch.no_grad():
-            seq = torch.cat([seq, model(seq, logits="query", query_len=1)[:, -1:].argmax(-1)], 1)
-    assert out == [words(seq[0, -3:])]
+    # prompts of 5, 9, 9 and 14 tokens decoded in one right-padded batch, each as by hand alone
+    prompts = [ctx for ctx, _ in reqs[::2]]
+    out = lm.generate_until([Instance("generate_until", {}, (words(p), {"until": [], "max_gen_toks": 3}), 0)
+                             for p in prompts], disable_tqdm=True)
+    for prompt, text in zip(prompts, out):
+        seq = torch.tensor([[1, *prompt]])
+        for _ in range(3):
+            with torch.no_grad():
+                seq = torch.cat([seq, model(seq, logits="query", query_len=1)[:, -1:].argmax(-1)], 1)
+        assert text == lm.tok_decode(seq[0, -3:].tolist())  # special tokens skipped, as lm-eval's hf model does
 
 
 def test_lm_eval_finds_the_phaselens_models_by_name_and_keeps_its_own():

@@ -1,13 +1,14 @@
 """Greedy decoding over the model contract's forward, for lm-eval's ``generate_until``.
 
-Prompts of one length share a batch, so no prompt is padded (left padding would move every token to another
-slot, another phase). Each step is one forward that unembeds only the last row (``logits="query"``); rows
-that met a stop string, the end-of-text token or their budget leave the batch.
+Prompts are batched right-padded: every prompt starts at slot 0 (left padding would move every token to another
+slot, another phase), and a causal model's row never sees the padding after it. Each step is one forward of the
+batch that unembeds only the rows it reads (each prompt's current last position, ``logits="query"``); the new
+token is written right after each prompt's own end. Rows that met a stop string, the end-of-text token or their
+budget leave the batch.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from typing import Any
 
 import torch
@@ -24,16 +25,13 @@ def greedy_decode(model: Any, tokens: Any, jobs: list[tuple[list[int], list[str]
     """The greedy continuation of each job ``(prompt ids, stop strings, budget)`` as text (special tokens
     skipped, cut at the end-of-text token; the caller cuts at the stop strings). ``tokens`` is a
     :class:`~phaselens.integrations.lm_eval.tokens.TokenizerView`."""
-    by_length: dict[int, list[int]] = defaultdict(list)
-    for i, (ids, _, _) in enumerate(jobs):
-        by_length[len(ids)].append(i)
+    order = sorted(range(len(jobs)), key=lambda i: -len(jobs[i][0]))  # similar lengths share a batch
     generated: list[list[int]] = [[] for _ in jobs]
     bar = tqdm(total=len(jobs), desc="phaselens generate_until", disable=disable)
-    for _, members in sorted(by_length.items(), reverse=True):
-        for start in range(0, len(members), batch_size):
-            rows = members[start:start + batch_size]
-            _decode_rows(model, tokens, jobs, rows, generated, device)
-            bar.update(len(rows))
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        _decode_rows(model, tokens, jobs, rows, generated, device)
+        bar.update(len(rows))
     bar.close()
     out = []
     for ids in generated:
@@ -45,26 +43,27 @@ def greedy_decode(model: Any, tokens: Any, jobs: list[tuple[list[int], list[str]
 
 def _decode_rows(model: Any, tokens: Any, jobs: list[tuple[list[int], list[str], int]], rows: list[int],
                  generated: list[list[int]], device: Any) -> None:
-    """Decode the jobs ``rows`` (prompts of one length) together, appending to ``generated``."""
-    seqs = torch.tensor([jobs[i][0] for i in rows], dtype=torch.long, device=device)
-    active = list(range(len(rows)))
-    for _ in range(max(jobs[i][2] for i in rows)):
-        live = torch.tensor(active, device=device)
-        current = seqs[live]
-        query = torch.full((len(active),), current.shape[1] - 1, dtype=torch.long, device=device)
-        nxt = model_logits(model, current, query)[:, -1].argmax(-1)
-        grown = torch.cat([seqs, torch.full((len(rows), 1), tokens.pad_id, dtype=torch.long, device=device)], 1)
-        grown[live, -1] = nxt
-        seqs = grown
-        still = []
-        for a, token in zip(active, nxt.tolist()):
-            job = rows[a]
+    """Decode the jobs ``rows`` together (right-padded), appending to ``generated``."""
+    ends = torch.tensor([len(jobs[i][0]) for i in rows])
+    width = int((ends + torch.tensor([jobs[i][2] for i in rows])).max())
+    seqs = torch.full((len(rows), width), tokens.pad_id, dtype=torch.long)
+    for r, i in enumerate(rows):
+        seqs[r, : len(jobs[i][0])] = torch.tensor(jobs[i][0])
+    active = torch.arange(len(rows))
+    while len(active):
+        upto = int(ends[active].max())
+        logits = model_logits(model, seqs[active, :upto].to(device), (ends[active] - 1).to(device))
+        at = (ends[active] - 1 - (upto - logits.shape[1])).to(logits.device)
+        nxt = logits[torch.arange(len(active), device=logits.device), at].argmax(-1).cpu()
+        seqs[active, ends[active]] = nxt
+        ends[active] += 1
+        keep = []
+        for r, token in zip(active.tolist(), nxt.tolist()):
+            job = rows[r]
             generated[job].append(int(token))
             if not _finished(tokens, generated[job], jobs[job][1], jobs[job][2]):
-                still.append(a)
-        active = still
-        if not active:
-            return
+                keep.append(r)
+        active = torch.tensor(keep, dtype=torch.long)
 
 
 def _finished(tokens: Any, ids: list[int], stops: list[str], budget: int) -> bool:
