@@ -73,6 +73,37 @@ def test_stratified_generation_through_transformers_serve_equals_hf(served, tmp_
         evaluate(wrong, [stratify(str(tasks / "tiny_gen.yaml"), tokenizer=tok, stride=S)])
 
 
+def test_token_id_replies_are_counted_and_long_prompts_refused_before_any_request(tmp_path):
+    """With token ids (vLLM, SGLang) every reply's usage.prompt_tokens must equal the ids sent (a server that
+    changed them is refused), the BOS goes first as the tokenizer puts it, and a prompt that lm-eval would
+    left-truncate is refused before anything is sent (no server runs here: nothing is requested)."""
+    from lm_eval.api.instance import Instance
+
+    from phaselens.core.errors import ContextLengthError, InputError, ServerError
+
+    bpe_tokenizer().save_pretrained(tmp_path / "tok")
+    lm = PhaseCompletions(base_url="http://127.0.0.1:9/v1/completions", model="m", tokenizer=str(tmp_path / "tok"),
+                          max_length=64, max_gen_toks=8)
+    ids = lm.tok_encode("Records: cat: Anna.", add_special_tokens=lm.add_bos_token)
+    assert lm.add_bos_token and ids[0] == bpe_tokenizer().bos_token_id
+    lm.check_usage({"usage": {"prompt_tokens": len(ids)}}, [ids])  # the ids sent: accepted
+    lm.check_usage([{"usage": {"prompt_tokens": 3}}, {"usage": {"prompt_tokens": 4}}], [[1, 2, 3], [1, 2, 3, 4]])
+    with pytest.raises(TokenizerMismatchError, match="it changed the token ids it was sent"):
+        lm.check_usage({"usage": {"prompt_tokens": len(ids) + 1}}, [ids])
+    long = "Records:" + " cat: Anna." * 40
+    with pytest.raises(ContextLengthError, match="lm-eval would drop its first tokens"):
+        lm.generate_until([Instance("generate_until", {}, (long, {"until": ["."]}), 0)])
+    text = PhaseCompletions(base_url="http://127.0.0.1:9/v1/completions", model="m", tokenizer=str(tmp_path / "tok"),
+                            tokenized_requests=False)
+    with pytest.raises(ServerError, match="returned no usage.prompt_tokens"):
+        text.check_usage({"choices": [{"text": "x"}]}, [[1, 2]])
+    with pytest.raises(InputError, match="num_concurrent=1"):
+        PhaseCompletions(base_url="http://127.0.0.1:9/v1/completions", model="m", tokenizer=str(tmp_path / "tok"),
+                         tokenized_requests=False, num_concurrent=4)
+    with pytest.raises(InputError, match="needs tokenizer=DIR"):
+        PhaseCompletions(base_url="http://127.0.0.1:9/v1/completions", model="m")
+
+
 needs_gpu_engine = pytest.mark.skipif(
     not torch.cuda.is_available() or not any(importlib.util.find_spec(e) for e in ("vllm", "sglang")),
     reason="vLLM and SGLang run on a CUDA GPU; this machine has none (or neither engine is installed)")
