@@ -31,6 +31,7 @@ from phaselens.core.errors import InputError, NotApplicableError, ResidueError, 
 from phaselens.integrations.lm_eval.filler import Filler, check_shift, choose_filler
 from phaselens.integrations.lm_eval.harness import require_lm_eval
 from phaselens.integrations.lm_eval.tokens import load_any_tokenizer
+from phaselens.runtime.files import write_owned_file
 from phaselens.tasks.text import special_prefix
 
 PHASE_KEY = "phaselens"  # the key of each variant's record in its document
@@ -217,13 +218,14 @@ class StratifiedTask:
 def write_stratified(task: str, out: str | os.PathLike, *, tokenizer: str | os.PathLike, stride: int,
                      modulus: int | None = None, filler: str = "auto", origin: int = 0,
                      prefix_tokens: int | None = None, name: str | None = None,
-                     include_path: str | os.PathLike | None = None) -> Path:
+                     include_path: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
     """Write ``OUT/<name>.yaml``: the stratified variant of ``task`` as an lm-eval task for ``--include_path``.
 
     The task is stratified once here, so a filler that is not token-exact is refused now, and ``"auto"`` is
     written down as the unit it chose. ``tokenizer`` is a path or ``zoo:NAME`` (the YAML names it). Returns the
     file's path. Run it with ``lm_eval --tasks <name> --include_path OUT ...`` (phaselens must be importable
-    there: the YAML's ``class`` is :class:`StratifiedTask`).
+    there: the YAML's ``class`` is :class:`StratifiedTask`). The file is written atomically; a file of that name
+    phaselens did not write is kept unless ``overwrite``.
     """
     if not isinstance(tokenizer, str | os.PathLike):
         raise InputError("write_stratified needs the tokenizer as a path or zoo:NAME (the YAML names it).")
@@ -241,11 +243,10 @@ def write_stratified(task: str, out: str | os.PathLike, *, tokenizer: str | os.P
              f"task: {json.dumps(values['task'])}",
              "class: !function phaselens.integrations.lm_eval.stratification.StratifiedTask"]
     lines += [f"{k}: {json.dumps(v)}" for k, v in values.items() if k != "task" and v is not None]
-    folder = Path(out).expanduser()
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{strat.task_name}.yaml"
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    path = Path(out).expanduser().resolve() / f"{strat.task_name}.yaml"
+    text = "\n".join(lines) + "\n"
+    return write_owned_file(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), by="lm-eval stratify",
+                            overwrite=overwrite, force_hint="overwrite=True (--force)")
 
 
 def _count(name: str, value: Any, low: int = 1) -> int:

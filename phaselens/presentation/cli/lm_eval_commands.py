@@ -66,6 +66,7 @@ def stratify_cmd(
     include_path: Annotated[str | None, typer.Option("--include-path", metavar="DIR",
                                                      help="Where TASK's own YAML lives, if not in lm-eval.")] = None,
     name: Annotated[str | None, typer.Option(metavar="NAME", help="The task's name (default <task>_phase<S>).")] = None,
+    force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
 ) -> None:
     """Write a phase-stratified variant of an lm-eval task: every document M times, behind k = 0..M-1 filler
     tokens, each sample's residue recorded.
@@ -77,7 +78,8 @@ def stratify_cmd(
     if tokenizer is None:
         raise InputError("stratify needs --tokenizer: the filler must be one token of the model's tokenizer.")
     path = write_stratified(task, out, tokenizer=tokenizer, stride=stride, modulus=modulus, filler=filler,
-                            origin=origin, prefix_tokens=prefix_tokens, name=name, include_path=include_path)
+                            origin=origin, prefix_tokens=prefix_tokens, name=name, include_path=include_path,
+                            overwrite=force)
     say(f"wrote {path}; run it with: lm_eval --tasks {path.stem} --include_path {path.parent} ...")
 
 
