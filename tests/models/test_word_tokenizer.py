@@ -37,6 +37,10 @@ def test_a_zoo_model_loads_with_it(tmp_path):
     model = phaselens.load("zoo:w8s4")
     assert model.tokenizer("t3 t40")["input_ids"] == [1, 3, 40]
     assert model.to_tokens("t3 t40").tolist() == [[1, 3, 40]]
+    with pytest.raises(InputError, match="texts encode to \\[2, 3\\] tokens"):
+        model.to_tokens(["t3", "t3 t4"])  # no left padding: it would move every token's phase
+    with pytest.raises(InputError, match="has no tokenizer; set model.tokenizer"):
+        phaselens.CompressedTransformer(model.cfg).to_tokens("t3")  # a model built in code has none
     # saved and read back by transformers (what lm-eval's hf model and transformers serve read)
     from transformers import AutoTokenizer
 
