@@ -26,7 +26,7 @@ LAYERS = {
     "runtime": 4,
     "results": 5,
     "analyses": 6, "models": 6,
-    "train": 7,
+    "train": 7, "integrations": 7,
     "presentation": 8,
     "__init__": 9, "__main__": 9,
 }

@@ -288,6 +288,34 @@ The server's own compute is almost all of both sides, so the ratio is within the
 phaselens adds per request on a text-only server, decoding the ids and checking that they encode back, is
 {1000 * sv['text_round_trips_s'] / n:.0f} ms for a {tok:.0f}-token prompt; on vLLM and SGLang the prompt goes as ids and nothing is re-encoded.
 """)
+    le = load("bench_lm_eval")
+    if le:
+        rows = ["| task | model | plain s | stratified s | ratio | ratio / S | one document s | per-document ratio |",
+                "|---|---|---|---|---|---|---|---|"]
+        for r in le["rows"]:
+            rows.append(f"| {r['task'].removeprefix('bench_')} | `{r['model']}` | {f(r['plain_s'])} | {f(r['stratified_s'])} | "
+                        f"**{f(r['ratio'])}** | **{f(r['ratio_over_S'])}** | {f(r['one_document_s'])} | "
+                        f"{f(r['per_document_ratio'])} |")
+        worst = max(r["ratio_over_S"] for r in le["rows"])
+        parts.append(f"""## Phase stratification in lm-evaluation-harness
+`OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_lm_eval --docs {le['docs']} --repeats {len(le['rows'][0]['turns']['plain'])}` (lm-eval
+{le['lm_eval']}; {le['model']}; {le['docs']} lookup documents of {le['prompt_tokens_mean']:.0f} prompt tokens in lm-eval's
+standard format, multiple choice over 4 values and generation up to 4 tokens; batch size {le['batch_size']}; one torch
+thread, since two OpenMP threads on a busy 2-core machine stall each other). Each side is one `simple_evaluate`,
+task building included: the plain task against its stratified variant (S = {le['stride']}: every document {le['stride']}
+times, each context checked token-exact), on lm-eval's own `hf` model and on `phaselens`, in turns, best of
+each. Goal: about S times the plain run, at most 1.1 x S: the largest ratio / S here is **{f(worst)}**.
+
+{chr(10).join(rows)}
+
+A run costs about {f(min(r['one_document_s'] for r in le['rows']))} s whatever its size (one document: lm-eval's
+set-up, the environment it records, the metrics), so the whole-run ratio stays under S; what the documents
+themselves cost (the per-document ratio, the one-document run subtracted from both sides) is S times the plain
+task's, as it must be, the same forwards S times over: {f(min(r['per_document_ratio'] for r in le['rows']))} to
+{f(max(r['per_document_ratio'] for r in le['rows']))}, at most {f(max(r['per_document_ratio'] for r in le['rows']) / le['stride'])} x S. The token-exactness check (one encoding of each
+context per shift) is inside the stratified side. `phaselens` generates without a KV cache (one forward of the
+whole batch per new token, prompts right-padded), so its plain generation is slower than `hf`'s.
+""")
     rp = load("bench_report")
     if rp:
         parts.append(f"""## The report

@@ -149,6 +149,11 @@ class TokenizerMismatchError(PhaseLensError, ValueError):
     template): its answers would belong to other phases, so none is kept."""
 
 
+class MissingDependencyError(PhaseLensError, ImportError):
+    """An optional package a feature needs is not installed (lm-evaluation-harness for
+    :mod:`phaselens.integrations.lm_eval`); the message names what to install."""
+
+
 __all__ = [
     "BatchIndexError",
     "CacheError",
@@ -162,6 +167,7 @@ __all__ = [
     "HookNameError",
     "InputError",
     "LabelError",
+    "MissingDependencyError",
     "NoDefaultTaskError",
     "NonFiniteError",
     "NotApplicableError",

@@ -4,7 +4,9 @@ Each model lives in ``phaselens/zoo/<name>/`` as ``model.safetensors`` + ``confi
 default task) + ``card.json`` (training settings, loss curve, per-residue evaluation, battery, the sha256
 of the weights and of the config) + ``eval_batch.safetensors`` (a small fixed evaluation batch to re-check
 the card). Load with ``phaselens.load("zoo:NAME")``; both hashes are verified on every load, so an edited
-config or default task is refused like edited weights.
+config or default task is refused like edited weights. A loaded zoo model has a word-level tokenizer in which id
+``N`` is the word ``tN`` (:mod:`phaselens.models.word_tokenizer`), so text routes (lm-evaluation-harness) reach
+its ids exactly.
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ def load_zoo_model(name: str, *, device: str = "cpu") -> Any:
 
     e = entry(name)
     verify(e)
+    from phaselens.models.word_tokenizer import word_tokenizer
+
     model = load_model(e.path, device=device)
     model.name = name
+    model.tokenizer = word_tokenizer(model.config.d_vocab)  # id N is the word "tN" (text routes: lm-eval)
     return model

@@ -36,12 +36,32 @@ def encode(tok: Any, text: str, *, special: bool = False) -> list[int]:
 def special_prefix(tok: Any) -> tuple[int, ...]:
     """The ids the tokenizer puts before the text (BOS, ...); trailing special tokens (EOS) are not kept."""
     probe = "x"
-    plain = encode(tok, probe)
+    try:
+        plain = encode(tok, probe)
+    except Exception:  # a word-level vocabulary without "x" (the zoo's tN words): probe with a word it has
+        probe = _vocabulary_word(tok)
+        plain = encode(tok, probe)
     full = encode(tok, probe, special=True)
     for i in range(len(full) - len(plain) + 1):
         if full[i : i + len(plain)] == plain:
             return tuple(full[:i])
     return ()
+
+
+def _vocabulary_word(tok: Any) -> str:
+    """The text of the first ordinary (non-special) token of the vocabulary that encodes back to itself."""
+    special = set(getattr(tok, "all_special_ids", ()) or ())
+    size = tok.get_vocab_size() if callable(getattr(tok, "get_vocab_size", None)) else len(tok)
+    for i in range(min(size, 4096)):
+        if i in special:
+            continue
+        text = tok.decode([i])
+        try:
+            if text.strip() and encode(tok, text) == [i]:
+                return text
+        except Exception:  # noqa: BLE001 - tokenizers raises a bare Exception for text it cannot encode
+            continue
+    raise TaskError("the tokenizer encodes none of its own first tokens back to themselves; pass prefix_ids=.")
 
 
 def token_id(tok: Any, token: str) -> int | None:

@@ -159,10 +159,14 @@ def test_tl_patching_runs_or_says_why(zoo, v4):
 # ---- tokenizer, generate -------------------------------------------------------------------------------
 def test_tokenizer_helpers_work_with_a_tokenizer_and_name_the_fix_without(zoo, v4, tmp_path):
     model, toks, _, _ = zoo
-    for m in (model, v4[0]):
-        for call in (lambda m=m: m.tokenizer, lambda m=m: m.to_str_tokens(toks[0]), lambda m=m: m.to_string(toks[0])):
-            with pytest.raises(InputError, match=r"model.tokenizer = "):
-                call()
+    m = v4[0]
+    for call in (lambda: m.tokenizer, lambda: m.to_str_tokens(toks[0]), lambda: m.to_string(toks[0])):
+        with pytest.raises(InputError, match=r"model.tokenizer = "):
+            call()
+    # the zoo's own tokenizer is word-level: id N is the word tN, BOS (t1) first, every id round-trips
+    assert model.to_str_tokens(torch.tensor([5, 7, 9])) == ["t5", "t7", "t9"]
+    assert model.tokenizer("t3 t40")["input_ids"] == [1, 3, 40]
+    assert model.tokenizer(model.to_string(toks[0]), add_special_tokens=False)["input_ids"] == toks[0].tolist()
     fresh = phaselens.load("zoo:w8s4")
     fresh.tokenizer = save_tokenizer(tmp_path / "tok", vocab=fresh.cfg.d_vocab)
     assert fresh.to_str_tokens(torch.tensor([5, 7, 9])) == ["t5", "t7", "t9"]

@@ -214,9 +214,19 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         return roll_offset_gates(self, delta)
 
     def to_tokens(self, tokens: Any, *args: Any, **kwargs: Any) -> Tensor:
-        """Token ids as a ``[batch, pos]`` long tensor. This model has no tokenizer: text is an error."""
-        if isinstance(tokens, str) or (isinstance(tokens, list) and tokens and isinstance(tokens[0], str)):
-            raise InputError("CompressedTransformer has no tokenizer; pass token ids as a [batch, pos] tensor.")
+        """Token ids as a ``[batch, pos]`` long tensor. Text (a string, or a list of strings of one token count)
+        is encoded by the model's tokenizer with its BOS (the zoo's: id N is the word ``tN``); without a
+        tokenizer, text is an error."""
+        texts = [tokens] if isinstance(tokens, str) else tokens
+        if isinstance(texts, list) and texts and all(isinstance(t, str) for t in texts):
+            if self.__dict__.get("_tl_tokenizer") is None:
+                raise InputError("this CompressedTransformer has no tokenizer; set model.tokenizer = tok, or pass "
+                                 "token ids as a [batch, pos] tensor.")
+            ids = [self.tokenizer(t)["input_ids"] for t in texts]
+            if len({len(i) for i in ids}) > 1:
+                raise InputError(f"the texts encode to {sorted({len(i) for i in ids})} tokens; pass texts of one "
+                                 "length (phaselens never pads on the left: it would move every token's phase).")
+            tokens = ids
         return self._check_tokens(torch.as_tensor(tokens))
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:

@@ -38,11 +38,15 @@ def report(
     records: so.RecordsOpt = 16000,
     length: so.LengthOpt = 131072,
     retries: so.RetriesOpt = 6,
+    lm_eval: Annotated[list[str] | None, typer.Option(
+        "--lm-eval", metavar="PATH", help="lm-eval --output_path folder (or samples file) of tasks phaselens exported "
+                                          "or stratified: each is read back and reported (repeatable; alone, the "
+                                          "report holds only these).")] = None,
 ) -> None:
     """Write the figure report: evaluation, battery, recordings, maps, gate cycling and repair (a served model:
     evaluation, battery and repair; the options for served models apply to every URL given).
 
-    Example: phaselens report w8s4 full --out report
+    Example: phaselens report w8s4 full --out report; with lm-eval's samples: phaselens report --lm-eval out/
     """
     from phaselens.presentation.reporting import ReportSettings
     from phaselens.presentation.reporting import report as build
@@ -55,5 +59,5 @@ def report(
                          "(http://HOST:PORT/v1); none was given.")
     settings = ReportSettings(n_eval=40, n_record=8, n_map=12, n_cycle=24, n_repair=24) if quick else ReportSettings()
     path = build(chosen or None, out, settings=settings, progress=progress, static=static, overwrite=force,
-                 command=" ".join(["phaselens", *sys.argv[1:]]))
+                 command=" ".join(["phaselens", *sys.argv[1:]]), lm_eval=lm_eval or None)
     say(f"report written to {path}/index.html")

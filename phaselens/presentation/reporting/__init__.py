@@ -36,6 +36,23 @@ def _resolve(model: Any) -> tuple[str, Any, str]:
     return name, model, ""
 
 
+def _lm_eval_results(sources: Any, seed: int) -> list[ModelResults]:
+    """lm-eval output read back, one evaluation-only entry per phaselens task (named ``lm-eval_<task>``)."""
+    import re
+
+    if sources is None:
+        return []
+    from phaselens.integrations.lm_eval.samples import read_all
+
+    out: list[ModelResults] = []
+    for source in _as_list(sources):
+        for task, ev in read_all(source, seed=seed).items():
+            name = "lm-eval_" + re.sub(r"[^A-Za-z0-9_.-]", "_", task)
+            out.append(ModelResults(name, None, f"lm-evaluation-harness samples of {task} ({ev.metadata['model']})",
+                                    False, eval=ev))
+    return out
+
+
 def _as_list(models: Any) -> list[Any]:
     """``models`` as a list: one name, path or model is a list of one (a string is never read letter by letter)."""
     import os
@@ -61,6 +78,7 @@ def report(
     static: bool = True,
     command: str | None = None,
     overwrite: bool = False,
+    lm_eval: Any = None,
 ) -> Path:
     """Build the report for ``models`` (zoo names, checkpoint paths, or model objects; one of them, or a list)
     into ``out``.
@@ -72,6 +90,11 @@ def report(
     ``out`` is checked before anything is computed: a file there, or a directory holding files other than a
     previous report, raises :class:`~phaselens.core.errors.OutputError`; ``overwrite=True`` (``--force``) writes
     into such a directory, replacing only the report's own files and keeping the others.
+
+    ``lm_eval``: lm-evaluation-harness output to include (a ``--output_path`` folder or a samples file, or a list
+    of them): every task in it that phaselens exported or stratified is read back
+    (:func:`phaselens.integrations.lm_eval.read_all`) and gets the evaluation's sections (accuracy by phase,
+    periodicity, the battery's numbers). With ``lm_eval`` and no ``models``, the report holds those alone.
 
     Example:
         >>> phaselens.report(out="report")  # doctest: +SKIP
@@ -85,7 +108,8 @@ def report(
     check_output_dir(out, REPORT, overwrite=overwrite)  # fail now, not after minutes of computing
     settings = settings or ReportSettings()
     t0 = time.time()
-    resolved = [_resolve(m) for m in (_as_list(models) or DEFAULT_MODELS)]
+    read_back = _lm_eval_results(lm_eval, settings.seed)  # read first: a bad path fails before minutes of work
+    resolved = [_resolve(m) for m in (_as_list(models) or (() if read_back else DEFAULT_MODELS))]
     seen: dict[str, int] = {}
     for i, (name, m, desc) in enumerate(resolved):  # unique names: they prefix the CSV files
         seen[name] = seen.get(name, 0) + 1
@@ -99,6 +123,7 @@ def report(
         with progress_label(name):  # the bars read "w8s4: evaluate", "full: map", ...
             results.append(compute_model(name, model, settings, stride=compare if control else None,
                                          progress=progress, description=desc, is_control=control))
+    results += read_back
     secs = sections(results)
     meta = {
         "command": command or "phaselens.report(" + ", ".join(repr(n) for n, _, _ in resolved) + f", out={str(out)!r})",
