@@ -7,7 +7,6 @@ from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
-import torch
 
 from phaselens.analyses.knockout_runs import engine_metrics, full_metrics
 from phaselens.analyses.knockouts import Calibration, Knockout, calibrate, check_method
@@ -330,8 +329,7 @@ class Map(Analysis[MapState]):
                                     ko_ld=ko_ld, n_bootstrap=o.n_bootstrap, seed=o.seed)
 
         cal = state.calibration
-        dtype = getattr(getattr(run.model, "cfg", None), "dtype", None)
-        fragile = cell_margins(np.stack([d[2] for d in parts]), dtype if isinstance(dtype, torch.dtype) else None)
+        fragile = cell_margins(np.stack([d[2] for d in parts]), run.model.dims.dtype)
         return PhaseMap(self._cells, effects(residue, run.modulus), effects(residue % run.stride, run.stride),
                         clean_correct, ko_correct, clean["logit_diff"].to_numpy(), ko_ld, residue,
                         run.stride, run.modulus, self.method, run.model.dims.n_layers, run.model.dims.n_heads,
