@@ -31,7 +31,7 @@ from them (:func:`gathered`: a MoE expert's tokens).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,32 +88,28 @@ _GATHERED: ContextVar[tuple[Tensor, int] | None] = ContextVar("phaselens_margin_
 def recording(rows: int, device: torch.device | None = None) -> Iterator[MarginRecorder]:
     """Record the margins of every discrete step inside the block for a computation of ``rows`` rows."""
     rec = MarginRecorder(int(rows), device)
-    token = _ACTIVE.set(rec)
-    try:
+    with _set(_ACTIVE, rec):
         yield rec
-    finally:
-        _ACTIVE.reset(token)
 
 
-@contextmanager
-def paused() -> Iterator[None]:
+def paused() -> AbstractContextManager[None]:
     """No recording inside the block (a side computation whose rows are not the recorder's)."""
-    token = _ACTIVE.set(None)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
+    return _set(_ACTIVE, None)
 
 
-@contextmanager
-def gathered(index: Tensor, n_tokens: int) -> Iterator[None]:
+def gathered(index: Tensor, n_tokens: int) -> AbstractContextManager[None]:
     """Inside the block, noted tensors lead with tokens ``index`` ``[m]`` gathered from ``n_tokens`` flattened
     ``[rows * pos]`` tokens (a MoE expert's share of them)."""
-    token = _GATHERED.set((index, int(n_tokens)))
+    return _set(_GATHERED, (index, int(n_tokens)))
+
+
+@contextmanager
+def _set(var: ContextVar[Any], value: Any) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        _GATHERED.reset(token)
+        var.reset(token)
 
 
 def active() -> MarginRecorder | None:
