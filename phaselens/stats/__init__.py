@@ -18,7 +18,8 @@ Modules:
 
 from __future__ import annotations
 
-from phaselens.stats.battery import PhaseBattery, phase_battery
+from phaselens.stats.battery import PhaseBattery
+from phaselens.stats.battery_counts import phase_battery
 from phaselens.stats.battery_items import ItemBattery, phase_battery_items
 from phaselens.stats.continuous import ContinuousResult, continuous_phase_tests
 from phaselens.stats.folding import fold_counts, folded_gap, residue_gap

@@ -10,7 +10,8 @@ import pandas as pd
 
 from phaselens.core.errors import LabelError
 from phaselens.stats._checks import check_alpha, check_draws, check_level
-from phaselens.stats.battery import PhaseBattery, _pct, _row, count_battery
+from phaselens.stats.battery import PhaseBattery, _pct, _row
+from phaselens.stats.battery_counts import count_battery
 from phaselens.stats.continuous import ContinuousResult, continuous_phase_tests
 from phaselens.stats.gapci import MIN_DRAWS, item_interval
 from phaselens.stats.item_data import DEFAULT_METRICS, item_table
