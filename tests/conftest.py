@@ -39,7 +39,7 @@ def layout(request) -> CompressorSpec:
 
 # Tests whose outcome rests on float kernels: `make test-portable` (tools/portable_tests.py) runs them under every
 # CPU capability the machine can emulate. Marked by where they live, so a new test there is covered too.
-NUMERICS = ("tests/models/", "tests/analyses/", "tests/train/", "tests/contract/", "tests/core/",
+NUMERICS = ("tests/models/", "tests/analyses/", "tests/train/", "tests/contract/", "tests/core/", "tests/integrations/",
             "tests/test_pinned_numbers.py", "tests/test_doc_knockouts.py", "tests/test_docs.py")
 
 
