@@ -34,7 +34,7 @@ def worker(engine: str, n_per_residue: int, threads: int) -> None:
     import torch.distributed as dist
 
     import phaselens
-    import phaselens.runtime.distributed as pd
+    import phaselens.parallel.distributed as pd
 
     torch.set_num_threads(threads)
     size = int(os.environ.get("WORLD_SIZE", "1"))

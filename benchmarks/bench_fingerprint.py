@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from phaselens.runtime.fingerprints import model_fingerprint
+from phaselens.storage.fingerprints import model_fingerprint
 
 
 def best(fn, repeat: int) -> float:

@@ -26,7 +26,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.analyses.maps": ("PhaseMap", "specialization_map"),
     "phaselens.analyses.patching": ("PatchResult", "patch"),
     "phaselens.analyses.recording": ("Recording", "record"),
-    "phaselens.analyses.repair": ("RepairTable", "repair_table"),
+    "phaselens.repair.table": ("RepairTable", "repair_table"),
     "phaselens.contract.hooknames": ("combined_pattern",),
     "phaselens.contract.protocol": ("CAPABILITIES", "HookContext", "PhaseModel", "call_state", "capability"),
     "phaselens.core.geometry": ("PhaseSpec",),
@@ -37,7 +37,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.models.causal_lm": ("CausalLMAdapter",),
     "phaselens.models.deepseek_v4": ("DeepSeekV4Adapter",),
     "phaselens.models.objects": ("from_hf",),
-    "phaselens.models.ensemble": ("PhaseEnsemble", "phase_ensemble"),
+    "phaselens.repair.ensemble": ("PhaseEnsemble", "phase_ensemble"),
     "phaselens.models.sources": ("load",),
     "phaselens.presentation.reporting": ("report",),
     "phaselens.runtime.planning": ("MapPlan",),
@@ -63,7 +63,6 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve i
     from phaselens.analyses.maps import PhaseMap, specialization_map
     from phaselens.analyses.patching import PatchResult, patch
     from phaselens.analyses.recording import Recording, record
-    from phaselens.analyses.repair import RepairTable, repair_table
     from phaselens.contract.hooknames import combined_pattern
     from phaselens.contract.protocol import CAPABILITIES, HookContext, PhaseModel, call_state, capability
     from phaselens.core.geometry import PhaseSpec
@@ -80,10 +79,11 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve i
     )
     from phaselens.models.causal_lm import CausalLMAdapter
     from phaselens.models.deepseek_v4 import DeepSeekV4Adapter
-    from phaselens.models.ensemble import PhaseEnsemble, phase_ensemble
     from phaselens.models.objects import from_hf
     from phaselens.models.sources import load
     from phaselens.presentation.reporting import report
+    from phaselens.repair.ensemble import PhaseEnsemble, phase_ensemble
+    from phaselens.repair.table import RepairTable, repair_table
     from phaselens.runtime.planning import MapPlan
 
 

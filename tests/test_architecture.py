@@ -23,10 +23,10 @@ LAYERS = {
     "stats": 1, "tasks": 1,
     "plots": 2,
     "contract": 3,
-    "runtime": 4,
+    "runtime": 4, "storage": 4, "parallel": 4,
     "results": 5,
     "analyses": 6, "models": 6,
-    "train": 7, "integrations": 7,
+    "train": 7, "integrations": 7, "repair": 7,
     "presentation": 8,
     "__init__": 9, "__main__": 9,
 }

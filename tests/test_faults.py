@@ -28,10 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import phaselens
-import phaselens.runtime.files as files
+import phaselens.storage.writing as files
 from phaselens.presentation.reporting.write import write_report
-from phaselens.runtime.checkpoints import ResultCache, safetensors_metadata
-from phaselens.runtime.files import recover_dir
+from phaselens.storage.resumable import ResultCache, safetensors_metadata
+from phaselens.storage.writing import recover_dir
 from phaselens.train.loop import TrainSettings, train
 from tests.support.models import LAYOUTS, make_model, task_model
 
@@ -436,7 +436,7 @@ def _write_csv(d, overwrite):
 
 
 def _write_checkpoint(d, overwrite):
-    from phaselens.runtime.checkpoints import CellCheckpoint
+    from phaselens.storage.resumable import CellCheckpoint
 
     ckpt = CellCheckpoint(d / "map.ckpt", "fp", ("a",))
     ckpt.add("L0H0", np.arange(3))
@@ -700,7 +700,7 @@ def test_an_unreadable_file_is_not_called_corrupt(tmp_path, monkeypatch):
     import builtins
     from pathlib import Path
 
-    import phaselens.runtime.checkpoints as ck
+    import phaselens.storage.resumable as ck
 
     MODELS[0].save(tmp_path / "m")
     real_read_bytes, real_open = Path.read_bytes, builtins.open

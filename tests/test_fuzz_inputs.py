@@ -225,7 +225,7 @@ CASES = [
     ("TrainSettings(threads=10**9)", lambda w: TrainSettings(threads=10**9), E.ConfigError, "or fewer"),
     # issue 32 (round 4), one or more cases of each class
     # 1. a result file chooses no code: a skeleton naming a function, or a registered type with other fields
-    ("a result file naming os.system", lambda w: phaselens.results.load(_crafted("phaselens.runtime.files:os.system",
+    ("a result file naming os.system", lambda w: phaselens.results.load(_crafted("phaselens.storage.writing:os.system",
                                                                                  {"command": "touch X"})),
      E.ResultFileError, "not one of phaselens' result types"),
     ("a result file with unknown fields", lambda w: phaselens.results.load(_crafted("PhaseEval", {"bogus": 1})),
@@ -515,7 +515,7 @@ def test_any_error_of_a_command_is_one_line_and_exit_3(monkeypatch, err, said):
 
 
 def test_an_unwritable_runs_folder_is_refused_before_training(tmp_path, monkeypatch):
-    import phaselens.runtime.files as files
+    import phaselens.storage.writing as files
 
     (tmp_path / "runs").mkdir()
     monkeypatch.setattr(files, "writable", lambda folder: folder.name != "runs")  # root writes anywhere: simulated

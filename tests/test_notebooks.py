@@ -50,7 +50,7 @@ def test_notebook_executes(path, monkeypatch, tmp_path):
         text = "\n".join(_text(o) for o in cell.get("outputs", []))
         if "import torch, transformers" in cell.source and not HAS_IPYWIDGETS:
             # importing transformers imports tqdm.auto, which warns without ipywidgets (in the dev extra);
-            # phaselens's own bars fall back to text instead (phaselens.runtime.progress)
+            # phaselens's own bars fall back to text instead (phaselens.parallel.progress)
             text = text.replace("IProgress not found", "").replace("TqdmWarning", "")
         assert "Warning" not in text and "IProgress" not in text, text[:2000]
     assert list(tmp_path.iterdir()) == []  # nothing written into the user's directory

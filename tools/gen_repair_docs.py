@@ -3,7 +3,7 @@
     .venv/bin/python -m tools.gen_repair_docs [--n-per-residue 1000] [--cache runs/repair_docs]
 
 Each model's table is kept in ``--cache`` (one JSON per model, written atomically) under a fingerprint of the
-model (every weight, the config and the default task: ``phaselens.runtime.fingerprints.model_fingerprint``) and the
+model (every weight, the config and the default task: ``phaselens.storage.fingerprints.model_fingerprint``) and the
 settings: an interrupted run resumes, and a retrained or edited model recomputes only its own table.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 
 import phaselens
 from phaselens.models.zoo import list_models
-from phaselens.runtime.checkpoints import ResultCache
-from phaselens.runtime.files import atomic_write_text
-from phaselens.runtime.fingerprints import fingerprint, model_fingerprint
+from phaselens.storage.fingerprints import fingerprint, model_fingerprint
+from phaselens.storage.resumable import ResultCache
+from phaselens.storage.writing import atomic_write_text
 from phaselens.train.recipes import COMPARE_STRIDE, RECIPES
 
 ROOT = Path(__file__).resolve().parents[1]

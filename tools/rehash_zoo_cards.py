@@ -20,7 +20,7 @@ import torch
 from phaselens.analyses.scoring import answer_metrics
 from phaselens.models.compressed.loader import load_model
 from phaselens.models.zoo import HASHED, entry, file_digests, list_models
-from phaselens.runtime.files import atomic_write_text
+from phaselens.storage.writing import atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -288,7 +288,7 @@ def evaluate(
             run is refused.
         n_permutations: permutations of the gap test.
 
-    Under torch.distributed the item blocks are split across the ranks (:mod:`phaselens.runtime.distributed`).
+    Under torch.distributed the item blocks are split across the ranks (:mod:`phaselens.parallel.distributed`).
 
     Example:
         >>> ev = phaselens.evaluate(phaselens.load("zoo:w8s4"), n_per_residue=64)  # doctest: +SKIP

@@ -33,9 +33,9 @@ from phaselens.core.checks import as_float
 from phaselens.core.errors import InputError
 from phaselens.core.heads import Head, parse_heads
 from phaselens.core.labelled import Labelled
+from phaselens.parallel.world import world
 from phaselens.results.base import Result
 from phaselens.runtime.engines import Cell
-from phaselens.runtime.world import world
 from phaselens.stats.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
 
 EPS_DENOM = 1e-3

@@ -20,7 +20,7 @@ An analysis (a subclass of :class:`Analysis`: a frozen dataclass of its own sett
 3. ``prepare`` (calibration, a clean pass, ... whatever the units share): the state;
 4. split the units across ``torch.distributed`` ranks, checkpoint finished units under a fingerprint of the
    model, the items and the analysis's settings (resume at any world size), and show one progress bar
-   (:func:`phaselens.runtime.distributed.shard_map`);
+   (:func:`phaselens.parallel.distributed.shard_map`);
 5. ``result``, then stamp ``metadata``: the model's name and ``analysis_metadata``, the task, the exact
    arguments of the call (read from the public function's signature, defaults included), what the
    analysis notes (``run.metadata(**note)``), the world size and the shards.
@@ -54,9 +54,9 @@ from phaselens.contract.protocol import (
 from phaselens.contract.strides import check_stride, compression_strides, stride_record
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
-from phaselens.runtime.checkpoints import check_checkpoint_path
-from phaselens.runtime.distributed import block_labels, item_blocks, open_checkpoint, shard_map, sharded
+from phaselens.parallel.distributed import block_labels, item_blocks, open_checkpoint, shard_map, sharded
 from phaselens.runtime.planning import PlannedItems
+from phaselens.storage.resumable import check_checkpoint_path
 from phaselens.tasks.base import TaskBatch
 
 N_BOOTSTRAP = 1000  # the one default number of bootstrap resamples (every analysis that resamples)
@@ -269,7 +269,7 @@ def run(analysis: Analysis[Any], model: PhaseModel, task: Any, arguments: dict[s
     state = analysis.prepare(r)
     store = None
     if options.checkpoint is not None:  # hashing the weights is cheap next to the run, but only needed to resume
-        from phaselens.runtime.fingerprints import analysis_fingerprint
+        from phaselens.storage.fingerprints import analysis_fingerprint
 
         fp = analysis_fingerprint(model, analysis=analysis.name, items=batch.tokens, query_pos=batch.query_pos,
                                   answers=batch.answer, wrong=batch.wrong, batch_size=options.batch_size,

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from phaselens.runtime.finite import check_query_logits
+from phaselens.contract.finite import check_query_logits
 
 Forward = Callable[[Tensor, Tensor, Tensor], Tensor]
 # what answer_metrics returns; ``predicted`` is the greedy token (what the model said, right or not)
@@ -60,10 +60,10 @@ def query_metrics(forward: Forward, batch: Any, *, batch_size: int = 64, progres
                   desc: str = "forward", model: Any = None, store: Any = None) -> dict[str, np.ndarray]:
     """:func:`answer_metrics` ``{name: [N]}`` of ``batch``, one forward per block of ``batch_size`` items.
 
-    Under torch.distributed the blocks are split across ranks (:mod:`phaselens.runtime.distributed`); ``store`` (a
+    Under torch.distributed the blocks are split across ranks (:mod:`phaselens.parallel.distributed`); ``store`` (a
     checkpoint of finished blocks, fields :data:`METRICS`) makes the pass resumable.
     """
-    from phaselens.runtime.distributed import block_labels, item_blocks, shard_map
+    from phaselens.parallel.distributed import block_labels, item_blocks, shard_map
 
     blocks = item_blocks(int(batch.tokens.shape[0]), batch_size)
     parts = shard_map(lambda idx: [block_metrics(forward, batch, blocks[b]) for b in idx], block_labels(blocks),
@@ -193,6 +193,6 @@ def block_answers(model: Any, batch: Any, block: slice, *, progress: bool = Fals
 def _bar(it: Any, enabled: bool, desc: str, model: Any = None) -> Any:
     if not enabled:
         return it
-    from phaselens.runtime.progress import progress_bar
+    from phaselens.parallel.progress import progress_bar
 
     return progress_bar(it, stage=desc, model=model)

@@ -1,7 +1,7 @@
 """The contract between analyses and models: :class:`PhaseModel`, the hook context, and capabilities.
 
 Three kinds of model satisfy it: :class:`~phaselens.models.CompressedTransformer`, the DeepSeek-V4 adapter
-from :func:`phaselens.from_hf`, and :class:`~phaselens.models.ensemble.PhaseEnsemble` wrappers over either. Analyses
+from :func:`phaselens.from_hf`, and :class:`~phaselens.repair.ensemble.PhaseEnsemble` wrappers over either. Analyses
 program against this module only: they never import a concrete model class or check ``isinstance``.
 
 * Every hook function is called as ``fn(tensor, *, hook)`` where ``hook`` is a :class:`HookContext`: the

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 def __getattr__(name: str):
     if name not in _WHERE:
         raise AttributeError(f"module 'phaselens.models' has no attribute {name!r}")
-    import phaselens.runtime.quiet_tqdm  # noqa: F401  (before anything imports transformers)
+    import phaselens.parallel.quiet_tqdm  # noqa: F401  (before anything imports transformers)
 
     value = getattr(_importlib.import_module(_WHERE[name]), name)
     globals()[name] = value

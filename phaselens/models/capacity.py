@@ -38,7 +38,7 @@ from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelE
 from phaselens.models.costs import MFU, gpu_spec, plan_time
 from phaselens.models.numerics.sizing import addressable
 from phaselens.models.plan_report import GPU_TYPES, USABLE, GiB, ModelPlan, gpu_bytes, gpu_type
-from phaselens.runtime.reading import parse_json
+from phaselens.storage.reading import parse_json
 
 NODE_SIZES = (1, 2, 4, 8)
 CHUNKS = (4096, 2048, 1024, 512, 256, 128, 64)
@@ -151,7 +151,7 @@ class _Sized:
     def units(self) -> list[int]:
         """Bytes of the pieces a device map places, in execution order (layers whole: accelerate's no-split)."""
         from phaselens.contract.protocol import module_of
-        from phaselens.runtime.replicas import _units
+        from phaselens.parallel.replicas import _units
 
         if not hasattr(self, "_sizes"):
             self._sizes = [b for _, b in _units(module_of(self.meta))]
@@ -238,7 +238,7 @@ def _read_config(source: str) -> tuple[Path, dict[str, Any]]:
     if not cfg.is_file():
         raise CheckpointError(f"no config.json in {root}; pass a checkpoint directory (or one that holds only its "
                               "config.json), e.g. `phaselens plan hf:/data/DeepSeek-V4.1-Flash`.")
-    from phaselens.runtime.checkpoints import read_json
+    from phaselens.storage.resumable import read_json
 
     return root, read_json(cfg, fix="restore config.json from the checkpoint's source.")  # the loaders' reader
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from phaselens.contract.adapting import run_loader
 from phaselens.core.errors import CheckpointError, InputError
-from phaselens.runtime.oserrors import reading
-from phaselens.runtime.reading import peek_json
+from phaselens.storage.oserrors import reading
+from phaselens.storage.reading import peek_json
 
 
 def load(source: Any, *, device: str = "cpu", **kwargs: Any) -> Any:
@@ -198,7 +198,7 @@ def _check_hf_arguments(text: str, kwargs: dict[str, Any]) -> None:
 def meta_model(path: str | os.PathLike) -> Any:
     """The model of the local checkpoint directory ``path`` (``hf:`` prefix optional) on the meta device, as
     ``load("hf:PATH")`` would build it (no weights read, no memory): what
-    :func:`phaselens.runtime.replicas.replica_device_map` needs before loading. DeepSeek-V4.1 comes in its
+    :func:`phaselens.parallel.replicas.replica_device_map` needs before loading. DeepSeek-V4.1 comes in its
     packed layout; anything else is transformers' model."""
     text = str(path)
     root = text[3:] if text.startswith("hf:") else text
@@ -208,7 +208,7 @@ def meta_model(path: str | os.PathLike) -> Any:
         from phaselens.models.deepseek_v41.checkpoint import meta_v41
 
         return meta_v41(root)
-    from phaselens.runtime.replicas import meta_model as transformers_meta
+    from phaselens.parallel.replicas import meta_model as transformers_meta
 
     return transformers_meta(root)
 

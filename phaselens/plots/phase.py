@@ -14,7 +14,7 @@ from phaselens.plots.theme import BOUNDARY, COMPRESSED, CONTROL, CYCLE_COLORS, T
 if TYPE_CHECKING:  # annotations only: plots sit below the analyses that define the result types
     from phaselens.analyses.ablation import AblationResult
     from phaselens.analyses.evaluation import PhaseEval
-    from phaselens.analyses.repair import RepairTable
+    from phaselens.repair.table import RepairTable
 
 
 def accuracy_by_residue(ev: PhaseEval, control: PhaseEval | None = None, *, title: str | None = None, name: str | None = None) -> go.Figure:

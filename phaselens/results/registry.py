@@ -34,7 +34,7 @@ TYPES: dict[str, str] = {
     "PhaseMap": "phaselens.analyses.maps",
     "PatchResult": "phaselens.analyses.patching",
     "Recording": "phaselens.analyses.recording",
-    "RepairTable": "phaselens.analyses.repair",
+    "RepairTable": "phaselens.repair.table",
     "Head": "phaselens.core.heads",
     "Labelled": "phaselens.core.labelled",
     "PhaseBattery": "phaselens.stats.battery",

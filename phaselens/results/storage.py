@@ -149,11 +149,11 @@ def _hashable(key: Any) -> Any:
 def save_result(result: Any, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
     """Write ``result`` to ``path`` (one file, written beside and renamed into place); an existing file is
     replaced only with ``overwrite=True`` and only if phaselens wrote it as a result (its header proves it:
-    the ownership rule of :mod:`phaselens.runtime.files`). Refusals, and what the OS refuses (a full disk, a
+    the ownership rule of :mod:`phaselens.storage.writing`). Refusals, and what the OS refuses (a full disk, a
     permission), are :class:`~phaselens.core.errors.OutputError`."""
     from safetensors.numpy import save_file
 
-    from phaselens.runtime.files import write_owned_file
+    from phaselens.storage.writing import write_owned_file
 
     path = Path(path)
     if path.is_dir():
@@ -165,7 +165,7 @@ def save_result(result: Any, path: str | os.PathLike, *, overwrite: bool = False
                           "not write: pass another path.")
     w = _Writer()
     skeleton = w.encode(result)
-    from phaselens.runtime.checksums import stamped
+    from phaselens.storage.checksums import stamped
 
     meta = stamped({"format": FORMAT, "skeleton": json.dumps(skeleton)}, w.arrays)
     write_owned_file(path, lambda tmp: save_file(w.arrays, str(tmp), metadata=meta), by="result",
@@ -174,7 +174,7 @@ def save_result(result: Any, path: str | os.PathLike, *, overwrite: bool = False
 
 
 def _format(path: Path) -> str | None:
-    from phaselens.runtime.checkpoints import safetensors_metadata
+    from phaselens.storage.resumable import safetensors_metadata
 
     try:
         return safetensors_metadata(path, fix="").get("format")
@@ -184,7 +184,7 @@ def _format(path: Path) -> str | None:
 
 def load_result(path: str | os.PathLike) -> Any:
     """The result :func:`save_result` wrote to ``path``."""
-    from phaselens.runtime.checkpoints import load_safetensors, safetensors_metadata
+    from phaselens.storage.resumable import load_safetensors, safetensors_metadata
 
     path = Path(path)
     fix = "pass the path of a result saved with result.save(path)."

@@ -1,2 +1,2 @@
-"""The runtime layer: files and ownership, checkpoints, fingerprints, distributed sharding, progress, planning,
-replicas and the query engines' shared loop. Knows the contract, never a concrete model or analysis."""
+"""The runtime layer: planning and pricing of runs, and the query engines' shared loop. Knows the contract, never a
+concrete model or analysis."""

@@ -249,7 +249,7 @@ class QueryEngine:
             for rows in slot_rows.split(step):
                 self.groups.append((rows, slot_engine(model, tokens[rows], int(q), rows_per_pass=rows_per_pass)))
         if not bool(torch.isfinite(self.clean_logits).all()):  # a NaN/inf weight: never a map of NaN effects
-            from phaselens.runtime.finite import raise_nonfinite
+            from phaselens.contract.finite import raise_nonfinite
 
             raise_nonfinite(model, lambda: model(tokens))
 

@@ -34,8 +34,8 @@ import torch.nn.functional as F
 from phaselens.core.errors import CheckpointError, ConfigError, OutputError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.transformer import CompressedTransformer
-from phaselens.runtime.fingerprints import fingerprint, model_fingerprint
-from phaselens.runtime.world import process_world
+from phaselens.parallel.world import process_world
+from phaselens.storage.fingerprints import fingerprint, model_fingerprint
 from phaselens.train import metrics as mx
 from phaselens.train.family import checkpoints as ckpt
 from phaselens.train.settings import EmptyTargetsWarning, TrainSettings, batch, batch_split, data_fingerprint
@@ -302,6 +302,6 @@ def _out_of_time(t0: float, limit: float, where: torch.device) -> bool:
 def _progress(total: int, initial: int, enabled: bool) -> Any:
     if not enabled:
         return None
-    from phaselens.runtime.progress import progress_bar
+    from phaselens.parallel.progress import progress_bar
 
     return progress_bar(stage="train", unit="step", total=total, initial=initial, leave=True)

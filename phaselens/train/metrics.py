@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from phaselens.runtime.files import write_owned_file
-from phaselens.runtime.reading import read_jsonl
+from phaselens.storage.reading import read_jsonl
+from phaselens.storage.writing import write_owned_file
 
 METRICS = "metrics.jsonl"
 FORMAT = "phaselens.train_metrics/1"
@@ -44,7 +44,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """The records of ``RUN_DIR/metrics.jsonl`` (without the format stamp).
 
     A last line cut short by a kill mid-write is dropped with a
-    :class:`~phaselens.runtime.reading.TornLineWarning` (the resume writes that interval again).
+    :class:`~phaselens.storage.reading.TornLineWarning` (the resume writes that interval again).
 
     Raises:
         CheckpointError: the file cannot be read, or an earlier line is damaged (not a JSON object).

@@ -18,7 +18,7 @@ import torch
 from phaselens.core.checks import MAX_SEED
 from phaselens.core.errors import ConfigError, InputError
 from phaselens.runtime.budget import check_threads
-from phaselens.runtime.fingerprints import fingerprint
+from phaselens.storage.fingerprints import fingerprint
 
 
 class EmptyTargetsWarning(UserWarning):

@@ -19,8 +19,8 @@ from phaselens.core.geometry import PhaseSpec
 from phaselens.core.version import __version__
 from phaselens.models.compressed.io import checkpoint_kind, save_model
 from phaselens.models.zoo import file_digests
-from phaselens.runtime.checksums import stamped
-from phaselens.runtime.files import atomic_write_dir, check_output_dir
+from phaselens.storage.checksums import stamped
+from phaselens.storage.writing import atomic_write_dir, check_output_dir
 from phaselens.train.loop import train
 from phaselens.train.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, ZOO_EVAL_TASK, ZOO_TASK, get_recipe
 
@@ -119,7 +119,7 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
 
 def save_zoo_model(target: Path, model: Any, eval_batch: Any, card: dict[str, Any], *, overwrite: bool = False) -> None:
     """Write a zoo model's directory: the checkpoint, its fixed evaluation batch and its card (which gets the
-    files' digests), atomically and under the ownership rule of :func:`~phaselens.runtime.files.atomic_write_dir`."""
+    files' digests), atomically and under the ownership rule of :func:`~phaselens.storage.writing.atomic_write_dir`."""
 
     def write(tmp: Path) -> None:
         save_model(model, tmp / "model", metadata=None)

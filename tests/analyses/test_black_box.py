@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from phaselens.analyses.repair import black_box_rule
 from phaselens.analyses.scoring import METRICS, answer_metrics, black_box_metrics
 from phaselens.contract.answers import Answers
-from phaselens.runtime.phase_shift import combine
+from phaselens.repair.shifts import combine
+from phaselens.repair.table import black_box_rule
 
 
 def answers_of(logits: torch.Tensor, answer: torch.Tensor, wrong: torch.Tensor) -> Answers:

@@ -8,7 +8,7 @@ import torch
 
 import phaselens
 from phaselens.core.errors import ContextLengthError, PaddingError, PhaseLensError
-from phaselens.runtime.phase_shift import combine, resolve_shifts, shifted_copies
+from phaselens.repair.shifts import combine, resolve_shifts, shifted_copies
 from tests.support.models import LAYOUTS, task_model
 
 
@@ -16,7 +16,7 @@ def test_shifted_copies_insert_pads_after_bos_and_align_back():
     tokens = torch.tensor([[1, 10, 11, 12], [1, 20, 21, 22]])
     out = shifted_copies(tokens, (0, 2), pad_id=0)
     assert out.tolist() == [[1, 10, 11, 12, 0, 0], [1, 20, 21, 22, 0, 0], [1, 0, 0, 10, 11, 12], [1, 0, 0, 20, 21, 22]]
-    from phaselens.runtime.phase_shift import align
+    from phaselens.repair.shifts import align
 
     logits = out.float()[..., None].expand(-1, -1, 3)  # logits that echo the token id
     aligned = align(logits, (0, 2), B=2, rows=torch.arange(4))

@@ -86,7 +86,7 @@ def test_ablate_resumes_item_blocks_and_refuses_another_run(model, tmp_path, mon
 
 
 def test_repair_table_resumes_item_blocks_and_refuses_another_run(model, tmp_path, monkeypatch):
-    mod = importlib.import_module("phaselens.analyses.repair")
+    mod = importlib.import_module("phaselens.repair.table")
 
     ckpt = tmp_path / "repair.ckpt"
     kw = dict(**KW, shift_sets=("all", (0, 2)), n_permutations=20, n_bootstrap=20, progress=False)

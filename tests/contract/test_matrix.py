@@ -22,7 +22,7 @@ from phaselens.analyses.maps import map_cells
 from phaselens.analyses.scoring import answer_metrics
 from phaselens.contract.protocol import capability, choose_engine
 from phaselens.models.compressed.qwen3 import to_qwen3
-from phaselens.runtime.phase_shift import combine, shifted_copies
+from phaselens.repair.shifts import combine, shifted_copies
 from phaselens.tasks import KVRecall
 from phaselens.train.family.recipes import family_config
 from tests.support.deepseek import tiny_v4_fp64

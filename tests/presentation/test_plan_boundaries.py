@@ -303,7 +303,7 @@ def test_a_bad_run_location_or_size_fails_before_the_first_step(no_training, arg
 
 def test_plan_gpus_refuse_the_split_the_run_refuses(no_training, monkeypatch):
     """--plan --gpus 3 (a batch of 32 over 3 ranks) says what a run on 3 ranks says, before building anything."""
-    import phaselens.runtime.world as world
+    import phaselens.parallel.world as world
 
     planned = _fails_fast(no_training, ["--plan", "--gpus", "3"])
     monkeypatch.setattr(world, "process_world", lambda: world.World(0, 3))

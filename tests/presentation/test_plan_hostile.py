@@ -21,7 +21,7 @@ import phaselens
 from phaselens.core.errors import CheckpointError, PhaseLensError
 from phaselens.models.capacity import plan_model
 from phaselens.presentation.cli import app
-from phaselens.runtime.reading import MAX_JSON_DEPTH, json_depth, parse_json
+from phaselens.storage.reading import MAX_JSON_DEPTH, json_depth, parse_json
 from tests.support.paths import DATA
 
 runner = CliRunner()

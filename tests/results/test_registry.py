@@ -32,8 +32,8 @@ for _name in registry.TYPES:
     registry.declared(registry.resolve(_name))
 
 LOADER = {"phaselens/results/storage.py", "phaselens/results/registry.py", "phaselens/results/__init__.py",
-          "phaselens/results/base.py", "phaselens/runtime/checkpoints.py",
-          "phaselens/runtime/checksums.py"}  # the arrays' sha256, checked before they are used
+          "phaselens/results/base.py", "phaselens/storage/resumable.py",
+          "phaselens/storage/checksums.py"}  # the arrays' sha256, checked before they are used
 FORBIDDEN = ("os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork", "subprocess.Popen", "os.remove",
              "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.truncate", "shutil.rmtree", "socket.", "ctypes.",
              "exec", "compile", "import", "builtins.input", "os.symlink", "os.link", "os.utime")
@@ -111,9 +111,9 @@ def _walk(obj):
 
 # ---- the attacks of the report, by name ----------------------------------------------------------------------
 @pytest.mark.parametrize("name, fields", [
-    ("phaselens.runtime.files:atomic_write_text", {"path": "VICTIM", "text": "owned"}),
-    ("phaselens.runtime.files:os.system", {"command": "touch MARKER"}),
-    ("phaselens.runtime.files:atomic_write_text", {}),
+    ("phaselens.storage.writing:atomic_write_text", {"path": "VICTIM", "text": "owned"}),
+    ("phaselens.storage.writing:os.system", {"command": "touch MARKER"}),
+    ("phaselens.storage.writing:atomic_write_text", {}),
     ("os:system", {"command": "touch MARKER"}),
     ("phaselens.core.heads:Head", {"layer": 1, "head": 2}),  # the old module-path form, even of a real type
     ("atomic_write_text", {"path": "VICTIM", "text": "owned"}),
@@ -157,7 +157,7 @@ def test_a_nested_value_of_another_type_is_named(tmp_path):
                               n_permutations=10, n_bootstrap=10).save(tmp_path / "ev.r")
     from safetensors.numpy import load_file
 
-    from phaselens.runtime.checkpoints import safetensors_metadata
+    from phaselens.storage.resumable import safetensors_metadata
 
     meta = safetensors_metadata(good, fix="")
     skeleton = json.loads(meta["skeleton"])
@@ -207,8 +207,8 @@ def _subclasses(cls):
 
 
 # ---- the property ----------------------------------------------------------------------------------------
-NAMES = st.sampled_from([*registry.TYPES, "phaselens.runtime.files:atomic_write_text", "os:system",
-                         "phaselens.runtime.files:os.system", "builtins:eval", "subprocess:Popen", "evaluate",
+NAMES = st.sampled_from([*registry.TYPES, "phaselens.storage.writing:atomic_write_text", "os:system",
+                         "phaselens.storage.writing:os.system", "builtins:eval", "subprocess:Popen", "evaluate",
                          "phaselens.analyses.evaluation:evaluate", "PhaseEval.load", "Head.__init__", "__init__",
                          "Result", "phaselens.core.heads:Head", "load", "TYPES"]) | st.text(max_size=30)
 FIELD_NAMES = st.sampled_from(["layer", "head", "name", "statistic", "df", "pvalue", "values", "dims", "coords",
@@ -265,7 +265,7 @@ def test_the_monitors_see_a_planted_call(tmp_path, monkeypatch):
     monkeypatch.setattr(storage, "check_fields", lambda cls, values: None)
     victim = tmp_path / "victim.txt"
     victim.write_text("mine")
-    path = write(tmp_path, {"__dataclass__": "phaselens.runtime.files:atomic_write_text",
+    path = write(tmp_path, {"__dataclass__": "phaselens.storage.writing:atomic_write_text",
                             "fields": {"path": str(victim), "text": "owned"}})
     _, events, foreign = watched_load(path)
     assert victim.read_text() == "owned"  # what the report's file did

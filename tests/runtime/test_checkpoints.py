@@ -10,7 +10,7 @@ import pytest
 
 import phaselens
 from phaselens import CheckpointError, OutputError
-from phaselens.runtime.checkpoints import CellCheckpoint, ResultCache, read_json, safetensors_metadata
+from phaselens.storage.resumable import CellCheckpoint, ResultCache, read_json, safetensors_metadata
 from tests.support.models import task_model
 
 FIELDS = ("correct", "logit_diff")

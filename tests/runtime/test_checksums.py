@@ -15,9 +15,9 @@ from safetensors.torch import load_file, save_file
 import phaselens
 import phaselens.results
 from phaselens import CheckpointError, OutputError
-from phaselens.runtime.checkpoints import CellCheckpoint, load_safetensors, safetensors_metadata
-from phaselens.runtime.checksums import KEY, stamped, tensor_sha256
-from phaselens.runtime.reading import TornLineWarning, read_jsonl
+from phaselens.storage.checksums import KEY, stamped, tensor_sha256
+from phaselens.storage.reading import TornLineWarning, read_jsonl
+from phaselens.storage.resumable import CellCheckpoint, load_safetensors, safetensors_metadata
 from tests.support.models import task_model
 
 
@@ -97,7 +97,7 @@ def test_a_damaged_saved_result_is_refused_on_load(tmp_path):
 def test_an_interrupted_directory_write_never_puts_a_damaged_file_in_place(tmp_path, monkeypatch):
     """A save committed and then killed before its files moved (the journal's roll-forward): a staged file
     damaged meanwhile is refused by the next load, and the old version stays in place."""
-    from phaselens.runtime import files
+    from phaselens.storage import writing as files
 
     model = task_model()
     model.save(tmp_path / "m")

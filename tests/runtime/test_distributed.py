@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import phaselens
-from phaselens.runtime.distributed import assignment, item_blocks, shard_map, world
+from phaselens.parallel.distributed import assignment, item_blocks, shard_map, world
 from tests.support.dist_worker import SCENARIOS, analyses, digest, run_rank
 from tests.support.paths import ROOT
 
@@ -124,7 +124,7 @@ def test_outside_a_process_group_shard_map_is_a_plain_loop():
 def test_evaluate_checkpoint_resumes_item_blocks_and_refuses_another_run(model, tmp_path):
     from phaselens.analyses.scoring import METRICS
     from phaselens.core.errors import CheckpointError
-    from phaselens.runtime.distributed import open_checkpoint
+    from phaselens.parallel.distributed import open_checkpoint
 
     kw = dict(n_per_residue=2, batch_size=14, n_permutations=20, n_bootstrap=20, progress=False)
     with one_thread():
@@ -149,7 +149,7 @@ def test_evaluate_checkpoint_resumes_item_blocks_and_refuses_another_run(model, 
 
 
 def _fingerprint_of(path: Path) -> str:
-    from phaselens.runtime.checkpoints import safetensors_metadata
+    from phaselens.storage.resumable import safetensors_metadata
 
     return json.loads(safetensors_metadata(path, fix="")["manifest"])["fingerprint"]
 
@@ -199,7 +199,7 @@ def test_a_killed_rank_ends_the_run_and_one_process_resumes_it(model, tmp_path):
     assert info["error"]["type"] == "DistributedError" and "lost contact" in info["error"]["message"]
     ckpt = tmp_path / "map.ckpt"
     # rounds 1 and 2 finished on both ranks before the kill: exactly their 4 cells, in a complete file
-    from phaselens.runtime.checkpoints import safetensors_metadata
+    from phaselens.storage.resumable import safetensors_metadata
 
     manifest = json.loads(safetensors_metadata(ckpt, fix="")["manifest"])
     assert manifest["cells"] == ["L0H0", "L0H1", "L0H2", "L0H3"]
@@ -227,7 +227,7 @@ def test_two_ranks_equal_one_process_for_every_other_analysis(model, tmp_path):
 
 def test_replica_gpus_give_each_local_rank_its_own_group(monkeypatch):
     from phaselens.core.errors import InputError
-    from phaselens.runtime.replicas import replica_gpus
+    from phaselens.parallel.replicas import replica_gpus
 
     assert replica_gpus(1, rank=3, n_gpus=8) == [3]
     assert replica_gpus(2, rank=3, n_gpus=8) == [6, 7]
@@ -241,7 +241,7 @@ def test_replica_gpus_give_each_local_rank_its_own_group(monkeypatch):
 
 
 def test_replica_device_map_covers_the_model_in_order_and_balances_bytes(tmp_path):
-    from phaselens.runtime.replicas import _units, meta_model, replica_device_map
+    from phaselens.parallel.replicas import _units, meta_model, replica_device_map
     from tests.support.deepseek import FLASH_CONFIG, meta_v4, tiny_v4_bf16
 
     flash = meta_v4(FLASH_CONFIG)  # the released V4-Flash, bf16, on the meta device

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 import phaselens
-import phaselens.runtime.files as files
+import phaselens.storage.writing as files
 from phaselens import OutputError
 from phaselens.presentation.reporting.write import REPORT, write_report
-from phaselens.runtime.files import DirKind, atomic_write_dir, check_output_dir, recover_dir
+from phaselens.storage.writing import DirKind, atomic_write_dir, check_output_dir, recover_dir
 from tests.support.models import LAYOUTS, make_model
 
 
@@ -302,7 +302,7 @@ def test_a_file_a_user_puts_during_an_interrupted_update_is_kept(tmp_path, kill_
     assert recover_dir(out)
     assert (out / "index.html").read_text() == "the user's page" and (out / "figures" / "map.png").read_bytes() == b"edited"
     assert not (out / "figures" / "top.png").exists()  # its own stale file: removed
-    import phaselens.runtime.manifest as mf
+    import phaselens.storage.manifest as mf
 
     owned = mf.owned_by(out, "report")
     assert "index.html" not in owned and "figures/map.png" not in owned and "results.json" in owned

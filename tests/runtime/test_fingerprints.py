@@ -10,7 +10,7 @@ import torch
 
 import phaselens
 from phaselens.contract.protocol import module_of
-from phaselens.runtime.fingerprints import analysis_fingerprint, fingerprint, model_fingerprint
+from phaselens.storage.fingerprints import analysis_fingerprint, fingerprint, model_fingerprint
 from tests.support.models import LAYOUTS, make_model, task_model, tiny_task
 
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 import phaselens
 from phaselens.core.errors import CheckpointError, InputError
-from phaselens.runtime.reading import TornLineWarning
+from phaselens.storage.reading import TornLineWarning
 from phaselens.train import load_checkpoint
 from phaselens.train.family.steps import StepFallbackWarning
 from phaselens.train.loop import TrainSettings, train

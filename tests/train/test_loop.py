@@ -129,7 +129,7 @@ def test_resume_with_other_data_or_initial_weights_is_refused(tmp_path):
 
 
 def test_a_state_whose_fingerprint_lacks_fields_is_refused(tmp_path):
-    from phaselens.runtime.files import write_owned_file
+    from phaselens.storage.writing import write_owned_file
 
     train(CFG, batch_fn, SMALL, tmp_path, progress=False, stop_after=2)
     path = tmp_path / "checkpoints" / "latest.json"

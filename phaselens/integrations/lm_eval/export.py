@@ -34,7 +34,7 @@ import numpy as np
 from phaselens.core.errors import InputError, TaskError, TokenizerMismatchError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.integrations.lm_eval.tokens import TokenizerView, load_any_tokenizer
-from phaselens.runtime.files import write_owned_file
+from phaselens.storage.writing import write_owned_file
 
 KIND = "exported"
 WRITER = "lm-eval export"  # the writer's name in the folder's manifest

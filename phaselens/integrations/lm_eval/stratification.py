@@ -31,7 +31,7 @@ from phaselens.core.errors import InputError, NotApplicableError, ResidueError, 
 from phaselens.integrations.lm_eval.filler import Filler, check_shift, choose_filler
 from phaselens.integrations.lm_eval.harness import require_lm_eval
 from phaselens.integrations.lm_eval.tokens import load_any_tokenizer
-from phaselens.runtime.files import write_owned_file
+from phaselens.storage.writing import write_owned_file
 from phaselens.tasks.text import special_prefix
 
 PHASE_KEY = "phaselens"  # the key of each variant's record in its document

@@ -13,7 +13,7 @@ See ``docs/causal_lm.md``.
 
 from __future__ import annotations
 
-import phaselens.runtime.quiet_tqdm  # noqa: F401  (first: before anything imports transformers)
+import phaselens.parallel.quiet_tqdm  # noqa: F401  (first: before anything imports transformers)
 from phaselens.models.causal_lm.adapter import CausalLMAdapter, CausalLMCfg
 from phaselens.models.causal_lm.construct import from_transformers, load_causal_lm
 from phaselens.models.causal_lm.engine import CausalSuffixEngine

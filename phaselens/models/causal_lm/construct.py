@@ -13,8 +13,8 @@ from phaselens.core.errors import CheckpointError, InputError, PhaseGeometryErro
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.causal_lm.adapter import CausalLMAdapter
 from phaselens.models.causal_lm.layout import TESTED_TYPES
+from phaselens.models.loading_info import check_loading_info, check_strict
 from phaselens.models.wrappers import bridged_modules, unbridged, unwrap_object
-from phaselens.runtime.loading_info import check_loading_info, check_strict
 
 COMPRESSED_TYPES = ("deepseek_v4", "deepseek_v41")  # their own kinds read the geometry from the model
 LOAD_OPTIONS = ("device", "stride", "window", "origin", "dtype", "device_map", "attn_implementation", "strict")
@@ -102,7 +102,7 @@ def load_causal_lm(path: str | os.PathLike, *, device: str | torch.device = "cpu
         strict: refuse a checkpoint whose tensors do not match the model (missing, unexpected or mis-shaped ones:
             a :class:`CheckpointError` naming them). ``strict=False`` loads it anyway, as transformers does
             (missing weights initialised at random), with a
-            :class:`~phaselens.runtime.loading_info.CheckpointMismatchWarning` naming them.
+            :class:`~phaselens.models.loading_info.CheckpointMismatchWarning` naming them.
     """
     root = Path(path).expanduser()
     if not root.is_dir() or not (root / "config.json").is_file():

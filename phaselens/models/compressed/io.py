@@ -1,7 +1,7 @@
 """Checkpoints: ``model.safetensors`` + ``config.json`` (+ optional ``card.json``). Never pickle. The weights' header
-records each tensor's sha256 (:mod:`phaselens.runtime.checksums`), checked when the model is loaded.
+records each tensor's sha256 (:mod:`phaselens.storage.checksums`), checked when the model is loaded.
 
-Writes go through :func:`phaselens.runtime.files.atomic_write_dir`: a new directory appears in one rename, an
+Writes go through :func:`phaselens.storage.writing.atomic_write_dir`: a new directory appears in one rename, an
 existing one is updated through a committed journal that
 :func:`~phaselens.models.compressed.loader.load_model` completes after a kill, and a
 directory holding files phaselens did not write is refused unless ``overwrite=True`` (which still replaces
@@ -19,10 +19,10 @@ import torch
 from safetensors.torch import save_file
 
 from phaselens.core.errors import InputError, PhaseLensError
-from phaselens.runtime.checkpoints import safetensors_metadata
-from phaselens.runtime.checksums import stamped
-from phaselens.runtime.files import DirKind, atomic_write_dir
-from phaselens.runtime.reading import peek_json_object
+from phaselens.storage.checksums import stamped
+from phaselens.storage.reading import peek_json_object
+from phaselens.storage.resumable import safetensors_metadata
+from phaselens.storage.writing import DirKind, atomic_write_dir
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.config import CompressedConfig

@@ -12,8 +12,8 @@ from phaselens.core.errors import CheckpointError, OutputError, PhaseLensError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.io import CARD, CONFIG, FORMAT, WEIGHTS, resolve_device, tied_names
 from phaselens.models.compressed.transformer import CompressedTransformer
-from phaselens.runtime.checkpoints import check_floating, check_tensor_names, load_safetensors, read_json
-from phaselens.runtime.files import recover_dir
+from phaselens.storage.resumable import check_floating, check_tensor_names, load_safetensors, read_json
+from phaselens.storage.writing import recover_dir
 
 
 def load_model(path: str | os.PathLike, *, device: str | torch.device = "cpu") -> CompressedTransformer:

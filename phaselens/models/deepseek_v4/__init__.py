@@ -11,7 +11,7 @@ See ``docs/deepseek_v4.md``.
 
 from __future__ import annotations
 
-import phaselens.runtime.quiet_tqdm  # noqa: F401  (first: before anything imports transformers)
+import phaselens.parallel.quiet_tqdm  # noqa: F401  (first: before anything imports transformers)
 from phaselens.models.deepseek_v4.adapter import DeepSeekV4Adapter
 from phaselens.models.deepseek_v4.checkpoint import load_hf
 from phaselens.models.deepseek_v4.config import DeepSeekV4Cfg

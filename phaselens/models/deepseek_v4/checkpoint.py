@@ -20,8 +20,8 @@ from phaselens.models.deepseek_v4.adapter import DeepSeekV4Adapter
 from phaselens.models.deepseek_v4.config_checks import check_v4_config
 from phaselens.models.deepseek_v4.construct import from_hf
 from phaselens.models.deepseek_v4.notices import LayerTypesWarning
-from phaselens.runtime.checkpoints import read_json, safetensors_metadata
-from phaselens.runtime.loading_info import check_loading_info, check_strict
+from phaselens.models.loading_info import check_loading_info, check_strict
+from phaselens.storage.resumable import read_json, safetensors_metadata
 
 PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
@@ -89,7 +89,7 @@ def load_hf(
             transformers' default schedule, which matches no released model (a ``LayerTypesWarning`` says so).
         strict: refuse a checkpoint with missing, unexpected or mis-shaped tensors (a ``CheckpointError``
             naming them); ``strict=False`` loads it as transformers does (missing weights random), with a
-            :class:`~phaselens.runtime.loading_info.CheckpointMismatchWarning`.
+            :class:`~phaselens.models.loading_info.CheckpointMismatchWarning`.
         **kwargs: ``analysis_stride``, ``index_topk``, ``backend``, ``chunk``, ``numerics``, ``quantize`` go to
             :func:`from_hf`; the rest to ``DeepseekV4ForCausalLM.from_pretrained`` (config overrides included).
     """

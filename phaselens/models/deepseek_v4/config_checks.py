@@ -5,7 +5,7 @@ transformers answers an edited config with errors from deep inside (a ``StrictDa
 and computes something else (a sliding window of -1, zero Sinkhorn iterations, a negative norm epsilon).
 :func:`check_v4_config` names the field, what it must be and how to fix it. Sizes that agree with the
 config but not with the weights are caught after loading, by tensor name and shape
-(:func:`phaselens.runtime.checkpoints.check_tensor_names` through :func:`phaselens.models.deepseek_v4.load_hf`).
+(:func:`phaselens.storage.resumable.check_tensor_names` through :func:`phaselens.models.deepseek_v4.load_hf`).
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ from phaselens.models.deepseek_v41.weights import (
     read_index,
 )
 from phaselens.models.numerics.sizing import addressable
-from phaselens.runtime.checkpoints import check_tensor_names, read_json
-from phaselens.runtime.reading import peek_json_object
+from phaselens.storage.reading import peek_json_object
+from phaselens.storage.resumable import check_tensor_names, read_json
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
            "fp64": torch.float64, "float64": torch.float64, "fp16": torch.float16, "float16": torch.float16}
@@ -105,7 +105,7 @@ def load_v41(
             :mod:`~phaselens.models.deepseek_v41.kernels`).
         device_map: spread the model over devices, with transformers/accelerate conventions: ``"auto"``,
             ``"balanced"``, ``"sequential"``, a dict ``{module name: device}`` (e.g.
-            :func:`phaselens.runtime.replicas.replica_device_map`) or one device (see
+            :func:`phaselens.parallel.replicas.replica_device_map`) or one device (see
             :mod:`~phaselens.models.deepseek_v41.placement`). Every map keeps Engram's tables (98 GB each at
             the released size) in host memory and sends each lookup's rows to its layer's GPU, unless it names
             a table (``"blocks.1.engram.embed": 0``); ``device=`` puts everything on one device.
@@ -144,7 +144,7 @@ def meta_v41(path: str | os.PathLike, *, dtype: torch.dtype | str = torch.bfloat
              weights: Literal["packed", "dequantized"] = "packed", engram: str = "run",
              n_layers: int | None = None, **model_kw: Any) -> DeepSeekV41:
     """The model of the checkpoint directory ``path`` on the meta device (shapes and dtypes, no memory): what
-    :func:`phaselens.runtime.replicas.replica_device_map` and ``phaselens plan`` need before loading.
+    :func:`phaselens.parallel.replicas.replica_device_map` and ``phaselens plan`` need before loading.
 
     ``path`` may hold ``config.json`` alone: packed weights then take the release's formats
     (:func:`~phaselens.models.deepseek_v41.weights.pack_as_released`); with shards, their headers decide.
@@ -218,7 +218,7 @@ FIX = ("config.json and the weights disagree, or a shard is incomplete; restore 
 def check_v41_weights(model: DeepSeekV41, root: Path, config: V41Config, *, skip_engram: bool) -> None:
     """The checkpoint's tensor names (read from its index or shard headers, no data) against the model the
     config builds: first the layer roles the names imply (which layers compress, gate and index: a config
-    field that disagrees is named), then every name (:func:`~phaselens.runtime.checkpoints.check_tensor_names`).
+    field that disagrees is named), then every name (:func:`~phaselens.storage.resumable.check_tensor_names`).
 
     What the weights cannot show is not checked: a compress ratio's value above 1 (2 and 4 give the same
     tensors) and whether a layer that reuses another's KV is compressed at all (it owns no tensors of it).

@@ -5,7 +5,7 @@
   ``max_memory`` (``{0: "70GiB", "cpu": "200GiB"}``) as its budget; ``"balanced"`` spreads evenly
   (``get_balanced_memory``), as transformers does for ``"auto"``.
 * a dict ``{module or parameter name: device}`` (``""`` is the whole model), e.g. from
-  :func:`phaselens.runtime.replicas.replica_device_map`; devices are GPU indices, ``"cuda:N"``, ``"cpu"`` or
+  :func:`phaselens.parallel.replicas.replica_device_map`; devices are GPU indices, ``"cuda:N"``, ``"cpu"`` or
   ``torch.device``. Every tensor needs a device, the longest matching name decides.
 * a single device (``"cpu"``, ``"cuda:1"``, ``0``).
 

@@ -54,7 +54,7 @@ from phaselens.models.numerics.packed import (
     stored_kind,
 )
 from phaselens.models.numerics.sizing import item_size
-from phaselens.runtime.checkpoints import read_json
+from phaselens.storage.resumable import read_json
 
 SKIP_PREFIXES = ("mtp.", "vision.", "aligner.", "image_")
 _NATIVE = (torch.float8_e4m3fn, torch.float8_e8m0fnu)

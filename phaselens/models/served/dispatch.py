@@ -77,6 +77,6 @@ def dispatch(send: Callable[[int], Any], n: int, *, concurrency: int, lead: np.n
 def _bar(n: int, enabled: bool, stage: str, model: Any) -> Any:
     if not enabled:
         return None
-    from phaselens.runtime.progress import progress_bar
+    from phaselens.parallel.progress import progress_bar
 
     return progress_bar(stage=stage, unit="req", total=n, model=model)

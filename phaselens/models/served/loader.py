@@ -28,7 +28,7 @@ from phaselens.models.served.model import ServedModel, mismatch_message
 from phaselens.models.served.protocols import DIALECTS, Dialect
 from phaselens.models.served.replies import validated
 from phaselens.models.served.vocabulary import Vocabulary, load_tokenizer, server_vocabulary
-from phaselens.runtime.reading import peek_json
+from phaselens.storage.reading import peek_json
 
 PROBES = ("Records: cat: Alice. dog: Bob.\nLookup: cat:", "x = y  # a line of code\n    return x == 8", "1 2 3 = = =")
 DEFAULT_CONCURRENCY = {"vllm": 32, "sglang": 32, "openai-ids": 4, "openai-text": 2}

@@ -85,7 +85,7 @@ def as_phaselens_error(err: BaseException, options: Iterable[str] | None = None)
     import errno
 
     from phaselens.core.errors import OutputError, ResourceError
-    from phaselens.runtime.oserrors import why_os_error
+    from phaselens.storage.oserrors import why_os_error
 
     if isinstance(err, PhaseLensError):
         return err
@@ -190,7 +190,7 @@ def _check_world() -> None:
     """torchrun's RANK, LOCAL_RANK and WORLD_SIZE, when set, must be counts that agree (a typo would
     otherwise run every process as rank 0 of 1, each writing the same outputs). Every process prints it: the
     ranks themselves are in doubt."""
-    from phaselens.runtime.world import check_world_env
+    from phaselens.parallel.world import check_world_env
 
     try:
         check_world_env(os.environ)
@@ -240,8 +240,8 @@ def check_out(path: str | None, *, kind: str, what: str = "the output is a folde
     why in the message).
     """
     from phaselens.core.errors import OutputError
-    from phaselens.runtime.files import owns_file
-    from phaselens.runtime.oserrors import why_not_written
+    from phaselens.storage.oserrors import why_not_written
+    from phaselens.storage.writing import owns_file
 
     if path is None:
         return None
@@ -281,7 +281,7 @@ def write_csv(frame: Any, path: Path, *, force: bool = False) -> None:
     """Write ``frame`` as CSV to ``path`` atomically (a kill leaves the old file or the new one, never half),
     recorded in the folder's manifest; an existing file phaselens cannot prove it wrote needs ``force``."""
     from phaselens.presentation.reporting.write import integer_columns
-    from phaselens.runtime.files import write_owned_file
+    from phaselens.storage.writing import write_owned_file
 
     write_owned_file(path, lambda tmp: integer_columns(frame).to_csv(tmp, index=False), by=CLI_OUTPUT,
                      overwrite=force, force_hint="--force")
@@ -319,7 +319,7 @@ def main(
             import warnings
 
             warnings.simplefilter("ignore")  # the other ranks print nothing
-        from phaselens.runtime.distributed import init_from_env
+        from phaselens.parallel.distributed import init_from_env
 
         init_from_env(gpus_per_replica)
 
@@ -329,13 +329,13 @@ def _load(model: str, **kwargs: Any) -> Any:
 
     if _world_env()[1] <= 1:
         return load(model, **kwargs)
-    from phaselens.runtime.replicas import rank_device, replica_gpus
+    from phaselens.parallel.replicas import rank_device, replica_gpus
 
     k = int(_state["gpus_per_replica"])
     device = rank_device(k)
     if model.startswith("hf:") and k > 1 and device != "cpu":  # one copy spread over this rank's GPUs
         from phaselens.models.sources import meta_model
-        from phaselens.runtime.replicas import replica_device_map
+        from phaselens.parallel.replicas import replica_device_map
 
         return load(model, device_map=replica_device_map(meta_model(model[3:]), replica_gpus(k)), **kwargs)
     return load(model, device=device, **kwargs)
@@ -375,7 +375,7 @@ def require_default_task(m: Any, model: str, command: str, *, task_option: bool)
 
 
 def _label(model: str) -> Any:
-    from phaselens.runtime.progress import progress_label
+    from phaselens.parallel.progress import progress_label
 
     if model.startswith(("http://", "https://")):  # a served model: its host and port
         return progress_label(model.split("://", 1)[1].split("/", 1)[0])

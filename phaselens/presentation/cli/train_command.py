@@ -141,7 +141,7 @@ def train(
     chosen = get_recipe(recipe)  # a clear error for an unknown name, before any work
     _check_out_folder(out)
     from phaselens.models.compressed.io import checkpoint_kind
-    from phaselens.runtime.files import check_output_dir
+    from phaselens.storage.writing import check_output_dir
 
     check_output_dir(Path(out) / recipe, checkpoint_kind(extra=("eval_batch.safetensors",)), overwrite=force)
     run_dir = Path(runs) / recipe

@@ -13,11 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from phaselens.parallel.progress import progress_label
 from phaselens.presentation.reporting.compute import ModelResults, ReportSettings, compute_model
 from phaselens.presentation.reporting.render import html_page, sections
 from phaselens.presentation.reporting.write import REPORT, export_static, write_report
-from phaselens.runtime.files import check_output_dir
-from phaselens.runtime.progress import progress_label
+from phaselens.storage.writing import check_output_dir
 
 DEFAULT_MODELS = ("w8s4", "full")
 
@@ -134,7 +134,7 @@ def report(
         "models": [r.name for r in results],
     }
     meta["seconds"] = time.time() - t0
-    from phaselens.runtime.world import is_main_process
+    from phaselens.parallel.world import is_main_process
 
     if not is_main_process():  # under torchrun every rank computes (its share); rank 0 writes
         return Path(out)

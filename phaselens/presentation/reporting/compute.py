@@ -85,8 +85,8 @@ def compute_model(name: str, model: Any, settings: ReportSettings, *, stride: in
             out.cycling_note = str(err)
             out.notes.append(f"Gate cycling: {err}")
         if s.repair:
-            from phaselens.analyses.repair import repair_table
             from phaselens.contract.protocol import is_black_box
+            from phaselens.repair.table import repair_table
 
             rule = "vote" if is_black_box(model) else "max_conf"  # a server may report no confidences
             try:

@@ -1,5 +1,5 @@
 """Writing the report: files into a temporary directory, put into place at the end (atomic; see
-:mod:`phaselens.runtime.files`). A directory holding files that are not a previous report's (by its manifest)
+:mod:`phaselens.storage.writing`). A directory holding files that are not a previous report's (by its manifest)
 is refused unless ``overwrite=True``, which replaces only the report's own files, in ``figures/`` too."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pandas as pd
 
 from phaselens.presentation.reporting.compute import ModelResults
 from phaselens.presentation.reporting.render import Section, headline_rows
-from phaselens.runtime.files import DirKind, atomic_write_dir
-from phaselens.runtime.reading import peek_json_object
+from phaselens.storage.reading import peek_json_object
+from phaselens.storage.writing import DirKind, atomic_write_dir
 
 # Columns that count or index things. A column with missing cells (a recording's ``head`` is empty on
 # gate rows) comes out of pandas as float; written as such it reads "0.0". These become nullable integers.

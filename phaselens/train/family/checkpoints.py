@@ -12,11 +12,11 @@ Every rank writes its file atomically, the ranks meet at a barrier, then rank 0 
 written step directory is ignored and removed by the next save). The step that a commit replaces is kept (one
 earlier step), so damage on disk leaves a step to resume from (:mod:`phaselens.train.family.steps`).
 
-Each rank file's header records the sha256 of every tensor (:mod:`phaselens.runtime.checksums`); a resume
+Each rank file's header records the sha256 of every tensor (:mod:`phaselens.storage.checksums`); a resume
 and :func:`load_checkpoint` check them, and a damaged file is a :class:`CheckpointError` naming it and the
 intact earlier step.
 
-The ownership rule of :mod:`phaselens.runtime.files` holds here too: a rank file is phaselens's by its own
+The ownership rule of :mod:`phaselens.storage.writing` holds here too: a rank file is phaselens's by its own
 header, ``log.json`` and ``latest.json`` by the folder's manifest (or, for ``latest.json``, its format stamp).
 The clean-up removes only those files, from folders named exactly ``step-NNNNNNNNN``, and a folder only once
 it is empty: a user's ``step-keep/`` or a note inside a step folder stays. Nothing is pickled (safetensors + JSON; not
@@ -36,12 +36,12 @@ import torch
 from safetensors.torch import save_file
 
 from phaselens.core.errors import CheckpointError, OutputError
-from phaselens.runtime import manifest as mf
-from phaselens.runtime.checkpoints import check_floating, load_safetensors, read_json, safetensors_metadata
-from phaselens.runtime.checksums import stamped, verify_file
-from phaselens.runtime.files import owns_file, write_owned_file
-from phaselens.runtime.oserrors import writing
-from phaselens.runtime.reading import peek_json_object
+from phaselens.storage import manifest as mf
+from phaselens.storage.checksums import stamped, verify_file
+from phaselens.storage.oserrors import writing
+from phaselens.storage.reading import peek_json_object
+from phaselens.storage.resumable import check_floating, load_safetensors, read_json, safetensors_metadata
+from phaselens.storage.writing import owns_file, write_owned_file
 from phaselens.train.family.steps import (
     BY,
     FORMAT,

@@ -202,8 +202,8 @@ def check_folder(option: str, given: str, path: Path, what: str) -> None:
     """``option`` (``--runs`` or ``--out``): a folder that exists or is created with its missing parents (as
     ``mkdir -p`` would), under a writable folder; refused before any training when it cannot be."""
     from phaselens.core.errors import OutputError
-    from phaselens.runtime.files import nearest_existing, writable
-    from phaselens.runtime.oserrors import why_not_written
+    from phaselens.storage.oserrors import why_not_written
+    from phaselens.storage.writing import nearest_existing, writable
 
     try:
         for where in (path, *path.parents):
@@ -248,8 +248,8 @@ def run(a: FamilyArgs, say: Any) -> None:
         say(plan_text(a))
         return
     from phaselens.models.compressed.io import checkpoint_kind
-    from phaselens.runtime.files import check_output_dir
-    from phaselens.runtime.world import process_world
+    from phaselens.parallel.world import process_world
+    from phaselens.storage.writing import check_output_dir
     from phaselens.train.family import checkpoints as ckpt
     from phaselens.train.family.plan import batch_split
     from phaselens.train.family.run import member_name, run_recipe

@@ -60,7 +60,7 @@ def run_recipe(recipe: FamilyRecipe, *, out: str | Path, runs: str | Path, paral
     when ``stop_after`` or ``time_limit`` seconds end the run early: rerun to resume; the last committed step
     loads with :func:`phaselens.train.load_checkpoint`). ``peak_tflops``: the GPU's peak, for the MFU in
     ``RUN_DIR/metrics.jsonl``."""
-    from phaselens.runtime.world import local, process_world
+    from phaselens.parallel.world import local, process_world
     from phaselens.train.family.trainer import _barrier
 
     world = process_world()

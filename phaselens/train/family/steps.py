@@ -2,7 +2,7 @@
 earlier step a damaged one leaves to resume from.
 
 Each commit keeps the step it replaces (:func:`phaselens.train.family.checkpoints.save`), so a step damaged
-on disk (its rank files carry each tensor's sha256, :mod:`phaselens.runtime.checksums`) leaves an intact one
+on disk (its rank files carry each tensor's sha256, :mod:`phaselens.storage.checksums`) leaves an intact one
 to resume from. Which step that is, is said in the error; the user chooses it by removing the damaged folder:
 a ``latest.json`` that names a folder that is gone then resumes from the newest intact earlier step, with a
 warning (:func:`fallback`).
@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from phaselens.core.errors import CheckpointError, InputError
-from phaselens.runtime import manifest as mf
-from phaselens.runtime.checkpoints import read_json, safetensors_metadata
-from phaselens.runtime.checksums import verify_file
+from phaselens.storage import manifest as mf
+from phaselens.storage.checksums import verify_file
+from phaselens.storage.resumable import read_json, safetensors_metadata
 
 LATEST = "latest.json"
 LOG = "log.json"

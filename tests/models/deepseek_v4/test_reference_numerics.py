@@ -20,7 +20,7 @@ from phaselens.models.deepseek_v4 import IndexTopKWarning, from_hf
 from phaselens.models.deepseek_v4.numerics import restore, swapped, unscaled_yarn
 from phaselens.models.deepseek_v4.quantization import fp8_simulate
 from phaselens.models.deepseek_v4.reference_ops import mix_streams, reference_attention
-from phaselens.runtime.fingerprints import model_fingerprint
+from phaselens.storage.fingerprints import model_fingerprint
 from tests.support.deepseek import (
     FLASH_CONFIG,
     QUANTIZABLE,

@@ -19,8 +19,8 @@ from phaselens.models.deepseek_v41.checkpoint import meta_v41
 from phaselens.models.deepseek_v41.config import V41Config
 from phaselens.models.deepseek_v41.engram import EngramTable, engram_traffic
 from phaselens.models.deepseek_v41.placement import host_modules, resolve
+from phaselens.parallel.replicas import _units, replica_device_map
 from phaselens.presentation.cli import app
-from phaselens.runtime.replicas import _units, replica_device_map
 from tests.support.deepseek_v41 import TINY_TEXT, write_tiny_checkpoint
 from tests.support.paths import DATA
 

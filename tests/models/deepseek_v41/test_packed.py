@@ -197,7 +197,7 @@ def test_v41_in_torchrun_replicas(tiny):
     """``--gpus-per-replica``: ``replica_device_map(meta_model(DIR), gpus)`` places V4.1 (packed, on the meta
     device) in contiguous runs of layers; the map loads the same model (all on the CPU here)."""
     from phaselens.models.sources import meta_model
-    from phaselens.runtime.replicas import _units, replica_device_map
+    from phaselens.parallel.replicas import _units, replica_device_map
 
     flash = meta_model(DATA / "configs" / "DeepSeek-V4.1-Flash")
     assert flash.blocks[5].ffn.experts.w1.dtype == torch.uint8  # the release's packed layout

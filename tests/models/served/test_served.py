@@ -111,7 +111,7 @@ def test_repair_table_combines_the_served_copies(served, local, task):
     assert np.array_equal(base["predicted"].to_numpy(), base_ref["predicted"].to_numpy())
     assert np.allclose(tab.rows["any_copy_right"], ref.rows["any_copy_right"]) and 0 < tab.rows["any_copy_right"].iloc[1]
     # the copies' own answers, in process: a strict majority decides the vote the same way on both sides
-    from phaselens.analyses.repair import block_copy_logits
+    from phaselens.repair.table import block_copy_logits
 
     per_copy = block_copy_logits(local, batch, slice(0, len(batch)), tuple(range(4)), tab.metadata["pad_id"])
     votes = per_copy.argmax(-1).numpy()  # [K, N]

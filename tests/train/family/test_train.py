@@ -104,7 +104,7 @@ def test_one_process_trains_exports_and_logs(tmp_path):
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*")) == ["step-000000004",
                                                                                           "step-000000006"]
     # what phaselens wrote is listed by the folders' manifests (the ownership rule), and only that
-    from phaselens.runtime import manifest as mf
+    from phaselens.storage import manifest as mf
 
     step = next((tmp_path / "run" / "checkpoints").glob("step-*"))
     assert set(mf.owned_by(tmp_path / "run" / "checkpoints", "training run")) == {"latest.json"}

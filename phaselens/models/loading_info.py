@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from phaselens.core.errors import InputError
-from phaselens.runtime.checkpoints import tensor_mismatch
+from phaselens.storage.resumable import tensor_mismatch
 
 
 class CheckpointMismatchWarning(UserWarning):

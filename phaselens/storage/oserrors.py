@@ -4,7 +4,7 @@ Writers (model save, report, checkpoints, caches, training state, command-line o
 into an :class:`~phaselens.core.errors.OutputError`; readers into a
 :class:`~phaselens.core.errors.CheckpointError`. A file that cannot be *read* (permission, a directory in its
 place, an I/O error) is never called corrupt and never comes with the advice to delete it: only a file that
-was read and proven malformed is (see :mod:`phaselens.runtime.checkpoints`).
+was read and proven malformed is (see :mod:`phaselens.storage.resumable`).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 One ownership rule holds for every writer (model checkpoints, the report, analysis checkpoints, caches,
 training state, command-line outputs): **a file is phaselens's only if phaselens's own record says it wrote
-it and nobody changed it since** (:mod:`phaselens.runtime.manifest`: the folder's ``.phaselens-manifest.json``
+it and nobody changed it since** (:mod:`phaselens.storage.manifest`: the folder's ``.phaselens-manifest.json``
 with each file's sha256, or, for checkpoint files, their own phaselens header). Never from a name or an
 extension.
 
@@ -14,11 +14,11 @@ extension.
   is replaced only with ``overwrite=True`` (``--force``), the user naming that very file.
 * **A kill at any instant loses nothing.** A single file is written beside its target and renamed over it
   (``os.replace``). A new directory is written beside its target and renamed into place. An existing
-  directory is updated in place through a journal (:mod:`phaselens.runtime.journal`); a kill before its
+  directory is updated in place through a journal (:mod:`phaselens.storage.journal`); a kill before its
   commit leaves the old version, a kill after it is rolled forward by :func:`recover_dir`, which every
   loader and the next write call.
 * **What the OS refuses is said in words**: a full disk, a permission, a name too long
-  (:mod:`phaselens.runtime.oserrors`), as an :class:`OutputError`.
+  (:mod:`phaselens.storage.oserrors`), as an :class:`OutputError`.
 
 New directories get the user's normal permissions (``0o777`` less the umask), like ``mkdir`` does.
 ``FAULT_HOOK`` lets tests kill a writer at a named point (e.g. between two renames).
@@ -33,8 +33,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from phaselens.core.errors import OutputError
-from phaselens.runtime import manifest as mf
-from phaselens.runtime.journal import (  # noqa: F401 - the names files.STAGE etc. are part of the API
+from phaselens.storage import manifest as mf
+from phaselens.storage.journal import (  # noqa: F401 - the names files.STAGE etc. are part of the API
     COMMITTED,
     DONE,
     JOURNAL,
@@ -51,9 +51,9 @@ from phaselens.runtime.journal import (  # noqa: F401 - the names files.STAGE et
     token,
     umask,
 )
-from phaselens.runtime.journal import recover_dir as _recover
-from phaselens.runtime.journal import write_in_place as _write_in_place
-from phaselens.runtime.oserrors import writing
+from phaselens.storage.journal import recover_dir as _recover
+from phaselens.storage.journal import write_in_place as _write_in_place
+from phaselens.storage.oserrors import writing
 
 MANIFEST = mf.MANIFEST
 
@@ -274,5 +274,5 @@ def _write_new(target: Path, write: Callable[[Path], None], kind: DirKind) -> No
 
 
 def recover_dir(target: str | os.PathLike) -> bool:
-    """Finish any committed write into ``target`` that a kill interrupted (see :mod:`phaselens.runtime.journal`)."""
+    """Finish any committed write into ``target`` that a kill interrupted (see :mod:`phaselens.storage.journal`)."""
     return _recover(target, _fault)

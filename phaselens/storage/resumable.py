@@ -1,8 +1,8 @@
 """Resumable results on disk: readers that turn damaged files into clear errors, a checkpoint of finished
 cells (maps), and a cache of finished results keyed by fingerprint (repair tables).
 
-Every checkpoint is safetensors + JSON, never pickle, written with :mod:`phaselens.runtime.files` (atomic) and
-stamped with a fingerprint of what produced it (:mod:`phaselens.runtime.fingerprints`), so a resume from another
+Every checkpoint is safetensors + JSON, never pickle, written with :mod:`phaselens.storage.writing` (atomic) and
+stamped with a fingerprint of what produced it (:mod:`phaselens.storage.fingerprints`), so a resume from another
 model, calibration or setting raises instead of mixing results.
 """
 
@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 
 from phaselens.core.errors import CheckpointError, OutputError
-from phaselens.runtime.checksums import stamped, verify
-from phaselens.runtime.files import atomic_write_file, nearest_existing, writable, write_owned_file
-from phaselens.runtime.oserrors import NAME_MAX, why_not_read, why_not_written
-from phaselens.runtime.reading import JSONDepthError, parse_json, peek_json
+from phaselens.storage.checksums import stamped, verify
+from phaselens.storage.oserrors import NAME_MAX, why_not_read, why_not_written
+from phaselens.storage.reading import JSONDepthError, parse_json, peek_json
+from phaselens.storage.writing import atomic_write_file, nearest_existing, writable, write_owned_file
 
 CELLS_FORMAT = "phaselens.cells/1"
 
@@ -109,7 +109,7 @@ def safetensors_metadata(path: str | os.PathLike, *, fix: str) -> dict[str, str]
 
 def load_safetensors(path: str | os.PathLike, *, fix: str, framework: str = "pt") -> dict[str, Any]:
     """All tensors of a safetensors file (``framework`` ``"pt"`` or ``"np"``), checked against the sha256 its
-    header records (:mod:`phaselens.runtime.checksums`); damage raises :class:`CheckpointError`."""
+    header records (:mod:`phaselens.storage.checksums`); damage raises :class:`CheckpointError`."""
     meta = safetensors_metadata(path, fix=fix)
     try:
         if framework == "pt":

@@ -9,7 +9,7 @@ it), so the directory always reads as the old or the new complete version. The r
 every staged file against the sha256 the stage's manifest recorded, so a file damaged on disk meanwhile is
 never put in place.
 
-Ownership is per file (:mod:`phaselens.runtime.manifest`), also inside sub-folders: the roll-forward
+Ownership is per file (:mod:`phaselens.storage.manifest`), also inside sub-folders: the roll-forward
 replaces or removes a file only if it still hashes to what the journal recorded, so a file a user put or
 edited there meanwhile is kept (and left out of the manifest).
 """
@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from phaselens.core.errors import OutputError
-from phaselens.runtime import manifest as mf
-from phaselens.runtime.temporaries import alive, clean_stale, remove, token  # noqa: F401 - re-exported
+from phaselens.storage import manifest as mf
+from phaselens.storage.temporaries import alive, clean_stale, remove, token  # noqa: F401 - re-exported
 
 STAGE = ".phaselens-tmp-"  # a stage being written (incomplete)
 COMMITTED = ".phaselens-new-"  # a complete stage whose files are being moved into place

@@ -2,8 +2,8 @@
 
 Inserting ``k`` single-token pads right after BOS moves every later token ``k`` slots, so the needle's phase
 changes by ``k`` while its content does not. Shared by the phase-ensemble model
-(:class:`~phaselens.models.ensemble.PhaseEnsemble`) and the repair measurement
-(:func:`~phaselens.analyses.repair.repair_table`).
+(:class:`~phaselens.repair.ensemble.PhaseEnsemble`) and the repair measurement
+(:func:`~phaselens.repair.table.repair_table`).
 """
 
 from __future__ import annotations

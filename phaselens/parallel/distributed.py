@@ -49,7 +49,7 @@ from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from phaselens.core.errors import DistributedError, RankError
-from phaselens.runtime.world import World, is_main_process, local, process_world, world
+from phaselens.parallel.world import World, is_main_process, local, process_world, world
 
 _LEDGER: ContextVar[list[dict[str, Any]] | None] = ContextVar("phaselens_shard_ledger", default=None)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -92,7 +92,7 @@ def shard_map(
         compute: ``compute(indices) -> results`` for a list of unit indices (at most ``per_call``), one
             result per index. With ``store``, a result is a tuple of arrays (the store's fields).
         labels: one unique label per unit (checkpoint keys and ``metadata["shards"]``).
-        store: a :class:`~phaselens.runtime.checkpoints.CellCheckpoint` (open it with :func:`open_checkpoint`):
+        store: a :class:`~phaselens.storage.resumable.CellCheckpoint` (open it with :func:`open_checkpoint`):
             units it holds are skipped, finished units are added and flushed after every round.
         unit, stage: what a unit is (``"cell"``, ``"item block"``) and the stage name (progress bar, ledger).
         progress, bar_unit, leave, model: the progress bar (rank 0 only; it counts units of all ranks).
@@ -105,7 +105,7 @@ def shard_map(
     results: dict[int, Any] = {}
     bar = None
     if progress and is_main_process():
-        from phaselens.runtime.progress import progress_bar
+        from phaselens.parallel.progress import progress_bar
 
         bar = progress_bar(stage=stage, unit=bar_unit, total=n, initial=n - len(todo), leave=leave, model=model)
 
@@ -232,12 +232,12 @@ def gather(obj: Any, *, stage: str = "") -> list[Any]:
 
 
 def open_checkpoint(path: Any, fingerprint: str, fields: tuple[str, ...] | None) -> Any:
-    """A :class:`~phaselens.runtime.checkpoints.CellCheckpoint` shared by the ranks.
+    """A :class:`~phaselens.storage.resumable.CellCheckpoint` shared by the ranks.
 
     Only rank 0 reads and writes ``path``; the others hold its finished units in memory (they need no
     shared file system). A damaged file, or one of another run, raises on rank 0 and a RankError elsewhere.
     """
-    from phaselens.runtime.checkpoints import CellCheckpoint
+    from phaselens.storage.resumable import CellCheckpoint
 
     w = world()
     if w.size == 1:
@@ -299,7 +299,7 @@ def init_from_env(gpus_per_replica: int = 1) -> World:
     """Join the process group that torchrun's environment describes (``WORLD_SIZE`` > 1), if not joined yet.
 
     NCCL with this rank's first GPU as the current device when CUDA is available (see
-    :func:`phaselens.runtime.replicas.replica_gpus`), gloo otherwise. Without ``WORLD_SIZE`` > 1 nothing happens.
+    :func:`phaselens.parallel.replicas.replica_gpus`), gloo otherwise. Without ``WORLD_SIZE`` > 1 nothing happens.
     """
     import os
 
@@ -314,7 +314,7 @@ def init_from_env(gpus_per_replica: int = 1) -> World:
         return process_world()
     backend = "gloo"
     if torch.cuda.is_available():
-        from phaselens.runtime.replicas import replica_gpus
+        from phaselens.parallel.replicas import replica_gpus
 
         torch.cuda.set_device(replica_gpus(gpus_per_replica)[0])
         backend = "nccl"

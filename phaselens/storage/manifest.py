@@ -8,7 +8,7 @@ bytes still hash to the recorded sha256. Everything else is the user's: a file t
 a user edited after phaselens wrote it, a file of another writer, whatever its name or extension.
 
 Files that carry their own manifest in a header (the checkpoints of the analyses, the training state) prove
-themselves by it instead (see :func:`phaselens.runtime.files.write_owned_file`).
+themselves by it instead (see :func:`phaselens.storage.writing.write_owned_file`).
 
 The manifest is updated under an advisory lock of its folder (``flock``, where the OS has it) and replaced
 atomically; a missing, unreadable or damaged manifest proves nothing (so nothing is replaced without
@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from phaselens.runtime.temporaries import clean_stale, token
+from phaselens.storage.temporaries import clean_stale, token
 
 MANIFEST = ".phaselens-manifest.json"
 FORMAT = "phaselens.manifest/1"

@@ -95,7 +95,7 @@ def read_jsonl(path: str | os.PathLike, *, fix: str) -> list[Any]:
     try:
         text = path.read_bytes().decode("utf-8", errors="replace")
     except OSError as err:
-        from phaselens.runtime.oserrors import why_not_read
+        from phaselens.storage.oserrors import why_not_read
 
         raise CheckpointError(why_not_read(err, path)) from None
     lines = text.split("\n")

@@ -75,7 +75,7 @@ def progress_bar(iterable: Iterable[Any] | None = None, *, stage: str, unit: str
     """A tqdm bar described by :func:`describe` (``stage`` prefixed by the current label or the model's name).
 
     Under torch.distributed only rank 0 shows bars (the sharded loops count every rank's units there)."""
-    from phaselens.runtime.world import is_main_process
+    from phaselens.parallel.world import is_main_process
 
     return _tqdm_class()(iterable, desc=describe(stage, model), unit=unit, total=total, initial=initial, leave=leave,
                          dynamic_ncols=True, disable=not is_main_process())

@@ -24,8 +24,8 @@ from phaselens.analyses.scoring import (
 from phaselens.contract.protocol import PhaseModel, is_black_box, model_name, require
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError, NotApplicableError
+from phaselens.repair.shifts import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
 from phaselens.results.base import Result
-from phaselens.runtime.phase_shift import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
 
 
 @dataclass(frozen=True, repr=False, eq=False)
@@ -300,7 +300,7 @@ def repair_table(
             rule); its fingerprint covers the model, the items, the shift sets, combining rules, pad token, seed
             and batch size, so a checkpoint of another run is refused.
         shift_sets: ``"all"``, ``"opposite"`` or explicit shifts, one entry per set to compare.
-        combines: the combining rules to compare (:data:`~phaselens.runtime.phase_shift.COMBINES`).
+        combines: the combining rules to compare (:data:`~phaselens.repair.shifts.COMBINES`).
         pad_id: the single-token pad (default: the model's or the task's filler).
         n_permutations: permutations of each row's gap test.
     """

@@ -6,6 +6,6 @@ Importing it first, quietly, keeps the same fallback without the warning. The pa
 transformers import this module first.
 """
 
-from phaselens.runtime.progress import quiet_tqdm_auto
+from phaselens.parallel.progress import quiet_tqdm_auto
 
 quiet_tqdm_auto()

@@ -17,7 +17,7 @@ from phaselens.contract.dims import ModelDims, ModelIdentity
 from phaselens.contract.protocol import PhaseModel, call_state, check_model
 from phaselens.core.checks import as_int
 from phaselens.core.errors import ContextLengthError, InputError
-from phaselens.runtime.phase_shift import (
+from phaselens.repair.shifts import (
     COMBINES,
     align,
     combine,
