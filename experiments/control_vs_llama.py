@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from phaselens.tasks import KVRecall
 from phaselens.train.loop import TrainSettings, train
-from phaselens.train.recipes import RECIPES
+from phaselens.train.zoo_recipes import RECIPES
 
 STEPS = 500
 TASK = KVRecall(n_records=4, block_filler=0, n_demos=2, min_distance=0, modulus=4, padding="prefix")

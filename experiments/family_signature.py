@@ -38,7 +38,7 @@ def main() -> None:
     import phaselens
     from phaselens.train.family.recipes import family_recipe, paper_task
     from phaselens.train.family.run import member_name, run_recipe
-    from phaselens.train.zoo import battery_summary
+    from phaselens.train.zoo_training import battery_summary
 
     torch.set_num_threads(args.threads)
     out: dict = {"n_per_residue": args.n, "members": {}}

@@ -448,7 +448,7 @@ def _write_cache(d, overwrite):
 
 
 def _write_zoo_dir(d, overwrite):
-    from phaselens.train.zoo import save_zoo_model
+    from phaselens.train.zoo_training import save_zoo_model
     from tests.support.models import tiny_task
 
     batch = tiny_task().build(phaselens.PhaseSpec(4), n_per_residue=1, seed=0)

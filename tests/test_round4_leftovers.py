@@ -46,8 +46,8 @@ def test_cycle_gates_takes_any_integer_shift_exactly(model, delta):
 @pytest.mark.parametrize("seed", [2**63, 2**64, 10**30])
 def test_a_seed_beyond_int64_is_refused_by_name(seed):
     from phaselens.train.family.recipes import family_recipe
-    from phaselens.train.recipes import get_recipe, seeded
     from phaselens.train.settings import TrainSettings
+    from phaselens.train.zoo_recipes import get_recipe, seeded
 
     for call, error in ((lambda: seeded("w4s4", seed), ZooError), (lambda: get_recipe(f"w4s4-seed{seed}"), ZooError),
                         (lambda: TrainSettings(seed=seed), ConfigError),

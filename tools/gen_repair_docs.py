@@ -19,7 +19,7 @@ from phaselens.models.zoo import list_models
 from phaselens.storage.fingerprints import fingerprint, model_fingerprint
 from phaselens.storage.resumable import ResultCache
 from phaselens.storage.writing import atomic_write_text
-from phaselens.train.recipes import COMPARE_STRIDE, RECIPES
+from phaselens.train.zoo_recipes import COMPARE_STRIDE, RECIPES
 
 ROOT = Path(__file__).resolve().parents[1]
 

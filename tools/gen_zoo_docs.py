@@ -12,7 +12,7 @@ import numpy as np
 
 from phaselens.models.zoo import entry, list_models
 from phaselens.stats import holm
-from phaselens.train.recipes import (
+from phaselens.train.zoo_recipes import (
     COMPARE_STRIDE,
     CONTROL_WARMUP,
     EVAL_PER_RESIDUE,

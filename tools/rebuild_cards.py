@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from phaselens.train.zoo import build_zoo_model
+from phaselens.train.zoo_training import build_zoo_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from phaselens.train.recipes import RECIPES, get_recipe, seeded
+from phaselens.train.zoo_recipes import RECIPES, get_recipe, seeded
 
 ROOT = Path(__file__).resolve().parents[1]
 

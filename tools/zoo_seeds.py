@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from phaselens.stats import detect_period, g_test, gap_ci
-from phaselens.train.recipes import COMPARE_STRIDE, RECIPES, SEED_CONFIGS, SEED_SUFFIX
+from phaselens.train.zoo_recipes import COMPARE_STRIDE, RECIPES, SEED_CONFIGS, SEED_SUFFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 

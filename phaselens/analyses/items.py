@@ -26,12 +26,12 @@ from phaselens.core.errors import (
 from phaselens.core.geometry import PhaseSpec
 
 if TYPE_CHECKING:
-    from phaselens.tasks.base import TaskBatch
+    from phaselens.tasks.batch import TaskBatch
 
 
 class PhaseTask(Protocol):
     """What an analysis needs of a task: its items, built for a geometry (every phaselens task; a prepared
-    :class:`~phaselens.tasks.base.TaskBatch` is used as it is instead)."""
+    :class:`~phaselens.tasks.batch.TaskBatch` is used as it is instead)."""
 
     def build(self, spec: PhaseSpec, *, n_per_residue: int, residues: Sequence[int] | None = None,
               seed: int = 0) -> TaskBatch: ...

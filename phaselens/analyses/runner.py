@@ -57,7 +57,7 @@ from phaselens.core.geometry import PhaseSpec
 from phaselens.parallel.distributed import block_labels, item_blocks, open_checkpoint, shard_map, sharded
 from phaselens.runtime.planning import PlannedItems
 from phaselens.storage.resumable import check_checkpoint_path
-from phaselens.tasks.base import TaskBatch
+from phaselens.tasks.batch import TaskBatch
 
 N_BOOTSTRAP = 1000  # the one default number of bootstrap resamples (every analysis that resamples)
 F = TypeVar("F", bound=Callable[..., Any])

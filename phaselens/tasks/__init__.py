@@ -9,16 +9,16 @@ Every task has ``build(spec, *, n_per_residue, residues=None, seed=0) -> TaskBat
 and ``to_dict()``; :func:`task_from_dict` rebuilds any of them. See ``docs/tasks.md``.
 """
 
-from phaselens.tasks.base import TaskBatch, require_context
+from phaselens.tasks.batch import TaskBatch, require_context
 from phaselens.tasks.design import PositionDesign
 from phaselens.tasks.induction import RepeatedSegments
 from phaselens.tasks.kv_recall import KVRecall
 from phaselens.tasks.layout import SCHEMES, RegionPlan
+from phaselens.tasks.lm_batches import TrainingBatch
 from phaselens.tasks.needle import Needle
 from phaselens.tasks.probe import PaddingProbe
-from phaselens.tasks.registry import SerializableTask, registered_kinds, task_from_dict
+from phaselens.tasks.serialization import SerializableTask, registered_kinds, task_from_dict
 from phaselens.tasks.toy_tokenizer import train_toy_tokenizer
-from phaselens.tasks.training import TrainingBatch
 
 __all__ = [
     "SCHEMES",

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from phaselens.core.errors import TaskError
+from phaselens.tasks.lm_batches import IGNORE_INDEX
 from phaselens.tasks.residues import check_positive
-from phaselens.tasks.training import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

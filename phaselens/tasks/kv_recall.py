@@ -25,7 +25,8 @@ import torch
 from phaselens.core.errors import ResidueError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.tasks import layout
-from phaselens.tasks.base import TaskBatch, as_long
+from phaselens.tasks.batch import TaskBatch, as_long
+from phaselens.tasks.lm_batches import TrainingBatch, numpy_rng
 from phaselens.tasks.placement import (
     RecordsTask,
     check_build_size,
@@ -33,7 +34,6 @@ from phaselens.tasks.placement import (
     draw_records,
     place_records,
 )
-from phaselens.tasks.registry import SerializableTask, register_task
 from phaselens.tasks.residues import (
     check_modulus,
     check_positive,
@@ -42,7 +42,7 @@ from phaselens.tasks.residues import (
     set_flag,
     set_ints,
 )
-from phaselens.tasks.training import TrainingBatch, numpy_rng
+from phaselens.tasks.serialization import SerializableTask, register_task
 
 PAD_ID, BOS_ID, QUERY_ID = 0, 1, 2
 

@@ -27,10 +27,9 @@ import torch
 from phaselens.core.errors import TaskError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.tasks import layout
-from phaselens.tasks.base import TaskBatch, as_long
+from phaselens.tasks.batch import TaskBatch, as_long
 from phaselens.tasks.placement import RecordsTask, check_records, draw_records, place_records
 from phaselens.tasks.records import DEFAULT_KEYS, DEFAULT_VALUES, CompiledRecords, split_template, word_pool
-from phaselens.tasks.registry import SerializableTask, register_task
 from phaselens.tasks.residues import (
     check_ids,
     check_modulus,
@@ -39,6 +38,7 @@ from phaselens.tasks.residues import (
     set_flag,
     set_ints,
 )
+from phaselens.tasks.serialization import SerializableTask, register_task
 from phaselens.tasks.text import (
     Piece,
     UnitPadded,

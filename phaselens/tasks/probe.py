@@ -23,8 +23,7 @@ import torch
 
 from phaselens.core.errors import TaskError
 from phaselens.core.geometry import PhaseSpec
-from phaselens.tasks.base import TaskBatch, as_long
-from phaselens.tasks.registry import SerializableTask, register_task
+from phaselens.tasks.batch import TaskBatch, as_long
 from phaselens.tasks.residues import (
     check_count,
     check_ids,
@@ -33,6 +32,7 @@ from phaselens.tasks.residues import (
     check_seed,
     set_ints,
 )
+from phaselens.tasks.serialization import SerializableTask, register_task
 from phaselens.tasks.text import (
     Piece,
     UnitPadded,

@@ -1,6 +1,6 @@
 """Deterministic, resumable training of a :class:`CompressedTransformer` on a token-level task (the zoo).
 
-:func:`train` is the one training loop of phaselens (:mod:`phaselens.train.engine`) on one process, with the
+:func:`train` is the one training loop of phaselens (:mod:`phaselens.train.training_loop`) on one process, with the
 zoo's objective (the mean cross-entropy of one forward over the whole batch) on the CPU. A run is a pure
 function of its :class:`TrainSettings`: the model starts from ``cfg.seed``, and the batch of step ``s`` comes
 from the seed pair ``(settings.seed, s)``, so no random-number state needs saving. Every ``checkpoint_every``
@@ -21,7 +21,7 @@ import torch
 
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.transformer import CompressedTransformer
-from phaselens.train import engine
+from phaselens.train import training_loop as engine
 from phaselens.train.settings import EmptyTargetsWarning, TrainSettings  # noqa: F401  (their home before)
 
 

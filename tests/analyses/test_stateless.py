@@ -24,8 +24,9 @@ PUBLIC = ("evaluate", "specialization_map", "ablate", "patch", "attribution_map"
 
 
 def _analyses() -> list[type]:
-    for mod in pkgutil.iter_modules(phaselens.analyses.__path__):
-        importlib.import_module(f"phaselens.analyses.{mod.name}")
+    for pkg in ("analyses", "repair"):
+        for mod in pkgutil.iter_modules(importlib.import_module(f"phaselens.{pkg}").__path__):
+            importlib.import_module(f"phaselens.{pkg}.{mod.name}")
     out, todo = [], list(Analysis.__subclasses__())
     while todo:
         cls = todo.pop()

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 import phaselens
 from phaselens.analyses.scoring import answer_metrics
 from phaselens.models.zoo import ZOO_DIR, entry, list_models, sha256_file
-from phaselens.train.recipes import RECIPES
+from phaselens.train.zoo_recipes import RECIPES
 from tests.support.margins import TIE, assert_flags_agree, decision_margins
 
 SHIPPED = list_models()
@@ -31,7 +31,7 @@ def test_checkpoint_loads_matches_sha256_and_reproduces_its_card(name):
     model = phaselens.load(f"zoo:{name}")
     assert model.config == RECIPES[name].config
     assert model.default_task is not None and model.default_task.to_dict() == card["task"]
-    from phaselens.train.recipes import ZOO_EVAL_TASK, ZOO_TASK
+    from phaselens.train.zoo_recipes import ZOO_EVAL_TASK, ZOO_TASK
 
     assert card["task"] == ZOO_EVAL_TASK.to_dict() and card["training_task"] == ZOO_TASK.to_dict()
     batch = load_file(str(e.path / "eval_batch.safetensors"))
@@ -107,7 +107,7 @@ def test_seed_recipes_resolve_and_bad_names_are_refused():
     """``BASE-seedK`` is the base recipe with seed K for both the weights and the data, for any K >= 1."""
     from dataclasses import replace
 
-    from phaselens.train.recipes import SEED_CONFIGS, SHIPPED_SEEDS, get_recipe, seeded
+    from phaselens.train.zoo_recipes import SEED_CONFIGS, SHIPPED_SEEDS, get_recipe, seeded
 
     for base in SEED_CONFIGS:
         for k in SHIPPED_SEEDS[base]:
@@ -181,7 +181,7 @@ def test_cards_record_the_code_commit(tmp_path, monkeypatch):
     """Cards written by training name the git commit of the code (or say why they cannot)."""
     import subprocess
 
-    from phaselens.train import zoo as build
+    from phaselens.train import zoo_training as build
 
     prov = build.code_provenance()
     head = subprocess.run(["git", "-C", str(build.Path(build.__file__).parent), "rev-parse", "HEAD"],

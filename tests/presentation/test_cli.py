@@ -156,7 +156,7 @@ def test_eval_of_the_control_with_stride(tmp_path):
 # --- train: says it resumes, and where it stopped on Ctrl-C ------------------------------------------------
 
 def test_train_reports_resume_and_interrupt(tmp_path, monkeypatch):
-    import phaselens.train.zoo as build
+    import phaselens.train.zoo_training as build
     from phaselens.train.loop import TrainSettings, train
     from tests.train.test_loop import CFG, batch_fn
 
@@ -183,7 +183,7 @@ def test_train_reports_resume_and_interrupt(tmp_path, monkeypatch):
 
 
 def test_train_steps_reach_the_settings(tmp_path, monkeypatch):
-    import phaselens.train.zoo as build
+    import phaselens.train.zoo_training as build
 
     seen = {}
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.presentation.cli.base import as_phaselens_error
+from phaselens.presentation.cli.common import as_phaselens_error
 
 
 def _cpu_allocator_failure() -> RuntimeError:

@@ -214,7 +214,7 @@ def test_every_plan_command_is_covered_by_the_refusal():
     """Every command with a --plan option also has --out, and goes through the one check (base._Command)."""
     import typer.main
 
-    from phaselens.presentation.cli.base import _Command
+    from phaselens.presentation.cli.common import _Command
 
     group = typer.main.get_command(app)
     with_plan = {name: c for name, c in group.commands.items() if any(p.name == "plan" for p in c.params)}

@@ -101,8 +101,9 @@ def subclasses(cls: type) -> Iterator[type]:
         yield from subclasses(sub)
 
 
-for _mod in pkgutil.iter_modules(phaselens.analyses.__path__):  # every result type defined (imports are lazy)
-    importlib.import_module(f"phaselens.analyses.{_mod.name}")
+for _pkg in ("analyses", "repair"):  # every result type defined (imports are lazy)
+    for _mod in pkgutil.iter_modules(importlib.import_module(f"phaselens.{_pkg}").__path__):
+        importlib.import_module(f"phaselens.{_pkg}.{_mod.name}")
 RESULT_TYPES = {c.__name__: c for c in subclasses(Result)}
 
 

@@ -20,7 +20,7 @@ import torch
 
 from phaselens.models import CompressedTransformer
 from phaselens.train.loop import TrainSettings, train
-from phaselens.train.recipes import get_recipe
+from phaselens.train.zoo_recipes import get_recipe
 from tests.train.test_loop import CFG, batch_fn
 
 RTOL = 1e-4

@@ -14,7 +14,7 @@ runner = CliRunner()
 
 @pytest.fixture
 def seen(monkeypatch):
-    import phaselens.train.zoo as build
+    import phaselens.train.zoo_training as build
 
     got = {}
 

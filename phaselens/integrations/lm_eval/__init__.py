@@ -2,7 +2,7 @@
 
 Four routes, one module each:
 
-* :class:`PhaseLensLM` (:mod:`.model`): any in-process phaselens model as the lm-eval model ``phaselens``
+* :class:`PhaseLensLM` (:mod:`.phaselens_lm`): any in-process phaselens model as the lm-eval model ``phaselens``
   (``loglikelihood``, ``loglikelihood_rolling``, ``generate_until``); :class:`PhaseCompletions`
   (:mod:`.completions`): lm-eval's ``local-completions`` with phaselens' exactness rules, as
   ``phaselens-completions``. :func:`register` adds both names to lm-eval's model registry (lm-eval 0.4.13 has
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.integrations.lm_eval.harness": ("MODEL_NAMES", "register", "require_lm_eval", "run_cli"),
-    "phaselens.integrations.lm_eval.model": ("PhaseLensLM",),
+    "phaselens.integrations.lm_eval.phaselens_lm": ("PhaseLensLM",),
     "phaselens.integrations.lm_eval.completions": ("PhaseCompletions",),
     "phaselens.integrations.lm_eval.filler": ("Filler", "choose_filler"),
     "phaselens.integrations.lm_eval.stratification": ("PHASE_KEY", "StratifiedTask", "stratify", "write_stratified"),
@@ -33,14 +33,14 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.integrations.lm_eval.samples": ("read_all", "read_samples", "sample_items"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-_NEEDS_LM_EVAL = ("model", "completions")
+_NEEDS_LM_EVAL = ("phaselens_lm", "completions")
 
 if TYPE_CHECKING:
     from phaselens.integrations.lm_eval.completions import PhaseCompletions
     from phaselens.integrations.lm_eval.export import export_task
     from phaselens.integrations.lm_eval.filler import Filler, choose_filler
     from phaselens.integrations.lm_eval.harness import MODEL_NAMES, register, require_lm_eval, run_cli
-    from phaselens.integrations.lm_eval.model import PhaseLensLM
+    from phaselens.integrations.lm_eval.phaselens_lm import PhaseLensLM
     from phaselens.integrations.lm_eval.samples import read_all, read_samples, sample_items
     from phaselens.integrations.lm_eval.stratification import (
         PHASE_KEY,

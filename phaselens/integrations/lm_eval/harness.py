@@ -18,7 +18,7 @@ from phaselens.core.errors import MissingDependencyError
 INSTALL = 'pip install "lm-eval[hf,api]>=0.4.13,<0.5"'
 # lm-eval model name -> where the class is (registered as lazy placeholders: the class imports on first use)
 MODEL_NAMES = {
-    "phaselens": "phaselens.integrations.lm_eval.model:PhaseLensLM",
+    "phaselens": "phaselens.integrations.lm_eval.phaselens_lm:PhaseLensLM",
     "phaselens-completions": "phaselens.integrations.lm_eval.completions:PhaseCompletions",
 }
 

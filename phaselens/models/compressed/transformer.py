@@ -268,7 +268,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         (the analyses score query rows only, and the unembedding is most of a small model's cost).
 
         With ``targets`` ``[batch, pos]`` (``targets[b, t]`` is the token to predict from position t, -100 where
-        no loss is taken, as :class:`~phaselens.tasks.training.TrainingBatch` holds them) and
+        no loss is taken, as :class:`~phaselens.tasks.lm_batches.TrainingBatch` holds them) and
         ``return_type="loss"``, the fp32 cross-entropy over the targeted positions (``reduction`` ``"mean"`` or
         ``"sum"``); only those rows are unembedded (a task trains a few positions of every sequence).
         """

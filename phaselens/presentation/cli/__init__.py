@@ -16,7 +16,7 @@ from phaselens.presentation.cli import train_command  # noqa: F401  train
 from phaselens.presentation.cli import report_command  # noqa: F401  report
 from phaselens.presentation.cli import lm_eval_commands  # noqa: F401  lm-eval run, stratify, export, read
 # isort: on
-from phaselens.presentation.cli.base import _report, app, main, say, write_csv
+from phaselens.presentation.cli.common import _report, app, main, say, write_csv
 from phaselens.presentation.cli.model_commands import zoo_table
 
 __all__ = ["app", "main", "say", "write_csv", "zoo_table", "_report"]

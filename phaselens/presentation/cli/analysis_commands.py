@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from phaselens.presentation.cli.base import (
+from phaselens.presentation.cli.common import (
     FORCE_FILE_HELP,
     MODEL_HELP,
     PROGRESS_HELP,

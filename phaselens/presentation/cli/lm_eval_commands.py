@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from phaselens.core.errors import InputError
-from phaselens.presentation.cli.base import (
+from phaselens.presentation.cli.common import (
     FORCE_FILE_HELP,
     FORCE_HELP,
     _Command,
@@ -109,7 +109,7 @@ def export_cmd(
 
     m = None
     if model is not None:
-        from phaselens.presentation.cli.base import _load
+        from phaselens.presentation.cli.common import _load
 
         m = _load(model)
     elif tokenizer is None:

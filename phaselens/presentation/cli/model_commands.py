@@ -6,7 +6,7 @@ from typing import Annotated, Any
 
 import typer
 
-from phaselens.presentation.cli.base import (
+from phaselens.presentation.cli.common import (
     _Command,
     _Group,
     app,

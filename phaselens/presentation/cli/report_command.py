@@ -9,7 +9,7 @@ import typer
 
 from phaselens.core.errors import InputError
 from phaselens.presentation.cli import served_options as so
-from phaselens.presentation.cli.base import (
+from phaselens.presentation.cli.common import (
     FORCE_HELP,
     PROGRESS_HELP,
     _Command,

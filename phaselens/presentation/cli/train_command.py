@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from phaselens.core.errors import InputError
-from phaselens.presentation.cli.base import (
+from phaselens.presentation.cli.common import (
     FORCE_HELP,
     PROGRESS_HELP,
     _Command,
@@ -136,7 +136,7 @@ def train(
                          "another seed).")
     runs = runs or "runs/zoo"
     from phaselens.train.loop import saved_step
-    from phaselens.train.recipes import get_recipe
+    from phaselens.train.zoo_recipes import get_recipe
 
     chosen = get_recipe(recipe)  # a clear error for an unknown name, before any work
     _check_out_folder(out)
@@ -157,7 +157,7 @@ def train(
 
     import torch
 
-    from phaselens.train.zoo import build_zoo_model
+    from phaselens.train.zoo_training import build_zoo_model
 
     torch.set_num_threads(threads)
     try:

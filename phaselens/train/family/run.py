@@ -84,7 +84,7 @@ def _write(recipe: FamilyRecipe, res: Any, data: FamilyData, path: Path, eval_pe
     from phaselens.analyses.evaluation import evaluate
     from phaselens.core.version import __version__
     from phaselens.models.compressed.io import save_model
-    from phaselens.train.zoo import battery_summary, code_provenance
+    from phaselens.train.zoo_training import battery_summary, code_provenance
 
     model = res.model
     task = paper_task("prefix")

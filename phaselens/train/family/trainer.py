@@ -1,6 +1,6 @@
 """Training of a family member on one process or across ranks (``torchrun``) with FSDP2.
 
-One code path for every world size, and for the zoo too (:mod:`phaselens.train.engine` is the one loop;
+One code path for every world size, and for the zoo too (:mod:`phaselens.train.training_loop` is the one loop;
 :func:`phaselens.train.loop.train` is it at world size 1 with the zoo's objective):
 
 - **One process** (``python -m phaselens train ...``): the plain model, no FSDP, no process group.
@@ -38,11 +38,11 @@ import torch
 from phaselens.core.errors import InputError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.transformer import CompressedTransformer
-from phaselens.train import engine
-from phaselens.train.engine import LOG, LOG_FORMAT, Parallelism  # noqa: F401  (the family's names for them)
-from phaselens.train.engine import barrier as _barrier  # noqa: F401
+from phaselens.train import training_loop as engine
 from phaselens.train.family.checkpoints import load_checkpoint  # noqa: F401
 from phaselens.train.settings import TrainSettings
+from phaselens.train.training_loop import LOG, LOG_FORMAT, Parallelism  # noqa: F401  (the family's names for them)
+from phaselens.train.training_loop import barrier as _barrier  # noqa: F401
 
 
 @dataclass

@@ -22,7 +22,7 @@ from phaselens.models.zoo import file_digests
 from phaselens.storage.checksums import stamped
 from phaselens.storage.writing import atomic_write_dir, check_output_dir
 from phaselens.train.loop import train
-from phaselens.train.recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, ZOO_EVAL_TASK, ZOO_TASK, get_recipe
+from phaselens.train.zoo_recipes import COMPARE_STRIDE, EVAL_PER_RESIDUE, ZOO_EVAL_TASK, ZOO_TASK, get_recipe
 
 EVAL_BATCH_PER_RESIDUE = 4
 EVAL_BATCH_SEED = 424242
