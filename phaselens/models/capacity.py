@@ -5,7 +5,7 @@ reports, in bytes:
 
 * the weights **as stored** (the text model in the checkpoint's formats: FP8 projections, FP4 experts, bf16
   and fp32 tensors; Engram's tables separately; the draft layers and the vision tower are not counted) and
-  **as loaded** on GPUs by phaselens (DeepSeek-V4.1: packed, :mod:`phaselens.models.numerics.packed`;
+  **as loaded** on GPUs by phaselens (DeepSeek-V4.1: packed, :mod:`phaselens.models.parts.packed`;
   DeepSeek-V4: as transformers' finegrained-fp8 integration keeps them on CUDA), with the dequantized size
   for comparison;
 * one forward at ``context`` tokens, prefilled in pieces of ``chunk``: the cache, the attention scores (the
@@ -17,7 +17,7 @@ reports, in bytes:
   forward per cell and item, batch 1, as ``specialization_map(engine="full")`` runs it), and the largest
   prefill chunk that fits there;
 * DeepSeek-V4.1's Engram: device maps keep its tables in host memory
-  (:mod:`phaselens.models.deepseek_v41.placement`), so the GPUs hold every layer but the tables, and the plan
+  (:mod:`phaselens.models.deepseek_v41.device_maps`), so the GPUs hold every layer but the tables, and the plan
   states the host memory and the bytes per token its lookups send to the GPUs;
 * DeepSeek-V4.1's time (``time``, :mod:`phaselens.models.costs`): FLOPs, bytes, seconds and GPU-hours of the
   forward above and of a per-head map with the query-suffix engine, at ``mfu`` of the GPU's peaks.

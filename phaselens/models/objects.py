@@ -10,7 +10,7 @@ accept:
 * an nnsight ``NNsight`` / ``LanguageModel`` envoy: its module (``._module``) is adapted;
 * a TransformerLens ``TransformerBridge``, or the transformers model a bridge was booted over
   (``bridge.original_model``): the bridge replaced the model's components in place, so the model is read
-  through a view with its original modules (:func:`~phaselens.models.wrappers.unbridged`), and the numbers are
+  through a view with its original modules (:func:`~phaselens.models.parts.wrappers.unbridged`), and the numbers are
   those of the transformers model itself.
 
 Anything else gets a :class:`~phaselens.core.errors.PhaseLensError` naming the route that works.
@@ -25,7 +25,7 @@ from torch import nn
 from phaselens.contract.adapting import is_phase_model
 from phaselens.contract.strides import check_stride, compression_strides, refuse_restride
 from phaselens.core.errors import InputError, UnsupportedModelError
-from phaselens.models.wrappers import unbridged, unwrap_object
+from phaselens.models.parts.wrappers import unbridged, unwrap_object
 
 ROUTES = ("phaselens.load('hf:DIR', stride=4) for a local transformers checkpoint; phaselens.load(model, stride=4) "
           "for a transformers causal LM object, an nnsight envoy or a TransformerLens bridge of one")

@@ -21,6 +21,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.memory import MemoryEstimate
 from phaselens.core.errors import InputError
@@ -36,16 +37,16 @@ from phaselens.models.causal_lm.sites import (
     hook_points,
     installed,
 )
-from phaselens.models.hooked_adapter import HookedAdapter
 from phaselens.models.numerics.sizing import held_bytes, item_size
-from phaselens.models.tl_habits import TLConfig, tokenizer_from_dir
-from phaselens.runtime.engines import PASS_BYTES, QueryEngine
+from phaselens.models.parts.hooked_adapter import HookedAdapter
+from phaselens.models.parts.suffix_engine import QueryEngine
+from phaselens.models.parts.tl_habits import TLConfig, tokenizer_from_dir
 
 
 @dataclass(frozen=True, kw_only=True)
 class CausalLMCfg(TLConfig):
     """The wrapped model's sizes, TransformerLens-named (``adapter.cfg``; analyses read ``adapter.dims``): a
-    :class:`~phaselens.models.tl_habits.TLConfig` (``normalization_type`` ``"LN"`` for GPT-2)."""
+    :class:`~phaselens.models.parts.tl_habits.TLConfig` (``normalization_type`` ``"LN"`` for GPT-2)."""
 
 
 class CausalLMAdapter(HookedAdapter):
@@ -86,7 +87,7 @@ class CausalLMAdapter(HookedAdapter):
                            device=w.device, normalization_type=kind, final_rms=kind == "RMS", attn_only=False,
                            positional_embedding_type="standard" if learned else "rotary")
 
-    # ---- TransformerLens habits (phaselens.models.tl_habits) ----------------------------------------
+    # ---- TransformerLens habits (phaselens.models.parts.tl_habits) ----------------------------------------
     def _base_module(self, name: str) -> nn.Module | None:
         base = getattr(self.model, getattr(self.model, "base_model_prefix", "model"), None)
         found = getattr(base, name, None)
@@ -225,7 +226,7 @@ class CausalLMAdapter(HookedAdapter):
     # ---- capabilities (see phaselens.contract.protocol.CAPABILITIES) ---------------------------------------
     def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
                      batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
-        """The ``query_engine`` capability: a :class:`~phaselens.runtime.engines.QueryEngine` over the cached clean
+        """The ``query_engine`` capability: a :class:`~phaselens.models.parts.suffix_engine.QueryEngine` over the cached clean
         prefix (the model's own ``DynamicCache``; see :mod:`.engine`)."""
         from phaselens.models.causal_lm.engine import CausalSuffixEngine
 

@@ -13,7 +13,7 @@ from phaselens.core.errors import CheckpointError, InputError, PhaseGeometryErro
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.causal_lm.adapter import CausalLMAdapter
 from phaselens.models.causal_lm.layout import TESTED_TYPES
-from phaselens.models.wrappers import bridged_modules, unbridged, unwrap_object
+from phaselens.models.parts.wrappers import bridged_modules, unbridged, unwrap_object
 from phaselens.runtime.loading_info import check_loading_info, check_strict
 
 COMPRESSED_TYPES = ("deepseek_v4", "deepseek_v41")  # their own kinds read the geometry from the model
@@ -46,7 +46,7 @@ def from_transformers(model: Any, *, stride: int | None = None, window: int | No
 
     Args:
         model: the model object; it is never changed (a TransformerLens-bridged model is read through a view with
-            its original modules, :func:`~phaselens.models.wrappers.unbridged`).
+            its original modules, :func:`~phaselens.models.parts.wrappers.unbridged`).
         stride, window, origin: the geometry phases are read in (:class:`~phaselens.core.geometry.PhaseSpec`).
     """
     module, how = unwrap_object(model)

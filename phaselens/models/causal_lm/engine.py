@@ -7,7 +7,7 @@ the query), and then, for a batch of ``C`` cells at layer ``l``, runs only the q
 through layers ``l..L-1``:
 
 * **Skipping layers below l.** The pass calls a view of the model whose decoder-layer list is ``layers[l:]``
-  (:func:`~phaselens.models.wrappers.with_child`: shallow copies of the containers on the path, the same layer
+  (:func:`~phaselens.models.parts.wrappers.with_child`: shallow copies of the containers on the path, the same layer
   modules and weights); the first layer's input is replaced by the clean ``hook_resid_pre`` of layer ``l``,
   so the embedding a layer-``l`` pass computes is never used. Each attention module keeps its ``layer_idx``,
   so it reads and extends its own cache layer.
@@ -38,9 +38,10 @@ import torch
 from torch import Tensor, nn
 
 from phaselens.contract import hooknames
+from phaselens.contract.cells import PASS_BYTES, Cell
 from phaselens.core.errors import UnsupportedModelError
-from phaselens.models.wrappers import with_child
-from phaselens.runtime.engines import PASS_BYTES, Cell, run_by_layer
+from phaselens.models.parts.suffix_engine import run_by_layer
+from phaselens.models.parts.wrappers import with_child
 
 _ROW_TENSORS = ("keys", "values")  # per-row state of transformers' dynamic (and sliding-window) cache layers
 # What the engine runs: every layer full attention, or every layer one sliding window (Mistral). A model that mixes
@@ -133,7 +134,7 @@ class CausalSuffixEngine:
     """Clean prefix once; per-cell query passes from the intervened layer up (one query slot).
 
     The per-slot engine behind :meth:`CausalLMAdapter.query_engine` (grouped by slot by
-    :class:`phaselens.runtime.engines.QueryEngine`).
+    :class:`phaselens.models.parts.suffix_engine.QueryEngine`).
 
     Args:
         adapter: a :class:`~phaselens.models.causal_lm.CausalLMAdapter`.

@@ -32,7 +32,7 @@ from phaselens.contract.hooknames import HookDict, HookPoint
 from phaselens.contract.protocol import HookContext, hook_context
 from phaselens.core.errors import HookNameError, InputError, UnsupportedModelError
 from phaselens.models.causal_lm.layout import Layout
-from phaselens.models.hooking import check_hook_return
+from phaselens.models.parts.hooking import check_hook_return
 
 HookFn = Callable[..., Tensor | None]
 

@@ -22,10 +22,10 @@ from transformer_lens.hook_points import HookPoint
 from phaselens.models.compressed.compressor import Compressor, PoolerState
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.rope import rope_inv_freq
-from phaselens.models.hooking import read_only
-from phaselens.models.numerics.dtypes import compute_dtype
-from phaselens.models.numerics.norms import rms_norm
-from phaselens.models.numerics.rope import apply_rope
+from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.hooking import read_only
+from phaselens.models.parts.norms import rms_norm
+from phaselens.models.parts.rope import apply_rope
 
 LayerKind = Literal["compressed", "local", "full"]
 

@@ -27,8 +27,8 @@ from phaselens.models.compressed.block import Block, RMSNorm
 from phaselens.models.compressed.compressor import default_init_
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.sizing import check_forward, check_weights
-from phaselens.models.hooking import ContextHooks, query_start
-from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.parts.chunks import plan_chunks
+from phaselens.models.parts.hooking import ContextHooks, query_start
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.cache import CompressedKVCache
@@ -142,7 +142,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         """Unembedding as TransformerLens shapes it (the transpose of ``unembed.weight``)."""
         return self.unembed.weight.T
 
-    # TransformerLens habits (phaselens.models.tl_habits reads these)
+    # TransformerLens habits (phaselens.models.parts.tl_habits reads these)
     @property
     def tl_norm(self) -> tuple[str, float]:
         """Every norm is an RMSNorm of ``cfg.norm_eps`` (ln1, ln2, ln_final)."""
@@ -201,7 +201,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         """The query-suffix engine over ``tokens`` ``[N, T]`` with query slots ``query_pos`` ``[N]`` (at most
         ``batch_size`` rows per cached prefix)."""
         from phaselens.models.compressed.engine import SuffixEngine
-        from phaselens.runtime.engines import QueryEngine
+        from phaselens.models.parts.suffix_engine import QueryEngine
 
         return QueryEngine(self, tokens, query_pos, rows_per_pass=rows_per_pass, slot_engine=SuffixEngine,
                            batch_size=batch_size)
@@ -338,7 +338,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
     ) -> Int[Tensor, "batch pos_plus_new"]:
         """Greedy decoding through the compressed cache; returns prompt + new tokens (``verbose``: a progress
         bar; TransformerLens's sampling options are refused by name)."""
-        from phaselens.models.tl_habits import check_generate_options
+        from phaselens.models.parts.tl_habits import check_generate_options
 
         check_generate_options(tl_options)
         tokens = self._check_tokens(tokens)

@@ -20,7 +20,7 @@ from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
 from phaselens.models.deepseek_v4.hookpoints import HookPoint, context_for
 from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.models.deepseek_v4.notices import DeepSeekV4Warning, LayerTypesWarning
-from phaselens.models.numerics.notices import IndexTopKWarning
+from phaselens.models.parts.index_topk import IndexTopKWarning
 
 __all__ = [
     "DeepSeekV4Adapter",

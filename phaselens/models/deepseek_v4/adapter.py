@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.hooknames import explain_missing
 from phaselens.core.errors import HookNameError, InputError
@@ -39,14 +40,14 @@ from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.models.deepseek_v4.nnsight_backend import run_traced
 from phaselens.models.deepseek_v4.prefill import call_kwargs, run_prefix
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
-from phaselens.models.hooked_adapter import HookedAdapter
-from phaselens.models.numerics.chunks import plan_chunks
-from phaselens.models.numerics.notices import IndexTopKWarning
-from phaselens.models.tl_habits import (
+from phaselens.models.parts.chunks import plan_chunks
+from phaselens.models.parts.hooked_adapter import HookedAdapter
+from phaselens.models.parts.index_topk import IndexTopKWarning
+from phaselens.models.parts.suffix_engine import QueryEngine
+from phaselens.models.parts.tl_habits import (
     HYPER_CONNECTION_LIMITS,
     tokenizer_from_dir,
 )
-from phaselens.runtime.engines import PASS_BYTES, QueryEngine
 
 Backend = Literal["torch", "nnsight"]
 _UNSET: Any = object()
@@ -312,7 +313,7 @@ class DeepSeekV4Adapter(HookedAdapter):
     @property
     def query_engine(self) -> Callable[..., Any] | None:
         """The ``query_engine`` capability: ``adapter.query_engine(tokens [N, T], query_pos [N],
-        rows_per_pass=4096, batch_size=None, pass_bytes=2**30)`` returns a :class:`~phaselens.runtime.engines.QueryEngine`
+        rows_per_pass=4096, batch_size=None, pass_bytes=2**30)`` returns a :class:`~phaselens.models.parts.suffix_engine.QueryEngine`
         over the cached clean prefix (see :mod:`.engine`): one cache per query slot and piece of at most
         ``batch_size`` rows, prefilled in the adapter's ``chunk``. ``None`` with ``remote=True``: the engine
         needs a local cache.

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.core.errors import UnsupportedModelError
 from phaselens.models.deepseek_v4.hookpoints import HookFn
 from phaselens.models.deepseek_v4.prefill import run_prefix
@@ -55,8 +56,8 @@ from phaselens.models.deepseek_v4.reference_ops import (
     reference_attention,
 )
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
-from phaselens.models.numerics.chunks import plan_chunks
-from phaselens.runtime.engines import PASS_BYTES, HookList, SlotEngine, repeat_rows
+from phaselens.models.parts.chunks import plan_chunks
+from phaselens.models.parts.suffix_engine import HookList, SlotEngine, repeat_rows
 
 # The per-row state of transformers' DeepSeek-V4 cache layers (sliding, CSA, HCA): tensors [B, ...] and
 # dicts of them, plus the entry counters (dicts of ints). Anything else batch-shaped is refused.
@@ -140,8 +141,8 @@ class V4SuffixEngine(SlotEngine):
     """Clean prefix once; per-cell query passes from the intervened layer up (one query slot).
 
     The per-slot engine behind :meth:`DeepSeekV4Adapter.query_engine` (grouped by slot by
-    :class:`phaselens.runtime.engines.QueryEngine`); cells, passes, the clean step and the pass-size budget are
-    the shared :class:`~phaselens.runtime.engines.SlotEngine`'s. What this kind keeps: the prefill into
+    :class:`phaselens.models.parts.suffix_engine.QueryEngine`); cells, passes, the clean step and the pass-size budget are
+    the shared :class:`~phaselens.models.parts.suffix_engine.SlotEngine`'s. What this kind keeps: the prefill into
     transformers' cache, the repeated copies of its cache layers, and the hooks through :func:`torch_sites`.
 
     Args:

@@ -48,7 +48,7 @@ from phaselens.core.errors import ConfigError, InputError, UnsupportedModelError
 from phaselens.models.deepseek_v4 import reference_ops as ops
 from phaselens.models.deepseek_v4.config import rope_dims
 from phaselens.models.deepseek_v4.geometry import LayerGeometry
-from phaselens.models.deepseek_v4.packed import dense_weight, weight_dtype
+from phaselens.models.deepseek_v4.packed_modules import dense_weight, weight_dtype
 from phaselens.models.deepseek_v4.quantization import FP4_BLOCK, FP8_BLOCK, fp8_simulate, indexer_simulate
 
 Numerics = Literal["reference", "transformers"]

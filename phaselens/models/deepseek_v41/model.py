@@ -36,6 +36,7 @@ from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v41.block import Block
 from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import V41Config
+from phaselens.models.deepseek_v41.device_maps import input_device
 from phaselens.models.deepseek_v41.engram_hash import (
     EngramLayout,
     NgramHasher,
@@ -44,19 +45,18 @@ from phaselens.models.deepseek_v41.engram_hash import (
 )
 from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import Numerics, Quantize, RMSNorm, hc_pre
-from phaselens.models.deepseek_v41.placement import input_device
-from phaselens.models.hooking import ContextHooks, query_start, silent_hooks
-from phaselens.models.numerics.chunks import plan_chunks
-from phaselens.models.numerics.dtypes import compute_dtype, dtype_name
-from phaselens.models.numerics.notices import IndexTopKWarning
-from phaselens.models.tl_habits import HYPER_CONNECTION_LIMITS, TLConfig, tokenizer_from_dir
+from phaselens.models.parts.chunks import plan_chunks
+from phaselens.models.parts.dtypes import compute_dtype, dtype_name
+from phaselens.models.parts.hooking import ContextHooks, query_start, silent_hooks
+from phaselens.models.parts.index_topk import IndexTopKWarning
+from phaselens.models.parts.tl_habits import HYPER_CONNECTION_LIMITS, TLConfig, tokenizer_from_dir
 
 _UNSET = object()
 
 
 @dataclass(frozen=True, kw_only=True)
 class V41Cfg(TLConfig):
-    """TransformerLens-style names the analyses read (a :class:`~phaselens.models.tl_habits.TLConfig` plus V4.1's
+    """TransformerLens-style names the analyses read (a :class:`~phaselens.models.parts.tl_habits.TLConfig` plus V4.1's
     own fields; ``n_key_value_heads = 1``: one K = V latent)."""
 
     hc_mult: int

@@ -16,9 +16,9 @@ import torch
 
 import phaselens
 from phaselens.analyses.scoring import answer_metrics
+from phaselens.contract.cells import Cell
 from phaselens.contract.protocol import capability, choose_engine
 from phaselens.core.errors import InputError, UnsupportedModelError
-from phaselens.runtime.engines import Cell
 from tests.support.deepseek import one_thread, random_tokens, tiny_v4_fp64  # noqa: F401  (one_thread: fixture)
 
 TOL = 1e-5

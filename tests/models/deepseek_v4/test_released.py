@@ -20,7 +20,7 @@ from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v4 import LayerTypesWarning, from_hf, load_hf
 from phaselens.models.deepseek_v4.memory import estimate_memory
 from phaselens.models.deepseek_v4.prefill import call_kwargs, run_prefix
-from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.parts.chunks import plan_chunks
 from tests.support.deepseek import (
     FLASH_CONFIG,
     PRO_CONFIG,

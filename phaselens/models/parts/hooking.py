@@ -27,7 +27,7 @@ from torch import Tensor
 
 from phaselens.contract.protocol import hook_context, hook_pairs
 from phaselens.core.errors import InputError
-from phaselens.models.tl_habits import PhaseCache, TLHabits, check_names_filter
+from phaselens.models.parts.tl_habits import PhaseCache, TLHabits, check_names_filter
 
 _START: contextvars.ContextVar[int] = contextvars.ContextVar("phaselens_query_start", default=0)
 _SILENT: contextvars.ContextVar[bool] = contextvars.ContextVar("phaselens_hooks_silent", default=False)
@@ -97,14 +97,14 @@ def _layer_of(name: str) -> int | None:
 
 class ContextHooks(TLHabits):
     """Mixin for a ``HookedRootModule``: hook functions receive a :class:`~phaselens.contract.protocol.HookContext`,
-    and ``run_with_cache`` returns a :class:`~phaselens.models.tl_habits.PhaseCache`.
+    and ``run_with_cache`` returns a :class:`~phaselens.models.parts.tl_habits.PhaseCache`.
 
     The model supplies ``phase_specs`` (for the first new entry of compressor hooks).
     """
 
     def run_with_cache(self, *model_args: Any, names_filter: Any = None, **kwargs: Any) -> tuple[Any, PhaseCache]:
         """TransformerLens's ``run_with_cache``: ``(output, cache)``, the cache a TransformerLens
-        ``ActivationCache`` (:class:`~phaselens.models.tl_habits.PhaseCache`). A ``names_filter`` that selects no
+        ``ActivationCache`` (:class:`~phaselens.models.parts.tl_habits.PhaseCache`). A ``names_filter`` that selects no
         hook is a :class:`~phaselens.core.errors.HookNameError` naming what it wanted."""
         names = check_names_filter(list(self.hook_dict), names_filter)  # type: ignore[attr-defined]
         out, store = super().run_with_cache(*model_args, names_filter=names, **kwargs)  # type: ignore[misc]

@@ -1,5 +1,6 @@
-"""The query engines' shared design: a cell (one intervention), the per-slot engine every model kind builds on,
-the loop over cells by layer, and the engine for items whose query positions differ.
+"""The query engines' shared design: the per-slot engine every model kind subclasses, the loop over cells
+(:class:`~phaselens.contract.cells.Cell`: one intervention each) by layer, and the engine for items whose query
+positions differ.
 
 An intervention on ``z`` at the query position changes nothing at earlier positions, so a model's *slot engine*
 runs the clean prefix once into the model's own cache and then only the query rows per cell. The parts every
@@ -22,35 +23,18 @@ analyses reach them only through the ``query_engine`` capability. This module im
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
+from phaselens.contract.cells import PASS_BYTES, Cell
+from phaselens.contract.hooknames import z as z_site
 from phaselens.core import margins
 from phaselens.core.errors import InputError
 
-PASS_BYTES = 2**30  # default memory budget of one cell pass (its repeated cache and attention temporaries)
 HookList = list[tuple[str, Callable[..., Tensor | None]]]
 V = TypeVar("V")
-
-
-@dataclass
-class Cell:
-    """One intervention: at ``layer``, replace ``z`` of the ``heads`` at the query position.
-
-    ``replacement`` is ``[N, len(heads), d]`` (per item) or ``[len(heads), d]`` (shared); ``None`` means zero.
-    """
-
-    layer: int
-    heads: Sequence[int]
-    replacement: Tensor | None = None
-
-
-def z_site(layer: int) -> str:
-    """The hook point of the per-head attention output ``z`` ``[B, pos, H, d]`` of ``layer`` (every kind)."""
-    return f"blocks.{layer}.attn.hook_z"
 
 
 def repeat_rows(value: Any, copies: int) -> Any:

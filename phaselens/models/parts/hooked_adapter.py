@@ -16,7 +16,7 @@ from torch import Tensor
 from phaselens.contract.hooknames import explain_missing
 from phaselens.contract.protocol import hook_pairs
 from phaselens.core.errors import HookNameError, InputError
-from phaselens.models.tl_habits import PhaseCache, TLHabits, check_names_filter
+from phaselens.models.parts.tl_habits import PhaseCache, TLHabits, check_names_filter
 
 
 class HookedAdapter(TLHabits):
