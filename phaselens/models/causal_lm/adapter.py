@@ -24,21 +24,14 @@ from torch import Tensor, nn
 from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.memory import MemoryEstimate
+from phaselens.contract.protocol import HookFn
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.causal_lm.attention import attn_implementation, borrowed
 from phaselens.models.causal_lm.layout import Layout, model_layout
-from phaselens.models.causal_lm.sites import (
-    CausalHookDict,
-    HookFn,
-    HookPoint,
-    Run,
-    check_fired,
-    hook_points,
-    installed,
-)
+from phaselens.models.causal_lm.sites import Run, causal_hook_points, check_fired, installed, no_entries
 from phaselens.models.numerics.sizing import held_bytes, item_size
-from phaselens.models.parts.hooked_adapter import HookedAdapter
+from phaselens.models.parts.hooking import HookedAdapter
 from phaselens.models.parts.suffix_engine import QueryEngine
 from phaselens.models.parts.tl_habits import TLConfig, tokenizer_from_dir
 
@@ -66,7 +59,7 @@ class CausalLMAdapter(HookedAdapter):
         self.default_task: Any = None
         self._layout: Layout = model_layout(model)
         self._spec = spec
-        self._points = hook_points(self._layout)
+        self._points = causal_hook_points(self._layout)
         self._active: list[tuple[object, dict[str, list[HookFn]]]] = []
         self._metadata = metadata
 
@@ -170,12 +163,6 @@ class CausalLMAdapter(HookedAdapter):
         """What a result must carry to be read correctly (a copy): the architecture, the given geometry, and
         that every layer is full attention."""
         return dict(self._metadata)
-
-    @property
-    def hook_dict(self) -> dict[str, HookPoint]:
-        """Every hook name with its :class:`~.sites.HookPoint`, in execution order; a missing name raises a
-        :class:`~phaselens.core.errors.HookNameError` that says what exists instead."""
-        return CausalHookDict(self._points)
 
     # ---- forward -----------------------------------------------------------------------------------
     def __call__(self, tokens: Int[Tensor, "batch pos"], *, query_len: int | None = None,
@@ -295,7 +282,8 @@ class CausalLMAdapter(HookedAdapter):
         return out
 
     def _missing_hook(self, name: str) -> None:
-        CausalHookDict(self._points)[name]  # raises HookNameError: compressed-layer names explained too
+        no_entries(name)  # compressed-layer names explained
+        super()._missing_hook(name)
 
     def __repr__(self) -> str:
         s = self._spec

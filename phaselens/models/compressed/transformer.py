@@ -19,6 +19,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
+from phaselens.contract.hooknames import HookPoint as SitePoint
 from phaselens.core.checks import as_int
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
@@ -26,6 +27,7 @@ from phaselens.models.compressed.attention import NoPast, Past
 from phaselens.models.compressed.block import Block, RMSNorm
 from phaselens.models.compressed.compressor import default_init_
 from phaselens.models.compressed.config import CompressedConfig
+from phaselens.models.compressed.sites import zoo_hook_points
 from phaselens.models.compressed.sizing import check_forward, check_weights
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.hooking import ContextHooks, query_start
@@ -73,13 +75,12 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         self.setup()
         self.eval()
 
-    def setup(self) -> None:
-        """TransformerLens's name tables, with lookups of missing names explained (``HookNameError``)."""
-        from phaselens.contract.hooknames import HookDict
-
-        super().setup()
-        self.mod_dict = HookDict(self.mod_dict)
-        self.hook_dict = HookDict(self.hook_dict)
+    @property
+    def hook_sites(self) -> dict[str, SitePoint]:
+        """Every hook name with its :class:`~phaselens.contract.hooknames.HookPoint` (shape, read-only or not), from
+        the kind's table (:mod:`phaselens.models.compressed.sites`)."""
+        return zoo_hook_points([b.attn.kind for b in self.blocks], [b.attn.tied for b in self.blocks],
+                               self.config.mlp == "swiglu")
 
     # ---- TransformerLens-shaped weight views (copies; the parameters live in blocks[l].attn) ---------
     def _per_head(self, name: str) -> Float[Tensor, "n_layers n_heads d_model d_head"]:

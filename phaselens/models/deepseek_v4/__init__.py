@@ -17,7 +17,6 @@ from phaselens.models.deepseek_v4.checkpoint import load_hf
 from phaselens.models.deepseek_v4.config import DeepSeekV4Cfg
 from phaselens.models.deepseek_v4.construct import from_hf
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
-from phaselens.models.deepseek_v4.hookpoints import HookPoint, context_for
 from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.models.deepseek_v4.notices import DeepSeekV4Warning, LayerTypesWarning
 from phaselens.models.parts.index_topk import IndexTopKWarning
@@ -26,8 +25,6 @@ __all__ = [
     "DeepSeekV4Adapter",
     "DeepSeekV4Cfg",
     "DeepSeekV4Warning",
-    "context_for",
-    "HookPoint",
     "IndexTopKWarning",
     "LayerGeometry",
     "LayerTypesWarning",

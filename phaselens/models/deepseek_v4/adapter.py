@@ -25,23 +25,19 @@ from torch import Tensor, nn
 from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.hooknames import explain_missing
+from phaselens.contract.protocol import HookFn
 from phaselens.core.errors import HookNameError, InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v4.config import DeepSeekV4Cfg, build_cfg, check_eager
 from phaselens.models.deepseek_v4.engine import V4SuffixEngine
 from phaselens.models.deepseek_v4.geometry import LayerGeometry
-from phaselens.models.deepseek_v4.hookpoints import (
-    MODULE_SITES,
-    HookFn,
-    HookPoint,
-    hook_points,
-)
 from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.models.deepseek_v4.nnsight_backend import run_traced
 from phaselens.models.deepseek_v4.prefill import call_kwargs, run_prefix
+from phaselens.models.deepseek_v4.sites import MODULE_SITES, v4_hook_points
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
 from phaselens.models.parts.chunks import plan_chunks
-from phaselens.models.parts.hooked_adapter import HookedAdapter
+from phaselens.models.parts.hooking import HookedAdapter
 from phaselens.models.parts.index_topk import IndexTopKWarning
 from phaselens.models.parts.suffix_engine import QueryEngine
 from phaselens.models.parts.tl_habits import (
@@ -95,7 +91,7 @@ class DeepSeekV4Adapter(HookedAdapter):
         self._backend: Backend = backend
         self._envoy = envoy
         self._remote = remote
-        self._points = hook_points(geometry)
+        self._points = v4_hook_points(geometry)
         self._active: list[tuple[object, dict[str, list[HookFn]]]] = []
         self._metadata = metadata
         self._csa_layers = tuple(g.layer for g in geometry if g.kind == "csa")
@@ -159,14 +155,6 @@ class DeepSeekV4Adapter(HookedAdapter):
         """What a result must carry to be read correctly (a copy): geometry, backend, dtype, and whether the
         measured model was changed (``model_modified``, ``modifications``) or truncated by ``index_topk``."""
         return dict(self._metadata)
-
-    @property
-    def hook_dict(self) -> dict[str, HookPoint]:
-        """Every hook name with its :class:`HookPoint` (shape, editability), in execution order; a missing
-        name raises a :class:`~phaselens.core.errors.HookNameError` that says what exists instead."""
-        from phaselens.contract.hooknames import HookDict
-
-        return HookDict(self._points)
 
     # ---- forward -----------------------------------------------------------------------------------
     def __call__(

@@ -46,8 +46,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from phaselens.contract.cells import PASS_BYTES
+from phaselens.contract.protocol import HookFn
 from phaselens.core.errors import UnsupportedModelError
-from phaselens.models.deepseek_v4.hookpoints import HookFn
 from phaselens.models.deepseek_v4.prefill import run_prefix
 from phaselens.models.deepseek_v4.reference_ops import (
     CORE_AWARE,

@@ -145,12 +145,11 @@ class V41Attention(nn.Module):
         if ent is not None:
             p_e = probs[..., L : L + ent.shape[1]]
             o = o + torch.einsum("bhne,bed->bnhd", p_e, ent)
-        # read-only: called after the output is computed; an edit raises rather than being ignored
-        why = "it is read after the output is computed; knock heads out at hook_z, or edit hook_kv / hook_entry."
-        read_only(self.hook_pattern_local, p_w, why)
+        # read-only (sites.py): called after the output is computed; an edit raises rather than being ignored
+        read_only(self.hook_pattern_local, p_w)
         if p_e is not None:
-            read_only(self.hook_pattern_entry, p_e, why)
-        read_only(self.hook_pattern_sink, probs[..., -1], why)
+            read_only(self.hook_pattern_entry, p_e)
+        read_only(self.hook_pattern_sink, probs[..., -1])
         return o.to(q.dtype)
 
     # ---- compressed path ---------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
+from phaselens.contract.hooknames import HookPoint as SitePoint
 from phaselens.contract.protocol import HookContext, hook_context
 from phaselens.contract.strides import check_stride
 from phaselens.core.errors import CheckpointError, InputError
@@ -45,6 +46,7 @@ from phaselens.models.deepseek_v41.engram_hash import (
 )
 from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import Numerics, Quantize, RMSNorm, hc_pre
+from phaselens.models.deepseek_v41.sites import v41_hook_points
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.dtypes import compute_dtype, dtype_name
 from phaselens.models.parts.hooking import ContextHooks, query_start, silent_hooks
@@ -133,6 +135,12 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         self.eval()
 
     # ---- the model contract ------------------------------------------------------------------------
+    @property
+    def hook_sites(self) -> dict[str, SitePoint]:
+        """Every hook name with its :class:`~phaselens.contract.hooknames.HookPoint` (shape, read-only or not), from
+        the kind's table (:mod:`phaselens.models.deepseek_v41.sites`)."""
+        return v41_hook_points(self.roles, () if self.engram_layout is None else self.engram_layout.layer_ids)
+
     @property
     def name(self) -> str:
         return self.config.name or "deepseek_v41"
