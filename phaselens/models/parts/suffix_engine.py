@@ -15,9 +15,10 @@ kind shares live here (:class:`SlotEngine`):
 
 A model kind keeps only what truly differs: its prefill, its embedding of the query row, and
 :meth:`SlotEngine.run_layers` (its layers from ``start`` on over a read-only, repeated view of its cache, with
-the given hooks). The kinds' engines are ``phaselens.models.compressed.engine.SuffixEngine``,
-``phaselens.models.deepseek_v4.engine.V4SuffixEngine`` and ``phaselens.models.deepseek_v41.engine.V41SuffixEngine``;
-analyses reach them only through the ``query_engine`` capability. This module imports no model.
+the given hooks; :mod:`.cache_repeat` repeats a transformers cache). Every kind's engine subclasses
+:class:`SlotEngine`: ``phaselens.models.compressed.engine.SuffixEngine``, ``...deepseek_v4.engine.V4SuffixEngine``,
+``...deepseek_v41.engine.V41SuffixEngine`` and ``...causal_lm.engine.CausalSuffixEngine``; analyses reach them only
+through the ``query_engine`` capability. This module imports no model.
 """
 
 from __future__ import annotations
