@@ -32,8 +32,9 @@ from phaselens.models.causal_lm.layout import Layout, model_layout
 from phaselens.models.causal_lm.sites import Run, causal_hook_points, check_fired, installed, no_entries
 from phaselens.models.numerics.sizing import held_bytes, item_size
 from phaselens.models.parts.hooking import HookedAdapter
-from phaselens.models.parts.suffix_engine import QueryEngine
+from phaselens.models.parts.suffix_engine import QueryEngine, query_engine
 from phaselens.models.parts.tl_habits import TLConfig, tokenizer_from_dir
+from phaselens.models.parts.tokens import check_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -184,18 +185,8 @@ class CausalLMAdapter(HookedAdapter):
 
     def tokens(self, tokens: Any) -> Tensor:
         """``tokens`` as checked ``[B, T]`` ids on the model's device."""
-        tokens = torch.as_tensor(tokens)
-        if tokens.dim() == 1:
-            tokens = tokens.unsqueeze(0)
-        if tokens.dim() != 2 or tokens.is_floating_point() or tokens.dtype == torch.bool or 0 in tokens.shape:
-            raise InputError(f"tokens must be integer ids of shape [batch, pos] with batch, pos >= 1, got "
-                             f"{tuple(tokens.shape)} {tokens.dtype}.")
-        V = self._layout.d_vocab
-        if int(tokens.min()) < 0 or int(tokens.max()) >= V:
-            raise InputError(f"token ids must lie in 0..{V - 1}; got {int(tokens.min())}..{int(tokens.max())}.")
-        if tokens.shape[1] > self._layout.n_ctx:
-            raise InputError(f"{tokens.shape[1]} tokens exceed the model's context of {self._layout.n_ctx}.")
-        return tokens.long().to(self._layout.embed.weight.device)
+        lay = self._layout
+        return check_tokens(tokens, vocab=lay.d_vocab, device=lay.embed.weight.device, n_ctx=lay.n_ctx)
 
     def forward_hooked(self, kwargs: dict[str, Any], resolved: dict[str, list[HookFn]], *, query_start: int = 0,
                        model: nn.Module | None = None, check: bool = True) -> Any:
@@ -222,21 +213,8 @@ class CausalLMAdapter(HookedAdapter):
             from phaselens.core.errors import EngineError
 
             raise EngineError(f"the query-suffix engine cannot run here: {why}; use engine='full'.")
-        if self._active:
-            raise InputError(
-                "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
-                "active on the model (model.hooks(...) or a knockout context); pass engine='full'."
-            )
-        tokens = self.tokens(tokens)
-        qp = torch.as_tensor(query_pos).long().cpu()
-        if qp.dim() != 1 or len(qp) != tokens.shape[0] or int(qp.min()) < 0 or int(qp.max()) >= tokens.shape[1]:
-            raise InputError(f"query_pos must be [{tokens.shape[0]}] slots in 0..{tokens.shape[1] - 1}, got "
-                             f"{tuple(qp.shape)} {qp.tolist()[:8]}.")
-
-        def slot(model: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> CausalSuffixEngine:
-            return CausalSuffixEngine(model, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
-
-        return QueryEngine(self, tokens, qp, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
+        return query_engine(self, CausalSuffixEngine, self.tokens(tokens), query_pos, hooks_active=bool(self._active),
+                            rows_per_pass=rows_per_pass, batch_size=batch_size, pass_bytes=pass_bytes)
 
     def query_engine_support(self) -> str | None:
         """The ``query_engine_support`` capability: why the query-suffix engine cannot run this architecture

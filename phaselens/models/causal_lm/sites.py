@@ -32,22 +32,16 @@ from phaselens.contract.hooknames import HookPoint
 from phaselens.contract.protocol import HookFn, hook_context
 from phaselens.core.errors import HookNameError, UnsupportedModelError
 from phaselens.models.causal_lm.layout import Layout
-from phaselens.models.parts.hook_sites import Site, call_hooks, hook_points
+from phaselens.models.parts.hook_sites import Site, block_sites, call_hooks, hook_points
 
 # in execution order within a block; a layer's tags: "mlp" (it has one), "norm2" (a norm before it, pre-norm)
-SITES: dict[str, Site] = {
-    "resid_pre": Site("blocks.{l}.hook_resid_pre", "[B, n, D]"),
-    "q": Site("blocks.{l}.attn.hook_q", "[B, n, H, d]"),
+SITES = block_sites("[B, n, D]", {
     "k": Site("blocks.{l}.attn.hook_k", "[B, n, Hkv, d]"),
     "v": Site("blocks.{l}.attn.hook_v", "[B, n, Hkv, d]"),
     "pattern": Site("blocks.{l}.attn.hook_pattern", "[B, H, n, keys]"),
-    "z": Site("blocks.{l}.attn.hook_z", "[B, n, H, d]"),
-    "attn_out": Site("blocks.{l}.hook_attn_out", "[B, n, D]"),
-    "resid_mid": Site("blocks.{l}.hook_resid_mid", "[B, n, D]", "norm2", "an edit there would not reach the "
-                      "residual stream on a transformers model; edit hook_attn_out or hook_resid_post instead."),
-    "mlp_out": Site("blocks.{l}.hook_mlp_out", "[B, n, D]", "mlp"),
-    "resid_post": Site("blocks.{l}.hook_resid_post", "[B, n, D]"),
-}
+}, resid_mid=Site("blocks.{l}.hook_resid_mid", "[B, n, D]", "norm2", "an edit there would not reach the residual "
+                  "stream on a transformers model; edit hook_attn_out or hook_resid_post instead."),
+    mlp_out=Site("blocks.{l}.hook_mlp_out", "[B, n, D]", "mlp"))
 _ENTRY_SITES = ("hook_pattern_local", "hook_pattern_entry", "hook_pattern_sink", "hook_gate", "hook_entry",
                 "hook_payload")
 

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.models.compressed.cache import CompressedKVCache, LayerCache
 from phaselens.models.compressed.compressor import PoolerState
 from phaselens.models.parts.hooking import query_start
@@ -82,9 +83,10 @@ class SuffixEngine(SlotEngine):
         tokens: ``[n, T]`` items that share one query position ``query_pos`` (slot ``q``).
     """
 
-    def __init__(self, model: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096) -> None:
+    def __init__(self, model: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096,
+                 pass_bytes: int = PASS_BYTES) -> None:
         tokens = model.to_tokens(tokens)
-        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass)
+        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
         self.model = model
         self.query_tokens = tokens[:, self.q : self.q + 1]
         with torch.no_grad():

@@ -11,35 +11,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from phaselens.contract.hooknames import HookPoint
-from phaselens.models.parts.hook_sites import Site, hook_points
+from phaselens.models.parts.hook_sites import Site, block_sites, hook_points, split_pattern
 
 _SINK = ("the sink has no value vector, so its probability is not used after the softmax; edit hook_pattern_local "
          "/ hook_pattern_entry, or hook_z to knock a head out.")
-SITES: dict[str, Site] = {
-    "resid_pre": Site("blocks.{l}.hook_resid_pre", "[B, n, D]"),
-    "q": Site("blocks.{l}.attn.hook_q", "[B, n, H, d]"),
+SITES = block_sites("[B, n, D]", {
     "kv": Site("blocks.{l}.attn.hook_kv", "[B, n, Hkv, d]", "tied"),
     "k": Site("blocks.{l}.attn.hook_k", "[B, n, Hkv, d]", "untied"),
     "v": Site("blocks.{l}.attn.hook_v", "[B, n, Hkv, d]", "untied"),
-    "gate": Site("blocks.{l}.attn.hook_gate", "[B, E_new, W, Hkv(, d)]", "compressed tied"),
-    "entry": Site("blocks.{l}.attn.hook_entry", "[B, E_new, Hkv, d]", "compressed tied"),
-    "gate_k": Site("blocks.{l}.attn.hook_gate_k", "[B, E_new, W, Hkv(, d)]", "compressed untied"),
-    "entry_k": Site("blocks.{l}.attn.hook_entry_k", "[B, E_new, Hkv, d]", "compressed untied"),
-    "gate_v": Site("blocks.{l}.attn.hook_gate_v", "[B, E_new, W, Hkv(, d)]", "compressed untied"),
-    "entry_v": Site("blocks.{l}.attn.hook_entry_v", "[B, E_new, Hkv, d]", "compressed untied"),
+    **{f"{part}{path}": Site(f"blocks.{{l}}.attn.hook_{part}{path}", shape, f"compressed {tied}")
+       for path, tied in (("", "tied"), ("_k", "untied"), ("_v", "untied"))
+       for part, shape in (("gate", "[B, E_new, W, Hkv(, d)]"), ("entry", "[B, E_new, Hkv, d]"))},
     "pattern": Site("blocks.{l}.attn.hook_pattern", "[B, H, n, keys]", "full"),
-    "pattern_local": Site("blocks.{l}.attn.hook_pattern_local", "[B, H, n, L]", "split"),
-    "pattern_entry": Site("blocks.{l}.attn.hook_pattern_entry", "[B, H, n, E]", "compressed"),
-    "pattern_sink": Site("blocks.{l}.attn.hook_pattern_sink", "[B, H, n]", "split", _SINK),
-    "z": Site("blocks.{l}.attn.hook_z", "[B, n, H, d]"),
-    "attn_out": Site("blocks.{l}.hook_attn_out", "[B, n, D]"),
-    "resid_mid": Site("blocks.{l}.hook_resid_mid", "[B, n, D]"),
-    "mlp_pre": Site("blocks.{l}.mlp.hook_pre", "[B, n, d_mlp]"),
-    "mlp_pre_linear": Site("blocks.{l}.mlp.hook_pre_linear", "[B, n, d_mlp]", "gated"),
-    "mlp_post": Site("blocks.{l}.mlp.hook_post", "[B, n, d_mlp]"),
-    "mlp_out": Site("blocks.{l}.hook_mlp_out", "[B, n, D]"),
-    "resid_post": Site("blocks.{l}.hook_resid_post", "[B, n, D]"),
-}
+    **split_pattern(where="split", sink=_SINK),
+}, mlp={f"mlp_{s}": Site(f"blocks.{{l}}.mlp.hook_{s}", "[B, n, d_mlp]", where)
+        for s, where in (("pre", ""), ("pre_linear", "gated"), ("post", ""))})
 
 
 def zoo_hook_points(kinds: Iterable[str], tied: Iterable[bool], gated: bool) -> dict[str, HookPoint]:

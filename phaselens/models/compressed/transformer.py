@@ -18,6 +18,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.hooknames import HookPoint as SitePoint
 from phaselens.core.checks import as_int
@@ -31,6 +32,8 @@ from phaselens.models.compressed.sites import zoo_hook_points
 from phaselens.models.compressed.sizing import check_forward, check_weights
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.hooking import ContextHooks, query_start
+from phaselens.models.parts.suffix_engine import query_engine
+from phaselens.models.parts.tokens import check_tokens
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.cache import CompressedKVCache
@@ -198,14 +201,13 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
 
     # ---- capabilities (see phaselens.contract.protocol.CAPABILITIES) -------------------------------------------
     def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
-                     batch_size: int | None = None) -> Any:
+                     batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> Any:
         """The query-suffix engine over ``tokens`` ``[N, T]`` with query slots ``query_pos`` ``[N]`` (at most
-        ``batch_size`` rows per cached prefix)."""
+        ``batch_size`` rows per cached prefix); hooks active on the model run in its passes too."""
         from phaselens.models.compressed.engine import SuffixEngine
-        from phaselens.models.parts.suffix_engine import QueryEngine
 
-        return QueryEngine(self, tokens, query_pos, rows_per_pass=rows_per_pass, slot_engine=SuffixEngine,
-                           batch_size=batch_size)
+        return query_engine(self, SuffixEngine, tokens, query_pos, hooks_active=False, rows_per_pass=rows_per_pass,
+                            batch_size=batch_size, pass_bytes=pass_bytes)
 
     def cycle_gates(self, delta: int) -> CompressedTransformer:
         """A copy whose offset-specific gate parameters are rolled by ``delta`` (see
@@ -231,20 +233,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         return self._check_tokens(torch.as_tensor(tokens))
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:
-        if not isinstance(tokens, Tensor):
-            raise InputError(f"tokens must be a torch tensor of ids, got {type(tokens).__name__}.")
-        if tokens.dim() == 1:
-            tokens = tokens.unsqueeze(0)
-        if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise InputError(
-                f"tokens must be integer ids shaped [batch, pos], got dtype {tokens.dtype} and shape "
-                f"{tuple(tokens.shape)}; use tokens.long()."
-            )
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.d_vocab):
-            raise InputError(
-                f"token ids must lie in 0..{self.config.d_vocab - 1}, got {int(tokens.min())}..{int(tokens.max())}."
-            )
-        return tokens.long().to(self.unembed.weight.device)
+        return check_tokens(tokens, vocab=self.config.d_vocab, device=self.unembed.weight.device)
 
     # ---- forward -------------------------------------------------------------------------------------
     def forward(
@@ -280,12 +269,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
             raise InputError("targets= needs return_type='loss', reduction 'mean' or 'sum', and a tensor shaped like "
                              "tokens [batch, pos].")
         tokens = self._check_tokens(tokens)
-        B, n = tokens.shape
-        if B == 0 or n == 0:  # checked before the cache is touched, so the cache stays usable
-            raise InputError(
-                f"tokens have shape {tuple(tokens.shape)}: a forward needs at least one sequence of at least one "
-                "token; drop empty batches before calling the model."
-            )
+        B, n = tokens.shape  # both >= 1: checked before the cache is touched, so the cache stays usable
         if cache is None and n > self.config.n_ctx:
             raise InputError(f"sequence of {n} tokens exceeds the model's context n_ctx={self.config.n_ctx}; "
                              "shorten it or build the model with a larger n_ctx.")
@@ -362,8 +346,6 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         tokens = self._check_tokens(tokens)
         T = tokens.shape[1]
         plan_chunks(max(T, 1), chunk, None)  # a bad chunk is refused first
-        if tokens.shape[0] == 0 or T == 0:
-            raise InputError(f"prefill needs at least one sequence of at least one token, got shape {tuple(tokens.shape)}.")
         # pieces of chunk tokens from the start, the last one the rest (one piece without a chunk)
         plan = plan_chunks(T, chunk, None if chunk is None else T - (T - 1) // int(chunk) * int(chunk))
         logits = None

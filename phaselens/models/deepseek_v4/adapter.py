@@ -39,11 +39,12 @@ from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.hooking import HookedAdapter
 from phaselens.models.parts.index_topk import IndexTopKWarning
-from phaselens.models.parts.suffix_engine import QueryEngine
+from phaselens.models.parts.suffix_engine import QueryEngine, query_engine
 from phaselens.models.parts.tl_habits import (
     HYPER_CONNECTION_LIMITS,
     tokenizer_from_dir,
 )
+from phaselens.models.parts.tokens import check_tokens
 
 Backend = Literal["torch", "nnsight"]
 _UNSET: Any = object()
@@ -203,28 +204,8 @@ class DeepSeekV4Adapter(HookedAdapter):
     forward = __call__
 
     def _tokens(self, tokens: Any) -> Tensor:
-        tokens = torch.as_tensor(tokens)
-        if tokens.dim() == 1:
-            tokens = tokens.unsqueeze(0)
-        if (
-            tokens.dim() != 2
-            or tokens.is_floating_point()
-            or tokens.dtype == torch.bool
-            or tokens.shape[1] == 0
-            or tokens.shape[0] == 0
-        ):
-            raise InputError(
-                f"tokens must be integer ids of shape [batch, pos] with batch, pos >= 1, got {tuple(tokens.shape)} "
-                f"{tokens.dtype}."
-            )
-        V = self._cfg.d_vocab
-        if int(tokens.min()) < 0 or int(tokens.max()) >= V:
-            raise InputError(
-                f"token ids must lie in 0..{V - 1}; got {int(tokens.min())}..{int(tokens.max())}."
-            )
-        if self._remote:  # the local model is on the meta device; NDIF places the inputs
-            return tokens.long()
-        return tokens.long().to(self.cfg.device)
+        # remote: the local model is on the meta device; NDIF places the inputs
+        return check_tokens(tokens, vocab=self._cfg.d_vocab, device=None if self._remote else self.cfg.device)
 
     def _check_topk(self, T: int) -> tuple[int, ...]:
         """Warn when an indexer keeps fewer entries than exist at length ``T``; return the layers to record
@@ -310,23 +291,11 @@ class DeepSeekV4Adapter(HookedAdapter):
 
     def _query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
                       batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
-        if self._active:
-            raise InputError(
-                "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
-                "active on the adapter (adapter.hooks(...) or a knockout context); pass engine='full'."
-            )
         check_eager(self.model.config)
-        tokens = self._tokens(tokens)
-        qp = torch.as_tensor(query_pos).long().cpu()
-        if qp.dim() != 1 or len(qp) != tokens.shape[0] or int(qp.min()) < 0 or int(qp.max()) >= tokens.shape[1]:
-            raise InputError(f"query_pos must be [{tokens.shape[0]}] slots in 0..{tokens.shape[1] - 1}, got "
-                             f"{tuple(qp.shape)} {qp.tolist()[:8]}.")
-        self._check_topk(int(qp.max()) + 1)
-
-        def slot(model: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> V4SuffixEngine:
-            return V4SuffixEngine(model, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
-
-        return QueryEngine(self, tokens, qp, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
+        engine = query_engine(self, V4SuffixEngine, self._tokens(tokens), query_pos, hooks_active=bool(self._active),
+                              rows_per_pass=rows_per_pass, batch_size=batch_size, pass_bytes=pass_bytes)
+        self._check_topk(int(torch.as_tensor(query_pos).max()) + 1)
+        return engine
 
     def estimate_memory(self, tokens: int, *, batch: int = 1, query_len: int | None = None,
                         logits: Literal["all", "query"] = "all") -> MemoryEstimate:

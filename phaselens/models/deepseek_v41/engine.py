@@ -39,12 +39,11 @@ from torch import Tensor
 
 from phaselens.contract.cells import PASS_BYTES
 from phaselens.core import margins
-from phaselens.core.errors import InputError
 from phaselens.models.deepseek_v41.cache import SourceState, StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.layers import hc_pre
 from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.hooking import query_start, silent_hooks
-from phaselens.models.parts.suffix_engine import HookList, QueryEngine, SlotEngine, repeat_rows
+from phaselens.models.parts.suffix_engine import HookList, SlotEngine, repeat_rows
 
 
 def _nbytes(*tensors: Tensor | None) -> int:
@@ -167,26 +166,4 @@ class V41SuffixEngine(SlotEngine):
         return (window + sources + shared) // max(self.n, 1) + attention
 
 
-def query_engine(model: Any, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
-                 batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
-    """The ``query_engine`` capability of :class:`~phaselens.models.deepseek_v41.DeepSeekV41`: a
-    :class:`~phaselens.models.parts.suffix_engine.QueryEngine` over ``tokens`` ``[N, T]`` with query slots ``query_pos``
-    ``[N]``, one :class:`V41SuffixEngine` per query slot and piece of at most ``batch_size`` rows.
-
-    Raises :class:`InputError` while hooks are active on the model: the engine runs the clean prefix without
-    hooks and could not honour them (pass ``engine='full'``).
-    """
-    if any(point.fwd_hooks for point in model.hook_dict.values()):
-        raise InputError(
-            "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
-            "active on the model (model.hooks(...) or a knockout context); pass engine='full'."
-        )
-    tokens = model._check_tokens(tokens)
-
-    def slot(m: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> V41SuffixEngine:
-        return V41SuffixEngine(m, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
-
-    return QueryEngine(model, tokens, query_pos, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
-
-
-__all__ = ["V41SuffixEngine", "query_engine"]
+__all__ = ["V41SuffixEngine"]

@@ -12,32 +12,20 @@ from collections.abc import Collection, Sequence
 
 from phaselens.contract.hooknames import HookPoint
 from phaselens.models.deepseek_v41.config import LayerRole
-from phaselens.models.parts.hook_sites import Site, hook_points
+from phaselens.models.parts.hook_sites import Site, block_sites, hook_points, split_pattern
 
 _AFTER = "it is read after the output is computed; knock heads out at hook_z, or edit hook_kv / hook_entry."
-SITES: dict[str, Site] = {
-    "engram_rows": Site("blocks.{l}.engram.hook_rows", "[B, n, C]", "engram"),
-    "engram_key": Site("blocks.{l}.engram.hook_key", "[B, n, hc_mult, D]", "engram"),
-    "engram_value": Site("blocks.{l}.engram.hook_value", "[B, n, D]", "engram"),
-    "engram_gate": Site("blocks.{l}.engram.hook_gate", "[B, n, hc_mult]", "engram"),
-    "engram_out": Site("blocks.{l}.engram.hook_out", "[B, n, hc_mult, D]", "engram"),
-    "resid_pre": Site("blocks.{l}.hook_resid_pre", "[B, n, hc_mult, D]"),
-    "q": Site("blocks.{l}.attn.hook_q", "[B, n, H, d]"),
+SITES = block_sites("[B, n, hc_mult, D]", {
     "kv": Site("blocks.{l}.attn.hook_kv", "[B, n, 1, d]"),
     "gate": Site("blocks.{l}.attn.hook_gate", "[B, E_new, r, 1, d]", "kv_source gated"),
     "payload": Site("blocks.{l}.attn.hook_payload", "[B, E_new, r, 1, d]", "kv_source"),
     "entry": Site("blocks.{l}.attn.hook_entry", "[B, E_new, 1, d]", "kv_source"),
     "candidates": Site("blocks.{l}.attn.hook_candidates", "[B, n, E]", "candidate_source"),
     "indexer_topk": Site("blocks.{l}.attn.hook_indexer_topk", "[B, n, k]", "index_source"),
-    "pattern_local": Site("blocks.{l}.attn.hook_pattern_local", "[B, H, n, L]", read_only=_AFTER),
-    "pattern_entry": Site("blocks.{l}.attn.hook_pattern_entry", "[B, H, n, E]", "compressed", _AFTER),
-    "pattern_sink": Site("blocks.{l}.attn.hook_pattern_sink", "[B, H, n]", read_only=_AFTER),
-    "z": Site("blocks.{l}.attn.hook_z", "[B, n, H, d]"),
-    "attn_out": Site("blocks.{l}.hook_attn_out", "[B, n, D]"),
-    "resid_mid": Site("blocks.{l}.hook_resid_mid", "[B, n, hc_mult, D]"),
-    "mlp_out": Site("blocks.{l}.hook_mlp_out", "[B, n, D]"),
-    "resid_post": Site("blocks.{l}.hook_resid_post", "[B, n, hc_mult, D]"),
-}
+    **split_pattern(_AFTER),
+}, before={f"engram_{s}": Site(f"blocks.{{l}}.engram.hook_{s}", shape, "engram") for s, shape in (
+    ("rows", "[B, n, C]"), ("key", "[B, n, hc_mult, D]"), ("value", "[B, n, D]"), ("gate", "[B, n, hc_mult]"),
+    ("out", "[B, n, hc_mult, D]"))})
 
 
 def v41_hook_points(roles: Sequence[LayerRole], engram_layers: Collection[int]) -> dict[str, HookPoint]:

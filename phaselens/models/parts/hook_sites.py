@@ -48,6 +48,21 @@ class Site:
 EMBED = HookPoint("hook_embed", None, "embed", "[B, n, D]")
 
 
+def block_sites(resid: str, attention: Mapping[str, Site], *, before: Mapping[str, Site] | None = None,
+                mlp: Mapping[str, Site] | None = None, **replace: Site) -> dict[str, Site]:
+    """A kind's table, in execution order: the rows every kind's blocks have (TransformerLens's residual sites,
+    ``hook_q``, ``hook_z`` and the sublayer outputs; ``resid``: the residual's shape) around its own ``attention``
+    rows (and ``before`` the block, ``mlp`` inside its MLP); ``replace`` overrides a shared row."""
+    def row(site: str, shape: str) -> Site:
+        return replace.get(site, Site(f"blocks.{{l}}.hook_{site}", shape))
+
+    return {**(before or {}), "resid_pre": row("resid_pre", resid),
+            "q": replace.get("q", Site("blocks.{l}.attn.hook_q", "[B, n, H, d]")), **attention,
+            "z": replace.get("z", Site("blocks.{l}.attn.hook_z", "[B, n, H, d]")), "attn_out": row("attn_out", "[B, n, D]"),
+            "resid_mid": row("resid_mid", resid), **(mlp or {}), "mlp_out": row("mlp_out", "[B, n, D]"),
+            "resid_post": row("resid_post", resid)}
+
+
 def hook_points(table: Mapping[str, Site], tags: Sequence[Collection[str]]) -> dict[str, HookPoint]:
     """``{name: HookPoint}`` of a model whose layer ``l`` has the tags ``tags[l]``, in execution order
     (``hook_embed`` first)."""
@@ -58,6 +73,17 @@ def hook_points(table: Mapping[str, Site], tags: Sequence[Collection[str]]) -> d
                 name = row.template.format(l=layer)
                 points[name] = HookPoint(name, layer, site, row.shape, row.read_only)
     return points
+
+
+def split_pattern(read_only: str = "", *, where: str = "", sink: str | None = None) -> dict[str, Site]:
+    """The rows of one softmax over the local window, the compressed entries and the sink (docs/hooks.md) on the
+    layers tagged ``where`` (entries: on ``"compressed"`` ones); ``read_only``: why the three refuse edits, ``sink``:
+    why the sink alone does."""
+    return {"pattern_local": Site("blocks.{l}.attn.hook_pattern_local", "[B, H, n, L]", where, read_only),
+            "pattern_entry": Site("blocks.{l}.attn.hook_pattern_entry", "[B, H, n, E]", f"{where} compressed",
+                                  read_only),
+            "pattern_sink": Site("blocks.{l}.attn.hook_pattern_sink", "[B, H, n]", where,
+                                 read_only if sink is None else sink)}
 
 
 def _describe(value: Any) -> str:

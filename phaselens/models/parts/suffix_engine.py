@@ -271,3 +271,22 @@ class QueryEngine:
         for (rows, _), part in zip(self.groups, parts):
             out.index_copy_(dim, rows.to(out.device), part)
         return out
+
+
+def query_engine(model: Any, engine: type[SlotEngine], tokens: Tensor, query_pos: Tensor, *, hooks_active: bool,
+                 rows_per_pass: int = 4096, batch_size: int | None = None, pass_bytes: int = PASS_BYTES
+                 ) -> QueryEngine:
+    """Every kind's ``query_engine`` capability: a :class:`QueryEngine` over ``tokens`` ``[N, T]`` (checked ids)
+    with query slots ``query_pos`` ``[N]``, one ``engine`` per query slot and piece of at most ``batch_size`` rows.
+
+    Raises :class:`InputError` when ``hooks_active``: the engine runs the clean prefix without hooks and could not
+    honour them.
+    """
+    if hooks_active:
+        raise InputError("the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks "
+                         "that are active on the model (model.hooks(...) or a knockout context); pass engine='full'.")
+
+    def slot(m: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> SlotEngine:
+        return engine(m, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
+
+    return QueryEngine(model, tokens, query_pos, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
