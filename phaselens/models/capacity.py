@@ -105,7 +105,7 @@ class _Sized:
         return total
 
     def _v4(self) -> None:
-        from phaselens.models.deepseek_v4 import from_hf
+        from phaselens.models.deepseek_v4 import from_transformers
         from phaselens.models.deepseek_v4.config_checks import check_v4_config
 
         check_v4_config(self.raw, where=f"{self.root / 'config.json'}")  # load_hf's check, its message
@@ -115,7 +115,7 @@ class _Sized:
         self.engram = 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.meta = from_hf(meta, index_topk="all")
+            self.meta = from_transformers(meta, index_topk="all")
         self.notes.append("weights as loaded: FP8/FP4 kept packed, as transformers' finegrained-fp8 integration "
                           "does on CUDA (on CPU transformers dequantizes them).")
 

@@ -86,6 +86,16 @@ def from_transformers(model: Any, *, stride: int | None = None, window: int | No
     return CausalLMAdapter(view, spec, metadata=metadata)
 
 
+def adapt_object(obj: Any, module: nn.Module, how: str, *, stride: int | None = None, window: int | None = None,
+                 origin: int | None = None, **options: Any) -> CausalLMAdapter:
+    """The registry's adapter of a causal-LM model object (:mod:`phaselens.models.kinds`): ``module`` the
+    transformers model inside ``obj``, at ``stride`` / ``window`` / ``origin``; it takes no other option."""
+    if options:
+        raise InputError(f"{sorted(options)} do not apply to a {type(module).__name__}, a causal LM without "
+                         "compression: it takes stride=, window= and origin= (the other options are DeepSeek-V4's).")
+    return from_transformers(module, stride=stride, window=window, origin=0 if origin is None else origin)
+
+
 def load_causal_lm(path: str | os.PathLike, *, device: str | torch.device = "cpu", stride: int | None = None,
                    window: int | None = None, origin: int = 0, dtype: torch.dtype | str | None = None,
                    device_map: Any = None, attn_implementation: str | None = None, strict: bool = True

@@ -53,7 +53,7 @@ _UNSET: Any = object()
 class DeepSeekV4Adapter(HookedAdapter):
     """A transformers ``DeepseekV4ForCausalLM`` with phaselens' geometry, hook names and interventions.
 
-    Build it with :func:`from_hf` (or :func:`load_hf` / ``phaselens.load("hf:PATH")``). The wrapped model is
+    Build it with :func:`from_transformers` (or :func:`load_hf` / ``phaselens.load("hf:PATH")``). The wrapped model is
     ``adapter.model``; nothing is attached to it between calls.
 
     Attributes:
@@ -171,7 +171,7 @@ class DeepSeekV4Adapter(HookedAdapter):
         Args:
             tokens: ``[B, T]`` token ids (or ``[T]``), unpadded.
             chunk: prefill in pieces of this many tokens through the model's cache (default: the ``chunk``
-                given to :func:`from_hf`, else one uncached forward). Hooks fire only for the query chunk.
+                given to :func:`from_transformers`, else one uncached forward). Hooks fire only for the query chunk.
             query_len: the query rows: under chunked prefill the query chunk, the hooked last tokens (default
                 ``min(chunk, T)``); in an uncached forward only the rows whose logits ``logits="query"`` keeps.
             logits: ``"query"`` to return (and compute) only the query rows' logits.
@@ -179,7 +179,7 @@ class DeepSeekV4Adapter(HookedAdapter):
         if logits not in ("all", "query"):
             raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
         tokens = self._tokens(tokens)
-        check_eager(self.model.config)  # the config could have been switched since from_hf
+        check_eager(self.model.config)  # the config could have been switched since from_transformers
         T = tokens.shape[1]
         chunk = self.chunk if chunk is _UNSET else chunk
         plan = plan_chunks(T, chunk, query_len if chunk is not None else None)
@@ -228,7 +228,7 @@ class DeepSeekV4Adapter(HookedAdapter):
                 IndexTopKWarning(
                     f"index_topk={k} < {entries} entries at length {T} in CSA layers {list(binding)}: the "
                     "indexer drops entries, and its tie-breaking differs between chunked and unchunked runs. "
-                    "The picks are in adapter.indexer_picks; from_hf(model, index_topk='all') keeps every "
+                    "The picks are in adapter.indexer_picks; phaselens.from_hf(model, index_topk='all') keeps every "
                     "entry (and records that the measured model was changed)."
                 ),
                 stacklevel=3,

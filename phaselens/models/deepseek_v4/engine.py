@@ -28,7 +28,7 @@ transformers' own function. Under ``numerics="reference"`` both run the referenc
 (:func:`~.reference_ops.reference_attention`, itself one product over the shared head). The tests hold both
 against full eager forwards.
 
-Exactness: with ``index_topk`` at least the number of entries (``from_hf(..., index_topk="all")``) every cell
+Exactness: with ``index_topk`` at least the number of entries (``from_transformers(..., index_topk="all")``) every cell
 equals the full forward at that cell to float rounding (tested at 1e-5 in fp32). With a binding ``index_topk``
 the indexer's top-k of the query row is computed from cached entries whose rounding can differ from an
 uncached forward's, so near-tied picks may differ (``docs/deepseek_v4.md`` gives the measured rate).

@@ -1,6 +1,6 @@
 """nnsight backend: the module-boundary hook points as nnsight interventions.
 
-``from_hf(model, backend="nnsight")`` runs each hooked forward inside ``envoy.trace(...)``. The sites that
+``from_transformers(model, backend="nnsight")`` runs each hooked forward inside ``envoy.trace(...)``. The sites that
 are one module's input or output (``hook_embed``, ``hook_resid_pre/mid/post``, ``attn.hook_q``,
 ``attn.hook_kv``, ``attn.hook_indexer_topk``, ``attn.hook_z``, ``hook_attn_out``, ``hook_mlp_out``) are
 read and written through nnsight envoys, in execution order, with the same hook functions and the same
