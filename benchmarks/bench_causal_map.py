@@ -24,7 +24,7 @@ import torch
 
 import phaselens
 from benchmarks.common import best_time, emit
-from phaselens.runtime.engines import Cell
+from phaselens.contract.cells import Cell
 from phaselens.tasks import KVRecall
 
 TASK = KVRecall(n_records=32, block_filler=430, modulus=8, n_demos=4)  # 1,023 tokens per item

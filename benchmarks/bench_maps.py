@@ -21,9 +21,9 @@ import phaselens
 from benchmarks.common import best_time, emit
 from phaselens.analyses.knockouts import calibrate
 from phaselens.analyses.scoring import answer_metrics
+from phaselens.contract.cells import Cell
 from phaselens.models import CompressedConfig, CompressedTransformer, CompressorSpec
 from phaselens.models.compressed.engine import SuffixEngine
-from phaselens.runtime.engines import Cell
 from phaselens.tasks import KVRecall
 
 

@@ -54,8 +54,8 @@ def clock(device: str) -> float:
 
 
 def one_length(model, tokens: int, device: str, full_cells: int | None) -> dict:
+    from phaselens.contract.cells import Cell
     from phaselens.models.deepseek_v41.engine import V41SuffixEngine
-    from phaselens.runtime.engines import Cell
 
     ids = torch.randint(3, model.cfg.d_vocab, (N_ITEMS, tokens), generator=torch.Generator().manual_seed(tokens))
     ids = ids.to(device)

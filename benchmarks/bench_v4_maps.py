@@ -96,7 +96,7 @@ def reset_peak() -> None:
 
 def one_length(tokens: int, chunk: int, checks: bool) -> dict:
     import phaselens
-    from phaselens.runtime.engines import Cell
+    from phaselens.contract.cells import Cell
 
     warnings.simplefilter("ignore")
     hf = build_model()

@@ -1,4 +1,4 @@
-"""What ``from_hf(numerics=..., quantize=...)`` costs and changes on a bf16 DeepSeek-V4, side by side.
+"""What ``from_transformers(numerics=..., quantize=...)`` costs and changes on a bf16 DeepSeek-V4, side by side.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_v4_numerics [--tokens 1024] [--hidden 1024]
     .venv/bin/python -m benchmarks.bench_v4_numerics --device cuda --tokens 4096      # on a GPU
@@ -22,7 +22,7 @@ import warnings
 import torch
 
 from benchmarks.common import emit, interleaved_times
-from phaselens.models.deepseek_v4 import from_hf
+from phaselens.models.deepseek_v4 import from_transformers
 
 
 def build(hidden: int, seed: int = 0):
@@ -114,7 +114,7 @@ def main() -> None:
     adapters, picks = {}, {}
     for key, (numerics, quantize) in settings.items():
         model = load(torch.bfloat16, dev)
-        adapters[key] = from_hf(model, numerics=numerics, quantize=quantize)
+        adapters[key] = from_transformers(model, numerics=numerics, quantize=quantize)
         for layer, kind in ((1, "csa"), (2, "hca")):
             out[f"entries_rel_err_{kind}_{key}"] = rel(entries(model, layer, h), entries(truth_model, layer, h.float()))
         with warnings.catch_warnings():

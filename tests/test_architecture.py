@@ -151,41 +151,47 @@ def test_no_import_cycles(graph):
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
 
 
-MODEL_CORE = "numerics"  # phaselens.models.numerics: the numerics every model kind shares
+# phaselens.models.parts: what every model kind shares (hook sites and their dispatch, the suffix-engine base,
+# norms, RoPE, FP8/FP4 formats, ...); models.numerics: bytes of dtypes and modules (sizing)
+SHARED = ("parts", "numerics")
 
 
 def _model_package(module: str) -> str | None:
-    """``phaselens.models.<package>.…`` -> ``<package>`` (a kind, or the core); ``None`` elsewhere."""
+    """``phaselens.models.<package>.…`` -> ``<package>`` (a kind, or a shared one); ``None`` elsewhere."""
     parts = module.split(".")
     is_package = len(parts) > 2 and parts[1] == "models" and (PKG / "models" / parts[2] / "__init__.py").exists()
     return parts[2] if is_package else None
 
 
 def _kinds() -> set[str]:
-    return {p.name for p in (PKG / "models").iterdir() if (p / "__init__.py").exists()} - {MODEL_CORE}
+    return {p.name for p in (PKG / "models").iterdir() if (p / "__init__.py").exists()} - set(SHARED)
 
 
 def cross_kind_imports(graph: dict[str, set[str]], kinds: set[str]) -> list[str]:
-    """Imports from one model kind into another, or from the models core into anything else of models/."""
+    """What breaks the models layer's rule: a kind that imports another kind or a module of models/ outside the
+    parts (the registry, ``load``, ...), or a shared package that imports a kind or anything above the parts."""
     bad = []
     for src, targets in graph.items():
         own = _model_package(src)
         if own is None:
             continue
         for dst in targets:
-            other = _model_package(dst) if dst.startswith("phaselens.models.") else None
-            if own == MODEL_CORE and dst.startswith("phaselens.models") and other != MODEL_CORE:
-                bad.append(f"{src} (the models core) imports {dst}")
-            elif own in kinds and other in kinds and other != own:
-                bad.append(f"{src} ({own}) imports {dst} ({other}): kinds share code only through models.numerics")
+            if not dst.startswith("phaselens.models."):
+                continue
+            other = _model_package(dst)
+            if own in SHARED and other not in SHARED:
+                bad.append(f"{src} (shared parts) imports {dst}: the parts sit below every kind")
+            elif own in kinds and other != own and other not in SHARED:
+                bad.append(f"{src} ({own}) imports {dst} ({other or 'models'}): kinds share code through "
+                           "models.parts (and contract, core), never import each other")
     return sorted(bad)
 
 
-def test_model_kinds_import_only_the_core(graph):
-    """models/: the shared core (models.numerics) imports nothing else of models/; one package per kind
-    imports the core and models/' shared modules (hooking, ...), never another kind."""
+def test_model_kinds_share_code_only_through_the_parts(graph):
+    """models/: every kind (a package) imports only itself, models.parts (and the layers below models); the parts
+    import no kind and nothing of models/ above them (the registry, ``load``, the ensemble)."""
     kinds = _kinds()
-    assert {"compressed", "deepseek_v4", "deepseek_v41", "served"} <= kinds
+    assert {"compressed", "causal_lm", "deepseek_v4", "deepseek_v41", "served"} <= kinds
     bad = cross_kind_imports(graph, kinds)
     assert not bad, "\n".join(bad)
 
@@ -196,7 +202,8 @@ def test_model_kinds_import_only_the_core(graph):
     ("from phaselens import load\n", upward_imports, "imports the top package"),
     ("from phaselens.presentation.cli import app\n", upward_imports, "upward"),
     ("from phaselens.analyses import evaluation\n", upward_imports, "siblings"),
-    ("from phaselens.models.deepseek_v41 import config\n", cross_kind_imports, "kinds share code only"),
+    ("from phaselens.models.deepseek_v41 import config\n", cross_kind_imports, "never import each other"),
+    ("from phaselens.models.sources import load\n", cross_kind_imports, "never import each other"),
 ])
 def test_each_check_fires_on_a_planted_violation(graph, source, check, fires):
     """Every rule above, run on the real graph plus one planted module (phaselens.models.deepseek_v4.planted)

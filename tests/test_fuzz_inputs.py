@@ -56,7 +56,7 @@ def assert_untouched(w: SimpleNamespace, *, logits: bool = True) -> None:
     """No hook left, no gradient left, the same weights and buffers, eval mode, no per-call state left set, and
     (``logits``) the same logits."""
     from phaselens.contract.protocol import _CALL
-    from phaselens.models.hooking import _START
+    from phaselens.models.parts.hooking import _START
 
     assert _CALL.get() is None and _START.get() == 0
     assert n_hooks(w.m) == 0 and not torch.nn.modules.module._global_forward_hooks

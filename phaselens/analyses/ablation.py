@@ -13,10 +13,10 @@ from phaselens.analyses.knockout_runs import KO_FIELDS, ablate_block, knockout_c
 from phaselens.analyses.knockouts import Knockout, knockout
 from phaselens.analyses.runner import Analysis, Common, ResamplingOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import METRICS, items_from_metrics, stack_metrics
+from phaselens.contract.cells import Cell
 from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.heads import Head
 from phaselens.results.base import Result
-from phaselens.runtime.engines import Cell
 from phaselens.stats.effects import EFFECT_COLUMNS, Effects, relative_effects
 
 

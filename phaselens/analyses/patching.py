@@ -28,6 +28,7 @@ from phaselens.analyses.scoring import (
     query_logits,
     query_metrics,
 )
+from phaselens.contract.cells import Cell
 from phaselens.contract.protocol import HookContext, PhaseModel, choose_engine
 from phaselens.core.checks import as_float
 from phaselens.core.errors import InputError
@@ -35,7 +36,6 @@ from phaselens.core.heads import Head, parse_heads
 from phaselens.core.labelled import Labelled
 from phaselens.parallel.world import world
 from phaselens.results.base import Result
-from phaselens.runtime.engines import Cell
 from phaselens.stats.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
 
 EPS_DENOM = 1e-3

@@ -24,15 +24,22 @@ from phaselens.core.errors import HookNameError
 
 @dataclass(frozen=True)
 class HookPoint:
-    """A named hook site of a model kind that hooks a model it did not build (the DeepSeek-V4 and causal-LM
-    adapters): its name, block (``None`` outside the blocks), kind of site (``"z"``, ``"resid_pre"``, ...), shape
-    (e.g. ``"[B, n, H, d]"``), and whether a hook's returned tensor edits the model."""
+    """A named hook site of a model (``model.hook_sites``; the rows of its kind's table, made by
+    :func:`phaselens.models.parts.hook_sites.hook_points`): its name, block (``None`` outside the blocks), kind of
+    site (``"z"``, ``"resid_pre"``, ...), shape (e.g. ``"[B, n, H, d]"``), and, for a site whose value the model
+    does not compute with, why an edit there is refused (``read_only``; ``""``: a returned tensor edits the
+    model)."""
 
     name: str
     layer: int | None
     site: str
     shape: str
-    editable: bool
+    read_only: str = ""
+
+    @property
+    def editable(self) -> bool:
+        return not self.read_only
+
 
 _PATTERN = re.compile(r"^blocks\.(\d+)\.attn\.hook_pattern$")
 _KV = re.compile(r"^blocks\.(\d+)\.attn\.hook_[kv]$")

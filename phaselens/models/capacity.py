@@ -5,7 +5,7 @@ reports, in bytes:
 
 * the weights **as stored** (the text model in the checkpoint's formats: FP8 projections, FP4 experts, bf16
   and fp32 tensors; Engram's tables separately; the draft layers and the vision tower are not counted) and
-  **as loaded** on GPUs by phaselens (DeepSeek-V4.1: packed, :mod:`phaselens.models.numerics.packed`;
+  **as loaded** on GPUs by phaselens (DeepSeek-V4.1: packed, :mod:`phaselens.models.parts.packed`;
   DeepSeek-V4: as transformers' finegrained-fp8 integration keeps them on CUDA), with the dequantized size
   for comparison;
 * one forward at ``context`` tokens, prefilled in pieces of ``chunk``: the cache, the attention scores (the
@@ -17,7 +17,7 @@ reports, in bytes:
   forward per cell and item, batch 1, as ``specialization_map(engine="full")`` runs it), and the largest
   prefill chunk that fits there;
 * DeepSeek-V4.1's Engram: device maps keep its tables in host memory
-  (:mod:`phaselens.models.deepseek_v41.placement`), so the GPUs hold every layer but the tables, and the plan
+  (:mod:`phaselens.models.deepseek_v41.device_maps`), so the GPUs hold every layer but the tables, and the plan
   states the host memory and the bytes per token its lookups send to the GPUs;
 * DeepSeek-V4.1's time (``time``, :mod:`phaselens.models.costs`): FLOPs, bytes, seconds and GPU-hours of the
   forward above and of a per-head map with the query-suffix engine, at ``mfu`` of the GPU's peaks.
@@ -105,7 +105,7 @@ class _Sized:
         return total
 
     def _v4(self) -> None:
-        from phaselens.models.deepseek_v4 import from_hf
+        from phaselens.models.deepseek_v4 import from_transformers
         from phaselens.models.deepseek_v4.config_checks import check_v4_config
 
         check_v4_config(self.raw, where=f"{self.root / 'config.json'}")  # load_hf's check, its message
@@ -115,7 +115,7 @@ class _Sized:
         self.engram = 0
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.meta = from_hf(meta, index_topk="all")
+            self.meta = from_transformers(meta, index_topk="all")
         self.notes.append("weights as loaded: FP8/FP4 kept packed, as transformers' finegrained-fp8 integration "
                           "does on CUDA (on CPU transformers dequantizes them).")
 

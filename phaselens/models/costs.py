@@ -1,7 +1,7 @@
 """What DeepSeek-V4.1 forwards cost: FLOPs, GPU-memory bytes and time, per layer kind (``phaselens plan``).
 
 Counted from phaselens's own code (``phaselens.models.deepseek_v41``), call by call as a chunked prefill runs
-(:func:`~phaselens.models.numerics.chunks.plan_chunks`), for ``B`` sequences whose call covers slots
+(:func:`~phaselens.models.parts.chunks.plan_chunks`), for ``B`` sequences whose call covers slots
 ``a .. s - 1`` (``n = s - a`` new tokens):
 
 * **FLOPs** are the matmuls' (``2 x`` multiply-adds: what ``torch.utils.flop_counter.FlopCounterMode`` counts;
@@ -324,7 +324,7 @@ def plan_time(model: Any, *, gpu: GPUSpec, mfu: float, context: int, chunk: int 
     """What ``phaselens plan`` reports as ``time``: a forward at ``context`` (``batch`` sequences in pieces of
     ``chunk``, ``head_rows`` rows of logits) on ``gpus`` GPUs, and a per-head map at ``map_context`` on
     ``map_gpus`` (see :func:`map_cost`), each with FLOPs, bytes, seconds and GPU-hours (``None`` without GPUs)."""
-    from phaselens.models.numerics.chunks import plan_chunks
+    from phaselens.models.parts.chunks import plan_chunks
 
     calls = plan_chunks(context, chunk, None).calls
     fwd = pass_cost(model, calls, batch=batch, head_rows=head_rows)

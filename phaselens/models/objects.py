@@ -4,13 +4,14 @@
 :func:`phaselens.contract.adapting.as_phase_model`, where this module's :func:`adapt_object` is registered)
 accept:
 
-* a transformers model: DeepSeek-V4 (``model_type`` ``deepseek_v4``) goes to
-  :func:`phaselens.models.deepseek_v4.from_hf`; any other causal LM to
-  :func:`phaselens.models.causal_lm.from_transformers`, which needs ``stride=`` (no compression to read it from);
+* a transformers model: the kind that claims its ``model_type`` in the registry (:mod:`phaselens.models.kinds`)
+  adapts it: DeepSeek-V4 (``deepseek_v4``) through :func:`phaselens.models.deepseek_v4.from_transformers`, any
+  other causal LM through :func:`phaselens.models.causal_lm.from_transformers`, which needs ``stride=`` (no
+  compression to read it from);
 * an nnsight ``NNsight`` / ``LanguageModel`` envoy: its module (``._module``) is adapted;
 * a TransformerLens ``TransformerBridge``, or the transformers model a bridge was booted over
   (``bridge.original_model``): the bridge replaced the model's components in place, so the model is read
-  through a view with its original modules (:func:`~phaselens.models.wrappers.unbridged`), and the numbers are
+  through a view with its original modules (:func:`~phaselens.models.parts.wrappers.unbridged`), and the numbers are
   those of the transformers model itself.
 
 Anything else gets a :class:`~phaselens.core.errors.PhaseLensError` naming the route that works.
@@ -25,7 +26,8 @@ from torch import nn
 from phaselens.contract.adapting import is_phase_model
 from phaselens.contract.strides import check_stride, compression_strides, refuse_restride
 from phaselens.core.errors import InputError, UnsupportedModelError
-from phaselens.models.wrappers import unbridged, unwrap_object
+from phaselens.models.kinds import by_model_type
+from phaselens.models.parts.wrappers import unwrap_object
 
 ROUTES = ("phaselens.load('hf:DIR', stride=4) for a local transformers checkpoint; phaselens.load(model, stride=4) "
           "for a transformers causal LM object, an nnsight envoy or a TransformerLens bridge of one")
@@ -43,7 +45,7 @@ def adapt_object(obj: Any, *, stride: int | None = None, window: int | None = No
         obj: a transformers model, an nnsight envoy, a TransformerLens bridge, the model a bridge rewired, or a
             phaselens model.
         stride, window, origin: the geometry of a model without compression (``stride`` required there).
-        options: for DeepSeek-V4, :func:`phaselens.models.deepseek_v4.from_hf`'s keywords (``stride=`` is its
+        options: for DeepSeek-V4, :func:`phaselens.models.deepseek_v4.from_transformers`'s keywords (``stride=`` is its
             ``analysis_stride``).
     """
     if is_phase_model(obj):
@@ -54,25 +56,17 @@ def adapt_object(obj: Any, *, stride: int | None = None, window: int | None = No
     if not isinstance(module, nn.Module):
         return None
     config = getattr(module, "config", None)
-    model_type = getattr(config, "model_type", None)
     if config is None or not hasattr(module, "get_input_embeddings"):
         raise UnsupportedModelError(
             f"{type(obj).__name__} is a torch module but not a transformers model phaselens can adapt; use "
             f"{ROUTES}, or a phaselens model."
         )
-    if model_type == "deepseek_v4":
-        from phaselens.models.deepseek_v4 import from_hf as v4_from_hf
-
-        options = _v4_stride(stride, window, origin, options)
-        if options.get("backend") == "nnsight" and how == "nnsight":
-            return v4_from_hf(obj, **options)
-        return v4_from_hf(unbridged(module), **options)
-    if options:
-        raise InputError(f"{sorted(options)} apply to DeepSeek-V4 models only; a {type(module).__name__} takes "
-                         "stride=, window= and origin=.")
-    from phaselens.models.causal_lm import from_transformers
-
-    return from_transformers(module, stride=stride, window=window, origin=0 if origin is None else origin)
+    kind = by_model_type(str(getattr(config, "model_type", None)))
+    adapt = kind.adapter()
+    if adapt is None:
+        raise UnsupportedModelError(f"{type(module).__name__} is {kind.what}, which phaselens builds itself: load it "
+                                    "from its checkpoint directory with phaselens.load('hf:DIR').")
+    return adapt(obj, module, how, stride=stride, window=window, origin=origin, **options)
 
 
 def _regeometry(model: Any, stride: Any, window: Any, origin: Any, options: dict[str, Any]) -> Any:
@@ -98,24 +92,11 @@ def _regeometry(model: Any, stride: Any, window: Any, origin: Any, options: dict
     return model
 
 
-def _v4_stride(stride: Any, window: Any, origin: Any, options: dict[str, Any]) -> dict[str, Any]:
-    """DeepSeek-V4's keywords with ``stride=`` read as its ``analysis_stride`` (one name for one idea)."""
-    if window is not None or origin is not None:
-        raise InputError("window= and origin= set the geometry of a model without compression; DeepSeek-V4 takes "
-                         "its geometry from its compressed layers (analysis_stride= picks the stride).")
-    if stride is None:
-        return options
-    given = options.get("analysis_stride")
-    if given is not None and given != stride:
-        raise InputError(f"stride={stride!r} and analysis_stride={given!r} name the same setting; pass one.")
-    return {**options, "analysis_stride": stride}
-
-
 def from_hf(model: Any, **kwargs: Any) -> Any:
     """``phaselens.from_hf``: a transformers model object (or an nnsight envoy, or a TransformerLens bridge of one)
     as a phaselens model.
 
-    DeepSeek-V4 takes :func:`phaselens.models.deepseek_v4.from_hf`'s keywords (``analysis_stride``,
+    DeepSeek-V4 takes :func:`phaselens.models.deepseek_v4.from_transformers`'s keywords (``analysis_stride``,
     ``index_topk``, ``backend``, ``chunk``, ``numerics``, ``quantize``, ...); any other causal LM takes
     ``stride=`` (required), ``window=``, ``origin=`` (:func:`phaselens.models.causal_lm.from_transformers`). A
     model a TransformerLens bridge rewired is read through its original modules, so every hook is measured.

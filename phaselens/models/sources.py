@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import difflib
-import inspect
 import os
-import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from phaselens.contract.adapting import run_loader
 from phaselens.core.errors import CheckpointError, InputError
+from phaselens.models.kinds import (
+    ANY_OTHER,
+    KINDS,
+    by_folder,
+    by_model_type,
+    by_scheme,
+    is_training_folder,
+    resolve,
+)
 from phaselens.storage.oserrors import reading
 from phaselens.storage.reading import peek_json
 
@@ -53,13 +59,12 @@ def load(source: Any, *, device: str = "cpu", **kwargs: Any) -> Any:
                              f"Use {ROUTES}.")
         return out
     text = str(source)
-    if text.startswith(("http://", "https://")):
+    if (kind := by_scheme(text)) is not None and kind.name == "served":
         if device != "cpu":
             raise InputError(f"device={device!r} does not apply to a served model: it runs on its server.")
-        from phaselens.models.served import load_served
-
-        _refuse_unknown(text, kwargs, keywords(load_served), _accepts("a served model", keywords(load_served)))
-        return load_served(text, **kwargs)
+        accepted = [o for o in kind.load_options() if o != "device"]
+        _refuse_unknown(text, kwargs, accepted, _accepts(kind.what, accepted))
+        return kind.loader()(text, **kwargs)
     from phaselens.models.compressed.io import resolve_device
 
     resolve_device(device)  # a GPU this machine lacks is an InputError here, not an AssertionError in torch
@@ -68,6 +73,8 @@ def load(source: Any, *, device: str = "cpu", **kwargs: Any) -> Any:
 
 
 def _load(text: str, device: str, kwargs: dict[str, Any]) -> Any:
+    """A string source through the registry (:mod:`phaselens.models.kinds`): its scheme, else the ``model_type``
+    of an ``hf:`` directory, else a folder a kind recognises."""
     if not text.startswith(("zoo:", "hf:")) and not Path(text).exists():
         from phaselens.models.zoo import list_models
 
@@ -80,34 +87,21 @@ def _load(text: str, device: str, kwargs: dict[str, Any]) -> Any:
             "(keyword arguments apply to 'hf:PATH' and served sources); convert it afterwards (e.g. "
             "model.double(), model.to('cuda'))."
         )
-    if text.startswith("zoo:"):
-        from phaselens.models.zoo import load_zoo_model
-
-        return load_zoo_model(text[4:], device=device)
+    if (kind := by_scheme(text)) is not None:
+        return kind.loader()(text.split(":", 1)[1], device=device)
     if text.startswith("hf:"):
         _check_hf_path(text[3:])
         _refuse_phaselens_folder(text[3:])
-        from phaselens.models.deepseek_v4.checkpoint import check_arguments
-        from phaselens.models.deepseek_v41 import is_v41_checkpoint, load_v41
-
-        kind = _model_type(Path(text[3:]))
-        if kind is not None and kind not in ("deepseek_v4", "deepseek_v41"):  # any other causal LM: the control
-            from phaselens.models.causal_lm import load_causal_lm
-            from phaselens.models.causal_lm.construct import LOAD_OPTIONS
-
-            _refuse_unknown(text, kwargs, LOAD_OPTIONS, _accepts(f"a {kind!r} checkpoint (a causal LM without "
-                                                                 "compression)", LOAD_OPTIONS))
-            return load_causal_lm(text[3:], device=device, **kwargs)
-        _check_hf_arguments(text, kwargs)  # before config.json is read
-        if is_v41_checkpoint(text[3:]):  # transformers has no deepseek_v41: phaselens' own implementation
-            v41 = ("device", *keywords(load_v41))
-            _refuse_unknown(text, kwargs, v41, _accepts("a DeepSeek-V4.1 checkpoint (model_type deepseek_v41)", v41))
-            return load_v41(text[3:], device=device, **kwargs)
-        from phaselens.models.deepseek_v4 import load_hf
-
-        check_arguments(kwargs.get("dtype"), {k: v for k, v in kwargs.items() if k != "dtype"},
-                        where=f"load({text!r})")
-        return load_hf(text[3:], device=device, **kwargs)
+        model_type = _model_type(Path(text[3:]))
+        # no model_type: the DeepSeek-V4 loader says what the folder lacks
+        kind = KINDS["deepseek_v4"] if model_type is None else by_model_type(model_type)
+        if kind.check is not None:
+            resolve(kind.check)(text, kwargs)
+        else:
+            what = kind.what if ANY_OTHER not in kind.model_types else \
+                f"a {model_type!r} checkpoint (a causal LM without compression)"
+            _refuse_unknown(text, kwargs, kind.load_options(), _accepts(what, kind.load_options()))
+        return kind.loader()(text[3:], device=device, **kwargs)
     path = Path(text)
     if not path.exists():
         hint = ""
@@ -116,46 +110,15 @@ def _load(text: str, device: str, kwargs: dict[str, Any]) -> Any:
                     f"(e.g. `huggingface-cli download {text} --local-dir DIR`), then phaselens.load('hf:DIR').")
         raise CheckpointError(f"no checkpoint at {path}; pass a directory written by model.save(path), 'zoo:NAME', "
                               f"or 'hf:DIR' for a local transformers checkpoint.{hint}")
-    kind = _model_type(path)
-    if kind is not None:
-        raise CheckpointError(f"{path} holds a transformers checkpoint (model_type {kind!r}), not one phaselens "
+    model_type = _model_type(path)
+    if model_type is not None:
+        raise CheckpointError(f"{path} holds a transformers checkpoint (model_type {model_type!r}), not one phaselens "
                               f"saved; load it with phaselens.load('hf:{path}').")
-    if is_training_folder(path):  # a run directory, its checkpoints folder or one step-N folder
-        model = _run_loader()(path)
-        return model if device == "cpu" else model.to(device)
-    from phaselens.models.compressed.loader import load_model
-
-    return load_model(path, device=device)
-
-
-_STEP = re.compile(r"step-\d+")
-
-
-def is_training_folder(path: Path) -> bool:
-    """``path`` is a training run directory (``checkpoints/latest.json``), its ``checkpoints`` folder, or one
-    ``checkpoints/step-N`` folder (rank files ``rank0-of-N.safetensors``)."""
-    if not path.is_dir():
-        return False
-    if _STEP.fullmatch(path.name):
-        return any(path.glob("rank0-of-*.safetensors"))
-    return (path / "latest.json").is_file() or (path / "checkpoints" / "latest.json").is_file()
-
-
-def _run_loader() -> Callable[[Path], Any]:
-    loader = run_loader()
-    if loader is None:
-        raise CheckpointError("this folder holds training checkpoints, but no loader of them is registered; load it "
-                              "with phaselens.train.load_checkpoint(path).")
-    return loader
+    kind = by_folder(path) or KINDS["saved"]  # not one: the saved-model loader says what is missing
+    return kind.loader()(path, device=device)
 
 
 FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64")
-
-
-def keywords(loader: Callable[..., Any]) -> tuple[str, ...]:
-    """The keyword arguments ``loader(source, *, device, ...)`` takes besides its source and ``device``."""
-    params = list(inspect.signature(loader).parameters.values())[1:]
-    return tuple(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "device")
 
 
 def _refuse_unknown(text: str, kwargs: dict[str, Any], accepted: Iterable[str], described: str) -> None:
@@ -173,9 +136,10 @@ def _accepts(what: str, names: Iterable[str]) -> str:
     return f"{what} accepts {', '.join(sorted(names))}"
 
 
-def _check_hf_arguments(text: str, kwargs: dict[str, Any]) -> None:
-    """Before anything is read: a ``dtype`` that is a torch dtype must be a floating one of at least 16 bits (names
-    are the loaders' to check), and every keyword must be one that a DeepSeek-V4 or V4.1 loader takes."""
+def check_deepseek_arguments(text: str, kwargs: dict[str, Any]) -> None:
+    """The registry's option check of DeepSeek-V4 and V4.1 checkpoints, before their weights are read: a ``dtype``
+    that is a torch dtype must be a floating one of at least 16 bits (names are the loaders' to check), and every
+    keyword must be one that a DeepSeek-V4 or V4.1 loader takes (the other's named); then the kind's own check."""
     import torch
 
     dtype = kwargs.get("dtype")
@@ -184,15 +148,19 @@ def _check_hf_arguments(text: str, kwargs: dict[str, Any]) -> None:
         raise InputError(f"load({text!r}, dtype={dtype!r}): the dtype the model computes in must be a floating one; "
                          f"pass one of {', '.join(f'torch.{d}' for d in FLOAT_DTYPES)} (bfloat16 is the release's). "
                          "Packed FP8/FP4 weights stay packed whatever the dtype.")
-    from phaselens.models.deepseek_v4.checkpoint import OPTIONS, config_fields
-    from phaselens.models.deepseek_v41 import load_v41
+    from phaselens.models.deepseek_v4.checkpoint import OPTIONS, check_arguments, config_fields
 
-    v41 = ("device", *keywords(load_v41))
+    v41 = KINDS["deepseek_v41"].load_options()
     if set(kwargs) - {*v41, *OPTIONS}:  # transformers' config fields are imported only then
         v4 = _accepts("a DeepSeek-V4 checkpoint", OPTIONS)
         _refuse_unknown(text, kwargs, {*v41, *OPTIONS, *config_fields()},
                         f"{_accepts('a DeepSeek-V4.1 checkpoint', v41)}; {v4}, and any DeepseekV4Config field as a "
                         "config override (e.g. sliding_window)")
+    if _model_type(Path(text[3:])) == "deepseek_v41":
+        _refuse_unknown(text, kwargs, v41, _accepts(KINDS["deepseek_v41"].what, v41))
+    else:
+        check_arguments(kwargs.get("dtype"), {k: v for k, v in kwargs.items() if k != "dtype"},
+                        where=f"load({text!r})")
 
 
 def meta_model(path: str | os.PathLike) -> Any:
@@ -216,8 +184,8 @@ def meta_model(path: str | os.PathLike) -> Any:
 def is_causal_lm_dir(source: str) -> bool:
     """Whether ``source`` is ``hf:DIR`` of a transformers causal LM without compression (what ``load`` adapts at
     a ``stride=``), not DeepSeek-V4 / V4.1."""
-    kind = _model_type(Path(source[3:])) if source.startswith("hf:") else None
-    return kind is not None and kind not in ("deepseek_v4", "deepseek_v41")
+    model_type = _model_type(Path(source[3:])) if source.startswith("hf:") else None
+    return model_type is not None and ANY_OTHER in by_model_type(model_type).model_types
 
 
 def _model_type(path: Path) -> str | None:

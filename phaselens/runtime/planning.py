@@ -207,7 +207,7 @@ def _memory(model: Any, engine: str, N: int, T: int, first_slot: int, groups: li
 def _pass_bytes(model: Any, q: int, n: int, cache: int, rows_per_pass: int, n_cells: int) -> int:
     """One cell pass of the query-suffix engine: its rows' repeated cache and attention (keys ``[keys, d]`` and
     score tensors ``[H, keys]`` per row), capped by the engine's ``pass_bytes`` budget."""
-    from phaselens.runtime.engines import PASS_BYTES
+    from phaselens.contract.cells import PASS_BYTES
 
     cfg = model.dims
     strides = [s.stride for s in cfg.phase_specs if s is not None]

@@ -383,7 +383,7 @@ def test_matrix(kinds, kind, analysis, tmp_path):
 def test_adapter_kinds_share_one_transformer_lens_config(kinds):
     """The TransformerLens-named cfg of the kinds phaselens adapts or builds beside TransformerLens (V4, V4.1, any
     causal LM) is one base class, with torch types for device and dtype on each (no str on one kind)."""
-    from phaselens.models.tl_habits import TLConfig
+    from phaselens.models.parts.tl_habits import TLConfig
 
     for name in ("v4", "v41", "causal-lm"):
         cfg = kinds[name].model.cfg

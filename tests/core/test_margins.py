@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from phaselens.core import margins
-from phaselens.models.numerics.formats import fp4_round_trip, fp8_round_trip
+from phaselens.models.parts.formats import fp4_round_trip, fp8_round_trip
 
 
 def test_relative_rounding_follows_the_dtype():

@@ -19,7 +19,7 @@ from phaselens.models.capacity import plan_model
 from phaselens.models.costs import GPU_SPECS, HOST_LINK_GBPS, map_cost, pass_cost, prefill_calls
 from phaselens.models.deepseek_v41 import IndexTopKWarning, load_v41
 from phaselens.models.deepseek_v41.checkpoint import meta_v41
-from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.parts.chunks import plan_chunks
 from phaselens.presentation.cli import app
 from tests.support.deepseek_v41 import TINY_TEXT, write_tiny_checkpoint
 from tests.support.paths import DATA

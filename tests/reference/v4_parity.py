@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from phaselens.models.deepseek_v4 import IndexTopKWarning, from_hf
+from phaselens.models.deepseek_v4 import IndexTopKWarning, from_transformers
 from tests.reference.v4 import loader, ops
 from tests.support.deepseek import QUANTIZABLE, tiny_v4_model
 
@@ -74,8 +74,8 @@ def logit_metrics(a: torch.Tensor, r: torch.Tensor) -> dict[str, float]:
 
 
 def adapter_run(model: torch.nn.Module, tokens: torch.Tensor, **kwargs: Any) -> dict[str, Any]:
-    """Logits, streams after each layer and every CSA layer's picks of ``from_hf(model, **kwargs)``."""
-    adapter = from_hf(model, **kwargs)
+    """Logits, streams after each layer and every CSA layer's picks of ``from_transformers(model, **kwargs)``."""
+    adapter = from_transformers(model, **kwargs)
     names = [f"blocks.{i}.hook_resid_post" for i in range(adapter.cfg.n_layers)]
     names += [f"blocks.{g.layer}.attn.hook_indexer_topk" for g in adapter.layer_geometry if g.kind == "csa"]
     with warnings.catch_warnings():
@@ -120,7 +120,7 @@ def run(reference_dir: Path, *, tokens: int = 256, batch: int = 2, binding_topk:
 
     out["bf16"] = {}
     for label, topk in topks:
-        from_hf(bf16_model, index_topk=topk)  # sets config.index_topk, which the reference reads
+        from_transformers(bf16_model, index_topk=topk)  # sets config.index_topk, which the reference reads
         ref_model, base = reference(ref, bf16_model, ids, quant="none")
         section: dict[str, Any] = {}
         for name, kw in (("floor_blocks_of_8", dict(block=8)), ("floor_fp32_probabilities", dict(round_probs=False))):
@@ -134,12 +134,12 @@ def run(reference_dir: Path, *, tokens: int = 256, batch: int = 2, binding_topk:
         key = "ops" if label == "all_entries" else "ops_binding"
         out[key] = {"floor": ops.core_floor(cap)}
         for numerics in ("transformers", "reference"):
-            from_hf(bf16_model, numerics=numerics)
+            from_transformers(bf16_model, numerics=numerics)
             out[key][numerics] = ops.op_errors(bf16_model, cap, ids, lambda s, m=ref_model: loader.head_logits(m, s))
 
     out["quantize"] = {}
     for label, topk in topks:
-        from_hf(bf16_model, index_topk=topk)
+        from_transformers(bf16_model, index_topk=topk)
         refs = {q: reference(ref, bf16_model, ids, quant=q)[1] for q in ("none", "published", "e4m3")}
         floors = {q: reference(ref, bf16_model, ids, quant=q, block=8)[1] for q in ("published", "e4m3")}
         runs = {q: adapter_run(bf16_model, ids, quantize=q, index_topk=topk) for q in (None, "published", "fp8")}
@@ -156,7 +156,7 @@ def run(reference_dir: Path, *, tokens: int = 256, batch: int = 2, binding_topk:
             "reference: effect of e4m3 (vs as published)": (refs["e4m3"], refs["published"]),
         }
         out["quantize"][label] = {k: compare(x, y) for k, (x, y) in pairs.items()}
-    from_hf(bf16_model, index_topk="all")
+    from_transformers(bf16_model, index_topk="all")
     return out
 
 

@@ -95,7 +95,7 @@ SCENARIOS = {
 
 def _kill_on_call(rank: int, call: int) -> None:
     """SIGKILL this process when the query engine is asked for its ``call``-th batch of cells."""
-    from phaselens.runtime.engines import QueryEngine
+    from phaselens.models.parts.suffix_engine import QueryEngine
 
     run = QueryEngine.run
     calls = {"n": 0}
@@ -112,7 +112,7 @@ def _kill_on_call(rank: int, call: int) -> None:
 def _fail_in_share() -> None:
     """Make this rank's share of a map raise (the error must reach every rank)."""
     from phaselens.core.errors import InputError
-    from phaselens.runtime.engines import QueryEngine
+    from phaselens.models.parts.suffix_engine import QueryEngine
 
     def failing(self: Any, cells: Any) -> Any:
         raise InputError("planted failure in this rank's cells")

@@ -18,13 +18,11 @@ from phaselens.models.causal_lm.adapter import CausalLMAdapter, CausalLMCfg
 from phaselens.models.causal_lm.construct import from_transformers, load_causal_lm
 from phaselens.models.causal_lm.engine import CausalSuffixEngine
 from phaselens.models.causal_lm.layout import Layout, model_layout
-from phaselens.models.causal_lm.sites import HookPoint
 
 __all__ = [
     "CausalLMAdapter",
     "CausalLMCfg",
     "CausalSuffixEngine",
-    "HookPoint",
     "Layout",
     "from_transformers",
     "load_causal_lm",

@@ -21,31 +21,26 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.memory import MemoryEstimate
+from phaselens.contract.protocol import HookFn
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.causal_lm.attention import attn_implementation, borrowed
 from phaselens.models.causal_lm.layout import Layout, model_layout
-from phaselens.models.causal_lm.sites import (
-    CausalHookDict,
-    HookFn,
-    HookPoint,
-    Run,
-    check_fired,
-    hook_points,
-    installed,
-)
-from phaselens.models.hooked_adapter import HookedAdapter
+from phaselens.models.causal_lm.sites import Run, causal_hook_points, check_fired, installed, no_entries
 from phaselens.models.numerics.sizing import held_bytes, item_size
-from phaselens.models.tl_habits import TLConfig, tokenizer_from_dir
-from phaselens.runtime.engines import PASS_BYTES, QueryEngine
+from phaselens.models.parts.hooking import HookedAdapter
+from phaselens.models.parts.suffix_engine import QueryEngine, query_engine
+from phaselens.models.parts.tl_habits import TLConfig, tokenizer_from_dir
+from phaselens.models.parts.tokens import check_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
 class CausalLMCfg(TLConfig):
     """The wrapped model's sizes, TransformerLens-named (``adapter.cfg``; analyses read ``adapter.dims``): a
-    :class:`~phaselens.models.tl_habits.TLConfig` (``normalization_type`` ``"LN"`` for GPT-2)."""
+    :class:`~phaselens.models.parts.tl_habits.TLConfig` (``normalization_type`` ``"LN"`` for GPT-2)."""
 
 
 class CausalLMAdapter(HookedAdapter):
@@ -65,7 +60,7 @@ class CausalLMAdapter(HookedAdapter):
         self.default_task: Any = None
         self._layout: Layout = model_layout(model)
         self._spec = spec
-        self._points = hook_points(self._layout)
+        self._points = causal_hook_points(self._layout)
         self._active: list[tuple[object, dict[str, list[HookFn]]]] = []
         self._metadata = metadata
 
@@ -86,7 +81,7 @@ class CausalLMAdapter(HookedAdapter):
                            device=w.device, normalization_type=kind, final_rms=kind == "RMS", attn_only=False,
                            positional_embedding_type="standard" if learned else "rotary")
 
-    # ---- TransformerLens habits (phaselens.models.tl_habits) ----------------------------------------
+    # ---- TransformerLens habits (phaselens.models.parts.tl_habits) ----------------------------------------
     def _base_module(self, name: str) -> nn.Module | None:
         base = getattr(self.model, getattr(self.model, "base_model_prefix", "model"), None)
         found = getattr(base, name, None)
@@ -170,12 +165,6 @@ class CausalLMAdapter(HookedAdapter):
         that every layer is full attention."""
         return dict(self._metadata)
 
-    @property
-    def hook_dict(self) -> dict[str, HookPoint]:
-        """Every hook name with its :class:`~.sites.HookPoint`, in execution order; a missing name raises a
-        :class:`~phaselens.core.errors.HookNameError` that says what exists instead."""
-        return CausalHookDict(self._points)
-
     # ---- forward -----------------------------------------------------------------------------------
     def __call__(self, tokens: Int[Tensor, "batch pos"], *, query_len: int | None = None,
                  logits: Literal["all", "query"] = "all") -> Float[Tensor, "batch pos vocab"]:
@@ -196,18 +185,8 @@ class CausalLMAdapter(HookedAdapter):
 
     def tokens(self, tokens: Any) -> Tensor:
         """``tokens`` as checked ``[B, T]`` ids on the model's device."""
-        tokens = torch.as_tensor(tokens)
-        if tokens.dim() == 1:
-            tokens = tokens.unsqueeze(0)
-        if tokens.dim() != 2 or tokens.is_floating_point() or tokens.dtype == torch.bool or 0 in tokens.shape:
-            raise InputError(f"tokens must be integer ids of shape [batch, pos] with batch, pos >= 1, got "
-                             f"{tuple(tokens.shape)} {tokens.dtype}.")
-        V = self._layout.d_vocab
-        if int(tokens.min()) < 0 or int(tokens.max()) >= V:
-            raise InputError(f"token ids must lie in 0..{V - 1}; got {int(tokens.min())}..{int(tokens.max())}.")
-        if tokens.shape[1] > self._layout.n_ctx:
-            raise InputError(f"{tokens.shape[1]} tokens exceed the model's context of {self._layout.n_ctx}.")
-        return tokens.long().to(self._layout.embed.weight.device)
+        lay = self._layout
+        return check_tokens(tokens, vocab=lay.d_vocab, device=lay.embed.weight.device, n_ctx=lay.n_ctx)
 
     def forward_hooked(self, kwargs: dict[str, Any], resolved: dict[str, list[HookFn]], *, query_start: int = 0,
                        model: nn.Module | None = None, check: bool = True) -> Any:
@@ -225,7 +204,7 @@ class CausalLMAdapter(HookedAdapter):
     # ---- capabilities (see phaselens.contract.protocol.CAPABILITIES) ---------------------------------------
     def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
                      batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
-        """The ``query_engine`` capability: a :class:`~phaselens.runtime.engines.QueryEngine` over the cached clean
+        """The ``query_engine`` capability: a :class:`~phaselens.models.parts.suffix_engine.QueryEngine` over the cached clean
         prefix (the model's own ``DynamicCache``; see :mod:`.engine`)."""
         from phaselens.models.causal_lm.engine import CausalSuffixEngine
 
@@ -234,21 +213,8 @@ class CausalLMAdapter(HookedAdapter):
             from phaselens.core.errors import EngineError
 
             raise EngineError(f"the query-suffix engine cannot run here: {why}; use engine='full'.")
-        if self._active:
-            raise InputError(
-                "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
-                "active on the model (model.hooks(...) or a knockout context); pass engine='full'."
-            )
-        tokens = self.tokens(tokens)
-        qp = torch.as_tensor(query_pos).long().cpu()
-        if qp.dim() != 1 or len(qp) != tokens.shape[0] or int(qp.min()) < 0 or int(qp.max()) >= tokens.shape[1]:
-            raise InputError(f"query_pos must be [{tokens.shape[0]}] slots in 0..{tokens.shape[1] - 1}, got "
-                             f"{tuple(qp.shape)} {qp.tolist()[:8]}.")
-
-        def slot(model: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> CausalSuffixEngine:
-            return CausalSuffixEngine(model, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
-
-        return QueryEngine(self, tokens, qp, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
+        return query_engine(self, CausalSuffixEngine, self.tokens(tokens), query_pos, hooks_active=bool(self._active),
+                            rows_per_pass=rows_per_pass, batch_size=batch_size, pass_bytes=pass_bytes)
 
     def query_engine_support(self) -> str | None:
         """The ``query_engine_support`` capability: why the query-suffix engine cannot run this architecture
@@ -294,7 +260,8 @@ class CausalLMAdapter(HookedAdapter):
         return out
 
     def _missing_hook(self, name: str) -> None:
-        CausalHookDict(self._points)[name]  # raises HookNameError: compressed-layer names explained too
+        no_entries(name)  # compressed-layer names explained
+        super()._missing_hook(name)
 
     def __repr__(self) -> str:
         s = self._spec

@@ -13,8 +13,8 @@ from phaselens.core.errors import CheckpointError, InputError, PhaseGeometryErro
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.causal_lm.adapter import CausalLMAdapter
 from phaselens.models.causal_lm.layout import TESTED_TYPES
-from phaselens.models.loading_info import check_loading_info, check_strict
-from phaselens.models.wrappers import bridged_modules, unbridged, unwrap_object
+from phaselens.models.parts.loading_info import check_loading_info, check_strict
+from phaselens.models.parts.wrappers import bridged_modules, unbridged, unwrap_object
 
 COMPRESSED_TYPES = ("deepseek_v4", "deepseek_v41")  # their own kinds read the geometry from the model
 LOAD_OPTIONS = ("device", "stride", "window", "origin", "dtype", "device_map", "attn_implementation", "strict")
@@ -46,7 +46,7 @@ def from_transformers(model: Any, *, stride: int | None = None, window: int | No
 
     Args:
         model: the model object; it is never changed (a TransformerLens-bridged model is read through a view with
-            its original modules, :func:`~phaselens.models.wrappers.unbridged`).
+            its original modules, :func:`~phaselens.models.parts.wrappers.unbridged`).
         stride, window, origin: the geometry phases are read in (:class:`~phaselens.core.geometry.PhaseSpec`).
     """
     module, how = unwrap_object(model)
@@ -86,6 +86,16 @@ def from_transformers(model: Any, *, stride: int | None = None, window: int | No
     return CausalLMAdapter(view, spec, metadata=metadata)
 
 
+def adapt_object(obj: Any, module: nn.Module, how: str, *, stride: int | None = None, window: int | None = None,
+                 origin: int | None = None, **options: Any) -> CausalLMAdapter:
+    """The registry's adapter of a causal-LM model object (:mod:`phaselens.models.kinds`): ``module`` the
+    transformers model inside ``obj``, at ``stride`` / ``window`` / ``origin``; it takes no other option."""
+    if options:
+        raise InputError(f"{sorted(options)} do not apply to a {type(module).__name__}, a causal LM without "
+                         "compression: it takes stride=, window= and origin= (the other options are DeepSeek-V4's).")
+    return from_transformers(module, stride=stride, window=window, origin=0 if origin is None else origin)
+
+
 def load_causal_lm(path: str | os.PathLike, *, device: str | torch.device = "cpu", stride: int | None = None,
                    window: int | None = None, origin: int = 0, dtype: torch.dtype | str | None = None,
                    device_map: Any = None, attn_implementation: str | None = None, strict: bool = True
@@ -102,7 +112,7 @@ def load_causal_lm(path: str | os.PathLike, *, device: str | torch.device = "cpu
         strict: refuse a checkpoint whose tensors do not match the model (missing, unexpected or mis-shaped ones:
             a :class:`CheckpointError` naming them). ``strict=False`` loads it anyway, as transformers does
             (missing weights initialised at random), with a
-            :class:`~phaselens.models.loading_info.CheckpointMismatchWarning` naming them.
+            :class:`~phaselens.models.parts.loading_info.CheckpointMismatchWarning` naming them.
     """
     root = Path(path).expanduser()
     if not root.is_dir() or not (root / "config.json").is_file():

@@ -7,7 +7,7 @@ the query), and then, for a batch of ``C`` cells at layer ``l``, runs only the q
 through layers ``l..L-1``:
 
 * **Skipping layers below l.** The pass calls a view of the model whose decoder-layer list is ``layers[l:]``
-  (:func:`~phaselens.models.wrappers.with_child`: shallow copies of the containers on the path, the same layer
+  (:func:`~phaselens.models.parts.wrappers.with_child`: shallow copies of the containers on the path, the same layer
   modules and weights); the first layer's input is replaced by the clean ``hook_resid_pre`` of layer ``l``,
   so the embedding a layer-``l`` pass computes is never used. Each attention module keeps its ``layer_idx``,
   so it reads and extends its own cache layer.
@@ -29,7 +29,6 @@ Exactness: every cell equals the full forward at that cell to float rounding (te
 
 from __future__ import annotations
 
-import copy
 import inspect
 from collections.abc import Sequence
 from typing import Any
@@ -37,12 +36,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phaselens.contract import hooknames
+from phaselens.contract.cells import PASS_BYTES, Cell
 from phaselens.core.errors import UnsupportedModelError
-from phaselens.models.wrappers import with_child
-from phaselens.runtime.engines import PASS_BYTES, Cell, run_by_layer
+from phaselens.models.parts.cache_repeat import CacheRows
+from phaselens.models.parts.suffix_engine import HookList, SlotEngine
+from phaselens.models.parts.wrappers import with_child
 
-_ROW_TENSORS = ("keys", "values")  # per-row state of transformers' dynamic (and sliding-window) cache layers
 # What the engine runs: every layer full attention, or every layer one sliding window (Mistral). A model that mixes
 # them (Gemma-2's alternating layers, Qwen2's max_window_layers) makes its query passes fail once the prefix is
 # longer than the window (the layers' caches then hold different lengths); other layer kinds are untested.
@@ -76,19 +75,14 @@ def engine_support(hf: nn.Module) -> str | None:
     return None
 
 
-def repeated_layer(layer: Any, copies: int) -> Any:
-    """A shallow copy of one cache layer whose ``keys`` / ``values`` ``[n, Hkv, t, d]`` are repeated ``copies``
-    times along the batch; any other batch-shaped state is refused (a cache layout this engine does not know).
+ROWS = CacheRows(unknown="use engine='full'.")
 
-    A plain ``DynamicLayer`` becomes a :class:`QueryLayer`: the repeated prefix sits in a buffer with one free
-    slot, so a pass writes its query key and value there instead of concatenating the whole cache."""
-    new = copy.copy(layer)
-    for name, value in vars(layer).items():
-        if name in _ROW_TENSORS and isinstance(value, Tensor):
-            setattr(new, name, value.repeat(copies, *([1] * (value.dim() - 1))) if copies > 1 else value)
-        elif isinstance(value, Tensor) and value.dim() > 0:
-            raise UnsupportedModelError(f"{type(layer).__name__}.{name} is cache state the query-suffix engine does "
-                                        "not know; use engine='full'.")
+
+def repeated_layer(layer: Any, copies: int) -> Any:
+    """:meth:`CacheRows.repeated` of one cache layer, a plain ``DynamicLayer`` made a :class:`QueryLayer`: the
+    repeated prefix sits in a buffer with one free slot, so a pass writes its query key and value there instead of
+    concatenating the whole cache."""
+    new = ROWS.repeated(layer, copies)
     from transformers.cache_utils import DynamicLayer
 
     if type(layer) is DynamicLayer and getattr(layer, "is_initialized", False) and isinstance(new.keys, Tensor):
@@ -129,11 +123,11 @@ class QueryLayer(_query_layer_base()):  # type: ignore[misc]
         return self.key_buffer, self.value_buffer
 
 
-class CausalSuffixEngine:
-    """Clean prefix once; per-cell query passes from the intervened layer up (one query slot).
-
-    The per-slot engine behind :meth:`CausalLMAdapter.query_engine` (grouped by slot by
-    :class:`phaselens.runtime.engines.QueryEngine`).
+class CausalSuffixEngine(SlotEngine):
+    """Clean prefix once; per-cell query passes from the intervened layer up (one query slot): a
+    :class:`~phaselens.models.parts.suffix_engine.SlotEngine` (cells, passes, the clean step and the pass budget are
+    shared). What this kind keeps: the prefill into the model's ``DynamicCache``, a view of the model from the
+    intervened layer up whose first input is the clean ``hook_resid_pre``, and the check once per layer.
 
     Args:
         adapter: a :class:`~phaselens.models.causal_lm.CausalLMAdapter`.
@@ -148,17 +142,14 @@ class CausalSuffixEngine:
                  pass_bytes: int = PASS_BYTES) -> None:
         from transformers import DynamicCache
 
-        self.adapter, self.hf = adapter, adapter.model
-        self.layout = adapter._layout
-        self.q, self.rows_per_pass, self.pass_bytes = int(query_pos), int(rows_per_pass), int(pass_bytes)
         tokens = adapter.tokens(tokens)
-        self.n = int(tokens.shape[0])
+        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
+        self.adapter, self.hf, self.layout = adapter, adapter.model, adapter._layout
         self.query_ids = tokens[:, self.q : self.q + 1]
         self.position_ids = torch.tensor([[self.q]], device=tokens.device)
         params = inspect.signature(self.hf.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
-        self._templates: dict[tuple[int, int], Any] = {}
-        self._views: dict[int, nn.Module] = {}
+        self._models: dict[int, nn.Module] = {}
         self._checked: set[int] = set()
         with torch.no_grad():
             self.cache = DynamicCache(config=self.hf.config)
@@ -166,105 +157,47 @@ class CausalSuffixEngine:
                 prefix = {"input_ids": tokens[:, : self.q], self._cache_kw: self.cache, "use_cache": True,
                           "position_ids": torch.arange(self.q, device=tokens.device)[None], "logits_to_keep": 1}
                 adapter.forward_hooked(prefix, {}, check=False)
-            self.resid_pre, self.clean_z, self.clean_logits = self._clean_step()
-        self._row_bytes = [self._bytes_per_row(layer) for layer in range(self.layout.n_layers)]
+            self.clean_step(None, self.layout.n_layers)
+        L, H = self.layout.n_layers, self.layout.n_heads  # per row: the repeated cache, one [H, keys] fp32 score row
+        self._row_bytes = [ROWS.held(self.cache, i) // max(self.n, 1) + 4 * H * (self.q + 1) for i in range(L)]
 
-    def _clean_step(self) -> tuple[list[Tensor], list[Tensor], Tensor]:
-        """Per layer the query's input ``[n, 1, D]`` and ``z`` ``[n, H, d]``; clean logits ``[n, V]``."""
-        L = self.layout.n_layers
-        resid: dict[int, Tensor] = {}
-        zs: dict[int, Tensor] = {}
+    def row_bytes(self, layer: int) -> int:
+        return self._row_bytes[layer]
 
-        def keep_resid(x: Tensor, *, hook: Any) -> None:
-            resid[hook.layer()] = x.clone()
-
-        def keep_z(z: Tensor, *, hook: Any) -> None:
-            zs[hook.layer()] = z[:, 0].clone()
-
-        hooks = {**{hooknames.z(i): [keep_z] for i in range(L)},
-                 **{f"blocks.{i}.hook_resid_pre": [keep_resid] for i in range(L)}}
-        logits = self._call(0, 1, hooks)
-        return [resid[i] for i in range(L)], [zs[i] for i in range(L)], logits
-
-    def _call(self, start: int, copies: int, hooks: dict[str, list[Any]]) -> Tensor:
-        """The query rows (``copies * n``) through layers ``start..L-1`` of a view of the model: logits ``[copies * n, V]``."""
-        kwargs = {"input_ids": self.query_ids.repeat(copies, 1), self._cache_kw: self._pass_cache(start, copies),
-                  "use_cache": True, "position_ids": self.position_ids, "logits_to_keep": 1}
-        out = self.adapter.forward_hooked(kwargs, hooks, query_start=self.q, model=self._view(start), check=False)
+    def run_layers(self, start: int, state: Tensor | None, copies: int, hooks: HookList,
+                   record: list[Any] | None = None) -> Tensor:
+        """The query rows (``copies * n``) through layers ``start..L-1`` of a view of the model, the first layer's
+        input replaced by ``state`` ``[copies * n, 1, D]`` (``None``: the embedding, at layer 0); logits
+        ``[copies * n, V]``."""
+        resolved: dict[str, list[Any]] = {}
+        if state is not None:
+            resolved[f"blocks.{start}.hook_resid_pre"] = [lambda x, *, hook: state]
+        for name, fn in hooks:
+            resolved.setdefault(name, []).append(fn)
+        for i in range(start, self.layout.n_layers) if record is not None else ():
+            resolved.setdefault(f"blocks.{i}.hook_resid_pre", []).append(lambda x, *, hook: record.append(x.clone()))
+        cache = ROWS.pass_cache(self, self.cache, start, copies, build=repeated_layer,
+                                fresh=lambda t: t if isinstance(t, QueryLayer) else ROWS.fresh(t))
+        kwargs = {"input_ids": self.query_ids.repeat(copies, 1), self._cache_kw: cache, "use_cache": True,
+                  "position_ids": self.position_ids, "logits_to_keep": 1}
+        out = self.adapter.forward_hooked(kwargs, resolved, query_start=self.q, model=self._model(start), check=False)
         return out.logits[:, -1]
 
-    def _view(self, start: int) -> nn.Module:
+    def _model(self, start: int) -> nn.Module:
         """The model with decoder layers ``start..L-1`` only (the model itself for ``start = 0``)."""
         if start == 0:
             return self.hf
-        if start not in self._views:
-            self._views[start] = with_child(self.hf, self.layout.layers_path, nn.ModuleList(self.layout.layers[start:]))
-        return self._views[start]
-
-    def _pass_cache(self, start: int, copies: int) -> Any:
-        """Layers below ``start``: the clean prefix's own (read only); from ``start``: per-pass copies of the prefix
-        repeated ``copies`` times."""
-        if not any(k[1] == copies for k in self._templates):  # a new pass width: drop the old width's copies
-            self._templates = {}
-        layers = list(self.cache.layers)
-        for i in range(start, len(layers)):
-            if (i, copies) not in self._templates:
-                self._templates[(i, copies)] = repeated_layer(layers[i], copies)
-            template = self._templates[(i, copies)]
-            layers[i] = template if isinstance(template, QueryLayer) else copy.copy(template)
-        cache = copy.copy(self.cache)
-        cache.layers = layers
-        return cache
-
-    def _bytes_per_row(self, start: int) -> int:
-        """Memory per row of a pass from ``start``: its repeated cache (the buffers of :class:`QueryLayer`) and one
-        ``[H, keys]`` score row in fp32."""
-        held = sum(t.numel() * t.element_size() for layer in self.cache.layers[start:]
-                   for t in (getattr(layer, "keys", None), getattr(layer, "values", None)) if isinstance(t, Tensor))
-        return held // max(self.n, 1) + 4 * self.layout.n_heads * (self.q + 1)
-
-    @torch.no_grad()
-    def run(self, cells: Sequence[Cell], *, progress: Any = None) -> Tensor:
-        """Logits at the query slot under each cell: ``[C, n, V]``."""
-        def per_pass(layer: int) -> int:
-            rows = min(self.rows_per_pass, self.pass_bytes // max(self._row_bytes[layer], 1))
-            return max(1, rows // max(self.n, 1))
-
-        return run_by_layer(cells, per_pass, self._pass, progress)
+        if start not in self._models:
+            self._models[start] = with_child(self.hf, self.layout.layers_path,
+                                             nn.ModuleList(self.layout.layers[start:]))
+        return self._models[start]
 
     def _pass(self, layer: int, cells: Sequence[Cell]) -> Tensor:
-        check = layer not in self._checked
-        cells = [*cells, Cell(layer, [], None)] if check else list(cells)
-        n, C = self.n, len(cells)
-        z0 = self.clean_z[layer]
-        H, d = z0.shape[1:]
-        mask = torch.zeros(C, H, dtype=torch.bool)
-        repl = torch.zeros(C, n, H, d, dtype=z0.dtype, device=z0.device)
-        for c, cell in enumerate(cells):  # one cell at a time; heads are indexed as one tensor
-            heads = list(cell.heads)
-            mask[c, heads] = True
-            if cell.replacement is not None:
-                r = cell.replacement.to(device=repl.device, dtype=repl.dtype)
-                repl[c][:, heads] = r if r.dim() == 3 else r.expand(n, -1, -1)
-        mask_rows = mask.repeat_interleave(n, 0)[:, None, :, None].to(z0.device)  # [C * n, 1, H, 1]
-        repl_rows = repl.reshape(C * n, 1, H, d)
-        resid = self.resid_pre[layer].repeat(C, 1, 1)
-
-        def clean_input(x: Tensor, *, hook: Any) -> Tensor:
-            return resid
-
-        def intervene(z: Tensor, *, hook: Any) -> Tensor:
-            return torch.where(mask_rows, repl_rows, z)
-
-        hooks = {f"blocks.{layer}.hook_resid_pre": [clean_input], hooknames.z(layer): [intervene]}
-        logits = self._call(layer, C, hooks).view(C, n, -1)
-        if check:
-            self._check(layer, logits[-1])
-            logits = logits[:-1]
-        return logits
-
-    def _check(self, layer: int, noop: Tensor) -> None:
-        ref = self.clean_logits.float()
+        """The shared pass; the first at each layer carries one more cell that changes nothing, checked."""
+        if layer in self._checked:
+            return super()._pass(layer, cells)
+        logits = super()._pass(layer, [*cells, Cell(layer, [], None)])
+        ref, noop = self.clean_logits.float(), logits[-1]
         tol = 1e3 * torch.finfo(ref.dtype if noop.dtype == torch.float32 else noop.dtype).eps
         if not torch.allclose(noop.float(), ref, rtol=tol, atol=tol * float(ref.abs().max())):
             raise UnsupportedModelError(
@@ -272,3 +205,4 @@ class CausalSuffixEngine:
                 "the clean logits, so this architecture's forward cannot start at a later layer; use engine='full'."
             )
         self._checked.add(layer)
+        return logits[:-1]

@@ -28,56 +28,40 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phaselens.contract.hooknames import HookDict, HookPoint
-from phaselens.contract.protocol import HookContext, hook_context
-from phaselens.core.errors import HookNameError, InputError, UnsupportedModelError
+from phaselens.contract.hooknames import HookPoint
+from phaselens.contract.protocol import HookFn, hook_context
+from phaselens.core.errors import HookNameError, UnsupportedModelError
 from phaselens.models.causal_lm.layout import Layout
-from phaselens.models.hooking import check_hook_return
+from phaselens.models.parts.hook_sites import Site, block_sites, call_hooks, hook_points
 
-HookFn = Callable[..., Tensor | None]
-
-# site -> (name template, shape, editable), in execution order within a block
-SITES: dict[str, tuple[str, str, bool]] = {
-    "resid_pre": ("blocks.{l}.hook_resid_pre", "[B, n, D]", True),
-    "q": ("blocks.{l}.attn.hook_q", "[B, n, H, d]", True),
-    "k": ("blocks.{l}.attn.hook_k", "[B, n, Hkv, d]", True),
-    "v": ("blocks.{l}.attn.hook_v", "[B, n, Hkv, d]", True),
-    "pattern": ("blocks.{l}.attn.hook_pattern", "[B, H, n, keys]", True),
-    "z": ("blocks.{l}.attn.hook_z", "[B, n, H, d]", True),
-    "attn_out": ("blocks.{l}.hook_attn_out", "[B, n, D]", True),
-    "resid_mid": ("blocks.{l}.hook_resid_mid", "[B, n, D]", False),
-    "mlp_out": ("blocks.{l}.hook_mlp_out", "[B, n, D]", True),
-    "resid_post": ("blocks.{l}.hook_resid_post", "[B, n, D]", True),
-}
+# in execution order within a block; a layer's tags: "mlp" (it has one), "norm2" (a norm before it, pre-norm)
+SITES = block_sites("[B, n, D]", {
+    "k": Site("blocks.{l}.attn.hook_k", "[B, n, Hkv, d]"),
+    "v": Site("blocks.{l}.attn.hook_v", "[B, n, Hkv, d]"),
+    "pattern": Site("blocks.{l}.attn.hook_pattern", "[B, H, n, keys]"),
+}, resid_mid=Site("blocks.{l}.hook_resid_mid", "[B, n, D]", "norm2", "an edit there would not reach the residual "
+                  "stream on a transformers model; edit hook_attn_out or hook_resid_post instead."),
+    mlp_out=Site("blocks.{l}.hook_mlp_out", "[B, n, D]", "mlp"))
 _ENTRY_SITES = ("hook_pattern_local", "hook_pattern_entry", "hook_pattern_sink", "hook_gate", "hook_entry",
                 "hook_payload")
 
 
-class CausalHookDict(HookDict):
-    """:class:`~phaselens.contract.hooknames.HookDict` that explains compressed-layer names: this model has none."""
-
-    def __missing__(self, name: Any) -> Any:
-        if any(str(name).endswith(s) or f".{s}_" in str(name) for s in _ENTRY_SITES):
-            raise HookNameError(
-                f"{name!r} does not exist: this is a full-attention model analysed at a stride phaselens was given; "
-                "it has no compressed entries, gates or local window. Its attention is blocks.{l}.attn.hook_pattern "
-                "[batch, head, q_pos, k_pos]."
-            )
-        return super().__missing__(name)
-
-
-def hook_points(layout: Layout) -> dict[str, HookPoint]:
+def causal_hook_points(layout: Layout) -> dict[str, HookPoint]:
     """Every hook point of the model, in execution order."""
-    points = {"hook_embed": HookPoint("hook_embed", None, "embed", "[B, n, D]", True)}
-    for layer in range(layout.n_layers):
-        for site, (template, shape, editable) in SITES.items():
-            if site == "resid_mid" and layout.norm2[layer] is None:
-                continue
-            if site == "mlp_out" and layout.mlp[layer] is None:
-                continue
-            name = template.format(l=layer)
-            points[name] = HookPoint(name, layer, site, shape, editable)
-    return points
+    tags = [{*(("mlp",) if layout.mlp[i] is not None else ()), *(("norm2",) if layout.norm2[i] is not None else ())}
+            for i in range(layout.n_layers)]
+    return hook_points(SITES, tags)
+
+
+def no_entries(name: Any) -> None:
+    """A compressed-layer name (entries, gates, the split pattern) is a :class:`HookNameError` saying that this
+    model has none."""
+    if any(str(name).endswith(s) or f".{s}_" in str(name) for s in _ENTRY_SITES):
+        raise HookNameError(
+            f"{name!r} does not exist: this is a full-attention model analysed at a stride phaselens was given; "
+            "it has no compressed entries, gates or local window. Its attention is blocks.{l}.attn.hook_pattern "
+            "[batch, head, q_pos, k_pos]."
+        )
 
 
 @dataclass
@@ -88,26 +72,16 @@ class Run:
     fired: set[str] = field(default_factory=set)
 
 
-def call_hooks(point: HookPoint, fns: list[HookFn], tensor: Tensor, run: Run) -> Tensor:
-    """Run ``fns`` in order on ``tensor``; the tensor the model goes on with (``tensor`` itself, or the last
-    replacement). Read-only sites refuse a replacement.
+def run_hooks(point: HookPoint, fns: list[HookFn], tensor: Tensor, run: Run) -> Tensor:
+    """``fns`` on ``tensor`` through the one dispatch: the tensor the model goes on with (``tensor`` itself, or
+    the last replacement).
 
     The caller puts the returned tensor back into the computation even when no hook replaced it (a per-head view
     is still a new tensor object), so that gradients with respect to the hooked tensor flow, as in TransformerLens.
     """
     run.fired.add(point.name)
-    ctx: HookContext = hook_context(point, point.name, point.layer, query_start=run.query_start)
-    current = tensor
-    for fn in fns:
-        out = fn(current, hook=ctx)
-        if out is None or out is current and not point.editable:
-            continue
-        if not point.editable:
-            raise InputError(f"{point.name} is read-only on a transformers model (an edit there would not reach "
-                             "the residual stream); return None, or edit hook_attn_out / hook_resid_post instead.")
-        check_hook_return(point.name, current, out)
-        current = out
-    return current
+    ctx = hook_context(point, point.name, point.layer, query_start=run.query_start)
+    return call_hooks(point, fns, tensor, ctx)[0]
 
 
 def _per_head(x: Tensor, d: int) -> Tensor:
@@ -120,7 +94,7 @@ def _out_hook(point: HookPoint, fns: list[HookFn], run: Run, d: int | None = Non
     def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
         value = out[0] if isinstance(out, tuple) else out
         shown = _per_head(value, d) if d is not None and value.dim() == 3 else value  # a QK-norm's is per head
-        new = call_hooks(point, fns, shown, run).reshape(value.shape)
+        new = run_hooks(point, fns, shown, run).reshape(value.shape)
         return (new, *out[1:]) if isinstance(out, tuple) else new
 
     return hook
@@ -132,7 +106,7 @@ def _in_hook(point: HookPoint, fns: list[HookFn], run: Run, d: int | None = None
     def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         value = args[0] if args else kwargs["hidden_states"]
         shown = _per_head(value, d) if d is not None else value
-        new = call_hooks(point, fns, shown, run)
+        new = run_hooks(point, fns, shown, run)
         if not point.editable:
             return None
         new = new.reshape(value.shape)
@@ -151,7 +125,7 @@ def _fused_hook(layout: Layout, layer: int, sites: dict[str, tuple[HookPoint, li
         for i, site in enumerate(("q", "k", "v")):
             if site in sites:
                 point, fns = sites[site]
-                parts[i] = call_hooks(point, fns, _per_head(parts[i], d), run).reshape(parts[i].shape)
+                parts[i] = run_hooks(point, fns, _per_head(parts[i], d), run).reshape(parts[i].shape)
         return torch.cat(parts, dim=-1)
 
     return hook
@@ -206,7 +180,7 @@ def installed(layout: Layout, points: dict[str, HookPoint], resolved: dict[str, 
 
 
 def _tap(point: HookPoint, fns: list[HookFn], run: Run) -> Callable[[Tensor], Tensor]:
-    return lambda probs: call_hooks(point, fns, probs, run)
+    return lambda probs: run_hooks(point, fns, probs, run)
 
 
 def check_fired(resolved: dict[str, list[HookFn]], run: Run, what: str) -> None:

@@ -22,10 +22,10 @@ from transformer_lens.hook_points import HookPoint
 from phaselens.models.compressed.compressor import Compressor, PoolerState
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.rope import rope_inv_freq
-from phaselens.models.hooking import read_only
-from phaselens.models.numerics.dtypes import compute_dtype
-from phaselens.models.numerics.norms import rms_norm
-from phaselens.models.numerics.rope import apply_rope
+from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.hooking import read_only
+from phaselens.models.parts.norms import rms_norm
+from phaselens.models.parts.rope import apply_rope
 
 LayerKind = Literal["compressed", "local", "full"]
 
@@ -247,8 +247,7 @@ class Attention(nn.Module):
             z_ent = torch.matmul(p_entry.reshape(B, Hkv, G * n, -1), entry_v.transpose(1, 2))  # [B, Hkv, G*n, d]
             z = z + z_ent.view(B, Hkv, G, n, d).permute(0, 3, 1, 2, 4)
         sink = probs[-1].squeeze(-1) if self.sink is not None else probs[0].new_zeros(B, H, n)
-        read_only(self.hook_pattern_sink, sink, "the sink has no value vector, so its probability is not used "
-                  "after the softmax; edit hook_pattern_local / hook_pattern_entry, or hook_z to knock a head out.")
+        read_only(self.hook_pattern_sink, sink)
         return z.reshape(B, n, H, d)
 
     def _entries(self, x: Tensor, past: Past, own: dict[str, Tensor]) -> tuple[Tensor, Tensor]:

@@ -13,7 +13,7 @@ from transformer_lens.hook_points import HookPoint
 
 from phaselens.models.compressed.attention import Attention, Past
 from phaselens.models.compressed.config import CompressedConfig
-from phaselens.models.numerics.norms import rms_norm
+from phaselens.models.parts.norms import rms_norm
 
 
 class RMSNorm(nn.Module):

@@ -29,8 +29,8 @@ from torch import Tensor, nn
 from phaselens.core.errors import CacheError
 from phaselens.models.compressed.config import CompressorSpec, RopeSpec, YarnSpec
 from phaselens.models.compressed.rope import apply_rope, rope_inv_freq
-from phaselens.models.numerics.dtypes import compute_dtype
-from phaselens.models.numerics.norms import rms_norm
+from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.norms import rms_norm
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """The compressed transformer's query-suffix engine: many per-head interventions at the query position for
-little more than one forward (cells, passes and the clean step are shared: :mod:`phaselens.runtime.engines`).
+little more than one forward (cells, passes and the clean step are shared: :mod:`phaselens.models.parts.suffix_engine`).
 
 An intervention on ``z`` at the query position changes nothing at earlier positions. So the engine runs
 the clean prefix once into a :class:`~phaselens.models.CompressedKVCache`, and for each *cell* (a set of
@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.models.compressed.cache import CompressedKVCache, LayerCache
 from phaselens.models.compressed.compressor import PoolerState
-from phaselens.models.hooking import query_start
-from phaselens.runtime.engines import HookList, SlotEngine
+from phaselens.models.parts.hooking import query_start
+from phaselens.models.parts.suffix_engine import HookList, SlotEngine
 
 
 def _state_tensors(st: PoolerState) -> tuple[Tensor | None, ...]:
@@ -72,7 +73,7 @@ class FrozenPast:
 
 class SuffixEngine(SlotEngine):
     """Clean prefix once; per-cell query passes from the intervened layer up (a
-    :class:`~phaselens.runtime.engines.SlotEngine`: cells, passes and the clean step are shared).
+    :class:`~phaselens.models.parts.suffix_engine.SlotEngine`: cells, passes and the clean step are shared).
 
     What this kind keeps: the prefix goes into a :class:`~phaselens.models.CompressedKVCache`, and a pass reads
     it through :class:`FrozenPast` views repeated once per pass width.
@@ -82,9 +83,10 @@ class SuffixEngine(SlotEngine):
         tokens: ``[n, T]`` items that share one query position ``query_pos`` (slot ``q``).
     """
 
-    def __init__(self, model: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096) -> None:
+    def __init__(self, model: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096,
+                 pass_bytes: int = PASS_BYTES) -> None:
         tokens = model.to_tokens(tokens)
-        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass)
+        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
         self.model = model
         self.query_tokens = tokens[:, self.q : self.q + 1]
         with torch.no_grad():

@@ -1,5 +1,5 @@
 """The zoo transformer's RoPE: a :class:`~phaselens.models.compressed.config.RopeSpec` read into the shared
-frequencies of :mod:`phaselens.models.numerics.rope`.
+frequencies of :mod:`phaselens.models.parts.rope`.
 
 The rotated slice is ``x[..., -dims:]``, paired ``"interleaved"`` (DeepSeek-V4) or ``"half"`` (Qwen3, Llama)
 as ``RopeSpec.style`` says; frequencies may carry YaRN scaling (``RopeSpec.yarn``).
@@ -11,7 +11,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from phaselens.models.compressed.config import RopeSpec
-from phaselens.models.numerics.rope import apply_rope, inverse_frequencies
+from phaselens.models.parts.rope import apply_rope, inverse_frequencies
 
 # compressor.py imports apply_rope from here (to move to numerics.rope); new code imports it from there
 __all__ = ["apply_rope", "rope_inv_freq"]

@@ -18,7 +18,9 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
+from phaselens.contract.hooknames import HookPoint as SitePoint
 from phaselens.core.checks import as_int
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
@@ -26,9 +28,12 @@ from phaselens.models.compressed.attention import NoPast, Past
 from phaselens.models.compressed.block import Block, RMSNorm
 from phaselens.models.compressed.compressor import default_init_
 from phaselens.models.compressed.config import CompressedConfig
+from phaselens.models.compressed.sites import zoo_hook_points
 from phaselens.models.compressed.sizing import check_forward, check_weights
-from phaselens.models.hooking import ContextHooks, query_start
-from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.parts.chunks import plan_chunks
+from phaselens.models.parts.hooking import ContextHooks, query_start
+from phaselens.models.parts.suffix_engine import query_engine
+from phaselens.models.parts.tokens import check_tokens
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.cache import CompressedKVCache
@@ -73,13 +78,12 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         self.setup()
         self.eval()
 
-    def setup(self) -> None:
-        """TransformerLens's name tables, with lookups of missing names explained (``HookNameError``)."""
-        from phaselens.contract.hooknames import HookDict
-
-        super().setup()
-        self.mod_dict = HookDict(self.mod_dict)
-        self.hook_dict = HookDict(self.hook_dict)
+    @property
+    def hook_sites(self) -> dict[str, SitePoint]:
+        """Every hook name with its :class:`~phaselens.contract.hooknames.HookPoint` (shape, read-only or not), from
+        the kind's table (:mod:`phaselens.models.compressed.sites`)."""
+        return zoo_hook_points([b.attn.kind for b in self.blocks], [b.attn.tied for b in self.blocks],
+                               self.config.mlp == "swiglu")
 
     # ---- TransformerLens-shaped weight views (copies; the parameters live in blocks[l].attn) ---------
     def _per_head(self, name: str) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
@@ -142,7 +146,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         """Unembedding as TransformerLens shapes it (the transpose of ``unembed.weight``)."""
         return self.unembed.weight.T
 
-    # TransformerLens habits (phaselens.models.tl_habits reads these)
+    # TransformerLens habits (phaselens.models.parts.tl_habits reads these)
     @property
     def tl_norm(self) -> tuple[str, float]:
         """Every norm is an RMSNorm of ``cfg.norm_eps`` (ln1, ln2, ln_final)."""
@@ -197,14 +201,13 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
 
     # ---- capabilities (see phaselens.contract.protocol.CAPABILITIES) -------------------------------------------
     def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
-                     batch_size: int | None = None) -> Any:
+                     batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> Any:
         """The query-suffix engine over ``tokens`` ``[N, T]`` with query slots ``query_pos`` ``[N]`` (at most
-        ``batch_size`` rows per cached prefix)."""
+        ``batch_size`` rows per cached prefix); hooks active on the model run in its passes too."""
         from phaselens.models.compressed.engine import SuffixEngine
-        from phaselens.runtime.engines import QueryEngine
 
-        return QueryEngine(self, tokens, query_pos, rows_per_pass=rows_per_pass, slot_engine=SuffixEngine,
-                           batch_size=batch_size)
+        return query_engine(self, SuffixEngine, tokens, query_pos, hooks_active=False, rows_per_pass=rows_per_pass,
+                            batch_size=batch_size, pass_bytes=pass_bytes)
 
     def cycle_gates(self, delta: int) -> CompressedTransformer:
         """A copy whose offset-specific gate parameters are rolled by ``delta`` (see
@@ -230,20 +233,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         return self._check_tokens(torch.as_tensor(tokens))
 
     def _check_tokens(self, tokens: Tensor) -> Tensor:
-        if not isinstance(tokens, Tensor):
-            raise InputError(f"tokens must be a torch tensor of ids, got {type(tokens).__name__}.")
-        if tokens.dim() == 1:
-            tokens = tokens.unsqueeze(0)
-        if tokens.dim() != 2 or tokens.dtype not in (torch.int64, torch.int32, torch.int16, torch.uint8):
-            raise InputError(
-                f"tokens must be integer ids shaped [batch, pos], got dtype {tokens.dtype} and shape "
-                f"{tuple(tokens.shape)}; use tokens.long()."
-            )
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.config.d_vocab):
-            raise InputError(
-                f"token ids must lie in 0..{self.config.d_vocab - 1}, got {int(tokens.min())}..{int(tokens.max())}."
-            )
-        return tokens.long().to(self.unembed.weight.device)
+        return check_tokens(tokens, vocab=self.config.d_vocab, device=self.unembed.weight.device)
 
     # ---- forward -------------------------------------------------------------------------------------
     def forward(
@@ -279,12 +269,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
             raise InputError("targets= needs return_type='loss', reduction 'mean' or 'sum', and a tensor shaped like "
                              "tokens [batch, pos].")
         tokens = self._check_tokens(tokens)
-        B, n = tokens.shape
-        if B == 0 or n == 0:  # checked before the cache is touched, so the cache stays usable
-            raise InputError(
-                f"tokens have shape {tuple(tokens.shape)}: a forward needs at least one sequence of at least one "
-                "token; drop empty batches before calling the model."
-            )
+        B, n = tokens.shape  # both >= 1: checked before the cache is touched, so the cache stays usable
         if cache is None and n > self.config.n_ctx:
             raise InputError(f"sequence of {n} tokens exceeds the model's context n_ctx={self.config.n_ctx}; "
                              "shorten it or build the model with a larger n_ctx.")
@@ -338,7 +323,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
     ) -> Int[Tensor, "batch pos_plus_new"]:
         """Greedy decoding through the compressed cache; returns prompt + new tokens (``verbose``: a progress
         bar; TransformerLens's sampling options are refused by name)."""
-        from phaselens.models.tl_habits import check_generate_options
+        from phaselens.models.parts.tl_habits import check_generate_options
 
         check_generate_options(tl_options)
         tokens = self._check_tokens(tokens)
@@ -361,8 +346,6 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         tokens = self._check_tokens(tokens)
         T = tokens.shape[1]
         plan_chunks(max(T, 1), chunk, None)  # a bad chunk is refused first
-        if tokens.shape[0] == 0 or T == 0:
-            raise InputError(f"prefill needs at least one sequence of at least one token, got shape {tuple(tokens.shape)}.")
         # pieces of chunk tokens from the start, the last one the rest (one piece without a chunk)
         plan = plan_chunks(T, chunk, None if chunk is None else T - (T - 1) // int(chunk) * int(chunk))
         logits = None

@@ -22,31 +22,29 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.hooknames import explain_missing
+from phaselens.contract.protocol import HookFn
 from phaselens.core.errors import HookNameError, InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v4.config import DeepSeekV4Cfg, build_cfg, check_eager
 from phaselens.models.deepseek_v4.engine import V4SuffixEngine
 from phaselens.models.deepseek_v4.geometry import LayerGeometry
-from phaselens.models.deepseek_v4.hookpoints import (
-    MODULE_SITES,
-    HookFn,
-    HookPoint,
-    hook_points,
-)
 from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.models.deepseek_v4.nnsight_backend import run_traced
 from phaselens.models.deepseek_v4.prefill import call_kwargs, run_prefix
+from phaselens.models.deepseek_v4.sites import MODULE_SITES, v4_hook_points
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
-from phaselens.models.hooked_adapter import HookedAdapter
-from phaselens.models.numerics.chunks import plan_chunks
-from phaselens.models.numerics.notices import IndexTopKWarning
-from phaselens.models.tl_habits import (
+from phaselens.models.parts.chunks import plan_chunks
+from phaselens.models.parts.hooking import HookedAdapter
+from phaselens.models.parts.index_topk import IndexTopKWarning
+from phaselens.models.parts.suffix_engine import QueryEngine, query_engine
+from phaselens.models.parts.tl_habits import (
     HYPER_CONNECTION_LIMITS,
     tokenizer_from_dir,
 )
-from phaselens.runtime.engines import PASS_BYTES, QueryEngine
+from phaselens.models.parts.tokens import check_tokens
 
 Backend = Literal["torch", "nnsight"]
 _UNSET: Any = object()
@@ -55,7 +53,7 @@ _UNSET: Any = object()
 class DeepSeekV4Adapter(HookedAdapter):
     """A transformers ``DeepseekV4ForCausalLM`` with phaselens' geometry, hook names and interventions.
 
-    Build it with :func:`from_hf` (or :func:`load_hf` / ``phaselens.load("hf:PATH")``). The wrapped model is
+    Build it with :func:`from_transformers` (or :func:`load_hf` / ``phaselens.load("hf:PATH")``). The wrapped model is
     ``adapter.model``; nothing is attached to it between calls.
 
     Attributes:
@@ -94,7 +92,7 @@ class DeepSeekV4Adapter(HookedAdapter):
         self._backend: Backend = backend
         self._envoy = envoy
         self._remote = remote
-        self._points = hook_points(geometry)
+        self._points = v4_hook_points(geometry)
         self._active: list[tuple[object, dict[str, list[HookFn]]]] = []
         self._metadata = metadata
         self._csa_layers = tuple(g.layer for g in geometry if g.kind == "csa")
@@ -159,14 +157,6 @@ class DeepSeekV4Adapter(HookedAdapter):
         measured model was changed (``model_modified``, ``modifications``) or truncated by ``index_topk``."""
         return dict(self._metadata)
 
-    @property
-    def hook_dict(self) -> dict[str, HookPoint]:
-        """Every hook name with its :class:`HookPoint` (shape, editability), in execution order; a missing
-        name raises a :class:`~phaselens.core.errors.HookNameError` that says what exists instead."""
-        from phaselens.contract.hooknames import HookDict
-
-        return HookDict(self._points)
-
     # ---- forward -----------------------------------------------------------------------------------
     def __call__(
         self,
@@ -181,7 +171,7 @@ class DeepSeekV4Adapter(HookedAdapter):
         Args:
             tokens: ``[B, T]`` token ids (or ``[T]``), unpadded.
             chunk: prefill in pieces of this many tokens through the model's cache (default: the ``chunk``
-                given to :func:`from_hf`, else one uncached forward). Hooks fire only for the query chunk.
+                given to :func:`from_transformers`, else one uncached forward). Hooks fire only for the query chunk.
             query_len: the query rows: under chunked prefill the query chunk, the hooked last tokens (default
                 ``min(chunk, T)``); in an uncached forward only the rows whose logits ``logits="query"`` keeps.
             logits: ``"query"`` to return (and compute) only the query rows' logits.
@@ -189,7 +179,7 @@ class DeepSeekV4Adapter(HookedAdapter):
         if logits not in ("all", "query"):
             raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
         tokens = self._tokens(tokens)
-        check_eager(self.model.config)  # the config could have been switched since from_hf
+        check_eager(self.model.config)  # the config could have been switched since from_transformers
         T = tokens.shape[1]
         chunk = self.chunk if chunk is _UNSET else chunk
         plan = plan_chunks(T, chunk, query_len if chunk is not None else None)
@@ -214,28 +204,8 @@ class DeepSeekV4Adapter(HookedAdapter):
     forward = __call__
 
     def _tokens(self, tokens: Any) -> Tensor:
-        tokens = torch.as_tensor(tokens)
-        if tokens.dim() == 1:
-            tokens = tokens.unsqueeze(0)
-        if (
-            tokens.dim() != 2
-            or tokens.is_floating_point()
-            or tokens.dtype == torch.bool
-            or tokens.shape[1] == 0
-            or tokens.shape[0] == 0
-        ):
-            raise InputError(
-                f"tokens must be integer ids of shape [batch, pos] with batch, pos >= 1, got {tuple(tokens.shape)} "
-                f"{tokens.dtype}."
-            )
-        V = self._cfg.d_vocab
-        if int(tokens.min()) < 0 or int(tokens.max()) >= V:
-            raise InputError(
-                f"token ids must lie in 0..{V - 1}; got {int(tokens.min())}..{int(tokens.max())}."
-            )
-        if self._remote:  # the local model is on the meta device; NDIF places the inputs
-            return tokens.long()
-        return tokens.long().to(self.cfg.device)
+        # remote: the local model is on the meta device; NDIF places the inputs
+        return check_tokens(tokens, vocab=self._cfg.d_vocab, device=None if self._remote else self.cfg.device)
 
     def _check_topk(self, T: int) -> tuple[int, ...]:
         """Warn when an indexer keeps fewer entries than exist at length ``T``; return the layers to record
@@ -258,7 +228,7 @@ class DeepSeekV4Adapter(HookedAdapter):
                 IndexTopKWarning(
                     f"index_topk={k} < {entries} entries at length {T} in CSA layers {list(binding)}: the "
                     "indexer drops entries, and its tie-breaking differs between chunked and unchunked runs. "
-                    "The picks are in adapter.indexer_picks; from_hf(model, index_topk='all') keeps every "
+                    "The picks are in adapter.indexer_picks; phaselens.from_hf(model, index_topk='all') keeps every "
                     "entry (and records that the measured model was changed)."
                 ),
                 stacklevel=3,
@@ -312,7 +282,7 @@ class DeepSeekV4Adapter(HookedAdapter):
     @property
     def query_engine(self) -> Callable[..., Any] | None:
         """The ``query_engine`` capability: ``adapter.query_engine(tokens [N, T], query_pos [N],
-        rows_per_pass=4096, batch_size=None, pass_bytes=2**30)`` returns a :class:`~phaselens.runtime.engines.QueryEngine`
+        rows_per_pass=4096, batch_size=None, pass_bytes=2**30)`` returns a :class:`~phaselens.models.parts.suffix_engine.QueryEngine`
         over the cached clean prefix (see :mod:`.engine`): one cache per query slot and piece of at most
         ``batch_size`` rows, prefilled in the adapter's ``chunk``. ``None`` with ``remote=True``: the engine
         needs a local cache.
@@ -321,23 +291,11 @@ class DeepSeekV4Adapter(HookedAdapter):
 
     def _query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
                       batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
-        if self._active:
-            raise InputError(
-                "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
-                "active on the adapter (adapter.hooks(...) or a knockout context); pass engine='full'."
-            )
         check_eager(self.model.config)
-        tokens = self._tokens(tokens)
-        qp = torch.as_tensor(query_pos).long().cpu()
-        if qp.dim() != 1 or len(qp) != tokens.shape[0] or int(qp.min()) < 0 or int(qp.max()) >= tokens.shape[1]:
-            raise InputError(f"query_pos must be [{tokens.shape[0]}] slots in 0..{tokens.shape[1] - 1}, got "
-                             f"{tuple(qp.shape)} {qp.tolist()[:8]}.")
-        self._check_topk(int(qp.max()) + 1)
-
-        def slot(model: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> V4SuffixEngine:
-            return V4SuffixEngine(model, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
-
-        return QueryEngine(self, tokens, qp, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
+        engine = query_engine(self, V4SuffixEngine, self._tokens(tokens), query_pos, hooks_active=bool(self._active),
+                              rows_per_pass=rows_per_pass, batch_size=batch_size, pass_bytes=pass_bytes)
+        self._check_topk(int(torch.as_tensor(query_pos).max()) + 1)
+        return engine
 
     def estimate_memory(self, tokens: int, *, batch: int = 1, query_len: int | None = None,
                         logits: Literal["all", "query"] = "all") -> MemoryEstimate:

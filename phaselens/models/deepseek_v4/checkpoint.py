@@ -18,14 +18,14 @@ import torch
 from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
 from phaselens.models.deepseek_v4.adapter import DeepSeekV4Adapter
 from phaselens.models.deepseek_v4.config_checks import check_v4_config
-from phaselens.models.deepseek_v4.construct import from_hf
+from phaselens.models.deepseek_v4.construct import from_transformers
 from phaselens.models.deepseek_v4.notices import LayerTypesWarning
-from phaselens.models.loading_info import check_loading_info, check_strict
+from phaselens.models.parts.loading_info import check_loading_info, check_strict
 from phaselens.storage.resumable import read_json, safetensors_metadata
 
 PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
-# from_hf's options; everything else goes to from_pretrained.
+# from_transformers's options; everything else goes to from_pretrained.
 _ADAPTER_KW = ("analysis_stride", "index_topk", "backend", "chunk", "numerics", "quantize")
 # from_pretrained's loading options passed on (local files only: none of them downloads)
 _LOADING_KW = ("attn_implementation", "max_memory", "offload_folder", "offload_buffers", "quantization_config",
@@ -89,9 +89,9 @@ def load_hf(
             transformers' default schedule, which matches no released model (a ``LayerTypesWarning`` says so).
         strict: refuse a checkpoint with missing, unexpected or mis-shaped tensors (a ``CheckpointError``
             naming them); ``strict=False`` loads it as transformers does (missing weights random), with a
-            :class:`~phaselens.models.loading_info.CheckpointMismatchWarning`.
+            :class:`~phaselens.models.parts.loading_info.CheckpointMismatchWarning`.
         **kwargs: ``analysis_stride``, ``index_topk``, ``backend``, ``chunk``, ``numerics``, ``quantize`` go to
-            :func:`from_hf`; the rest to ``DeepseekV4ForCausalLM.from_pretrained`` (config overrides included).
+            :func:`from_transformers`; the rest to ``DeepseekV4ForCausalLM.from_pretrained`` (config overrides included).
     """
     check_arguments(dtype, kwargs)
     check_strict(strict)
@@ -162,7 +162,7 @@ def load_hf(
         "source."))
     if device_map is None:
         model = model.to(device)
-    return from_hf(model, **adapter_kw)
+    return from_transformers(model, **adapter_kw)
 
 
 def _check_weights(root: Path) -> None:

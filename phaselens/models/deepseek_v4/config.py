@@ -9,13 +9,13 @@ from torch import nn
 
 from phaselens.core.errors import UnsupportedModelError
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
-from phaselens.models.tl_habits import TLConfig
+from phaselens.models.parts.tl_habits import TLConfig
 
 
 @dataclass(frozen=True, kw_only=True)
 class DeepSeekV4Cfg(TLConfig):
     """Sizes of a DeepSeek-V4 model under the names phaselens analyses use (a
-    :class:`~phaselens.models.tl_habits.TLConfig` plus V4's own fields).
+    :class:`~phaselens.models.parts.tl_habits.TLConfig` plus V4's own fields).
 
     ``n_key_value_heads`` is 1: V4 attention is multi-query with one latent that serves as key and value
     (``tied_kv``), so "L2KV0" means every query head of layer 2. ``local_window`` is the sliding window

@@ -1,4 +1,4 @@
-"""``from_hf``: check a transformers DeepSeek-V4 model, set its numerics, optionally widen its indexer, and wrap it."""
+"""``from_transformers``: check a transformers DeepSeek-V4 model, set its numerics, optionally widen its indexer, and wrap it."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from phaselens.models.deepseek_v4.adapter import Backend, DeepSeekV4Adapter
 from phaselens.models.deepseek_v4.config import check_model, unwrap
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, resolve_analysis_stride
 from phaselens.models.deepseek_v4.numerics import Numerics, Quantize, configure, pick_agreement
+from phaselens.models.parts.wrappers import unbridged
 
 
-def from_hf(
+def from_transformers(
     model: Any,
     *,
     analysis_stride: int | None = None,
@@ -47,7 +48,7 @@ def from_hf(
 
     The model is put in ``eval()`` mode. ``numerics`` and ``quantize`` change the transformers model in place
     (module classes are swapped, weights untouched; see :mod:`.numerics`) and are recorded in
-    ``analysis_metadata``; a later ``from_hf`` on the same model sets them afresh.
+    ``analysis_metadata``; a later ``from_transformers`` on the same model sets them afresh.
     """
     hf_model, envoy = unwrap(model)
     if backend not in ("torch", "nnsight"):
@@ -111,6 +112,25 @@ def from_hf(
         chunk=chunk,
         metadata=metadata,
     )
+
+
+def adapt_object(obj: Any, module: nn.Module, how: str, *, stride: int | None = None, window: int | None = None,
+                 origin: int | None = None, **options: Any) -> DeepSeekV4Adapter:
+    """The registry's adapter of a DeepSeek-V4 model object (:mod:`phaselens.models.kinds`): ``module`` the
+    transformers model inside ``obj`` (an nnsight envoy is kept for ``backend="nnsight"``; a model a
+    TransformerLens bridge rewired is read through its original modules), ``stride=`` read as ``analysis_stride``
+    (one name for one idea), ``options`` :func:`from_transformers`'s keywords."""
+    if window is not None or origin is not None:
+        raise InputError("window= and origin= set the geometry of a model without compression; DeepSeek-V4 takes "
+                         "its geometry from its compressed layers (analysis_stride= picks the stride).")
+    if stride is not None:
+        given = options.get("analysis_stride")
+        if given is not None and given != stride:
+            raise InputError(f"stride={stride!r} and analysis_stride={given!r} name the same setting; pass one.")
+        options = {**options, "analysis_stride": stride}
+    if options.get("backend") == "nnsight" and how == "nnsight":
+        return from_transformers(obj, **options)
+    return from_transformers(unbridged(module), **options)
 
 
 def _set_index_topk(model: nn.Module, geometry: list[LayerGeometry], value: int | str) -> list[str]:

@@ -28,7 +28,7 @@ transformers' own function. Under ``numerics="reference"`` both run the referenc
 (:func:`~.reference_ops.reference_attention`, itself one product over the shared head). The tests hold both
 against full eager forwards.
 
-Exactness: with ``index_topk`` at least the number of entries (``from_hf(..., index_topk="all")``) every cell
+Exactness: with ``index_topk`` at least the number of entries (``from_transformers(..., index_topk="all")``) every cell
 equals the full forward at that cell to float rounding (tested at 1e-5 in fp32). With a binding ``index_topk``
 the indexer's top-k of the query row is computed from cached entries whose rounding can differ from an
 uncached forward's, so near-tied picks may differ (``docs/deepseek_v4.md`` gives the measured rate).
@@ -36,7 +36,6 @@ uncached forward's, so near-tied picks may differ (``docs/deepseek_v4.md`` gives
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -45,8 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from phaselens.core.errors import UnsupportedModelError
-from phaselens.models.deepseek_v4.hookpoints import HookFn
+from phaselens.contract.cells import PASS_BYTES
+from phaselens.contract.protocol import HookFn
 from phaselens.models.deepseek_v4.prefill import run_prefix
 from phaselens.models.deepseek_v4.reference_ops import (
     CORE_AWARE,
@@ -55,41 +54,15 @@ from phaselens.models.deepseek_v4.reference_ops import (
     reference_attention,
 )
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
-from phaselens.models.numerics.chunks import plan_chunks
-from phaselens.runtime.engines import PASS_BYTES, HookList, SlotEngine, repeat_rows
+from phaselens.models.parts.cache_repeat import CacheRows
+from phaselens.models.parts.chunks import plan_chunks
+from phaselens.models.parts.suffix_engine import HookList, SlotEngine
 
-# The per-row state of transformers' DeepSeek-V4 cache layers (sliding, CSA, HCA): tensors [B, ...] and
-# dicts of them, plus the entry counters (dicts of ints). Anything else batch-shaped is refused.
-_TENSORS = ("keys", "values")
-_TENSOR_DICTS = ("buffer_kv", "buffer_gate", "compressed_kv", "overlap_kv", "overlap_gate")
-_COUNTS = ("entry_count",)
-
-
-def repeated_layer(layer: Any, copies: int) -> Any:
-    """A copy of one cache layer whose per-row tensors are repeated ``copies`` times along the batch.
-
-    Raises :class:`UnsupportedModelError` if the layer holds state this engine does not know (a transformers
-    version that lays out the cache differently): silently sharing it across cells would be wrong.
-    """
-    new = copy.copy(layer)
-    for name, value in vars(layer).items():
-        if name in _TENSORS:
-            setattr(new, name, repeat_rows(value, copies))
-        elif name in _TENSOR_DICTS:
-            setattr(new, name, {k: repeat_rows(v, copies) for k, v in value.items()})
-        elif name in _COUNTS:
-            setattr(new, name, dict(value))
-        elif (isinstance(value, Tensor) and value.dim() > 0) or (
-            isinstance(value, dict | list) and any(isinstance(v, Tensor) for v in (value.values() if
-                                                                                    isinstance(value, dict) else value))
-        ):
-            raise UnsupportedModelError(
-                f"{type(layer).__name__}.{name} is cache state the query-suffix engine does not know; this "
-                "transformers version lays out DeepSeek-V4's cache differently. Use engine='full'."
-            )
-    if getattr(layer, "values", None) is getattr(layer, "keys", None):  # K = V layers share one tensor
-        new.values = new.keys
-    return new
+# The per-row state of transformers' DeepSeek-V4 cache layers (sliding, CSA, HCA): tensors [B, ...] and dicts of
+# them, plus the entry counters (dicts of ints). Anything else batch-shaped is refused.
+ROWS = CacheRows(tensor_dicts=("buffer_kv", "buffer_gate", "compressed_kv", "overlap_kv", "overlap_gate"),
+                 counts=("entry_count",), unknown="this transformers version lays out DeepSeek-V4's cache "
+                 "differently. Use engine='full'.")
 
 
 @contextmanager
@@ -127,21 +100,12 @@ def query_attention() -> Iterator[None]:
         hf.eager_attention_forward = previous
 
 
-def _fresh(template: Any) -> Any:
-    """A per-pass copy: the forward rebinds the layer's attributes and writes into its dicts."""
-    new = copy.copy(template)
-    for name in (*_TENSOR_DICTS, *_COUNTS):
-        if name in vars(template):
-            setattr(new, name, dict(getattr(template, name)))
-    return new
-
-
 class V4SuffixEngine(SlotEngine):
     """Clean prefix once; per-cell query passes from the intervened layer up (one query slot).
 
     The per-slot engine behind :meth:`DeepSeekV4Adapter.query_engine` (grouped by slot by
-    :class:`phaselens.runtime.engines.QueryEngine`); cells, passes, the clean step and the pass-size budget are
-    the shared :class:`~phaselens.runtime.engines.SlotEngine`'s. What this kind keeps: the prefill into
+    :class:`phaselens.models.parts.suffix_engine.QueryEngine`); cells, passes, the clean step and the pass-size budget are
+    the shared :class:`~phaselens.models.parts.suffix_engine.SlotEngine`'s. What this kind keeps: the prefill into
     transformers' cache, the repeated copies of its cache layers, and the hooks through :func:`torch_sites`.
 
     Args:
@@ -188,7 +152,7 @@ class V4SuffixEngine(SlotEngine):
         for name, fn in hooks:
             sites.setdefault(name, []).append(fn)
         inner = self.hf.model
-        cache = self._pass_cache(start, copies)
+        cache = ROWS.pass_cache(self, self.cache, start, copies)
         ids = self.query_ids.repeat(copies, 1)
         mask = create_sliding_window_causal_mask(config=self.hf.config, inputs_embeds=hidden[:, :, 0],
                                                  attention_mask=None, cache=cache, position_ids=self.position_ids)
@@ -200,28 +164,15 @@ class V4SuffixEngine(SlotEngine):
                                position_ids=self.position_ids, attention_mask=mask, input_ids=ids, cache=cache)
         return self.hf.lm_head(inner.norm(inner.hc_head(hidden)))[:, 0]
 
-    def _pass_cache(self, start: int, copies: int) -> Any:
-        """A cache for one pass: layers below ``start`` are the clean prefix's own (only read, for the mask),
-        layers from ``start`` fresh copies of the prefix repeated ``copies`` times."""
-        layers = list(self.cache.layers)
-        for i in range(start, len(layers)):
-            layers[i] = _fresh(self.repeated(i, copies, lambda i=i: repeated_layer(self.cache.layers[i], copies)))
-        cache = copy.copy(self.cache)
-        cache.layers = layers
-        return cache
-
     def _bytes_per_row(self, start: int) -> int:
         """Memory per row of a pass from layer ``start``: the repeated cache, and at the longest layer the
         keys (window and entries, concatenated) and a few ``[H, keys]`` score tensors (:func:`query_attention`)."""
         H = int(self.hf.config.num_attention_heads)
-        cache_bytes, widest = 0, 0
+        widest = 0
         for layer in self.cache.layers[start:]:
-            for name, value in vars(layer).items():
-                values = value.values() if name in _TENSOR_DICTS else [value] if name in _TENSORS else []
-                cache_bytes += sum(v.numel() * v.element_size() for v in values if isinstance(v, Tensor))
             keys = getattr(layer, "keys", None)
             entries = getattr(layer, "compressed_kv", {}).get("compressor")
             if isinstance(keys, Tensor) and keys.dim() == 4:
                 n_keys = keys.shape[2] + 1 + (0 if entries is None else entries.shape[1])
                 widest = max(widest, n_keys * (keys.shape[3] + 4 * H) * keys.element_size())
-        return cache_bytes // max(self.n, 1) + widest
+        return ROWS.held(self.cache, start) // max(self.n, 1) + widest

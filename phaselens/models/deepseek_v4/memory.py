@@ -31,9 +31,9 @@ from phaselens.contract.memory import MemoryEstimate
 from phaselens.models.deepseek_v4.config import unwrap
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
 from phaselens.models.deepseek_v4.numerics import Fp32Projection
-from phaselens.models.deepseek_v4.packed import is_packed
-from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.deepseek_v4.packed_modules import is_packed
 from phaselens.models.numerics.sizing import held_bytes, item_size
+from phaselens.models.parts.chunks import plan_chunks
 
 
 def estimate_memory(
@@ -52,7 +52,7 @@ def estimate_memory(
             meta device: only shapes and dtypes are read).
         tokens: sequence length ``T``; batch: sequences per call; chunk, query_len, logits: as the adapter's,
             except that ``chunk=None`` with a ``query_len`` counts the prefix as one cached call and then the
-            query (:func:`~phaselens.models.numerics.chunks.plan_chunks`: the query engine's prefill, which
+            query (:func:`~phaselens.models.parts.chunks.plan_chunks`: the query engine's prefill, which
             ``runtime.planning`` prices this way), where the adapter's own forward is one uncached call.
     """
     hf = model.model if hasattr(model, "layer_geometry") else unwrap(model)[0]

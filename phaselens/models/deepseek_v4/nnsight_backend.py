@@ -1,6 +1,6 @@
 """nnsight backend: the module-boundary hook points as nnsight interventions.
 
-``from_hf(model, backend="nnsight")`` runs each hooked forward inside ``envoy.trace(...)``. The sites that
+``from_transformers(model, backend="nnsight")`` runs each hooked forward inside ``envoy.trace(...)``. The sites that
 are one module's input or output (``hook_embed``, ``hook_resid_pre/mid/post``, ``attn.hook_q``,
 ``attn.hook_kv``, ``attn.hook_indexer_topk``, ``attn.hook_z``, ``hook_attn_out``, ``hook_mlp_out``) are
 read and written through nnsight envoys, in execution order, with the same hook functions and the same
@@ -27,15 +27,10 @@ from typing import Any
 
 from torch import nn
 
+from phaselens.contract.hooknames import HookPoint
+from phaselens.contract.protocol import HookFn
 from phaselens.core.errors import InputError
-from phaselens.models.deepseek_v4.hookpoints import (
-    MODULE_SITES,
-    HookFn,
-    HookPoint,
-    call_hooks,
-    context_for,
-    site_order,
-)
+from phaselens.models.deepseek_v4.sites import MODULE_SITES, site_order
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo
 
 _PATHS = {
@@ -95,29 +90,28 @@ def _intervene(envoy: Any, point: HookPoint, fns: list[HookFn], run: RunInfo, n_
     target = envoy
     for part in path.format(l=point.layer).split("."):  # paths start at the root (the causal-LM module)
         target = target[int(part)] if part.isdigit() else getattr(target, part)
-    hook = context_for(point, run.query_start)
     if handle == "input":
         x = target.input
         view = x.reshape(*x.shape[:2], n_heads, -1) if point.site == "z" else x
-        value, replaced = call_hooks(fns, view, hook)
+        value, replaced = run.hooks(point, fns, view)
         if replaced:
             target.input = value.reshape(x.shape)
         return
     out = target.output
     if point.site == "attn_out":
-        value, replaced = call_hooks(fns, out[0], hook)
+        value, replaced = run.hooks(point, fns, out[0])
         if replaced:
             target.output = (value, *out[1:])
     elif point.site == "q":
-        value, replaced = call_hooks(fns, out.transpose(1, 2), hook)
+        value, replaced = run.hooks(point, fns, out.transpose(1, 2))
         if replaced:
             target.output = value.transpose(1, 2)
     elif point.site == "kv":
-        value, replaced = call_hooks(fns, out.unsqueeze(2), hook)
+        value, replaced = run.hooks(point, fns, out.unsqueeze(2))
         if replaced:
             target.output = value.squeeze(2)
     else:
-        value, replaced = call_hooks(fns, out, hook)
+        value, replaced = run.hooks(point, fns, out)
         if replaced:
             target.output = value
 

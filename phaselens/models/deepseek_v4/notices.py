@@ -1,5 +1,5 @@
 """Warnings the DeepSeek-V4 adapter emits about results that may not mean what they seem; the index-top-k
-warning is the one every kind emits, :class:`phaselens.models.numerics.notices.IndexTopKWarning`."""
+warning is the one every kind emits, :class:`phaselens.models.parts.index_topk.IndexTopKWarning`."""
 
 from __future__ import annotations
 

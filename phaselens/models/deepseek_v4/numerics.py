@@ -1,6 +1,6 @@
 """Make a transformers DeepSeek-V4 compute as DeepSeek's reference ``inference/model.py`` does.
 
-Two independent settings, applied by :func:`configure` (``from_hf(numerics=..., quantize=...)``).
+Two independent settings, applied by :func:`configure` (``from_transformers(numerics=..., quantize=...)``).
 
 ``numerics="reference"`` (the default). In every dtype it follows the reference where transformers' semantics
 differ: the shared expert is not clamped at ``swiglu_limit`` (transformers clamps it), and a compressed-path
@@ -32,7 +32,7 @@ Everything works by swapping the class of the modules involved for a subclass wi
 (weights untouched, ``isinstance`` still holds, the class name says it: e.g. ``Fp32ProjectionLinear``), and
 by setting a RoPE module's attention scaling (its previous value is kept). The changes stay on the
 transformers model, like ``index_topk``; :func:`configure` first undoes any earlier one, so calling
-``from_hf(model, numerics="transformers")`` restores transformers' own computation.
+``from_transformers(model, numerics="transformers")`` restores transformers' own computation.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from phaselens.core.errors import ConfigError, InputError, UnsupportedModelError
 from phaselens.models.deepseek_v4 import reference_ops as ops
 from phaselens.models.deepseek_v4.config import rope_dims
 from phaselens.models.deepseek_v4.geometry import LayerGeometry
-from phaselens.models.deepseek_v4.packed import dense_weight, weight_dtype
+from phaselens.models.deepseek_v4.packed_modules import dense_weight, weight_dtype
 from phaselens.models.deepseek_v4.quantization import FP4_BLOCK, FP8_BLOCK, fp8_simulate, indexer_simulate
 
 Numerics = Literal["reference", "transformers"]

@@ -6,7 +6,7 @@ layer. Chunked prefill runs the prefix in pieces of ``chunk`` tokens through a
 compressors carry their unfinished blocks and overlap halves across pieces), then runs the **query
 chunk**, the last ``query_len`` tokens, as one more call. Only that last call is hooked and recorded.
 Peak attention memory falls from ``O(T^2)`` to ``O(chunk * (chunk + L + T/m))``. The pieces are planned by
-:func:`phaselens.models.numerics.chunks.plan_chunks`; this module runs them through transformers.
+:func:`phaselens.models.parts.chunks.plan_chunks`; this module runs them through transformers.
 
 With ``index_topk`` at least the number of entries, chunked and unchunked logits agree to float rounding
 (tested at 1e-5 in fp32). Prefix pieces run under ``torch.no_grad()``: gradients stop at the cache.
@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from phaselens.models.numerics.chunks import ChunkPlan
+from phaselens.models.parts.chunks import ChunkPlan
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 DeepSeek's ``inference/model.py`` calls "fused quant + dequant" steps on some activations, to match what the
 model saw in quantization-aware training. The round trips themselves (formats, scales, rounding) are the
-shared ones of :mod:`phaselens.models.numerics.formats`; V4 differs in where it applies them and in its blocks:
+shared ones of :mod:`phaselens.models.parts.formats`; V4 differs in where it applies them and in its blocks:
 
 * **FP8** (``e4m3``) on the non-RoPE dims of the window KV of every layer and of the compressed entries, in
   blocks of 64 channels (:func:`fp8_simulate`). As the published ``kernel.py`` is written this step does not
@@ -26,7 +26,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from phaselens.core.errors import InputError
-from phaselens.models.numerics.formats import fp4_round_trip, fp8_round_trip
+from phaselens.models.parts.formats import fp4_round_trip, fp8_round_trip
 
 FP8_BLOCK = 64  # channels per scale: window KV and compressed entries (non-RoPE dims)
 FP4_BLOCK = 32  # channels per scale: indexer q and k

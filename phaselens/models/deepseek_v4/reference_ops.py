@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor
 
-from phaselens.models.deepseek_v4.packed import expert_weight
+from phaselens.models.deepseek_v4.packed_modules import expert_weight
 
 # Set on the adapter's own replacements of transformers' ``eager_attention_forward`` (the pattern tap, the
 # query engine): they call :func:`attention_for` themselves, so ReferenceAttention leaves them in place.

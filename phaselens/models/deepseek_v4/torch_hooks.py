@@ -30,16 +30,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from phaselens.contract.hooknames import HookPoint
+from phaselens.contract.protocol import HookFn, hook_context
 from phaselens.models.deepseek_v4 import gates
-from phaselens.models.deepseek_v4.hookpoints import (
-    COMPRESSOR_SITES,
-    PATTERN_SITES,
-    HookFn,
-    HookPoint,
-    call_hooks,
-    context_for,
-)
 from phaselens.models.deepseek_v4.patterns import attention_tap, split
+from phaselens.models.deepseek_v4.sites import COMPRESSOR_SITES, PATTERN_SITES
+from phaselens.models.parts.hook_sites import call_hooks
 
 
 @dataclass(frozen=True)
@@ -48,6 +44,12 @@ class RunInfo:
 
     query_start: int = 0
     cached: bool = False
+
+    def hooks(self, point: HookPoint, fns: list[HookFn], tensor: Tensor, first_entry: int | None = None
+              ) -> tuple[Tensor, bool]:
+        """``fns`` run on ``tensor`` at ``point`` through the one dispatch: ``(tensor, replaced)``."""
+        ctx = hook_context(point, point.name, point.layer, query_start=self.query_start, first_entry=first_entry)
+        return call_hooks(point, fns, tensor, ctx)
 
 
 class CompressorTap:
@@ -97,7 +99,7 @@ class CompressorTap:
             if site not in self.fns:
                 return tensor, False
             point, fns = self.fns[site]
-            return call_hooks(fns, tensor, context_for(point, self.run.query_start, w.first_entry))
+            return self.run.hooks(point, fns, tensor, w.first_entry)
 
         alpha, edited_alpha = run("gate", w.alpha)
         payload, edited_payload = run("payload", w.payload)
@@ -122,7 +124,7 @@ def _forward_hook(
     """A forward hook that shows ``get(output)`` to ``fns`` and writes the result back with ``put``."""
 
     def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
-        value, _ = call_hooks(fns, get(out), context_for(point, run.query_start))
+        value, _ = run.hooks(point, fns, get(out))
         return put(out, value)
 
     return hook
@@ -140,7 +142,7 @@ def _module_site(model: nn.Module, point: HookPoint, fns: list[HookFn], run: Run
     if site == "resid_mid":  # the streams after attention are the input of the MLP's hyper-connection
 
         def pre_mid(_m: nn.Module, args: tuple) -> tuple:
-            value, _ = call_hooks(fns, args[0], context_for(point, run.query_start))
+            value, _ = run.hooks(point, fns, args[0])
             return (value, *args[1:])
 
         return layer.ffn_hc.register_forward_pre_hook(pre_mid)
@@ -148,9 +150,9 @@ def _module_site(model: nn.Module, point: HookPoint, fns: list[HookFn], run: Run
 
         def pre(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
             if args:
-                value, _ = call_hooks(fns, args[0], context_for(point, run.query_start))
+                value, _ = run.hooks(point, fns, args[0])
                 return (value, *args[1:]), kwargs
-            value, _ = call_hooks(fns, kwargs["hidden_states"], context_for(point, run.query_start))
+            value, _ = run.hooks(point, fns, kwargs["hidden_states"])
             return args, {**kwargs, "hidden_states": value}
 
         return layer.register_forward_pre_hook(pre, with_kwargs=True)
@@ -159,7 +161,7 @@ def _module_site(model: nn.Module, point: HookPoint, fns: list[HookFn], run: Run
         def pre_z(_m: nn.Module, args: tuple) -> tuple:
             x = args[0]  # [B, n, groups, heads_per_group * d]: heads are contiguous within a group
             B, n = x.shape[:2]
-            z, _ = call_hooks(fns, x.reshape(B, n, n_heads, -1), context_for(point, run.query_start))
+            z, _ = run.hooks(point, fns, x.reshape(B, n, n_heads, -1))
             return (z.reshape(x.shape), *args[1:])
 
         return attn.o_a_proj.register_forward_pre_hook(pre_z)
@@ -254,7 +256,7 @@ def _pattern_tap(
         for site, value in (("pattern_local", s.local), ("pattern_entry", s.entry), ("pattern_sink", s.sink)):
             if site in patterns:
                 point, fns = patterns[site]
-                call_hooks(fns, value, context_for(point, run.query_start))
+                run.hooks(point, fns, value)
 
     return tap
 

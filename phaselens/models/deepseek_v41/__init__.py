@@ -16,7 +16,7 @@ from phaselens.models.deepseek_v41.checkpoint import is_v41_checkpoint, load_v41
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
 from phaselens.models.deepseek_v41.model import DeepSeekV41, V41Cfg
 from phaselens.models.deepseek_v41.notices import DeepSeekV41Warning, EngramDroppedWarning
-from phaselens.models.numerics.notices import IndexTopKWarning
+from phaselens.models.parts.index_topk import IndexTopKWarning
 
 __all__ = [
     "DeepSeekV41",

@@ -27,10 +27,10 @@ from phaselens.models.deepseek_v41.compressed import (
 )
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
 from phaselens.models.deepseek_v41.layers import GroupedLinear, Linear, Numerics, RMSNorm, rope
-from phaselens.models.hooking import read_only
-from phaselens.models.numerics.dtypes import compute_dtype
-from phaselens.models.numerics.formats import fp4_round_trip, fp8_round_trip
-from phaselens.models.numerics.rope import inverse_frequencies
+from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.formats import fp4_round_trip, fp8_round_trip
+from phaselens.models.parts.hooking import read_only
+from phaselens.models.parts.rope import inverse_frequencies
 
 NEG_INF = float("-inf")
 
@@ -145,12 +145,11 @@ class V41Attention(nn.Module):
         if ent is not None:
             p_e = probs[..., L : L + ent.shape[1]]
             o = o + torch.einsum("bhne,bed->bnhd", p_e, ent)
-        # read-only: called after the output is computed; an edit raises rather than being ignored
-        why = "it is read after the output is computed; knock heads out at hook_z, or edit hook_kv / hook_entry."
-        read_only(self.hook_pattern_local, p_w, why)
+        # read-only (sites.py): called after the output is computed; an edit raises rather than being ignored
+        read_only(self.hook_pattern_local, p_w)
         if p_e is not None:
-            read_only(self.hook_pattern_entry, p_e, why)
-        read_only(self.hook_pattern_sink, probs[..., -1], why)
+            read_only(self.hook_pattern_entry, p_e)
+        read_only(self.hook_pattern_sink, probs[..., -1])
         return o.to(q.dtype)
 
     # ---- compressed path ---------------------------------------------------------------------------

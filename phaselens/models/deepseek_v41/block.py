@@ -19,7 +19,7 @@ from phaselens.models.deepseek_v41.engram import Engram
 from phaselens.models.deepseek_v41.engram_hash import EngramLayout
 from phaselens.models.deepseek_v41.layers import Numerics, RMSNorm, hc_mixes, hc_post, hc_pre
 from phaselens.models.deepseek_v41.moe import MoE
-from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.parts.dtypes import compute_dtype
 
 
 class Block(nn.Module):

@@ -18,9 +18,9 @@ from typing import Any, Literal
 import torch
 
 from phaselens.core.errors import CheckpointError, InputError
-from phaselens.models.deepseek_v41 import placement
+from phaselens.models.deepseek_v41 import device_maps
 from phaselens.models.deepseek_v41.config import V41Config
-from phaselens.models.deepseek_v41.formats import check_formats
+from phaselens.models.deepseek_v41.format_checks import check_formats
 from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import Quantize
 from phaselens.models.deepseek_v41.model import DeepSeekV41
@@ -106,7 +106,7 @@ def load_v41(
         device_map: spread the model over devices, with transformers/accelerate conventions: ``"auto"``,
             ``"balanced"``, ``"sequential"``, a dict ``{module name: device}`` (e.g.
             :func:`phaselens.parallel.replicas.replica_device_map`) or one device (see
-            :mod:`~phaselens.models.deepseek_v41.placement`). Every map keeps Engram's tables (98 GB each at
+            :mod:`~phaselens.models.deepseek_v41.device_maps`). Every map keeps Engram's tables (98 GB each at
             the released size) in host memory and sends each lookup's rows to its layer's GPU, unless it names
             a table (``"blocks.1.engram.embed": 0``); ``device=`` puts everything on one device.
         max_memory: the per-device budget of ``device_map="auto"``, e.g. ``{0: "70GiB", "cpu": "100GiB"}``.
@@ -129,12 +129,12 @@ def load_v41(
     if device_map is None:
         model.to_empty(device=device)
     else:
-        placed = placement.resolve(model, device_map, max_memory=max_memory)
-        placement.materialize(model, placed)
+        placed = device_maps.resolve(model, device_map, max_memory=max_memory)
+        device_maps.materialize(model, placed)
     _restore_buffers(model)  # non-persistent buffers come back uninitialised from the meta device
     load_weights(model, root, index=index, **keep)
     if device_map is not None:
-        placement.dispatch(model, placed)
+        device_maps.dispatch(model, placed)
     model.set_engram_tokenizer(root / "tokenizer.json")
     model.checkpoint_dir = root  # where model.tokenizer is found (never downloaded)
     return model.eval()

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from phaselens.core import margins
 from phaselens.models.deepseek_v41.layers import Linear, Numerics, RMSNorm
-from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.parts.dtypes import compute_dtype
 
 
 class Compressor(nn.Module):

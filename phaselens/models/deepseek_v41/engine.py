@@ -1,6 +1,6 @@
 """The query-suffix engine of phaselens's DeepSeek-V4.1: many query-row interventions over one cached prefix.
 
-The shared design is :class:`~phaselens.runtime.engines.SlotEngine` (cells as rows, the clean query step, the
+The shared design is :class:`~phaselens.models.parts.suffix_engine.SlotEngine` (cells as rows, the clean query step, the
 pass loop and its memory budget). What V4.1 keeps here:
 
 * **the prefix**: ``tokens[:, :q]`` once into a :class:`~.cache.V41Cache` (in pieces of the model's ``chunk``,
@@ -37,13 +37,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.core import margins
-from phaselens.core.errors import InputError
 from phaselens.models.deepseek_v41.cache import SourceState, StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.layers import hc_pre
-from phaselens.models.hooking import query_start, silent_hooks
-from phaselens.models.numerics.dtypes import compute_dtype
-from phaselens.runtime.engines import PASS_BYTES, HookList, QueryEngine, SlotEngine, repeat_rows
+from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.hooking import query_start, silent_hooks
+from phaselens.models.parts.suffix_engine import HookList, SlotEngine, repeat_rows
 
 
 def _nbytes(*tensors: Tensor | None) -> int:
@@ -57,7 +57,7 @@ class V41SuffixEngine(SlotEngine):
     Args:
         model: a :class:`~phaselens.models.deepseek_v41.DeepSeekV41`; ``tokens`` ``[n, T]`` (ids sharing the query
             slot ``query_pos``; only ``tokens[:, :q + 1]`` is read), ``rows_per_pass`` and ``pass_bytes`` as for
-            every :class:`~phaselens.runtime.engines.SlotEngine`.
+            every :class:`~phaselens.models.parts.suffix_engine.SlotEngine`.
 
     Attributes:
         clean_logits: ``[n, V]``; clean_z: per layer ``[n, H, d]``; resid_pre: per layer the query row's
@@ -166,26 +166,4 @@ class V41SuffixEngine(SlotEngine):
         return (window + sources + shared) // max(self.n, 1) + attention
 
 
-def query_engine(model: Any, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
-                 batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
-    """The ``query_engine`` capability of :class:`~phaselens.models.deepseek_v41.DeepSeekV41`: a
-    :class:`~phaselens.runtime.engines.QueryEngine` over ``tokens`` ``[N, T]`` with query slots ``query_pos``
-    ``[N]``, one :class:`V41SuffixEngine` per query slot and piece of at most ``batch_size`` rows.
-
-    Raises :class:`InputError` while hooks are active on the model: the engine runs the clean prefix without
-    hooks and could not honour them (pass ``engine='full'``).
-    """
-    if any(point.fwd_hooks for point in model.hook_dict.values()):
-        raise InputError(
-            "the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks that are "
-            "active on the model (model.hooks(...) or a knockout context); pass engine='full'."
-        )
-    tokens = model._check_tokens(tokens)
-
-    def slot(m: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> V41SuffixEngine:
-        return V41SuffixEngine(m, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
-
-    return QueryEngine(model, tokens, query_pos, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)
-
-
-__all__ = ["V41SuffixEngine", "query_engine"]
+__all__ = ["V41SuffixEngine"]

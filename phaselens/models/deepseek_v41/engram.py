@@ -19,7 +19,7 @@ Hooks (``blocks.{l}.engram.*``): ``hook_rows`` ``[B, n, C]`` (int64 table rows; 
 (``g_c v``, what Engram adds; zero it to ablate one layer's Engram). Every one is editable.
 
 Placement: a device map keeps each table (98 GB at the released size) in host memory and sends only the
-looked-up rows to the layer's GPU (:class:`EngramTable`, :mod:`.placement`); :func:`engram_traffic` counts
+looked-up rows to the layer's GPU (:class:`EngramTable`, :mod:`.device_maps`); :func:`engram_traffic` counts
 the bytes per token.
 """
 
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from phaselens.models.deepseek_v41.layers import Linear, Numerics
-from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.parts.dtypes import compute_dtype
 
 SCALE_GROUP = 32  # one UE8M0 scale per 32 table values
 GATE_FLOOR = 1e-6  # |dot| is clamped to this before the square root (the sign is kept)
@@ -44,7 +44,7 @@ class EngramTable(nn.Module):
     """The n-gram table kept as stored: ``weight`` FP8 ``[rows, head_dim]``, ``scale`` UE8M0 ``[rows, head_dim / 32]``.
 
     At the released size a table has 384 M rows (98 GB as FP8, 197 GB in bf16), so only looked-up rows are
-    dequantized. Where the table lives (see :mod:`~phaselens.models.deepseek_v41.placement`):
+    dequantized. Where the table lives (see :mod:`~phaselens.models.deepseek_v41.device_maps`):
 
     * **with its layer** (``device=``, or a device map that names the table): the rows are indexed in place;
     * **in host memory** (``host_resident``: what every device map does unless it names the table): the looked-up
@@ -63,7 +63,7 @@ class EngramTable(nn.Module):
         self.weight = nn.Parameter(torch.empty(rows, head_dim, dtype=torch.float8_e4m3fn), requires_grad=False)
         self.scale = nn.Parameter(torch.empty(rows, head_dim // SCALE_GROUP, dtype=torch.float8_e8m0fnu),
                                   requires_grad=False)
-        self.staged = False  # gather through the host path even when rows and table share a device (set by placement)
+        self.staged = False  # gather through the host path even when rows and table share a device (set by device_maps)
         self.moved_bytes = 0
 
     def forward(self, rows: Int[Tensor, "*shape"]) -> Float[Tensor, "*shape head_dim"]:

@@ -12,7 +12,7 @@ activations, which the kernel cannot. So a kernel is used only when all hold:
   cache). A machine without it falls back to dequantizing, with one :class:`KernelFallbackWarning`.
 
 Everywhere else the weight is dequantized to the activations' dtype right before the GEMM
-(:func:`~phaselens.models.numerics.packed.dequantize`): the same numbers as dequantizing at load.
+(:func:`~phaselens.models.parts.packed.dequantize`): the same numbers as dequantizing at load.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from phaselens.models.deepseek_v41.notices import KernelFallbackWarning
-from phaselens.models.numerics.packed import PackedFormat
+from phaselens.models.parts.packed import PackedFormat
 
 Kernels = Literal["auto", "torch"]
 

@@ -1,7 +1,7 @@
 """Building blocks of the V4.1 text model: linear layers, RMSNorm, RoPE and hyper-connections.
 
 The numerics themselves (RMSNorm, RoPE / YaRN frequencies, the FP8 round trip, packed weights) are the shared
-ones of :mod:`phaselens.models.numerics`; this module fits them to V4.1's modules and shapes.
+ones of :mod:`phaselens.models.parts`; this module fits them to V4.1's modules and shapes.
 
 Numerics follow DeepSeek's reference: RMSNorm, the hyper-connection mixes and the Sinkhorn projection run in
 fp32 (``ct`` below: at least fp32) and are cast back; linear layers run in the model dtype.
@@ -18,11 +18,11 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from phaselens.models.deepseek_v41.kernels import CALLS, Kernels, kernel_linear, wants_kernel
-from phaselens.models.numerics.dtypes import compute_dtype
-from phaselens.models.numerics.formats import fp8_round_trip
-from phaselens.models.numerics.norms import rms_norm
-from phaselens.models.numerics.packed import PackedFormat, dequantize
-from phaselens.models.numerics.rope import apply_rope
+from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.formats import fp8_round_trip
+from phaselens.models.parts.norms import rms_norm
+from phaselens.models.parts.packed import PackedFormat, dequantize
+from phaselens.models.parts.rope import apply_rope
 
 Quantize = Literal["kv", "fp8"] | None
 
@@ -55,7 +55,7 @@ class Linear(nn.Module):
 
     The weight is either dense (``weight`` ``[d_out, d_in]`` in ``dtype``) or packed as the checkpoint stores it
     (:meth:`set_packed`: ``weight`` holds the FP8/FP4 bytes and ``scale`` the block scales; see
-    :mod:`~phaselens.models.numerics.packed`), dequantized per call (or multiplied by transformers' kernel).
+    :mod:`~phaselens.models.parts.packed`), dequantized per call (or multiplied by transformers' kernel).
     ``stored`` is the release's format of this weight (``"fp8"`` or ``None``), for plans made without a checkpoint.
     """
 

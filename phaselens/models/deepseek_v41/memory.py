@@ -5,7 +5,7 @@
 
 * ``weights``: every parameter and buffer as held (packed FP8 / FP4 bytes and scales, or dequantized),
   Engram's tables included wherever they are (device maps keep them in host memory: see
-  :mod:`~phaselens.models.deepseek_v41.placement`);
+  :mod:`~phaselens.models.deepseek_v41.device_maps`);
 * ``cache``: the :class:`V41Cache` after the run: every layer's last ``window - 1`` keys, and per KV source
   its entries (``T // r`` rows of ``head_dim``), index keys (``T // r`` rows of ``index_head_dim``) and the open
   group's fp32 projections;
@@ -29,8 +29,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from phaselens.contract.memory import MemoryEstimate
-from phaselens.models.numerics.chunks import plan_chunks
 from phaselens.models.numerics.sizing import held_bytes, item_size
+from phaselens.models.parts.chunks import plan_chunks
 
 
 def estimate_memory(model: Any, tokens: int, *, batch: int = 1, chunk: int | None = None,

@@ -28,7 +28,9 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
+from phaselens.contract.hooknames import HookPoint as SitePoint
 from phaselens.contract.protocol import HookContext, hook_context
 from phaselens.contract.strides import check_stride
 from phaselens.core.errors import CheckpointError, InputError
@@ -36,6 +38,7 @@ from phaselens.core.geometry import PhaseSpec
 from phaselens.models.deepseek_v41.block import Block
 from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import V41Config
+from phaselens.models.deepseek_v41.device_maps import input_device
 from phaselens.models.deepseek_v41.engram_hash import (
     EngramLayout,
     NgramHasher,
@@ -44,19 +47,21 @@ from phaselens.models.deepseek_v41.engram_hash import (
 )
 from phaselens.models.deepseek_v41.kernels import Kernels
 from phaselens.models.deepseek_v41.layers import Numerics, Quantize, RMSNorm, hc_pre
-from phaselens.models.deepseek_v41.placement import input_device
-from phaselens.models.hooking import ContextHooks, query_start, silent_hooks
-from phaselens.models.numerics.chunks import plan_chunks
-from phaselens.models.numerics.dtypes import compute_dtype, dtype_name
-from phaselens.models.numerics.notices import IndexTopKWarning
-from phaselens.models.tl_habits import HYPER_CONNECTION_LIMITS, TLConfig, tokenizer_from_dir
+from phaselens.models.deepseek_v41.sites import v41_hook_points
+from phaselens.models.parts.chunks import plan_chunks
+from phaselens.models.parts.dtypes import compute_dtype, dtype_name
+from phaselens.models.parts.hooking import ContextHooks, query_start, silent_hooks
+from phaselens.models.parts.index_topk import IndexTopKWarning
+from phaselens.models.parts.suffix_engine import query_engine
+from phaselens.models.parts.tl_habits import HYPER_CONNECTION_LIMITS, TLConfig, tokenizer_from_dir
+from phaselens.models.parts.tokens import check_tokens
 
 _UNSET = object()
 
 
 @dataclass(frozen=True, kw_only=True)
 class V41Cfg(TLConfig):
-    """TransformerLens-style names the analyses read (a :class:`~phaselens.models.tl_habits.TLConfig` plus V4.1's
+    """TransformerLens-style names the analyses read (a :class:`~phaselens.models.parts.tl_habits.TLConfig` plus V4.1's
     own fields; ``n_key_value_heads = 1``: one K = V latent)."""
 
     hc_mult: int
@@ -133,6 +138,12 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         self.eval()
 
     # ---- the model contract ------------------------------------------------------------------------
+    @property
+    def hook_sites(self) -> dict[str, SitePoint]:
+        """Every hook name with its :class:`~phaselens.contract.hooknames.HookPoint` (shape, read-only or not), from
+        the kind's table (:mod:`phaselens.models.deepseek_v41.sites`)."""
+        return v41_hook_points(self.roles, () if self.engram_layout is None else self.engram_layout.layer_ids)
+
     @property
     def name(self) -> str:
         return self.config.name or "deepseek_v41"
@@ -322,15 +333,7 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         return ctx
 
     def _check_tokens(self, tokens: Any) -> Tensor:
-        tokens = torch.as_tensor(tokens)
-        if tokens.dim() == 1:
-            tokens = tokens.unsqueeze(0)
-        if tokens.dim() != 2 or tokens.is_floating_point() or tokens.dtype == torch.bool or tokens.shape[1] == 0:
-            raise InputError(f"tokens must be integer ids shaped [batch, pos], got {tuple(tokens.shape)} {tokens.dtype}.")
-        V = self.config.vocab_size
-        if int(tokens.min()) < 0 or int(tokens.max()) >= V:
-            raise InputError(f"token ids must lie in 0..{V - 1}, got {int(tokens.min())}..{int(tokens.max())}.")
-        return tokens.long().to(input_device(self))
+        return check_tokens(tokens, vocab=self.config.vocab_size, device=input_device(self))
 
     def _note_binding(self, rt: StackRuntime, length: int) -> None:
         md = self._metadata
@@ -362,13 +365,14 @@ class DeepSeekV41(ContextHooks, HookedRootModule):
         return estimate_memory(self, tokens, batch=batch, chunk=self.chunk, query_len=query_len, logits=logits)
 
     def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
-                     batch_size: int | None = None, pass_bytes: int = 2**30) -> Any:
+                     batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> Any:
         """The ``query_engine`` capability: the clean prefix once per query slot, then only the query rows per
-        cell (:func:`~phaselens.models.deepseek_v41.engine.query_engine`; ``engine="auto"`` picks it)."""
-        from phaselens.models.deepseek_v41.engine import query_engine
+        cell (:class:`~phaselens.models.deepseek_v41.engine.V41SuffixEngine`; ``engine="auto"`` picks it)."""
+        from phaselens.models.deepseek_v41.engine import V41SuffixEngine
 
-        return query_engine(self, tokens, query_pos, rows_per_pass=rows_per_pass, batch_size=batch_size,
-                            pass_bytes=pass_bytes)
+        active = any(point.fwd_hooks for point in self.hook_dict.values())
+        return query_engine(self, V41SuffixEngine, self._check_tokens(tokens), query_pos, hooks_active=active,
+                            rows_per_pass=rows_per_pass, batch_size=batch_size, pass_bytes=pass_bytes)
 
     def with_metadata(self, **entries: Any) -> DeepSeekV41:
         self._metadata.update(entries)

@@ -16,10 +16,10 @@ from phaselens.core import margins
 from phaselens.models.deepseek_v41.config import V41Config
 from phaselens.models.deepseek_v41.kernels import CALLS, kernel_linear, wants_kernel
 from phaselens.models.deepseek_v41.layers import Linear, Numerics
-from phaselens.models.numerics.dtypes import compute_dtype
-from phaselens.models.numerics.formats import fp8_round_trip
-from phaselens.models.numerics.packed import PackedFormat, dequantize
 from phaselens.models.numerics.sizing import item_size
+from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.formats import fp8_round_trip
+from phaselens.models.parts.packed import PackedFormat, dequantize
 
 
 def swiglu(gate: Tensor, up: Tensor, limit: float) -> Tensor:

@@ -1,5 +1,5 @@
 """Warnings the DeepSeek-V4.1 model emits about results that may not mean what they seem (its index-top-k
-warning is every kind's :class:`phaselens.models.numerics.notices.IndexTopKWarning`)."""
+warning is every kind's :class:`phaselens.models.parts.index_topk.IndexTopKWarning`)."""
 
 from __future__ import annotations
 

@@ -17,10 +17,10 @@ with a ``.scale`` is either
   config's weight blocks, FP4 with one scale per row and 32 inputs, then cast to the parameter's dtype
   (exact in bf16).
 
-Before either, :func:`~phaselens.models.deepseek_v41.formats.check_formats` checks every tensor's dtype and shape,
+Before either, :func:`~phaselens.models.deepseek_v41.format_checks.check_formats` checks every tensor's dtype and shape,
 from the headers, against its format (a scale stored as ``int32`` or ``float8_e4m3fn`` is refused by name).
 
-A module that can hold a packed weight (the layouts of :mod:`phaselens.models.numerics.packed`) offers
+A module that can hold a packed weight (the layouts of :mod:`phaselens.models.parts.packed`) offers
 ``set_packed(fmt, scale_dtype)`` (replace its ``weight`` parameter by empty ``uint8`` values, add a ``scale``
 parameter, set ``self.fmt``), ``stored`` (``"fp8"`` / ``"fp4"``: the release's format, for plans made from
 ``config.json`` alone: ``phaselens plan`` then counts it packed) and, for FP8 scales that are not the config's
@@ -45,7 +45,8 @@ import torch
 from torch import Tensor, nn
 
 from phaselens.core.errors import CheckpointError
-from phaselens.models.numerics.packed import (
+from phaselens.models.numerics.sizing import item_size
+from phaselens.models.parts.packed import (
     FP4_ROWS,
     PackedFormat,
     as_bytes,
@@ -53,7 +54,6 @@ from phaselens.models.numerics.packed import (
     scale_bytes_dtype,
     stored_kind,
 )
-from phaselens.models.numerics.sizing import item_size
 from phaselens.storage.resumable import read_json
 
 SKIP_PREFIXES = ("mtp.", "vision.", "aligner.", "image_")

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import phaselens
+from phaselens.contract.cells import Cell
 from phaselens.core.errors import HookNameError, InputError, UnsupportedModelError
-from phaselens.runtime.engines import Cell
 from tests.support.causal_lm import ARCHS, VOCAB, Snapshot, tiny_causal_lm
 
 TOL = 1e-5

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from phaselens.contract.cells import Cell
 from phaselens.models.compressed.engine import SuffixEngine
-from phaselens.runtime.engines import Cell
 from tests.support.models import LAYOUTS, make_model
 
 CASES = [("w8s4-deepseek", q) for q in (20, 21, 22, 23)] + [("w4s4-scalar", 23), ("w4s4-scalar", 21),

@@ -16,7 +16,7 @@ from phaselens.models.deepseek_v4 import (
     DeepSeekV4Adapter,
     IndexTopKWarning,
     LayerTypesWarning,
-    from_hf,
+    from_transformers,
     layer_geometry,
 )
 from phaselens.models.deepseek_v4 import gates as gate_math
@@ -42,7 +42,7 @@ def v4():
 
 @pytest.fixture(scope="module")
 def adapter(v4) -> DeepSeekV4Adapter:
-    return from_hf(v4)
+    return from_transformers(v4)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_geometry_follows_a_different_layer_order_and_rates():
     cfg = tiny_v4_config(layer_types=[HCA, CSA, SW, CSA], compress_rates={CSA: 2, HCA: 8})
     assert [g.spec for g in layer_geometry(cfg)] == [PhaseSpec(8), PhaseSpec(2, 4), None, PhaseSpec(2, 4)]
     model = tiny_v4_model(layer_types=[HCA, SW, HCA, HCA])
-    a = from_hf(model)
+    a = from_transformers(model)
     assert a.phase_specs == [PhaseSpec(16), None, PhaseSpec(16), PhaseSpec(16)]
     assert a.analysis_stride == 16  # the only compressed stride
     assert "blocks.0.attn.hook_indexer_topk" not in a.hook_dict  # HCA has no indexer
@@ -77,27 +77,27 @@ def test_geometry_follows_a_different_layer_order_and_rates():
 
 
 def test_analysis_stride_choice(v4):
-    assert from_hf(v4, analysis_stride=16).analysis_spec == PhaseSpec(16)
-    assert from_hf(v4, analysis_stride=8).analysis_spec == PhaseSpec(8)  # a multiple of 4 refines its phases
+    assert from_transformers(v4, analysis_stride=16).analysis_spec == PhaseSpec(16)
+    assert from_transformers(v4, analysis_stride=8).analysis_spec == PhaseSpec(8)  # a multiple of 4 refines its phases
     with pytest.raises(PhaseGeometryError, match=r"strides \[4, 16\]"):
-        from_hf(v4, analysis_stride=6)  # mixes the stride-4 phases (the one rule: phaselens.contract.strides)
+        from_transformers(v4, analysis_stride=6)  # mixes the stride-4 phases (the one rule: phaselens.contract.strides)
 
 
 # ---- refusals ----------------------------------------------------------------------------------------
 def test_refuses_a_model_without_compressed_layers():
     with pytest.raises(UnsupportedModelError, match="no compressed layers"):
-        from_hf(tiny_v4_model(layer_types=[SW] * 4))
+        from_transformers(tiny_v4_model(layer_types=[SW] * 4))
 
 
 def test_refuses_non_eager_attention(v4):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    a = from_hf(v4)
+    a = from_transformers(v4)
     for impl in ("sdpa", "flex_attention", None):
         v4.config._attn_implementation = impl
         try:
             with pytest.raises(UnsupportedModelError, match="attn_implementation='eager'"):
-                from_hf(v4)
+                from_transformers(v4)
             with pytest.raises(UnsupportedModelError):  # checked again at every forward
                 a(torch.zeros(1, 4, dtype=torch.long))
         finally:
@@ -105,7 +105,7 @@ def test_refuses_non_eager_attention(v4):
     ALL_ATTENTION_FUNCTIONS["eager"] = lambda *a, **k: None  # an "eager" that is not transformers' own
     try:
         with pytest.raises(UnsupportedModelError, match="overridden"):
-            from_hf(v4)
+            from_transformers(v4)
     finally:
         del ALL_ATTENTION_FUNCTIONS["eager"]
 
@@ -125,9 +125,9 @@ def test_refuses_other_models():
     )
     for model in (llama, torch.nn.Linear(2, 2), object()):
         with pytest.raises(UnsupportedModelError, match="DeepSeek-V4"):
-            from_hf(model)
+            from_transformers(model)
     with pytest.raises(UnsupportedModelError, match="DeepseekV4ForCausalLM"):
-        from_hf(DeepseekV4Model(tiny_v4_config()))
+        from_transformers(DeepseekV4Model(tiny_v4_config()))
 
 
 # ---- hooks -------------------------------------------------------------------------------------------
@@ -288,7 +288,7 @@ def test_hook_filters_and_names(adapter, tokens):
 
 # ---- index_topk --------------------------------------------------------------------------------------
 def test_index_topk_warning_records_the_picks():
-    a = from_hf(tiny_v4_model(index_topk=4))
+    a = from_transformers(tiny_v4_model(index_topk=4))
     toks = torch.randint(0, VOCAB, (1, T))
     with pytest.warns(IndexTopKWarning, match=r"index_topk=4 < 9 entries"):
         _, cache = a.run_with_cache(toks, names_filter="blocks.3.attn.hook_indexer_topk")
@@ -305,22 +305,22 @@ def test_index_topk_warning_records_the_picks():
 
 def test_index_topk_all_changes_the_model_and_says_so():
     model = tiny_v4_model(index_topk=4)
-    a = from_hf(model, index_topk="all")
+    a = from_transformers(model, index_topk="all")
     md = a.analysis_metadata
     assert md["model_modified"] and "index_topk 4 -> all" in md["modifications"][0]
     assert model.model.layers[1].self_attn.compressor.indexer.index_topk > 65536
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         a(torch.randint(0, VOCAB, (1, T)))
-    assert from_hf(model).analysis_metadata["model_modified"]  # a later adapter of the changed model too
-    assert not from_hf(tiny_v4_model()).analysis_metadata["model_modified"]
+    assert from_transformers(model).analysis_metadata["model_modified"]  # a later adapter of the changed model too
+    assert not from_transformers(tiny_v4_model()).analysis_metadata["model_modified"]
 
 
 # ---- loading -----------------------------------------------------------------------------------------
 def test_load_hf_from_a_local_directory(tmp_path, v4, tokens):
     v4.save_pretrained(tmp_path / "ckpt")
     a = phaselens.load(f"hf:{tmp_path / 'ckpt'}", dtype=torch.float32)
-    assert isinstance(a, DeepSeekV4Adapter) and a.phase_specs == from_hf(v4).phase_specs
+    assert isinstance(a, DeepSeekV4Adapter) and a.phase_specs == from_transformers(v4).phase_specs
     with torch.no_grad():
         assert (a(tokens[:, :12]) - v4(tokens[:, :12]).logits).abs().max() <= 1e-6
     with pytest.raises(CheckpointError, match="never downloads"):

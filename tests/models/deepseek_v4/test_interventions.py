@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from phaselens.analyses.knockouts import knockout
-from phaselens.models.deepseek_v4 import from_hf
+from phaselens.models.deepseek_v4 import from_transformers
 from tests.support.deepseek import (
     one_thread,  # noqa: F401  (autouse fixture)
     random_tokens,
@@ -23,7 +23,7 @@ def v4():
 
 @pytest.fixture(scope="module")
 def adapters(v4):
-    return {"torch": from_hf(v4), "nnsight": from_hf(v4, backend="nnsight")}
+    return {"torch": from_transformers(v4), "nnsight": from_transformers(v4, backend="nnsight")}
 
 
 @pytest.fixture(scope="module")
@@ -206,18 +206,18 @@ def test_no_hooks_remain_after_the_model_raises_inside_the_nnsight_trace(adapter
 
 
 def test_an_envoy_passed_in_is_used_and_left_to_its_owner(data):
-    """``from_hf(nnsight_envoy, backend="nnsight")``: the user's own wrapper (how an NDIF LanguageModel would
+    """``from_transformers(nnsight_envoy, backend="nnsight")``: the user's own wrapper (how an NDIF LanguageModel would
     come in; the remote run itself is untested) drives the trace, and its controllers stay installed."""
     import nnsight
 
     tokens, _ = data
     model = tiny_v4_model(seed=1)
-    plain = from_hf(model)
+    plain = from_transformers(model)
     with torch.no_grad(), knockout(plain, "L1H2", method="zero"):
         ref = plain(tokens)
     envoy = nnsight.NNsight(model)
     wrapped = {id(m): set(m.__dict__) for m in model.modules()}
-    a = from_hf(envoy, backend="nnsight")
+    a = from_transformers(envoy, backend="nnsight")
     assert a.model is model
     with torch.no_grad(), knockout(a, "L1H2", method="zero"):
         assert torch.equal(a(tokens), ref)

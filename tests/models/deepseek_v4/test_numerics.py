@@ -1,4 +1,4 @@
-"""``from_hf(numerics=..., quantize=...)`` and the compressed path's RoPE against formulas written from DeepSeek's
+"""``from_transformers(numerics=..., quantize=...)`` and the compressed path's RoPE against formulas written from DeepSeek's
 reference inference code (``tests/support/deepseek_reference.py``), not against transformers."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from phaselens.core.errors import InputError, UnsupportedModelError
-from phaselens.models.deepseek_v4 import from_hf, gates
+from phaselens.models.deepseek_v4 import from_transformers, gates
 from phaselens.models.deepseek_v4.numerics import restore, swapped
 from tests.support.deepseek import (
     QUANTIZABLE,
@@ -95,9 +95,9 @@ def test_reference_numerics_reproduce_the_reference_bf16_pipeline(bf16_dir, laye
     ref_pipeline = reference_rows(comp, h, proj=F32, out=BF16, table=F32, rope_dims=16)
     hf_pipeline = reference_rows(comp, h, proj=BF16, out=BF16, table=BF16, rope_dims=16)
 
-    from_hf(model, numerics="transformers")
+    from_transformers(model, numerics="transformers")
     theirs = compress(comp, h, layer)
-    from_hf(model)  # the default for a bf16 model is "reference"
+    from_transformers(model)  # the default for a bf16 model is "reference"
     ours = compress(comp, h, layer)
     assert ours.dtype == theirs.dtype == BF16
     assert torch.equal(ours, ref_pipeline)  # bit for bit
@@ -122,13 +122,13 @@ def test_reference_numerics_reproduce_the_reference_bf16_pipeline(bf16_dir, laye
 def test_in_fp32_only_the_shared_expert_clamp_changes(fp32_model):
     """In fp32 the reference's precision is the model's; what differs is a semantic: its shared expert has no
     swiglu_limit (tests/models/deepseek_v4/test_reference_numerics.py)."""
-    adapter = from_hf(fp32_model)
+    adapter = from_transformers(fp32_model)
     md = adapter.analysis_metadata
     assert md["numerics"] == "reference" and md["quantize"] is None
     assert len(md["numerics_changes"]) == 1 and "shared experts" in md["numerics_changes"][0]
     assert swapped(fp32_model) == {f"model.layers.{i}.mlp.shared_experts": "ReferenceSharedExpertDeepseekV4MLP"
                                    for i in range(4)}
-    assert from_hf(fp32_model, numerics="transformers").analysis_metadata["numerics_changes"] == []
+    assert from_transformers(fp32_model, numerics="transformers").analysis_metadata["numerics_changes"] == []
     assert swapped(fp32_model) == {}
 
 
@@ -137,7 +137,7 @@ def test_numerics_are_recorded_and_reversible(bf16_dir):
     tokens = random_tokens(1, 40, 3)
     with torch.no_grad():
         plain = model(tokens).logits
-    adapter = from_hf(model)
+    adapter = from_transformers(model)
     md = adapter.analysis_metadata
     assert md["numerics"] == "reference" and md["quantize"] is None
     assert "fp32" in md["numerics_changes"][0] and not md["model_modified"]
@@ -150,8 +150,8 @@ def test_numerics_are_recorded_and_reversible(bf16_dir):
     with torch.no_grad():
         changed = adapter(tokens)
     assert not torch.equal(changed, plain)
-    assert from_hf(model).analysis_metadata["numerics_changes"] == md["numerics_changes"]  # idempotent
-    again = from_hf(model, numerics="transformers")
+    assert from_transformers(model).analysis_metadata["numerics_changes"] == md["numerics_changes"]  # idempotent
+    again = from_transformers(model, numerics="transformers")
     assert swapped(model) == {} and again.analysis_metadata["numerics_changes"] == []
     with torch.no_grad():
         assert torch.equal(again(tokens), plain)  # transformers' own computation, bit for bit
@@ -160,16 +160,16 @@ def test_numerics_are_recorded_and_reversible(bf16_dir):
 
 def test_bad_settings_are_refused(fp32_model):
     with pytest.raises(InputError, match="numerics must be"):
-        from_hf(fp32_model, numerics="fp32")
+        from_transformers(fp32_model, numerics="fp32")
     with pytest.raises(InputError, match="quantize must be"):
-        from_hf(fp32_model, quantize="fp4")
+        from_transformers(fp32_model, quantize="fp4")
     with pytest.raises(InputError, match="remote=True"):
-        from_hf(fp32_model, backend="nnsight", remote=True, numerics="reference")
-    from_hf(fp32_model, numerics="transformers")
+        from_transformers(fp32_model, backend="nnsight", remote=True, numerics="reference")
+    from_transformers(fp32_model, numerics="transformers")
     with pytest.raises(UnsupportedModelError, match="blocks of 64"):
-        from_hf(fp32_model, quantize="fp8")  # 64 - 16 = 48 non-RoPE dims
+        from_transformers(fp32_model, quantize="fp8")  # 64 - 16 = 48 non-RoPE dims
     with pytest.raises(UnsupportedModelError, match="blocks of 32"):
-        from_hf(fp32_model, quantize="published")  # a 16-dim indexer
+        from_transformers(fp32_model, quantize="published")  # a 16-dim indexer
     assert swapped(fp32_model) == {}  # refused before anything was changed
 
 
@@ -189,9 +189,9 @@ def fp4_formula(x: torch.Tensor) -> torch.Tensor:
 
 def test_fp8_rounds_the_window_kv_non_rope_dims(quantizable):
     tokens = random_tokens(2, 24, 4)
-    plain = from_hf(quantizable, quantize=None)
+    plain = from_transformers(quantizable, quantize=None)
     _, before = plain.run_with_cache(tokens, names_filter="blocks.0.attn.hook_kv")
-    adapter = from_hf(quantizable, quantize="fp8")
+    adapter = from_transformers(quantizable, quantize="fp8")
     _, after = adapter.run_with_cache(tokens, names_filter="blocks.0.attn.hook_kv")
     kv, q = before["blocks.0.attn.hook_kv"], after["blocks.0.attn.hook_kv"]  # [B, n, 1, 80]; layer 0's input is
     assert torch.equal(q[..., :64], fp8_formula(kv[..., :64]))  # the embedding, the same in both runs
@@ -199,18 +199,18 @@ def test_fp8_rounds_the_window_kv_non_rope_dims(quantizable):
     assert not torch.equal(q, kv)
     changes = adapter.analysis_metadata["numerics_changes"]  # the shared expert's, then FP8 and FP4
     assert len(changes) == 3 and changes[1].startswith("quantize=fp8: FP8") and "FP4" in changes[2]
-    from_hf(quantizable, quantize=None)
+    from_transformers(quantizable, quantize=None)
 
 
 @pytest.mark.parametrize("layer", [1, 2])
 def test_fp8_rounds_the_compressed_entries_non_rope_dims(quantizable, layer):
     comp = quantizable.model.layers[layer].self_attn.compressor
     h = hidden(64, layer)
-    from_hf(quantizable, quantize=None)
+    from_transformers(quantizable, quantize=None)
     rows = compress(comp, h, layer)
-    from_hf(quantizable, quantize="fp8")
+    from_transformers(quantizable, quantize="fp8")
     q = compress(comp, h, layer)
-    from_hf(quantizable, quantize=None)
+    from_transformers(quantizable, quantize=None)
     assert torch.equal(q[..., :64], fp8_formula(rows[..., :64])) and torch.equal(q[..., 64:], rows[..., 64:])
 
 
@@ -223,14 +223,14 @@ def test_hadamard_and_fp4_on_the_indexer_queries_and_keys(quantizable, quantize)
     with torch.no_grad():
         plain = scorer(q, k, h)
         expected = scorer(fp4_formula(q @ hadamard32), fp4_formula(k @ hadamard32), h)
-        from_hf(quantizable, quantize=quantize)
+        from_transformers(quantizable, quantize=quantize)
         got = scorer(q, k, h)
-    from_hf(quantizable, quantize=None)
+    from_transformers(quantizable, quantize=None)
     assert torch.allclose(got, expected, atol=1e-6) and not torch.allclose(got, plain, atol=1e-3)
 
 
 def test_gradients_pass_through_the_rounding(quantizable):
-    adapter = from_hf(quantizable, quantize="fp8")
+    adapter = from_transformers(quantizable, quantize="fp8")
     kv = {}
 
     def keep(t, *, hook):
@@ -239,13 +239,13 @@ def test_gradients_pass_through_the_rounding(quantizable):
 
     with adapter.hooks(fwd_hooks=[("blocks.0.attn.hook_kv", keep)]):
         adapter(random_tokens(1, 20, 6))[0, -1].sum().backward()
-    from_hf(quantizable, quantize=None)
+    from_transformers(quantizable, quantize=None)
     assert kv["t"].grad is not None and kv["t"].grad.abs().sum() > 0
 
 
 def test_bf16_reference_fp8_model_keeps_gates_and_chunking_exact(bf16_dir):
     model = tiny_v4_bf16(bf16_dir / "q", embed_scale=50.0, **QUANTIZABLE)
-    adapter = from_hf(model, quantize="fp8", index_topk="all")
+    adapter = from_transformers(model, quantize="fp8", index_topk="all")
     assert len(adapter.analysis_metadata["numerics_changes"]) == 6  # shared expert, 3 for bf16, FP8, FP4
     tokens = random_tokens(2, 48, 7)
     names = [f"blocks.{i}.attn.hook_{s}" for i in (1, 2) for s in ("gate", "payload", "entry")]
@@ -280,7 +280,7 @@ def test_swapped_modules_survive_the_nnsight_backend(bf16_dir):
     tokens = random_tokens(2, 40, 0)
     outs = []
     for backend in ("torch", "nnsight"):
-        adapter = from_hf(model, quantize="fp8", backend=backend)
+        adapter = from_transformers(model, quantize="fp8", backend=backend)
         with phaselens.knockout(adapter, "L1H0", method="zero"), torch.no_grad():
             outs.append(adapter(tokens))
         # 24 compressor / RoPE swaps, 2 scorers, 7 per layer (layer, attention, query norm, MoE, router,

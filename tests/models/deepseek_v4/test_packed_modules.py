@@ -3,8 +3,8 @@
 On the CPU: the real ``FP8Linear`` / ``FP8GroupedLinear`` / ``FP8Experts`` modules from transformers' own
 quantizer, holding FP8 block codes and FP4 expert codes, with the GPU kernels replaced by CPU stand-ins
 (``tests/support/deepseek_packed.py``). Every packed tensor records who reads it: only transformers' FP8 modules
-themselves (their kernels) and phaselens's decoder (``models/deepseek_v4/packed.py``, which dequantizes with
-``models/numerics/packed.py``) may.
+themselves (their kernels) and phaselens's decoder (``models/deepseek_v4/packed_modules.py``, which dequantizes with
+``models/parts/packed.py``) may.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ import torch
 import phaselens
 from phaselens.contract.memory import MemoryEstimate
 from phaselens.models.deepseek_v4.memory import estimate_memory
-from phaselens.models.deepseek_v4.packed import dense_weight, is_packed
+from phaselens.models.deepseek_v4.packed_modules import dense_weight, is_packed
 from tests.support.deepseek import one_thread  # noqa: F401  (single-thread fixture)
 from tests.support.deepseek_packed import Watched, cpu_kernels, packed_tiny_v4
 from tests.support.paths import ROOT
 
 # transformers' FP8 modules (their kernels), and phaselens's decoder (V4's bridge and the shared dequantizer)
-ALLOWED = ("transformers/integrations/finegrained_fp8.py", "phaselens/models/deepseek_v4/packed.py",
-           "phaselens/models/numerics/packed.py")
+ALLOWED = ("transformers/integrations/finegrained_fp8.py", "phaselens/models/deepseek_v4/packed_modules.py",
+           "phaselens/models/parts/packed.py")
 
 
 def _x(seed=0):

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from phaselens.analyses.knockouts import knockout
-from phaselens.models.deepseek_v4 import from_hf
+from phaselens.models.deepseek_v4 import from_transformers
 from tests.support.deepseek import (
     VOCAB,
     attention_modules,
@@ -27,7 +27,7 @@ T = 37
 
 @pytest.fixture(scope="module")
 def adapter():
-    return from_hf(tiny_v4_model(seed=2))  # index_topk 64 >= the 9 entries at T = 37
+    return from_transformers(tiny_v4_model(seed=2))  # index_topk 64 >= the 9 entries at T = 37
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def _attention_bytes(adapter, tokens, **kwargs) -> tuple[int, int, torch.Tensor]
 
 
 def test_chunked_prefill_needs_far_less_attention_memory():
-    adapter = from_hf(tiny_v4_model(seed=2), index_topk="all")  # 256 entries at 1024 tokens: keep them all
+    adapter = from_transformers(tiny_v4_model(seed=2), index_topk="all")  # 256 entries at 1024 tokens: keep them all
     tokens = random_tokens(1, 1024, seed=3)
     big, _, full = _attention_bytes(adapter, tokens)
     small, _, chunked = _attention_bytes(adapter, tokens, chunk=64)
@@ -150,8 +150,8 @@ PROBE = textwrap.dedent(
     import json, re, sys, torch
     torch.set_num_threads(1)
     from tests.support.deepseek import tiny_v4_model
-    from phaselens.models.deepseek_v4 import from_hf
-    adapter = from_hf(tiny_v4_model(seed=2), index_topk="all")
+    from phaselens.models.deepseek_v4 import from_transformers
+    adapter = from_transformers(tiny_v4_model(seed=2), index_topk="all")
     tokens = torch.randint(0, 1000, (1, {T}), generator=torch.Generator().manual_seed(0))
     # The high-water mark of this process's own memory, MiB. Not ru_maxrss: exec hands the parent's peak on to
     # it, so a pytest process that has peaked above this probe's baseline would hide what the probe allocates.

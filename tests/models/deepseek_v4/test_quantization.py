@@ -19,7 +19,7 @@ import torch
 
 from phaselens.core.errors import InputError
 from phaselens.models.deepseek_v4.quantization import FP4_BLOCK, fp8_simulate, hadamard, indexer_simulate
-from phaselens.models.numerics.formats import fp4_round_trip, pow2_scale, round_e2m1
+from phaselens.models.parts.formats import fp4_round_trip, pow2_scale, round_e2m1
 from tests.support.deepseek_reference import (
     E2M1,
     E2M1_EVEN,

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from phaselens.core.errors import ConfigError
-from phaselens.models.deepseek_v4 import IndexTopKWarning, from_hf
+from phaselens.models.deepseek_v4 import IndexTopKWarning, from_transformers
 from phaselens.models.deepseek_v4.numerics import restore, swapped, unscaled_yarn
 from phaselens.models.deepseek_v4.quantization import fp8_simulate
 from phaselens.models.deepseek_v4.reference_ops import mix_streams, reference_attention
@@ -71,13 +71,13 @@ def test_the_shared_expert_is_not_clamped_under_reference_numerics():
     clamped: silu(10) * 10 = 99.9955 and silu(-3) * -10 = 1.4228."""
     model = tiny_v4_model()
     mlp, x = _shared_with_known_activations(model)
-    from_hf(model)  # numerics="reference", also in fp32
+    from_transformers(model)  # numerics="reference", also in fp32
     assert type(mlp).__name__ == "ReferenceSharedExpertDeepseekV4MLP"
     with torch.no_grad():
         ours = mlp(x)[0, 0, :3]
     expected = torch.tensor([silu(12) * 15, silu(-3) * -14, silu(2) * 4])
     assert torch.allclose(ours, expected, rtol=1e-6) and ours[0].item() == pytest.approx(179.9989, abs=1e-4)
-    from_hf(model, numerics="transformers")  # what plain mode does: transformers clamps the shared expert
+    from_transformers(model, numerics="transformers")  # what plain mode does: transformers clamps the shared expert
     with torch.no_grad():
         plain = mlp(x)[0, 0, :3]
     clamped = torch.tensor([silu(10) * 10, silu(-3) * -10, silu(2) * 4])
@@ -88,9 +88,9 @@ def test_the_shared_expert_changes_the_logits_only_when_it_passes_the_limit():
     model = tiny_v4_model()
     tokens = random_tokens(1, 12, 0)
     with torch.no_grad():
-        small = [from_hf(model, numerics=n)(tokens) for n in ("transformers", "reference")]
+        small = [from_transformers(model, numerics=n)(tokens) for n in ("transformers", "reference")]
         model.model.layers[0].mlp.shared_experts.up_proj.weight.mul_(2000.0)  # activations far past 10
-        large = [from_hf(model, numerics=n)(tokens) for n in ("transformers", "reference")]
+        large = [from_transformers(model, numerics=n)(tokens) for n in ("transformers", "reference")]
     assert torch.equal(small[0], small[1])  # a random model never reaches the limit: nothing changes
     assert (large[0] - large[1]).abs().max() > 0.1 * large[1].abs().max()
 
@@ -112,7 +112,7 @@ def test_a_nested_yarn_without_attention_factor_gets_no_magnitude_scale():
     comp = model.model.layers[1].self_attn.compressor
     assert unscaled_yarn(model.config) == ["compress"]
     assert comp.rotary_emb.compress_attention_scaling == pytest.approx(0.1 * math.log(16) + 1)  # 1.2773
-    adapter = from_hf(model)
+    adapter = from_transformers(model)
     assert comp.rotary_emb.compress_attention_scaling == model.model.rotary_emb.compress_attention_scaling == 1.0
     assert any("compress RoPE" in c and "1.2773" in c for c in adapter.analysis_metadata["numerics_changes"])
     h = torch.randn(2, 64, 64, generator=torch.Generator().manual_seed(1))
@@ -123,7 +123,7 @@ def test_a_nested_yarn_without_attention_factor_gets_no_magnitude_scale():
     faithful = tiny_v4_model()  # the same weights with attention_factor 1.0 in the config
     tokens = random_tokens(1, 40, 2)
     with torch.no_grad():
-        assert torch.equal(adapter(tokens), from_hf(faithful)(tokens))
+        assert torch.equal(adapter(tokens), from_transformers(faithful)(tokens))
     restore(model)  # the scale comes back with transformers' own computation
     assert comp.rotary_emb.compress_attention_scaling == pytest.approx(1.2773, abs=1e-4)
 
@@ -131,7 +131,7 @@ def test_a_nested_yarn_without_attention_factor_gets_no_magnitude_scale():
 def test_transformers_numerics_refuse_it_naming_the_field():
     model = _unscaled_model()
     with pytest.raises(ConfigError, match=r'rope_parameters\["compress"\]\["attention_factor"\] is missing'):
-        from_hf(model, numerics="transformers")
+        from_transformers(model, numerics="transformers")
     assert swapped(model) == {}  # refused before anything changed
 
 
@@ -149,7 +149,7 @@ def test_the_released_flat_config_needs_nothing():
         model = DeepseekV4ForCausalLM(released_config(small)).eval()
     assert model.config.rope_parameters["compress"]["attention_factor"] == 1.0 and unscaled_yarn(model.config) == []
     for numerics in ("transformers", "reference"):
-        adapter = from_hf(model, numerics=numerics)
+        adapter = from_transformers(model, numerics=numerics)
         assert not any("RoPE (YaRN" in c for c in adapter.analysis_metadata["numerics_changes"])
         assert model.model.rotary_emb.compress_attention_scaling == 1.0
 
@@ -174,8 +174,8 @@ def test_fp8_rounds_through_e4m3_and_the_published_kernel_through_bf16():
 def test_published_leaves_the_kv_and_both_round_the_indexer(bf16_model, quantize):
     tokens = random_tokens(2, 40, 4)
     names = ["blocks.0.attn.hook_kv", "blocks.1.attn.hook_entry"]
-    _, plain = from_hf(bf16_model, quantize=None).run_with_cache(tokens, names_filter=names)
-    adapter = from_hf(bf16_model, quantize=quantize)
+    _, plain = from_transformers(bf16_model, quantize=None).run_with_cache(tokens, names_filter=names)
+    adapter = from_transformers(bf16_model, quantize=quantize)
     _, quant = adapter.run_with_cache(tokens, names_filter=names)
     kv, kv_q = plain["blocks.0.attn.hook_kv"], quant["blocks.0.attn.hook_kv"]  # layer 0: the same input
     if quantize == "published":
@@ -185,7 +185,7 @@ def test_published_leaves_the_kv_and_both_round_the_indexer(bf16_model, quantize
     assert adapter.analysis_metadata["numerics_changes"][-1].startswith(f"quantize={quantize}: Hadamard")
     scorer = bf16_model.model.layers[1].self_attn.compressor.indexer.scorer
     assert type(scorer).__name__ == "ReferenceScorerDeepseekV4IndexerScorer" and scorer._phaselens_round
-    from_hf(bf16_model)
+    from_transformers(bf16_model)
 
 
 # ---- the attention core --------------------------------------------------------------------------------
@@ -245,7 +245,7 @@ def test_the_swapped_attention_leaves_transformers_function_in_place(bf16_model)
     from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
 
     original = hf.eager_attention_forward
-    adapter = from_hf(bf16_model)
+    adapter = from_transformers(bf16_model)
     with torch.no_grad():
         adapter(random_tokens(1, 20, 0))
     assert hf.eager_attention_forward is original
@@ -261,7 +261,7 @@ def test_the_swapped_attention_leaves_transformers_function_in_place(bf16_model)
 def test_pattern_hooks_and_the_query_engine_run_the_same_core(bf16_model):
     """Reading the patterns must not change the computation; the engine's one-row passes use the reference's
     core too (their clean logits equal a forward of the same prefix pieces to the last bit)."""
-    adapter = from_hf(bf16_model, index_topk="all")
+    adapter = from_transformers(bf16_model, index_topk="all")
     tokens = random_tokens(2, 33, 5)
     with torch.no_grad():
         plain = adapter(tokens)
@@ -280,7 +280,7 @@ def test_the_moe_is_the_references_arithmetic(bf16_model):
     """Per token: fp32 router scores sqrt(softplus(x W^T)), experts by topk(scores + bias), weights normalised and
     scaled in fp32; each expert w2(bf16(weight * swiglu32(w1 x, w3 x))) (gate clamped from above, up both ways
     at the limit), summed in fp32 in expert order, plus the unclamped shared expert, rounded once."""
-    from_hf(bf16_model)
+    from_transformers(bf16_model)
     mlp = bf16_model.model.layers[3].mlp  # layers 0-2 route by hash (transformers' default of 3 hash layers)
     x = torch.randn(1, 9, bf16_model.config.hidden_size, generator=torch.Generator().manual_seed(3)).to(BF16)
     with torch.no_grad():
@@ -320,7 +320,7 @@ def test_hyper_connections_mix_in_fp32_and_round_once():
 
 def test_head_logits_and_router_are_fp32_and_the_switch_is_reversible(bf16_model):
     tokens = random_tokens(1, 16, 1)
-    adapter = from_hf(bf16_model)
+    adapter = from_transformers(bf16_model)
     names = swapped(bf16_model)
     assert names["lm_head"] == "Fp32ProjectionLinear" and names["model.layers.2.mlp.gate"].startswith("ReferenceRouter")
     assert names["model.layers.0.self_attn.q_b_norm"] == "ReferenceQueryNormDeepseekV4UnweightedRMSNorm"
@@ -328,14 +328,14 @@ def test_head_logits_and_router_are_fp32_and_the_switch_is_reversible(bf16_model
         logits = adapter(tokens)
         hidden = bf16_model.model(tokens).last_hidden_state
     assert logits.dtype == F32 and torch.equal(logits, hidden.float() @ bf16_model.lm_head.weight.float().T)
-    plain = from_hf(bf16_model, numerics="transformers")
+    plain = from_transformers(bf16_model, numerics="transformers")
     assert swapped(bf16_model) == {}
     with torch.no_grad():
         assert plain(tokens).dtype == BF16
 
 
 def test_gradients_flow_through_the_reference_core(bf16_model):
-    adapter = from_hf(bf16_model)
+    adapter = from_transformers(bf16_model)
     kept = {}
 
     def keep(z, *, hook):
@@ -352,7 +352,7 @@ def test_fragile_picks_are_counted_from_the_scores(bf16_model):
     """Share of the binding rows' picks that score within half a bf16 epsilon (2**-8, relative) of the best entry
     left out, recomputed here by sorting the scorer's output."""
     k = 6
-    adapter = from_hf(bf16_model, index_topk=k)
+    adapter = from_transformers(bf16_model, index_topk=k)
     md0 = adapter.analysis_metadata
     assert md0["index_topk_fragile_picks"] is None and md0["index_topk_pick_agreement"]["measured"] == 0.998
     fingerprint = model_fingerprint(adapter)
@@ -377,5 +377,5 @@ def test_fragile_picks_are_counted_from_the_scores(bf16_model):
     assert md["index_topk_fragile_picks"] == pytest.approx(sum(adapter.indexer_fragile.values()) / 2)
     assert md["index_topk_binding"] and 0 < md["index_topk_fragile_picks"] < 0.2
     assert model_fingerprint(adapter) == fingerprint  # observed, not what the model is
-    assert from_hf(tiny_v4_model()).analysis_metadata["index_topk_pick_agreement"]["measured"] == 1.0  # fp32
-    from_hf(bf16_model, index_topk="all")
+    assert from_transformers(tiny_v4_model()).analysis_metadata["index_topk_pick_agreement"]["measured"] == 1.0  # fp32
+    from_transformers(bf16_model, index_topk="all")

@@ -17,10 +17,10 @@ import torch
 
 from phaselens.contract.memory import GiB
 from phaselens.core.geometry import PhaseSpec
-from phaselens.models.deepseek_v4 import LayerTypesWarning, from_hf, load_hf
+from phaselens.models.deepseek_v4 import LayerTypesWarning, from_transformers, load_hf
 from phaselens.models.deepseek_v4.memory import estimate_memory
 from phaselens.models.deepseek_v4.prefill import call_kwargs, run_prefix
-from phaselens.models.numerics.chunks import plan_chunks
+from phaselens.models.parts.chunks import plan_chunks
 from tests.support.deepseek import (
     FLASH_CONFIG,
     PRO_CONFIG,
@@ -47,7 +47,7 @@ def released(request):
 
 def test_geometry_follows_compress_ratios(released):
     name, facts, model = released
-    adapter = from_hf(model)
+    adapter = from_transformers(model)
     n = facts["num_hidden_layers"]
     ratios = facts["compress_ratios"][:n]  # the last entry is the MTP layer's
     assert adapter.phase_specs == [SPEC[r] for r in ratios]
@@ -88,7 +88,7 @@ def test_the_compressed_rope_is_the_reference_yarn():
 
 def test_hook_table(released):
     name, facts, model = released
-    points = from_hf(model).hook_dict
+    points = from_transformers(model).hook_dict
     n = facts["num_hidden_layers"]
     ratios = facts["compress_ratios"][:n]
     compressed, csa = sum(r > 0 for r in ratios), sum(r == 4 for r in ratios)
@@ -125,14 +125,14 @@ def test_memory_estimates_on_the_released_sizes(released):
         assert abs(est.cache / GiB - 9.62) < 0.01  # measured 9.625
         return
     # Flash in bf16 (docs/deepseek_v4.md): the largest attention probabilities [B, H, n, raw + entries]
-    from_hf(model)  # numerics="reference": the head computes fp32 logits
+    from_transformers(model)  # numerics="reference": the head computes fp32 logits
     T = 8192
     assert estimate_memory(model, T).attention == H * T * (T + T // S) * 2 == 10 * GiB
     chunked = estimate_memory(model, T, chunk=512)
     assert chunked.attention == H * 512 * (L - 1 + 512 + T // S) * 2  # 168 MiB
     assert round(estimate_memory(model, 2**17, chunk=512).attention / GiB, 1) == 2.0
     assert estimate_memory(model, 2**17, chunk=512, logits="query").logits == 512 * 129280 * 4
-    from_hf(model, numerics="transformers")
+    from_transformers(model, numerics="transformers")
     assert estimate_memory(model, 2**17, chunk=512, logits="query").logits == 512 * 129280 * 2
     fp32 = meta_v4(facts, torch.float32)
     assert estimate_memory(fp32, 2**17).logits == 129280 * 2**17 * 4  # 67.8 GB: why logits="query"
@@ -157,7 +157,7 @@ def _cache_bytes(cache) -> int:
 @pytest.mark.parametrize("T, chunk", [(37, 8), (64, 16), (101, 20), (5, 2)])
 def test_cache_estimate_is_the_real_cache(tmp_path, dtype, T, chunk):
     model = tiny_v4_model() if dtype == "fp32" else tiny_v4_bf16(tmp_path)  # bf16: fp32 projections
-    adapter = from_hf(model, index_topk="all")
+    adapter = from_transformers(model, index_topk="all")
     tokens = random_tokens(2, T, 0)
     plan = plan_chunks(T, chunk, None)
     prefix = run_prefix(model, tokens, plan, keep_logits=False)
@@ -168,7 +168,7 @@ def test_cache_estimate_is_the_real_cache(tmp_path, dtype, T, chunk):
 
 @pytest.mark.parametrize("T, chunk", [(48, None), (80, 16), (75, 32)])
 def test_attention_estimate_is_the_largest_probability_tensor(T, chunk):
-    adapter = from_hf(tiny_v4_model(), index_topk="all")
+    adapter = from_transformers(tiny_v4_model(), index_topk="all")
     tokens = random_tokens(1, T, 1)
     plan = plan_chunks(T, chunk, None)
     largest = 0

@@ -20,11 +20,11 @@ import pytest
 import torch
 
 import phaselens
+from phaselens.contract.cells import Cell
 from phaselens.core.errors import InputError
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.engine import V41SuffixEngine
-from phaselens.models.numerics.notices import IndexTopKWarning
-from phaselens.runtime.engines import Cell
+from phaselens.models.parts.index_topk import IndexTopKWarning
 from tests.support.deepseek_v41 import write_tiny_checkpoint
 
 TOL = 1e-10  # fp64

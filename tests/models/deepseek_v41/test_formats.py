@@ -11,7 +11,7 @@ from safetensors import safe_open
 
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.weights import shard_map
-from phaselens.models.numerics.formats import fp4_round_trip, fp8_round_trip, round_e2m1
+from phaselens.models.parts.formats import fp4_round_trip, fp8_round_trip, round_e2m1
 from tests.support.deepseek_v41 import write_tiny_checkpoint
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]

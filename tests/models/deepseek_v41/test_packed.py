@@ -19,7 +19,7 @@ import phaselens
 from phaselens.core.errors import DeviceMapError
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.kernels import CALLS
-from phaselens.models.numerics.packed import FP8_ROWS, dequantize_rows
+from phaselens.models.parts.packed import FP8_ROWS, dequantize_rows
 from tests.support.deepseek_v41 import E2M1, decode_stored, write_dequantized_copy, write_tiny_checkpoint
 from tests.support.paths import DATA, ROOT
 

@@ -6,7 +6,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.parts.dtypes import compute_dtype
 
 
 def rms_norm(x: Float[Tensor, "*batch d"], weight: Float[Tensor, " d"], eps: float) -> Float[Tensor, "*batch d"]:

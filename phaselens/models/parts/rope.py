@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from phaselens.models.numerics.dtypes import compute_dtype
+from phaselens.models.parts.dtypes import compute_dtype
 
 RopeStyle = Literal["interleaved", "half"]
 

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from phaselens.core.errors import InputError
-from phaselens.models.numerics.chunks import ChunkPlan, plan_chunks
+from phaselens.models.parts.chunks import ChunkPlan, plan_chunks
 
 
 def test_unchunked_is_one_call():

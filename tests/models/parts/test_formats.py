@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from phaselens.core.errors import InputError
-from phaselens.models.numerics.formats import (
+from phaselens.models.parts.formats import (
     E2M1_VALUES,
     FP8_MAX,
     fp4_round_trip,

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from phaselens.core.errors import CheckpointError
-from phaselens.models.numerics.formats import E2M1_VALUES
+from phaselens.models.parts.formats import E2M1_VALUES
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ block scales ``weight_scale_inv``) and ``FP8Experts`` (FP4 codes in ``int8``, pe
 kernels multiply the packed weights directly. Such a ``weight`` holds codes, not numbers: the adapter must never
 use it as a dense tensor. Where it needs a projection's numbers (``numerics="reference"`` recomputes the
 compressors' ``kv_proj`` / ``gate_proj`` in fp32) it asks :func:`dense_weight`, which decodes packed weights
-(:func:`phaselens.models.numerics.packed.dequantize`) and passes dense ones through.
+(:func:`phaselens.models.parts.packed.dequantize`) and passes dense ones through.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from phaselens.models.numerics.packed import FP4_ROWS, PackedFormat, as_bytes, dequantize
+from phaselens.models.parts.packed import FP4_ROWS, PackedFormat, as_bytes, dequantize
 
 
 def is_packed(module: nn.Module) -> bool:

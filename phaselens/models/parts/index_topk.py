@@ -9,6 +9,6 @@ class IndexTopKWarning(UserWarning):
 
     The model then attends to a top-k subset, and ties in the indexer's scores may be broken differently by the
     cached (chunked) and uncached paths, so the two can disagree. The DeepSeek-V4 adapter records the chosen
-    indices (``adapter.indexer_picks``). Loading with ``index_topk="all"`` (``from_hf(model, index_topk="all")``,
+    indices (``adapter.indexer_picks``). Loading with ``index_topk="all"`` (``from_transformers(model, index_topk="all")``,
     ``load(..., index_topk="all")``) keeps every visible entry, and records that the measured model was changed.
     """

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from phaselens.core.errors import CheckpointError
-from phaselens.models.numerics.formats import E2M1_VALUES
-from phaselens.models.numerics.packed import FP4_ROWS, PackedFormat, as_bytes, dequantize, dequantize_rows
+from phaselens.models.parts.formats import E2M1_VALUES
+from phaselens.models.parts.packed import FP4_ROWS, PackedFormat, as_bytes, dequantize, dequantize_rows
 
 
 def ue8m0(values: list[float]) -> torch.Tensor:

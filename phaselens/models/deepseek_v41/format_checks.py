@@ -35,7 +35,7 @@ from torch import nn
 
 from phaselens.core.errors import CheckpointError
 from phaselens.models.deepseek_v41.weights import Stored, target, wanted
-from phaselens.models.numerics.packed import FP4_ROWS, PackedFormat, stored_kind
+from phaselens.models.parts.packed import FP4_ROWS, PackedFormat, stored_kind
 
 FP8 = (torch.float8_e4m3fn,)
 FP4 = tuple(d for d in (torch.int8, torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)

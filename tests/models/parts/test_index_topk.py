@@ -6,7 +6,7 @@ import warnings
 
 from phaselens.models.deepseek_v4 import IndexTopKWarning as V4Warning
 from phaselens.models.deepseek_v41 import IndexTopKWarning as V41Warning
-from phaselens.models.numerics.notices import IndexTopKWarning
+from phaselens.models.parts.index_topk import IndexTopKWarning
 
 
 def test_one_class_one_base():

@@ -1,5 +1,6 @@
-"""The query engines' shared design: a cell (one intervention), the per-slot engine every model kind builds on,
-the loop over cells by layer, and the engine for items whose query positions differ.
+"""The query engines' shared design: the per-slot engine every model kind subclasses, the loop over cells
+(:class:`~phaselens.contract.cells.Cell`: one intervention each) by layer, and the engine for items whose query
+positions differ.
 
 An intervention on ``z`` at the query position changes nothing at earlier positions, so a model's *slot engine*
 runs the clean prefix once into the model's own cache and then only the query rows per cell. The parts every
@@ -14,43 +15,27 @@ kind shares live here (:class:`SlotEngine`):
 
 A model kind keeps only what truly differs: its prefill, its embedding of the query row, and
 :meth:`SlotEngine.run_layers` (its layers from ``start`` on over a read-only, repeated view of its cache, with
-the given hooks). The kinds' engines are ``phaselens.models.compressed.engine.SuffixEngine``,
-``phaselens.models.deepseek_v4.engine.V4SuffixEngine`` and ``phaselens.models.deepseek_v41.engine.V41SuffixEngine``;
-analyses reach them only through the ``query_engine`` capability. This module imports no model.
+the given hooks; :mod:`.cache_repeat` repeats a transformers cache). Every kind's engine subclasses
+:class:`SlotEngine`: ``phaselens.models.compressed.engine.SuffixEngine``, ``...deepseek_v4.engine.V4SuffixEngine``,
+``...deepseek_v41.engine.V41SuffixEngine`` and ``...causal_lm.engine.CausalSuffixEngine``; analyses reach them only
+through the ``query_engine`` capability. This module imports no model.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
+from phaselens.contract.cells import PASS_BYTES, Cell
+from phaselens.contract.hooknames import z as z_site
 from phaselens.core import margins
 from phaselens.core.errors import InputError
 
-PASS_BYTES = 2**30  # default memory budget of one cell pass (its repeated cache and attention temporaries)
 HookList = list[tuple[str, Callable[..., Tensor | None]]]
 V = TypeVar("V")
-
-
-@dataclass
-class Cell:
-    """One intervention: at ``layer``, replace ``z`` of the ``heads`` at the query position.
-
-    ``replacement`` is ``[N, len(heads), d]`` (per item) or ``[len(heads), d]`` (shared); ``None`` means zero.
-    """
-
-    layer: int
-    heads: Sequence[int]
-    replacement: Tensor | None = None
-
-
-def z_site(layer: int) -> str:
-    """The hook point of the per-head attention output ``z`` ``[B, pos, H, d]`` of ``layer`` (every kind)."""
-    return f"blocks.{layer}.attn.hook_z"
 
 
 def repeat_rows(value: Any, copies: int) -> Any:
@@ -286,3 +271,22 @@ class QueryEngine:
         for (rows, _), part in zip(self.groups, parts):
             out.index_copy_(dim, rows.to(out.device), part)
         return out
+
+
+def query_engine(model: Any, engine: type[SlotEngine], tokens: Tensor, query_pos: Tensor, *, hooks_active: bool,
+                 rows_per_pass: int = 4096, batch_size: int | None = None, pass_bytes: int = PASS_BYTES
+                 ) -> QueryEngine:
+    """Every kind's ``query_engine`` capability: a :class:`QueryEngine` over ``tokens`` ``[N, T]`` (checked ids)
+    with query slots ``query_pos`` ``[N]``, one ``engine`` per query slot and piece of at most ``batch_size`` rows.
+
+    Raises :class:`InputError` when ``hooks_active``: the engine runs the clean prefix without hooks and could not
+    honour them.
+    """
+    if hooks_active:
+        raise InputError("the query-suffix engine runs the clean prefix without hooks, so it cannot honour hooks "
+                         "that are active on the model (model.hooks(...) or a knockout context); pass engine='full'.")
+
+    def slot(m: Any, rows: Tensor, q: int, *, rows_per_pass: int) -> SlotEngine:
+        return engine(m, rows, q, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
+
+    return QueryEngine(model, tokens, query_pos, rows_per_pass=rows_per_pass, slot_engine=slot, batch_size=batch_size)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from phaselens.models.numerics.dtypes import compute_dtype
-from phaselens.models.numerics.norms import rms_norm
+from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.norms import rms_norm
 
 
 def test_compute_dtype_is_at_least_fp32():

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from phaselens.models.numerics.rope import apply_rope, inverse_frequencies, yarn_ramp
+from phaselens.models.parts.rope import apply_rope, inverse_frequencies, yarn_ramp
 
 # (dims, theta, factor, original): DeepSeek-V4's compressed RoPE, the tiny V4.1 of the tests, a zero-width ramp
 # (low == high == 0), an inverted one (high = -1 < low = 0) and one inverted at the top (low = 14 > high = 7)
