@@ -34,15 +34,19 @@ from phaselens.models.numerics.sizing import held_bytes, item_size
 from phaselens.models.parts.hooking import HookedAdapter
 from phaselens.models.parts.suffix_engine import QueryEngine
 from phaselens.models.parts.tl_habits import TLConfig, tokenizer_from_dir
+from phaselens.models.parts.tl_hf import HFSurface
 
 
 @dataclass(frozen=True, kw_only=True)
 class CausalLMCfg(TLConfig):
     """The wrapped model's sizes, TransformerLens-named (``adapter.cfg``; analyses read ``adapter.dims``): a
-    :class:`~phaselens.models.parts.tl_habits.TLConfig` (``normalization_type`` ``"LN"`` for GPT-2)."""
+    :class:`~phaselens.models.parts.tl_habits.TLConfig` (``normalization_type`` ``"LN"`` for GPT-2); ``d_mlp`` is
+    ``None`` for a mixture of experts."""
+
+    d_mlp: int | None = None
 
 
-class CausalLMAdapter(HookedAdapter):
+class CausalLMAdapter(HFSurface, HookedAdapter):
     """A transformers causal LM with phaselens' hook names, geometry and interventions.
 
     Build it with :func:`~phaselens.models.causal_lm.from_transformers` (or ``phaselens.load``). ``spec`` is the
@@ -78,7 +82,7 @@ class CausalLMAdapter(HookedAdapter):
         return CausalLMCfg(n_layers=lay.n_layers, n_heads=lay.n_heads, n_key_value_heads=lay.n_kv_heads,
                            d_head=lay.d_head, d_model=lay.d_model, d_vocab=lay.d_vocab, n_ctx=lay.n_ctx, dtype=w.dtype,
                            device=w.device, normalization_type=kind, final_rms=kind == "RMS", attn_only=False,
-                           positional_embedding_type="standard" if learned else "rotary")
+                           positional_embedding_type="standard" if learned else "rotary", d_mlp=self._d_mlp())
 
     # ---- TransformerLens habits (phaselens.models.parts.tl_habits) ----------------------------------------
     def _base_module(self, name: str) -> nn.Module | None:

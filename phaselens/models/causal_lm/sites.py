@@ -33,6 +33,7 @@ from phaselens.contract.protocol import HookFn, hook_context
 from phaselens.core.errors import HookNameError, UnsupportedModelError
 from phaselens.models.causal_lm.layout import Layout
 from phaselens.models.parts.hook_sites import Site, call_hooks, hook_points
+from phaselens.models.parts.tl_hf import mlp_parts, neuron_tags
 
 # in execution order within a block; a layer's tags: "mlp" (it has one), "norm2" (a norm before it, pre-norm)
 SITES: dict[str, Site] = {
@@ -45,6 +46,9 @@ SITES: dict[str, Site] = {
     "attn_out": Site("blocks.{l}.hook_attn_out", "[B, n, D]"),
     "resid_mid": Site("blocks.{l}.hook_resid_mid", "[B, n, D]", "norm2", "an edit there would not reach the "
                       "residual stream on a transformers model; edit hook_attn_out or hook_resid_post instead."),
+    "mlp_pre": Site("blocks.{l}.mlp.hook_pre", "[B, n, d_mlp]", "neurons"),  # the activation's input
+    "mlp_pre_linear": Site("blocks.{l}.mlp.hook_pre_linear", "[B, n, d_mlp]", "neurons gated"),  # up_proj's output
+    "mlp_post": Site("blocks.{l}.mlp.hook_post", "[B, n, d_mlp]", "neurons"),  # the down projection's input
     "mlp_out": Site("blocks.{l}.hook_mlp_out", "[B, n, D]", "mlp"),
     "resid_post": Site("blocks.{l}.hook_resid_post", "[B, n, D]"),
 }
@@ -54,8 +58,8 @@ _ENTRY_SITES = ("hook_pattern_local", "hook_pattern_entry", "hook_pattern_sink",
 
 def causal_hook_points(layout: Layout) -> dict[str, HookPoint]:
     """Every hook point of the model, in execution order."""
-    tags = [{*(("mlp",) if layout.mlp[i] is not None else ()), *(("norm2",) if layout.norm2[i] is not None else ())}
-            for i in range(layout.n_layers)]
+    tags = [{*(("mlp",) if layout.mlp[i] is not None else ()), *(("norm2",) if layout.norm2[i] is not None else ()),
+             *neuron_tags(layout.mlp[i])} for i in range(layout.n_layers)]
     return hook_points(SITES, tags)
 
 
@@ -147,6 +151,9 @@ def _register(layout: Layout, layer: int, site: str, hook: Any) -> Any:
         "mlp_out": (layout.mlp[layer], False),
         "q": (layout.q_norm[layer] or q, False), "k": (layout.k_norm[layer] or k, False), "v": (v, False),
     }
+    parts = mlp_parts(layout.mlp[layer]) or {}
+    where.update({"mlp_pre": (parts.get("act"), True), "mlp_pre_linear": (parts.get("in"), False),
+                  "mlp_post": (parts.get("out"), True)})
     module, pre = where[site]
     if module is None:
         raise UnsupportedModelError(f"layer {layer} has no module for hook site {site!r}.")
@@ -176,7 +183,7 @@ def installed(layout: Layout, points: dict[str, HookPoint], resolved: dict[str, 
             elif point.site in ("z", "q", "k", "v"):
                 hook = (_in_hook if point.site == "z" else _out_hook)(point, fns, run, layout.d_head)
                 handles.append(_register(layout, layer, point.site, hook))
-            elif point.site in ("resid_pre", "resid_mid"):
+            elif point.site in ("resid_pre", "resid_mid", "mlp_pre", "mlp_post"):
                 handles.append(_register(layout, layer, point.site, _in_hook(point, fns, run)))
             else:
                 handles.append(_register(layout, layer, point.site, _out_hook(point, fns, run)))

@@ -107,173 +107,6 @@ class TLFlatAttention:
         return self._parameters[name]  # type: ignore[attr-defined]
 
 
-# ---- transformers models: views of nn.Linear / Conv1D weights ------------------------------------------------
-def _io(module: nn.Module) -> Tensor:
-    """The weight as ``[in, out]`` (a view: nn.Linear stores ``[out, in]``, GPT-2's Conv1D ``[in, out]``)."""
-    w = module.weight
-    return w if type(module).__name__ == "Conv1D" else w.T
-
-
-def _bias(module: nn.Module | None) -> Tensor | None:
-    b = getattr(module, "bias", None)
-    return b if isinstance(b, Tensor) else None
-
-
-class HFAttentionWeights:
-    """TransformerLens's names over one transformers attention layer (``blocks[l].attn`` of a causal-LM adapter).
-
-    ``W_Q`` ``[H, D, d]``, ``W_K``/``W_V`` ``[H, D, d]`` (widened under GQA: computed, not kept; ``W_K_kv`` /
-    ``W_V_kv`` ``[Hkv, D, d]`` are views), ``W_O`` ``[H, d, D]``, ``b_*`` or ``None``. Qwen3's QK-norm follows
-    ``W_Q``/``W_K`` (``hook_q`` is its output, not ``x @ W_Q``)."""
-
-    def __init__(self, layout: Any, layer: int) -> None:
-        self._lay, self._l = layout, layer
-
-    def _parts(self, role: int) -> tuple[Tensor, Tensor | None]:
-        """``(weight [D, heads*d], bias [heads*d] | None)`` of q (0), k (1) or v (2)."""
-        lay, layer = self._lay, self._l
-        sep = lay.qkv[layer][role]
-        if sep is not None:
-            return _io(sep), _bias(sep)
-        fused = lay.fused[layer]
-        H, Hkv, d = lay.n_heads, lay.n_kv_heads, lay.d_head
-        start = (0, H * d, (H + Hkv) * d)[role]
-        width = (H if role == 0 else Hkv) * d
-        w, b = _io(fused), _bias(fused)
-        return w[:, start:start + width], None if b is None else b[start:start + width]
-
-    def _heads(self, role: int) -> Tensor:
-        w, _ = self._parts(role)
-        lay = self._lay
-        return w.reshape(lay.d_model, -1, lay.d_head).permute(1, 0, 2)
-
-    def _head_bias(self, role: int) -> Tensor | None:
-        _, b = self._parts(role)
-        return None if b is None else b.view(-1, self._lay.d_head)
-
-    @property
-    def W_Q(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        return self._heads(0)
-
-    @property
-    def W_K_kv(self) -> Float[Tensor, "n_kv d_model d_head"]:
-        return self._heads(1)
-
-    @property
-    def W_V_kv(self) -> Float[Tensor, "n_kv d_model d_head"]:
-        return self._heads(2)
-
-    @property
-    def W_K(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        return widen(self._heads(1), self._lay.n_heads)
-
-    @property
-    def W_V(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        return widen(self._heads(2), self._lay.n_heads)
-
-    @property
-    def W_O(self) -> Float[Tensor, "n_heads d_head d_model"]:
-        lay = self._lay
-        return _io(lay.out_proj[self._l]).view(lay.n_heads, lay.d_head, lay.d_model)
-
-    @property
-    def b_Q(self) -> Tensor | None:
-        return self._head_bias(0)
-
-    @property
-    def b_K(self) -> Tensor | None:
-        b = self._head_bias(1)
-        return None if b is None else widen(b, self._lay.n_heads)
-
-    @property
-    def b_V(self) -> Tensor | None:
-        b = self._head_bias(2)
-        return None if b is None else widen(b, self._lay.n_heads)
-
-    @property
-    def b_O(self) -> Tensor | None:
-        return _bias(self._lay.out_proj[self._l])
-
-    def __repr__(self) -> str:
-        lay = self._lay
-        return f"blocks[{self._l}].attn (TransformerLens names over {type(lay.attn[self._l]).__name__})"
-
-
-def mlp_parts(mlp: nn.Module | None) -> dict[str, nn.Module] | None:
-    """The modules of a dense transformers MLP: ``{"in", "out", "act"[, "gate"]}`` (Llama: up/down/gate_proj and
-    act_fn; GPT-2: c_fc/c_proj and act), ``None`` for an MLP of another layout (a mixture of experts)."""
-    if mlp is None:
-        return None
-    m = mlp._modules
-    if all(isinstance(m.get(n), nn.Module) for n in ("gate_proj", "up_proj", "down_proj", "act_fn")):
-        return {"gate": m["gate_proj"], "in": m["up_proj"], "out": m["down_proj"], "act": m["act_fn"]}
-    if all(isinstance(m.get(n), nn.Module) for n in ("c_fc", "c_proj", "act")):
-        return {"in": m["c_fc"], "out": m["c_proj"], "act": m["act"]}
-    return None
-
-
-_MOE = ("its MLP is not one dense layer (a mixture of experts, or a layout phaselens does not know), so there is no "
-        "single W_in/W_out and no neuron hook: TransformerLens refuses neuron-level functions on sparse layers too. "
-        "Use blocks.{l}.hook_mlp_out (the layer's output) or the experts' own modules (adapter.model).")
-
-
-class HFMLPWeights:
-    """TransformerLens's names over one transformers MLP: ``W_in`` (Llama: ``up_proj``), ``W_gate``, ``W_out``
-    ``[d_mlp, D]``, ``b_in``, ``b_out`` (views). A mixture of experts raises :class:`SurfaceError`."""
-
-    def __init__(self, layout: Any, layer: int) -> None:
-        self._l = layer
-        self._parts = mlp_parts(layout.mlp[layer])
-
-    def _get(self, role: str) -> dict[str, nn.Module]:
-        if self._parts is None:
-            raise SurfaceError(f"blocks[{self._l}].mlp: " + _MOE.replace("{l}", str(self._l)))
-        return self._parts
-
-    @property
-    def W_in(self) -> Float[Tensor, "d_model d_mlp"]:
-        return _io(self._get("in")["in"])
-
-    @property
-    def W_gate(self) -> Float[Tensor, "d_model d_mlp"] | None:
-        gate = self._get("gate").get("gate")
-        return None if gate is None else _io(gate)
-
-    @property
-    def W_out(self) -> Float[Tensor, "d_mlp d_model"]:
-        return _io(self._get("out")["out"])
-
-    @property
-    def b_in(self) -> Tensor | None:
-        return _bias(self._get("in")["in"])
-
-    @property
-    def b_out(self) -> Tensor | None:
-        return _bias(self._get("out")["out"])
-
-    def __repr__(self) -> str:
-        return f"blocks[{self._l}].mlp (TransformerLens names)"
-
-
-class HFBlock:
-    """``adapter.blocks[l]``: ``attn`` and ``mlp`` with TransformerLens's weight names, ``ln1`` / ``ln2`` the
-    transformers norms. Hooks are reached by name through the adapter (``blocks.{l}.attn.hook_z``)."""
-
-    residual_contribution_scale = 1.0
-    hook_out_is_single_residual_stream = True
-
-    def __init__(self, layout: Any, layer: int) -> None:
-        self.layer = layer
-        self.attn = HFAttentionWeights(layout, layer)
-        self.mlp = HFMLPWeights(layout, layer)
-        block = layout.layers[layer]
-        self.ln1 = next((block._modules[n] for n in ("input_layernorm", "ln_1") if n in block._modules), None)
-        self.ln2 = layout.norm2[layer]
-
-    def __repr__(self) -> str:
-        return f"HFBlock({self.layer})"
-
-
 # ---- model level ------------------------------------------------------------------------------------------
 def accumulated_bias(blocks: Any, d_model: int, like: Tensor, layer: int, mlp_input: bool = False,
                      include_mlp_biases: bool = True) -> Float[Tensor, " d_model"]:
@@ -317,6 +150,17 @@ class TLModelWeights:
 
     def _position_embedding(self) -> Tensor | None:
         return None
+
+    def __getattr__(self, name: str) -> Any:
+        # Python answers a property that raised AttributeError (a SurfaceError) by calling __getattr__, which
+        # would replace the reason with "no attribute": call the property again so its own error is raised
+        prop = getattr(type(self), name, None)
+        if isinstance(prop, property) and prop.fget is not None:
+            return prop.fget(self)
+        parent = getattr(super(), "__getattr__", None)
+        if parent is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return parent(name)
 
     @property
     def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
