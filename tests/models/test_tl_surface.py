@@ -214,3 +214,41 @@ def test_zoo_checkpoint_loads_unchanged(zoo):
             stored = f.get_tensor(key)
             assert state[key].shape == stored.shape, key
             assert torch.equal(state[key].to(stored.dtype), stored), key
+
+
+# ---- DeepSeek-V4 and V4.1: factored weights, refused with the factors ----------------------------------------
+def _refusals(model):
+    block = model.blocks[0]
+    for name, factors in (("W_Q", "q_a.*RMSNorm.*q_b"), ("W_K", "kv_norm"), ("W_V", "kv_norm"),
+                          ("W_O", "o_b\\(o_a"), ("b_O", "no biases")):
+        with pytest.raises(SurfaceError, match=factors):
+            getattr(block.attn, name)
+        assert not hasattr(block.attn, name)
+    for name in ("W_in", "W_out", "b_out"):
+        with pytest.raises(SurfaceError, match="mixture of experts.*hook_mlp_out"):
+            getattr(block.mlp, name)
+    with pytest.raises(SurfaceError, match="hyper-connection"):
+        model.accumulated_bias(1)
+    with pytest.raises(SurfaceError, match="no learned position"):
+        model.W_pos  # noqa: B018
+
+
+def test_deepseek_v4_adapter_refuses_factored_weights_by_name():
+    from tests.support.deepseek import tiny_v4_model
+
+    model = phaselens.from_hf(tiny_v4_model())
+    assert len(model.blocks) == model.cfg.n_layers
+    _refusals(model)
+
+
+def test_deepseek_v41_refuses_factored_weights_by_name(tmp_path):
+    import warnings
+
+    from tests.support.deepseek_v41 import write_tiny_checkpoint
+
+    root = write_tiny_checkpoint(tmp_path / "tiny")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = phaselens.load(f"hf:{root}", dtype=torch.float32, index_topk="all")
+    _refusals(model)
+    assert isinstance(model.blocks[0].attn, torch.nn.Module)  # the real module, names added

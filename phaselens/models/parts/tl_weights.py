@@ -143,13 +143,9 @@ _ROTARY = ("this model has no learned position embedding: positions enter throug
            "attention (cfg.positional_embedding_type == 'rotary'), so no position term is added to the residual.")
 
 
-class TLModelWeights:
-    """Mixin of a model kind with ``blocks`` (each ``attn`` / ``mlp`` carrying TransformerLens's weight names),
-    ``W_U`` and ``cfg``: ``b_U``, ``W_pos``, the stacked biases and ``accumulated_bias``. A kind with a learned
-    position embedding overrides :meth:`_position_embedding`."""
-
-    def _position_embedding(self) -> Tensor | None:
-        return None
+class ExplainedAttributes:
+    """Mixin: a property that raises :class:`SurfaceError` keeps its message on a class with ``__getattr__``
+    (``nn.Module``), where Python would otherwise answer "object has no attribute"."""
 
     def __getattr__(self, name: str) -> Any:
         # Python answers a property that raised AttributeError (a SurfaceError) by calling __getattr__, which
@@ -161,6 +157,16 @@ class TLModelWeights:
         if parent is None:
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         return parent(name)
+
+
+class TLModelWeights(ExplainedAttributes):
+    """Mixin of a model kind with ``blocks`` (each ``attn`` / ``mlp`` carrying TransformerLens's weight names),
+    ``W_U`` and ``cfg``: ``b_U``, ``W_pos``, the stacked biases and ``accumulated_bias``. A kind with a learned
+    position embedding overrides :meth:`_position_embedding`."""
+
+    def _position_embedding(self) -> Tensor | None:
+        return None
+
 
     @property
     def W_pos(self) -> Float[Tensor, "n_ctx d_model"]:
