@@ -105,13 +105,6 @@ class CausalLMAdapter(HFSurface, HookedAdapter):
         return ("LN" if isinstance(norm, nn.LayerNorm) else "RMS", float(eps))
 
     @property
-    def tl_limits(self) -> dict[str, str]:  # type: ignore[override]
-        if self._base_module("wpe") is None:
-            return {}
-        return {"decompose_resid": "learned position embeddings (wpe) are added to the residual without a hook, so "
-                                   "the components would not sum to it; use accumulated_resid()."}
-
-    @property
     def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
         """Output weights per head: ``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l]) (+ bias)``."""
         lay = self._layout

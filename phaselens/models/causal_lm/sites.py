@@ -2,7 +2,8 @@
 
 Where each site sits (``layer`` = the decoder block, ``attn`` its attention module; see :mod:`.layout`):
 
-* ``hook_embed``: output of the token embedding; ``blocks.{l}.hook_resid_pre`` / ``hook_resid_post``: input /
+* ``hook_embed``: output of the token embedding; ``hook_pos_embed`` (GPT-2): the learned position embedding's
+  output, ``[B, n, D]`` as TransformerLens gives it (the ``[1, n, D]`` table rows repeated over the batch); ``blocks.{l}.hook_resid_pre`` / ``hook_resid_post``: input /
   output of ``layer``; ``hook_resid_mid`` (read-only): input of the norm before the MLP;
 * ``attn.hook_q`` / ``hook_k`` / ``hook_v``: the projections' outputs viewed per head (``[B, n, H, d]``,
   ``[B, n, Hkv, d]``), before RoPE; Qwen3's ``hook_q`` / ``hook_k`` are the QK-norms' outputs (as phaselens's
@@ -60,7 +61,11 @@ def causal_hook_points(layout: Layout) -> dict[str, HookPoint]:
     """Every hook point of the model, in execution order."""
     tags = [{*(("mlp",) if layout.mlp[i] is not None else ()), *(("norm2",) if layout.norm2[i] is not None else ()),
              *neuron_tags(layout.mlp[i])} for i in range(layout.n_layers)]
-    return hook_points(SITES, tags)
+    points = hook_points(SITES, tags)
+    if layout.pos_embed is None:
+        return points
+    first, rest = next(iter(points.items())), list(points.items())[1:]
+    return dict([first, ("hook_pos_embed", HookPoint("hook_pos_embed", None, "pos_embed", "[B, n, D]")), *rest])
 
 
 def no_entries(name: Any) -> None:
@@ -80,6 +85,7 @@ class Run:
 
     query_start: int = 0
     fired: set[str] = field(default_factory=set)
+    batch: int = 1  # the batch size, read from the token embedding (GPT-2's position hook shows it)
 
 
 def run_hooks(point: HookPoint, fns: list[HookFn], tensor: Tensor, run: Run) -> Tensor:
@@ -175,6 +181,10 @@ def installed(layout: Layout, points: dict[str, HookPoint], resolved: dict[str, 
             if point.site == "embed":
                 handles.append(layout.embed.register_forward_hook(_out_hook(point, fns, run)))
                 continue
+            if point.site == "pos_embed":  # the token embedding runs first: it gives the batch size
+                handles.append(layout.embed.register_forward_hook(_batch_of(run)))
+                handles.append(layout.pos_embed.register_forward_hook(_pos_hook(point, fns, run)))
+                continue
             layer = int(point.layer)  # type: ignore[arg-type]
             if point.site == "pattern":
                 taps[id(layout.attn[layer])] = _tap(point, fns, run)
@@ -190,6 +200,24 @@ def installed(layout: Layout, points: dict[str, HookPoint], resolved: dict[str, 
         for layer, sites in fused.items():
             handles.append(layout.fused[layer].register_forward_hook(_fused_hook(layout, layer, sites, run)))
         yield taps
+
+
+def _batch_of(run: Run) -> Callable:
+    def hook(_m: nn.Module, _args: tuple, out: Tensor) -> None:
+        run.batch = out.shape[0]
+
+    return hook
+
+
+def _pos_hook(point: HookPoint, fns: list[HookFn], run: Run) -> Callable:
+    """GPT-2's ``wpe`` output ``[1, n, D]`` shown as ``[B, n, D]`` (TransformerLens's shape); the model goes on with
+    what the hooks return (``[B, n, D]`` broadcasts into the sum with the token embedding)."""
+
+    def hook(_m: nn.Module, _args: tuple, out: Tensor) -> Tensor:
+        shown = out.expand(run.batch, *out.shape[1:]).clone() if out.shape[0] != run.batch else out
+        return run_hooks(point, fns, shown, run)
+
+    return hook
 
 
 def _tap(point: HookPoint, fns: list[HookFn], run: Run) -> Callable[[Tensor], Tensor]:
