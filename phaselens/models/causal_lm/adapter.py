@@ -34,7 +34,7 @@ from phaselens.models.numerics.sizing import held_bytes, item_size
 from phaselens.models.parts.hooking import HookedAdapter
 from phaselens.models.parts.suffix_engine import QueryEngine
 from phaselens.models.parts.tl_habits import TLConfig, tokenizer_from_dir
-from phaselens.models.parts.tl_hf import HFSurface
+from phaselens.models.parts.tl_hf import HFSplitQKV, HFSurface
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,7 +46,7 @@ class CausalLMCfg(TLConfig):
     d_mlp: int | None = None
 
 
-class CausalLMAdapter(HFSurface, HookedAdapter):
+class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
     """A transformers causal LM with phaselens' hook names, geometry and interventions.
 
     Build it with :func:`~phaselens.models.causal_lm.from_transformers` (or ``phaselens.load``). ``spec`` is the

@@ -31,13 +31,14 @@ from phaselens.models.compressed.sites import zoo_hook_points
 from phaselens.models.compressed.sizing import check_forward, check_weights
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.hooking import ContextHooks, query_start
+from phaselens.models.parts.tl_split_qkv import FlatSplitQKV
 from phaselens.models.parts.tl_weights import TLModelWeights
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.cache import CompressedKVCache
 
 
-class CompressedTransformer(TLModelWeights, ContextHooks, HookedRootModule):
+class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRootModule):
     """A decoder-only transformer whose compressed layers attend to a local window plus pooled entries.
 
     Args:

@@ -11,6 +11,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from phaselens.core.errors import InputError
+from phaselens.models.parts.tl_split_qkv import SplitQKV
 from phaselens.models.parts.tl_weights import SurfaceError, TLModelWeights, stack_blocks, widen
 
 
@@ -280,3 +281,19 @@ class HFSurface(TLModelWeights):
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
         return self.model.state_dict(*args, **kwargs)
+
+
+class HFSplitQKV(SplitQKV):
+    """:class:`~.tl_split_qkv.SplitQKV` of the causal-LM adapter: ``ln1`` is the block's first norm, the weights
+    are :class:`HFAttentionWeights` views, Qwen3's QK-norms follow the projection (as ``hook_q`` / ``hook_k`` do)."""
+
+    def _split_parts(self, layer: int, c: str) -> tuple[Any, Tensor, Tensor | None, Any]:
+        block = self.blocks[layer]  # type: ignore[attr-defined]
+        if block.ln1 is None:
+            raise SurfaceError(f"blocks[{layer}] has no input norm phaselens can find (input_layernorm / ln_1), so "
+                               "the per-head pre-norm inputs cannot be formed.")
+        role = "qkv".index(c)
+        weight = {"q": block.attn.W_Q, "k": block.attn.W_K_kv, "v": block.attn.W_V_kv}[c]
+        lay = self._layout  # type: ignore[attr-defined]
+        norm = {"q": lay.q_norm[layer], "k": lay.k_norm[layer], "v": None}[c]
+        return block.ln1, weight, block.attn._head_bias(role), (lambda t: t) if norm is None else norm
