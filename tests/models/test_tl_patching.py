@@ -199,3 +199,32 @@ def test_patching_refuses_a_model_in_training_mode(zoo):
             _sweep(model, "get_act_patch_resid_pre", clean, corrupt)
     finally:
         model.eval()
+
+
+def test_deepseek_v4_runs_or_says_why_for_every_function():
+    """Every patching sweep and cache method on the V4 adapter runs, or raises a PhaseLensError naming the reason
+    (hyper-connection streams, grouped low-rank W_O, K = V latents, split patterns), never an error from TL."""
+    from tests.support.deepseek import tiny_v4_model
+
+    model = phaselens.from_hf(tiny_v4_model())
+    clean = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(1))
+    _, c = model.run_with_cache(clean)
+    _, k = model.run_with_cache(clean.flip(0))
+    calls = {fn: (lambda fn=fn: _sweep(model, fn, clean, clean.flip(0))) for fn in SWEEPS}
+    calls["direct_path"] = lambda: P.get_act_patch_direct_path(model, clean.flip(0), c, k, metric, 0, 0, verbose=False)
+    calls.update({
+        "decompose_resid": c.decompose_resid, "stack_head_results": c.stack_head_results,
+        "stack_neuron_results": lambda: c.stack_neuron_results(1),
+        "get_full_resid_decomposition": c.get_full_resid_decomposition,
+        "logit_attrs": lambda: c.logit_attrs(c["blocks.0.hook_resid_post"][None], clean[:, -1]),
+    })
+    ran, refused = [], []
+    for name, call in calls.items():
+        try:
+            call()
+            ran.append(name)
+        except PhaseLensError as err:
+            assert len(str(err)) > 60, name  # a reason, not a bare name
+            refused.append(name)
+    assert {"get_act_patch_resid_pre", "get_act_patch_attn_head_out_by_pos", "get_act_patch_block_every"} <= set(ran)
+    assert {"direct_path", "decompose_resid", "stack_neuron_results", "logit_attrs"} <= set(refused)

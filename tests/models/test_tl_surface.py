@@ -252,3 +252,20 @@ def test_deepseek_v41_refuses_factored_weights_by_name(tmp_path):
         model = phaselens.load(f"hf:{root}", dtype=torch.float32, index_topk="all")
     _refusals(model)
     assert isinstance(model.blocks[0].attn, torch.nn.Module)  # the real module, names added
+
+
+def test_a_transformer_lens_3_hooked_transformer_is_told_how_to_come():
+    from types import SimpleNamespace
+
+    class HookedTransformer(torch.nn.Module):  # what TL 3.x built: cfg, blocks, W_E, no transformers config
+        def __init__(self):
+            super().__init__()
+            self.cfg = SimpleNamespace(n_layers=1, d_model=8)
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(8, 8)])
+            self.W_E = torch.nn.Parameter(torch.zeros(10, 8))
+
+    with pytest.raises(PhaseLensError, match="TransformerLens 3.x HookedTransformer.*save_pretrained.*"
+                                             "TransformerBridge.boot_transformers"):
+        phaselens.load(HookedTransformer(), stride=4)
+    with pytest.raises(PhaseLensError, match="not a transformers model"):  # any other module: the plain refusal
+        phaselens.load(torch.nn.Linear(3, 3), stride=4)
