@@ -201,6 +201,7 @@ def test_patching_refuses_a_model_in_training_mode(zoo):
         model.eval()
 
 
+@pytest.mark.slow  # ~900 forwards of the tiny V4 (3 min on a shared CPU)
 def test_deepseek_v4_runs_or_says_why_for_every_function():
     """Every patching sweep and cache method on the V4 adapter runs, or raises a PhaseLensError naming the reason
     (hyper-connection streams, grouped low-rank W_O, K = V latents, split patterns), never an error from TL."""
