@@ -229,3 +229,47 @@ def test_deepseek_v4_runs_or_says_why_for_every_function():
             refused.append(name)
     assert {"get_act_patch_resid_pre", "get_act_patch_attn_head_out_by_pos", "get_act_patch_block_every"} <= set(ran)
     assert {"direct_path", "decompose_resid", "stack_neuron_results", "logit_attrs"} <= set(refused)
+
+
+# ---- TransformerLens's own contracts of the sweeps, on phaselens kinds ------------------------------------
+def _kinds():
+    model, _, tokens = pair("gpt2")
+    zoo_model = phaselens.load("zoo:w8s4").to(torch.float64)
+    zoo_tokens = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(0))
+    return {"gpt2": (model, tokens), "zoo": (zoo_model, zoo_tokens)}
+
+
+@pytest.fixture(scope="module")
+def kinds():
+    return _kinds()
+
+
+def per_example(logits):
+    return logits[:, -1, 5] - logits[:, -1, 7]
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "zoo"])
+def test_per_example_values_baseline_and_batched_direct_path(kinds, kind):
+    """TL's test_per_example_values_match_single_example_sweeps, test_baseline_effect_and_normalization and
+    test_batched_sweep_patches_every_example, on a causal-LM adapter and the zoo."""
+    model, clean = kinds[kind]
+    corrupt = clean.flip(0)
+    _, cache = model.run_with_cache(clean)
+    _, kcache = model.run_with_cache(corrupt)
+    result = P.get_act_patch_attn_head_out_all_pos(model, corrupt, cache, per_example, reduce="none", baseline=True)
+    for b in range(2):
+        single = P.get_act_patch_attn_head_out_all_pos(model, corrupt[b:b + 1], cache.apply_slice_to_batch_dim(
+            (b, b + 1)), per_example, reduce="none")
+        torch.testing.assert_close(result.values[..., b], single.values[..., 0], rtol=0, atol=1e-6)
+    with torch.no_grad():
+        torch.testing.assert_close(result.baseline, per_example(model(corrupt)).float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(result.effect(), result.values - result.baseline, rtol=0, atol=1e-6)
+
+    def summed(logits):
+        return per_example(logits).sum()
+
+    batched = P.get_act_patch_direct_path(model, corrupt, cache, kcache, summed, 0, 1, verbose=False)
+    each = sum(P.get_act_patch_direct_path(model, corrupt[i:i + 1], cache.apply_slice_to_batch_dim((i, i + 1)),
+                                           kcache.apply_slice_to_batch_dim((i, i + 1)), summed, 0, 1, verbose=False)
+               for i in range(2))
+    torch.testing.assert_close(batched, each, rtol=0, atol=1e-5)
