@@ -56,6 +56,8 @@ def adapt_object(obj: Any, *, stride: int | None = None, window: int | None = No
     if not isinstance(module, nn.Module):
         return None
     config = getattr(module, "config", None)
+    if config is None and _is_hooked_transformer(module):
+        raise UnsupportedModelError(HOOKED_TRANSFORMER.format(name=type(obj).__name__))
     if config is None or not hasattr(module, "get_input_embeddings"):
         raise UnsupportedModelError(
             f"{type(obj).__name__} is a torch module but not a transformers model phaselens can adapt; use "
@@ -107,3 +109,20 @@ def from_hf(model: Any, **kwargs: Any) -> Any:
     if out is None:
         raise UnsupportedModelError(f"{type(model).__name__} is not a model object; use {ROUTES}.")
     return out
+
+
+HOOKED_TRANSFORMER = (
+    "{name} looks like a TransformerLens 3.x HookedTransformer (a torch module with cfg, blocks and W_E but no "
+    "transformers config). TransformerLens 4.3, which phaselens requires, no longer has that class, and phaselens "
+    "adapts transformers models. Bring the model in one of two ways: (1) as a transformers model: load the "
+    "checkpoint it was converted from, transformers.AutoModelForCausalLM.from_pretrained(NAME_OR_DIR) (for weights "
+    "you trained in TransformerLens, write them into that architecture and save_pretrained(DIR) first), then "
+    "phaselens.load(hf_model, stride=...); or (2) boot a TransformerBridge, "
+    "transformer_lens.model_bridge.TransformerBridge.boot_transformers(NAME_OR_DIR), and pass the bridge: "
+    "phaselens.load(bridge, stride=...) unwraps it. docs/transformer_lens.md shows both."
+)
+
+
+def _is_hooked_transformer(module: nn.Module) -> bool:
+    """A TransformerLens 3.x ``HookedTransformer`` (or a model built like one): ``cfg``, ``blocks`` and ``W_E``."""
+    return all(hasattr(module, a) for a in ("cfg", "blocks", "W_E")) or type(module).__name__ == "HookedTransformer"

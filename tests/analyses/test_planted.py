@@ -34,10 +34,10 @@ def plant(model) -> None:
         basis = torch.linalg.qr(torch.randn(D, D, generator=g))[0]
         for h in range(2):
             a, b = basis[:, h * dh : (h + 1) * dh], basis[:, 32 + h * dh : 32 + (h + 1) * dh]
-            attn.W_Q[:, h * dh : (h + 1) * dh] = 3.0 * a
+            attn.W_Q[h] = 3.0 * a  # TransformerLens's [H, D, d] view of the parameter
             attn.compressor.poolers["k"].payload.weight[0, 0, :, h * dh : (h + 1) * dh] = a
             attn.compressor.poolers["v"].payload.weight[0, 0, :, h * dh : (h + 1) * dh] = b
-            attn.W_O[h * dh : (h + 1) * dh] = b.T
+            attn.W_O[h] = b.T
         model.embed.weight.normal_(0, 1.0, generator=g)
         model.unembed.weight.copy_(model.embed.weight)
         for path, shift in (("k", 0), ("v", 1)):

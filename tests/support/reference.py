@@ -39,7 +39,8 @@ def full_attention_reference(model: CompressedTransformer, tokens: torch.Tensor)
     for block in model.blocks:
         a = block.attn
         h = rms(resid, block.ln1.weight)
-        q, k, v = (h @ a.W_Q).view(B, T, H, d), (h @ a.W_K).view(B, T, Hkv, d), (h @ a.W_V).view(B, T, Hkv, d)
+        q = (h @ a.flat("W_Q")).view(B, T, H, d)
+        k, v = (h @ a.flat("W_K")).view(B, T, Hkv, d), (h @ a.flat("W_V")).view(B, T, Hkv, d)
         if a.inv_freq.numel():
             q, k = hf_rope(q, pos, a.inv_freq), hf_rope(k, pos, a.inv_freq)
         sinks = a.sink if a.sink is not None else torch.full((H,), -1e30)
@@ -47,7 +48,7 @@ def full_attention_reference(model: CompressedTransformer, tokens: torch.Tensor)
             _SinkModule(sinks, H // Hkv), q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask,
             scaling=1 / math.sqrt(d),
         )
-        resid = resid + z.reshape(B, T, H * d) @ a.W_O
+        resid = resid + z.reshape(B, T, H * d) @ a.flat("W_O")
         h = rms(resid, block.ln2.weight)
         m = block.mlp
         resid = resid + torch.nn.functional.gelu(h @ m.W_in + m.b_in) @ m.W_out + m.b_out
@@ -103,11 +104,11 @@ def brute_compressed_z(attn, h: torch.Tensor) -> torch.Tensor:
     H, Hkv, d, L = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.local_window
     S = attn.compressor.stride
     pos = torch.arange(T)
-    q = (h @ attn.W_Q).view(B, T, H, d)
+    q = (h @ attn.flat("W_Q")).view(B, T, H, d)
     if attn.tied:
-        k = v = (h @ attn.W_KV).view(B, T, Hkv, d)
+        k = v = (h @ attn.flat("W_KV")).view(B, T, Hkv, d)
     else:
-        k, v = (h @ attn.W_K).view(B, T, Hkv, d), (h @ attn.W_V).view(B, T, Hkv, d)
+        k, v = (h @ attn.flat("W_K")).view(B, T, Hkv, d), (h @ attn.flat("W_V")).view(B, T, Hkv, d)
     if attn.inv_freq.numel():
         q = hf_rope(q, pos, attn.inv_freq)
         k = hf_rope(k, pos, attn.inv_freq)

@@ -57,8 +57,8 @@ def test_zoo_recipes_follow_the_curves_of_the_loop_before_the_merge(tmp_path, na
 
 def _freeze_query(model):
     with torch.no_grad():
-        model.blocks[0].attn.W_Q.mul_(0.5)
-    model.blocks[0].attn.W_Q.requires_grad_(False)
+        model.blocks[0].attn.W_Q.mul_(0.5)  # through TransformerLens's view: reaches the parameter
+    model.blocks[0].attn.flat("W_Q").requires_grad_(False)
 
 
 def test_a_run_with_frozen_planted_weights_keeps_them_and_repeats_bit_for_bit(tmp_path):

@@ -34,16 +34,20 @@ from phaselens.models.numerics.sizing import held_bytes, item_size
 from phaselens.models.parts.hooking import HookedAdapter
 from phaselens.models.parts.suffix_engine import QueryEngine, query_engine
 from phaselens.models.parts.tl_habits import TLConfig, tokenizer_from_dir
+from phaselens.models.parts.tl_hf import HFSplitQKV, HFSurface
 from phaselens.models.parts.tokens import check_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
 class CausalLMCfg(TLConfig):
     """The wrapped model's sizes, TransformerLens-named (``adapter.cfg``; analyses read ``adapter.dims``): a
-    :class:`~phaselens.models.parts.tl_habits.TLConfig` (``normalization_type`` ``"LN"`` for GPT-2)."""
+    :class:`~phaselens.models.parts.tl_habits.TLConfig` (``normalization_type`` ``"LN"`` for GPT-2); ``d_mlp`` is
+    ``None`` for a mixture of experts."""
+
+    d_mlp: int | None = None
 
 
-class CausalLMAdapter(HookedAdapter):
+class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
     """A transformers causal LM with phaselens' hook names, geometry and interventions.
 
     Build it with :func:`~phaselens.models.causal_lm.from_transformers` (or ``phaselens.load``). ``spec`` is the
@@ -79,7 +83,7 @@ class CausalLMAdapter(HookedAdapter):
         return CausalLMCfg(n_layers=lay.n_layers, n_heads=lay.n_heads, n_key_value_heads=lay.n_kv_heads,
                            d_head=lay.d_head, d_model=lay.d_model, d_vocab=lay.d_vocab, n_ctx=lay.n_ctx, dtype=w.dtype,
                            device=w.device, normalization_type=kind, final_rms=kind == "RMS", attn_only=False,
-                           positional_embedding_type="standard" if learned else "rotary")
+                           positional_embedding_type="standard" if learned else "rotary", d_mlp=self._d_mlp())
 
     # ---- TransformerLens habits (phaselens.models.parts.tl_habits) ----------------------------------------
     def _base_module(self, name: str) -> nn.Module | None:
@@ -100,13 +104,6 @@ class CausalLMAdapter(HookedAdapter):
         if norm is None or eps is None:
             return None
         return ("LN" if isinstance(norm, nn.LayerNorm) else "RMS", float(eps))
-
-    @property
-    def tl_limits(self) -> dict[str, str]:  # type: ignore[override]
-        if self._base_module("wpe") is None:
-            return {}
-        return {"decompose_resid": "learned position embeddings (wpe) are added to the residual without a hook, so "
-                                   "the components would not sum to it; use accumulated_resid()."}
 
     @property
     def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:

@@ -49,7 +49,7 @@ class Layout:
         fused: per block the fused q/k/v projection (GPT-2's ``c_attn``), else ``None``.
         q_norm, k_norm: per block Qwen3's QK-norms (``hook_q`` / ``hook_k`` sit on their outputs), else ``None``.
         norm2: per block the norm whose input is ``hook_resid_mid`` (``None``: no such hook).
-        embed: the token embedding; n_heads, n_kv_heads, d_head, d_model, d_vocab, n_ctx: the sizes.
+        embed: the token embedding; pos_embed: the learned position embedding (``None``: rotary); n_heads, n_kv_heads, d_head, d_model, d_vocab, n_ctx: the sizes.
     """
 
     layers: tuple[nn.Module, ...]
@@ -69,6 +69,7 @@ class Layout:
     d_vocab: int
     n_ctx: int
     layers_path: str
+    pos_embed: nn.Module | None = None  # GPT-2's learned position embedding (wpe), added to the token embedding
 
     @property
     def n_layers(self) -> int:
@@ -147,7 +148,14 @@ def model_layout(model: nn.Module) -> Layout:
         raise UnsupportedModelError(f"{what} has no language-model head; pass a ...ForCausalLM model.")
     n_ctx = config_int(config, "max_position_embeddings", "n_positions", "n_ctx", default=2**31 - 1)
     return Layout(tuple(layers), tuple(attn), tuple(out), tuple(mlp), tuple(qkv), tuple(fused), tuple(qn), tuple(kn),
-                  tuple(n2), model.get_input_embeddings(), H, Hkv, int(d), D, int(head.weight.shape[0]), n_ctx, path)
+                  tuple(n2), model.get_input_embeddings(), H, Hkv, int(d), D, int(head.weight.shape[0]), n_ctx, path,
+                  _position_embedding(model))
+
+
+def _position_embedding(model: nn.Module) -> nn.Module | None:
+    base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
+    wpe = getattr(base, "wpe", None)
+    return wpe if isinstance(wpe, nn.Embedding) else None
 
 
 def _in_features(module: nn.Module) -> int | None:

@@ -2,7 +2,8 @@
 
 Where each site sits (``layer`` = the decoder block, ``attn`` its attention module; see :mod:`.layout`):
 
-* ``hook_embed``: output of the token embedding; ``blocks.{l}.hook_resid_pre`` / ``hook_resid_post``: input /
+* ``hook_embed``: output of the token embedding; ``hook_pos_embed`` (GPT-2): the learned position embedding's
+  output, ``[B, n, D]`` as TransformerLens gives it (the ``[1, n, D]`` table rows repeated over the batch); ``blocks.{l}.hook_resid_pre`` / ``hook_resid_post``: input /
   output of ``layer``; ``hook_resid_mid`` (read-only): input of the norm before the MLP;
 * ``attn.hook_q`` / ``hook_k`` / ``hook_v``: the projections' outputs viewed per head (``[B, n, H, d]``,
   ``[B, n, Hkv, d]``), before RoPE; Qwen3's ``hook_q`` / ``hook_k`` are the QK-norms' outputs (as phaselens's
@@ -33,6 +34,7 @@ from phaselens.contract.protocol import HookFn, hook_context
 from phaselens.core.errors import HookNameError, UnsupportedModelError
 from phaselens.models.causal_lm.layout import Layout
 from phaselens.models.parts.hook_sites import Site, block_sites, call_hooks, hook_points
+from phaselens.models.parts.tl_hf import mlp_parts, neuron_tags
 
 # in execution order within a block; a layer's tags: "mlp" (it has one), "norm2" (a norm before it, pre-norm)
 SITES = block_sites("[B, n, D]", {
@@ -41,6 +43,9 @@ SITES = block_sites("[B, n, D]", {
     "pattern": Site("blocks.{l}.attn.hook_pattern", "[B, H, n, keys]"),
 }, resid_mid=Site("blocks.{l}.hook_resid_mid", "[B, n, D]", "norm2", "an edit there would not reach the residual "
                   "stream on a transformers model; edit hook_attn_out or hook_resid_post instead."),
+    mlp={"mlp_pre": Site("blocks.{l}.mlp.hook_pre", "[B, n, d_mlp]", "neurons"),  # the activation's input
+         "mlp_pre_linear": Site("blocks.{l}.mlp.hook_pre_linear", "[B, n, d_mlp]", "neurons gated"),  # up_proj's output
+         "mlp_post": Site("blocks.{l}.mlp.hook_post", "[B, n, d_mlp]", "neurons")},  # down_proj's input
     mlp_out=Site("blocks.{l}.hook_mlp_out", "[B, n, D]", "mlp"))
 _ENTRY_SITES = ("hook_pattern_local", "hook_pattern_entry", "hook_pattern_sink", "hook_gate", "hook_entry",
                 "hook_payload")
@@ -48,9 +53,13 @@ _ENTRY_SITES = ("hook_pattern_local", "hook_pattern_entry", "hook_pattern_sink",
 
 def causal_hook_points(layout: Layout) -> dict[str, HookPoint]:
     """Every hook point of the model, in execution order."""
-    tags = [{*(("mlp",) if layout.mlp[i] is not None else ()), *(("norm2",) if layout.norm2[i] is not None else ())}
-            for i in range(layout.n_layers)]
-    return hook_points(SITES, tags)
+    tags = [{*(("mlp",) if layout.mlp[i] is not None else ()), *(("norm2",) if layout.norm2[i] is not None else ()),
+             *neuron_tags(layout.mlp[i])} for i in range(layout.n_layers)]
+    points = hook_points(SITES, tags)
+    if layout.pos_embed is None:
+        return points
+    first, rest = next(iter(points.items())), list(points.items())[1:]
+    return dict([first, ("hook_pos_embed", HookPoint("hook_pos_embed", None, "pos_embed", "[B, n, D]")), *rest])
 
 
 def no_entries(name: Any) -> None:
@@ -70,6 +79,7 @@ class Run:
 
     query_start: int = 0
     fired: set[str] = field(default_factory=set)
+    batch: int = 1  # the batch size, read from the token embedding (GPT-2's position hook shows it)
 
 
 def run_hooks(point: HookPoint, fns: list[HookFn], tensor: Tensor, run: Run) -> Tensor:
@@ -141,6 +151,9 @@ def _register(layout: Layout, layer: int, site: str, hook: Any) -> Any:
         "mlp_out": (layout.mlp[layer], False),
         "q": (layout.q_norm[layer] or q, False), "k": (layout.k_norm[layer] or k, False), "v": (v, False),
     }
+    parts = mlp_parts(layout.mlp[layer]) or {}
+    where.update({"mlp_pre": (parts.get("act"), True), "mlp_pre_linear": (parts.get("in"), False),
+                  "mlp_post": (parts.get("out"), True)})
     module, pre = where[site]
     if module is None:
         raise UnsupportedModelError(f"layer {layer} has no module for hook site {site!r}.")
@@ -162,6 +175,10 @@ def installed(layout: Layout, points: dict[str, HookPoint], resolved: dict[str, 
             if point.site == "embed":
                 handles.append(layout.embed.register_forward_hook(_out_hook(point, fns, run)))
                 continue
+            if point.site == "pos_embed":  # the token embedding runs first: it gives the batch size
+                handles.append(layout.embed.register_forward_hook(_batch_of(run)))
+                handles.append(layout.pos_embed.register_forward_hook(_pos_hook(point, fns, run)))
+                continue
             layer = int(point.layer)  # type: ignore[arg-type]
             if point.site == "pattern":
                 taps[id(layout.attn[layer])] = _tap(point, fns, run)
@@ -170,13 +187,31 @@ def installed(layout: Layout, points: dict[str, HookPoint], resolved: dict[str, 
             elif point.site in ("z", "q", "k", "v"):
                 hook = (_in_hook if point.site == "z" else _out_hook)(point, fns, run, layout.d_head)
                 handles.append(_register(layout, layer, point.site, hook))
-            elif point.site in ("resid_pre", "resid_mid"):
+            elif point.site in ("resid_pre", "resid_mid", "mlp_pre", "mlp_post"):
                 handles.append(_register(layout, layer, point.site, _in_hook(point, fns, run)))
             else:
                 handles.append(_register(layout, layer, point.site, _out_hook(point, fns, run)))
         for layer, sites in fused.items():
             handles.append(layout.fused[layer].register_forward_hook(_fused_hook(layout, layer, sites, run)))
         yield taps
+
+
+def _batch_of(run: Run) -> Callable:
+    def hook(_m: nn.Module, _args: tuple, out: Tensor) -> None:
+        run.batch = out.shape[0]
+
+    return hook
+
+
+def _pos_hook(point: HookPoint, fns: list[HookFn], run: Run) -> Callable:
+    """GPT-2's ``wpe`` output ``[1, n, D]`` shown as ``[B, n, D]`` (TransformerLens's shape); the model goes on with
+    what the hooks return (``[B, n, D]`` broadcasts into the sum with the token embedding)."""
+
+    def hook(_m: nn.Module, _args: tuple, out: Tensor) -> Tensor:
+        shown = out.expand(run.batch, *out.shape[1:]).clone() if out.shape[0] != run.batch else out
+        return run_hooks(point, fns, shown, run)
+
+    return hook
 
 
 def _tap(point: HookPoint, fns: list[HookFn], run: Run) -> Callable[[Tensor], Tensor]:

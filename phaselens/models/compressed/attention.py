@@ -26,6 +26,7 @@ from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.hooking import read_only
 from phaselens.models.parts.norms import rms_norm
 from phaselens.models.parts.rope import apply_rope
+from phaselens.models.parts.tl_weights import TLFlatAttention
 
 LayerKind = Literal["compressed", "local", "full"]
 
@@ -70,7 +71,7 @@ class NoPast:
         pass
 
 
-class Attention(nn.Module):
+class Attention(TLFlatAttention, nn.Module):
     """Multi-head attention with GQA, RoPE on trailing channels, an optional sink, and compressed entries.
 
     Heads are KV-major: query head ``h`` reads KV head ``h // (n_heads // n_kv_heads)``.
@@ -172,15 +173,15 @@ class Attention(nn.Module):
         H, Hkv, d = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
         G = H // Hkv
         pos = past.start + torch.arange(n, device=x.device)
-        q = self._rope(self.hook_q(self._norm((x @ self.W_Q).view(B, n, H, d), self.q_norm)), pos)
+        q = self._rope(self.hook_q(self._norm((x @ self.flat("W_Q")).view(B, n, H, d), self.q_norm)), pos)
         if self.tied:
-            k_pre = v = self.hook_kv(self._norm((x @ self.W_KV).view(B, n, Hkv, d), self.k_norm))
+            k_pre = v = self.hook_kv(self._norm((x @ self.flat("W_KV")).view(B, n, Hkv, d), self.k_norm))
             k = v = self._rope(k_pre, pos)
             own = {"kv": k_pre}
         else:
-            k_pre = self.hook_k(self._norm((x @ self.W_K).view(B, n, Hkv, d), self.k_norm))
+            k_pre = self.hook_k(self._norm((x @ self.flat("W_K")).view(B, n, Hkv, d), self.k_norm))
             k = self._rope(k_pre, pos)
-            v = self.hook_v((x @ self.W_V).view(B, n, Hkv, d))
+            v = self.hook_v((x @ self.flat("W_V")).view(B, n, Hkv, d))
             own = {"k": k_pre, "v": v}
         keys, values = past.raw_context(k, v)
         qg = q.view(B, n, Hkv, G, d)
@@ -192,7 +193,7 @@ class Attention(nn.Module):
         if self.tied and self.inv_freq.numel():
             z = self._rope(z, pos, inverse=True)  # K = V carried RoPE into the values; undo it at the query
         z = self.hook_z(z)
-        return z.reshape(B, n, H * d) @ self.W_O
+        return z.reshape(B, n, H * d) @ self.flat("W_O")
 
     def _softmax(self, parts: list[Tensor], B: int, n: int) -> list[Tensor]:
         sink = self._sink_logits(B, n)

@@ -33,13 +33,15 @@ from phaselens.models.compressed.sizing import check_forward, check_weights
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.hooking import ContextHooks, query_start
 from phaselens.models.parts.suffix_engine import query_engine
+from phaselens.models.parts.tl_split_qkv import FlatSplitQKV
+from phaselens.models.parts.tl_weights import TLModelWeights
 from phaselens.models.parts.tokens import check_tokens
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.cache import CompressedKVCache
 
 
-class CompressedTransformer(ContextHooks, HookedRootModule):
+class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRootModule):
     """A decoder-only transformer whose compressed layers attend to a local window plus pooled entries.
 
     Args:
@@ -85,20 +87,11 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
         return zoo_hook_points([b.attn.kind for b in self.blocks], [b.attn.tied for b in self.blocks],
                                self.config.mlp == "swiglu")
 
-    # ---- TransformerLens-shaped weight views (copies; the parameters live in blocks[l].attn) ---------
+    # ---- TransformerLens-shaped weights, stacked (blocks[l].attn.W_* are the per-layer views) ------------
     def _per_head(self, name: str) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
         """``[n_layers, n_heads, d_model, d_head]`` of W_Q / W_K / W_V, KV heads repeated over their query
         heads (GQA, KV-major as TransformerLens repeats them); tied K=V layers give W_KV for both."""
-        cfg = self.config
-        H, Hkv, d, D = cfg.n_heads, cfg.n_key_value_heads, cfg.d_head, cfg.d_model
-        out = []
-        for block in self.blocks:
-            attn = block.attn
-            w = attn.W_Q if name == "Q" else attn.W_KV if attn.tied else getattr(attn, f"W_{name}")
-            heads = H if name == "Q" else Hkv
-            w = w.view(D, heads, d).permute(1, 0, 2)  # [heads, D, d]
-            out.append(w if heads == H else w.repeat_interleave(H // Hkv, dim=0))
-        return torch.stack(out)
+        return torch.stack([getattr(b.attn, f"W_{name}") for b in self.blocks])
 
     @property
     def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
@@ -119,8 +112,7 @@ class CompressedTransformer(ContextHooks, HookedRootModule):
     @property
     def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
         """Output weights per head: ``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l])`` (no bias)."""
-        cfg = self.config
-        return torch.stack([b.attn.W_O.view(cfg.n_heads, cfg.d_head, cfg.d_model) for b in self.blocks])
+        return self._per_head("O")
 
     @property
     def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:

@@ -40,6 +40,7 @@ from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.hooking import HookedAdapter
 from phaselens.models.parts.index_topk import IndexTopKWarning
 from phaselens.models.parts.suffix_engine import QueryEngine, query_engine
+from phaselens.models.parts.tl_factored import FactoredBlock, HyperConnectionModel
 from phaselens.models.parts.tl_habits import (
     HYPER_CONNECTION_LIMITS,
     tokenizer_from_dir,
@@ -50,7 +51,7 @@ Backend = Literal["torch", "nnsight"]
 _UNSET: Any = object()
 
 
-class DeepSeekV4Adapter(HookedAdapter):
+class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
     """A transformers ``DeepseekV4ForCausalLM`` with phaselens' geometry, hook names and interventions.
 
     Build it with :func:`from_transformers` (or :func:`load_hf` / ``phaselens.load("hf:PATH")``). The wrapped model is
@@ -96,6 +97,11 @@ class DeepSeekV4Adapter(HookedAdapter):
         self._active: list[tuple[object, dict[str, list[HookFn]]]] = []
         self._metadata = metadata
         self._csa_layers = tuple(g.layer for g in geometry if g.kind == "csa")
+
+    @property
+    def blocks(self) -> list[FactoredBlock]:
+        """Per layer, TransformerLens's ``attn`` / ``mlp`` names, each refused with the factors (parts.tl_factored)."""
+        return [FactoredBlock(g.layer) for g in self._geometry]
 
     # ---- PhaseModel --------------------------------------------------------------------------------
     @property

@@ -31,6 +31,7 @@ from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.formats import fp4_round_trip, fp8_round_trip
 from phaselens.models.parts.hooking import read_only
 from phaselens.models.parts.rope import inverse_frequencies
+from phaselens.models.parts.tl_factored import FactoredAttentionNames
 
 NEG_INF = float("-inf")
 
@@ -45,7 +46,7 @@ def layer_inv_freq(cfg: V41Config, role: LayerRole) -> Tensor:
     return inverse_frequencies(cfg.qk_rope_head_dim, cfg.rope_theta)
 
 
-class V41Attention(nn.Module):
+class V41Attention(FactoredAttentionNames, nn.Module):
     """Attention of layer ``role.layer``; parameter names follow the checkpoint (``attn.wq_a.weight``, ...)."""
 
     def __init__(self, cfg: V41Config, role: LayerRole, numerics: Numerics, dtype: torch.dtype, *,

@@ -20,9 +20,10 @@ from phaselens.models.deepseek_v41.engram_hash import EngramLayout
 from phaselens.models.deepseek_v41.layers import Numerics, RMSNorm, hc_mixes, hc_post, hc_pre
 from phaselens.models.deepseek_v41.moe import MoE
 from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.tl_factored import FactoredBlockNames
 
 
-class Block(nn.Module):
+class Block(FactoredBlockNames, nn.Module):
     """One layer: hyper-connected attention and MoE sublayers (checkpoint names ``hc_attn_fn``, ...)."""
 
     def __init__(self, cfg: V41Config, role: LayerRole, numerics: Numerics, dtype: torch.dtype,

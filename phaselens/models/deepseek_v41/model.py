@@ -53,6 +53,7 @@ from phaselens.models.parts.dtypes import compute_dtype, dtype_name
 from phaselens.models.parts.hooking import ContextHooks, query_start, silent_hooks
 from phaselens.models.parts.index_topk import IndexTopKWarning
 from phaselens.models.parts.suffix_engine import query_engine
+from phaselens.models.parts.tl_factored import HyperConnectionModel
 from phaselens.models.parts.tl_habits import HYPER_CONNECTION_LIMITS, TLConfig, tokenizer_from_dir
 from phaselens.models.parts.tokens import check_tokens
 
@@ -75,7 +76,7 @@ class V41Cfg(TLConfig):
     engram_layer_ids: tuple[int, ...] = ()
 
 
-class DeepSeekV41(ContextHooks, HookedRootModule):
+class DeepSeekV41(HyperConnectionModel, ContextHooks, HookedRootModule):
     """The DeepSeek-V4.1 text model with Engram (no vision tower, no draft layers).
 
     Build it with :func:`phaselens.models.deepseek_v41.load_v41` (``phaselens.load("hf:DIR")``).

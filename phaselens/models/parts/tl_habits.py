@@ -30,6 +30,7 @@ from transformer_lens.utilities import get_act_name
 
 from phaselens.contract.hooknames import explain_missing
 from phaselens.core.errors import HookNameError, InputError, UnsupportedModelError
+from phaselens.models.parts.tl_cache import CacheCompletion
 
 # TransformerLens names a filter may be written for; each is explained when the model lacks it
 _TL_PROBES = ("blocks.0.attn.hook_pattern", "blocks.0.attn.hook_k", "blocks.0.attn.hook_v",
@@ -81,7 +82,7 @@ def _limit(model: Any, what: str) -> None:
         raise UnsupportedModelError(f"{what} does not apply to {type(model).__name__}: {reason}")
 
 
-class PhaseCache(ActivationCache):
+class PhaseCache(CacheCompletion, ActivationCache):
     """TransformerLens's ``ActivationCache`` of a phaselens model (``model.run_with_cache`` returns it).
 
     Keys: full names (``"blocks.0.attn.hook_z"``), TransformerLens short names (``"embed"``) and tuples
@@ -181,19 +182,10 @@ class PhaseCache(ActivationCache):
         return super().logit_attrs(*args, **kwargs)
 
     def _ensure_head_results(self) -> bool:
-        """Per-head results ``[batch, pos, head, d_model]`` from ``hook_z`` and the model's ``W_O``
-        ``[n_layers, head, d_head, d_model]`` (phaselens models keep W_O per layer as one matrix)."""
+        """TransformerLens's: per-head results ``[batch, pos, head, d_model]`` from ``hook_z`` and
+        ``blocks[l].attn.W_O`` (views of every kind's weights), unless the kind refuses head results."""
         _limit(self.model, "head_results")
-        all_cached = True
-        for layer in range(self.model.cfg.n_layers):
-            key = f"blocks.{layer}.attn.hook_result"
-            if key in self.cache_dict:
-                continue
-            all_cached = False
-            z = self[("z", layer)]
-            w = self.model.W_O[layer].to(z.device)
-            self.cache_dict[key] = torch.einsum("...hd,hdm->...hm", z, w.to(z.dtype))
-        return all_cached
+        return super()._ensure_head_results()
 
 
 @dataclass(frozen=True, kw_only=True)
