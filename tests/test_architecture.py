@@ -204,6 +204,7 @@ def test_model_kinds_share_code_only_through_the_parts(graph):
     ("from phaselens.analyses import evaluation\n", upward_imports, "siblings"),
     ("from phaselens.models.deepseek_v41 import config\n", cross_kind_imports, "never import each other"),
     ("from phaselens.models.sources import load\n", cross_kind_imports, "never import each other"),
+    ("from phaselens.models.kinds import KINDS\n", cross_kind_imports, "never import each other"),
 ])
 def test_each_check_fires_on_a_planted_violation(graph, source, check, fires):
     """Every rule above, run on the real graph plus one planted module (phaselens.models.deepseek_v4.planted)

@@ -13,17 +13,7 @@ from transformer_lens.hook_points import HookPoint
 
 from phaselens.models.compressed.attention import Attention, Past
 from phaselens.models.compressed.config import CompressedConfig
-from phaselens.models.parts.norms import rms_norm
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)
+from phaselens.models.parts.norms import RMSNorm
 
 
 class MLP(nn.Module):

@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from phaselens.core.checks import MAX_SEED
 from phaselens.core.errors import ConfigError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.models.compressed.json_fields import check_bool, check_number, fields_from_json
 
 GateKind = Literal["scalar", "vector", "uniform"]
 Sharing = Literal["shared", "per_offset"]
@@ -26,94 +24,6 @@ MlpKind = Literal["gelu", "swiglu"]
 # Fields added after checkpoints were first written: ``to_dict`` leaves them out at their default, so every
 # config written before they existed (the zoo's, run fingerprints) stays byte-identical.
 _LATER_DEFAULTS: dict[str, Any] = {"qk_norm": False, "mlp": "gelu", "mlp_bias": True, "tie_embeddings": False}
-
-
-def _check_keys(cls: type, data: Any) -> None:
-    """``data`` must be a dict with every required field of ``cls`` and no unknown one."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"a {cls.__name__} must be a JSON object (dict), got {type(data).__name__} {data!r:.80}.")
-    fields = dataclasses.fields(cls)
-    known = {f.name for f in fields}
-    unknown = sorted(set(map(str, data)) - known)
-    if unknown:
-        raise ConfigError(
-            f"unknown {cls.__name__} key(s) {unknown}; known keys are {sorted(known)}. "
-            "Was this written by a newer phaselens?"
-        )
-    required = [f.name for f in fields if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
-    missing = [name for name in required if name not in data]
-    if missing:
-        raise ConfigError(f"{cls.__name__} is missing required key(s) {missing}; add them (see {cls.__name__}'s fields).")
-
-
-def _fields_from_json(cls: type, data: Any) -> dict[str, Any]:
-    """``data`` (parsed JSON) checked against ``cls``'s field types before anything is built from it: keys as
-    :func:`_check_keys`, then each value's JSON type (a number for a float, whole numbers for ints, ...).
-    Returns a copy with JSON numbers made floats where a float is meant."""
-    _check_keys(cls, data)
-    hints = typing.get_type_hints(cls)
-    out = dict(data)
-    for name, value in data.items():
-        tp = hints[name]
-        if not _json_fits(value, tp):
-            raise ConfigError(f"{cls.__name__}.{name} must be {_describe(tp)}, got {value!r:.80}; fix the config.")
-        if float in _options(tp) and isinstance(value, int) and not isinstance(value, bool):
-            out[name] = float(value)
-    return out
-
-
-def _options(tp: Any) -> tuple[Any, ...]:
-    return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
-
-
-def _json_fits(value: Any, tp: Any) -> bool:
-    for opt in _options(tp):
-        origin = typing.get_origin(opt)
-        if opt is type(None) and value is None:
-            return True
-        if opt is bool and isinstance(value, bool):
-            return True
-        if opt is int and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        if opt is float and isinstance(value, int | float) and not isinstance(value, bool):
-            return True
-        if opt is str and isinstance(value, str):
-            return True
-        if origin is typing.Literal and any(value == a and type(value) is type(a) for a in typing.get_args(opt)):
-            return True
-        if origin is tuple and isinstance(value, list | tuple) and all(
-                isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return True
-        if dataclasses.is_dataclass(opt) and isinstance(value, dict | opt):
-            return True
-    return False
-
-
-def _describe(tp: Any) -> str:
-    names = []
-    for opt in _options(tp):
-        if opt is type(None):
-            names.append("null")
-        elif typing.get_origin(opt) is typing.Literal:
-            names.append(" or ".join(repr(a) for a in typing.get_args(opt)))
-        elif typing.get_origin(opt) is tuple:
-            names.append("a list of ints")
-        elif dataclasses.is_dataclass(opt):
-            names.append(f"a {opt.__name__} (a JSON object)")
-        else:
-            names.append({bool: "true or false", int: "an int", float: "a number", str: "a string"}.get(opt, str(opt)))
-    return " or ".join(names)
-
-
-def _check_number(owner: str, name: str, value: Any, *, positive: bool = True) -> None:
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-    if not ok or (positive and value <= 0):
-        raise ConfigError(f"{owner}.{name} must be a finite{' positive' if positive else ''} number, got {value!r}.")
-
-
-def _check_bool(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{owner}.{name} must be true or false, got {value!r}.")
 
 
 @dataclass(frozen=True)
@@ -128,7 +38,7 @@ class YarnSpec:
 
     def __post_init__(self) -> None:
         for name in ("factor", "beta_fast", "beta_slow", "attention_factor"):
-            _check_number("YarnSpec", name, getattr(self, name))
+            check_number("YarnSpec", name, getattr(self, name))
         if not isinstance(self.original_max_position, int) or isinstance(self.original_max_position, bool) \
                 or self.original_max_position < 1:
             raise ConfigError(f"YarnSpec.original_max_position must be a positive int, got {self.original_max_position!r}.")
@@ -154,7 +64,7 @@ class RopeSpec:
     def __post_init__(self) -> None:
         if self.dims is not None and (not isinstance(self.dims, int) or isinstance(self.dims, bool)):
             raise ConfigError(f"RopeSpec.dims must be an even int or None, got {self.dims!r}.")
-        _check_number("RopeSpec", "theta", self.theta)
+        check_number("RopeSpec", "theta", self.theta)
         if self.yarn is not None and not isinstance(self.yarn, YarnSpec):
             raise ConfigError(f"RopeSpec.yarn must be a YarnSpec or None, got {self.yarn!r}.")
         if self.style not in ("interleaved", "half"):
@@ -162,9 +72,9 @@ class RopeSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> RopeSpec:
-        data = _fields_from_json(cls, data)
+        data = fields_from_json(cls, data)
         if isinstance(data.get("yarn"), dict):
-            data["yarn"] = YarnSpec(**_fields_from_json(YarnSpec, data["yarn"]))
+            data["yarn"] = YarnSpec(**fields_from_json(YarnSpec, data["yarn"]))
         return cls(**data)
 
 
@@ -205,8 +115,8 @@ class CompressorSpec:
 
     def __post_init__(self) -> None:
         for name in ("position_bias", "tied_kv", "norm", "overlap_split"):
-            _check_bool("CompressorSpec", name, getattr(self, name))
-        _check_number("CompressorSpec", "norm_eps", self.norm_eps)
+            check_bool("CompressorSpec", name, getattr(self, name))
+        check_number("CompressorSpec", "norm_eps", self.norm_eps)
         spec = PhaseSpec(self.stride, self.window)  # validates stride and window
         object.__setattr__(self, "window", spec.window)
         if self.gate not in ("scalar", "vector", "uniform"):
@@ -241,7 +151,7 @@ class CompressorSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> CompressorSpec:
-        data = _fields_from_json(cls, data)
+        data = fields_from_json(cls, data)
         if isinstance(data.get("rope"), dict):
             data["rope"] = RopeSpec.from_dict(data["rope"])
         return cls(**data)
@@ -303,11 +213,11 @@ class CompressedConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:  # True is an int, not a count
                 raise ConfigError(f"{name} must be a positive int, got {value!r}.")
         for name in ("sink", "qk_norm", "mlp_bias", "tie_embeddings"):
-            _check_bool("CompressedConfig", name, getattr(self, name))
+            check_bool("CompressedConfig", name, getattr(self, name))
         if self.mlp not in ("gelu", "swiglu"):
             raise ConfigError(f"mlp must be 'gelu' or 'swiglu', got {self.mlp!r}.")
-        _check_number("CompressedConfig", "norm_eps", self.norm_eps)
-        _check_number("CompressedConfig", "init_std", self.init_std, positive=False)
+        check_number("CompressedConfig", "norm_eps", self.norm_eps)
+        check_number("CompressedConfig", "init_std", self.init_std, positive=False)
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
             raise ConfigError(f"seed must be an int in 0..{MAX_SEED:,} (2^63 - 1: torch's generators take 64 bits), "
                               f"got {self.seed!r}.")
@@ -403,7 +313,7 @@ class CompressedConfig:
 
     @classmethod
     def from_dict(cls, data: Any) -> CompressedConfig:
-        data = _fields_from_json(cls, data)
+        data = fields_from_json(cls, data)
         if isinstance(data.get("compression"), dict):
             data["compression"] = CompressorSpec.from_dict(data["compression"])
         if isinstance(data.get("rope"), dict):

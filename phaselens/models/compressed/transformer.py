@@ -25,13 +25,14 @@ from phaselens.core.checks import as_int
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.models.compressed.attention import NoPast, Past
-from phaselens.models.compressed.block import Block, RMSNorm
+from phaselens.models.compressed.block import Block
 from phaselens.models.compressed.compressor import default_init_
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.sites import zoo_hook_points
 from phaselens.models.compressed.sizing import check_forward, check_weights
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.hooking import ContextHooks, query_start
+from phaselens.models.parts.norms import RMSNorm
 from phaselens.models.parts.suffix_engine import query_engine
 from phaselens.models.parts.tl_split_qkv import FlatSplitQKV
 from phaselens.models.parts.tl_weights import TLModelWeights

@@ -26,10 +26,11 @@ from phaselens.models.deepseek_v41.compressed import (
     visible,
 )
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
-from phaselens.models.deepseek_v41.layers import GroupedLinear, Linear, Numerics, RMSNorm, rope
+from phaselens.models.deepseek_v41.layers import GroupedLinear, Linear, Numerics, rope
 from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.formats import fp4_round_trip, fp8_round_trip
 from phaselens.models.parts.hooking import read_only
+from phaselens.models.parts.norms import RMSNorm
 from phaselens.models.parts.rope import inverse_frequencies
 from phaselens.models.parts.tl_factored import FactoredAttentionNames
 

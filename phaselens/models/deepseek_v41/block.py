@@ -17,9 +17,10 @@ from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
 from phaselens.models.deepseek_v41.engram import Engram
 from phaselens.models.deepseek_v41.engram_hash import EngramLayout
-from phaselens.models.deepseek_v41.layers import Numerics, RMSNorm, hc_mixes, hc_post, hc_pre
+from phaselens.models.deepseek_v41.layers import Numerics, hc_mixes, hc_post, hc_pre
 from phaselens.models.deepseek_v41.moe import MoE
 from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.norms import RMSNorm
 from phaselens.models.parts.tl_factored import FactoredBlockNames
 
 

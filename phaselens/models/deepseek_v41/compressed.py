@@ -17,8 +17,9 @@ from jaxtyping import Bool, Float
 from torch import Tensor, nn
 
 from phaselens.core import margins
-from phaselens.models.deepseek_v41.layers import Linear, Numerics, RMSNorm
+from phaselens.models.deepseek_v41.layers import Linear, Numerics
 from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.norms import RMSNorm
 
 
 class Compressor(nn.Module):

@@ -20,7 +20,6 @@ from torch import Tensor, nn
 from phaselens.models.deepseek_v41.kernels import CALLS, Kernels, kernel_linear, wants_kernel
 from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.formats import fp8_round_trip
-from phaselens.models.parts.norms import rms_norm
 from phaselens.models.parts.packed import PackedFormat, dequantize
 from phaselens.models.parts.rope import apply_rope
 
@@ -115,16 +114,6 @@ class GroupedLinear(Linear):
         """``x`` ``[B, n, groups * d_in/groups]`` -> ``[B, n, groups, rank]``."""
         w = self.dense_weight().view(self.groups, self.rank, -1)
         return torch.einsum("bngi,gri->bngr", x.unflatten(-1, (self.groups, -1)).to(w.dtype), w)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d, dtype=dtype))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        return rms_norm(x, self.weight, self.eps)
 
 
 def rope(x: Tensor, positions: Tensor, inv_freq: Tensor, *, inverse: bool = False) -> Tensor:

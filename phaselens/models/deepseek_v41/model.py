@@ -46,12 +46,13 @@ from phaselens.models.deepseek_v41.engram_hash import (
     history_after,
 )
 from phaselens.models.deepseek_v41.kernels import Kernels
-from phaselens.models.deepseek_v41.layers import Numerics, Quantize, RMSNorm, hc_pre
+from phaselens.models.deepseek_v41.layers import Numerics, Quantize, hc_pre
 from phaselens.models.deepseek_v41.sites import v41_hook_points
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.dtypes import compute_dtype, dtype_name
 from phaselens.models.parts.hooking import ContextHooks, query_start, silent_hooks
 from phaselens.models.parts.index_topk import IndexTopKWarning
+from phaselens.models.parts.norms import RMSNorm
 from phaselens.models.parts.suffix_engine import query_engine
 from phaselens.models.parts.tl_factored import HyperConnectionModel
 from phaselens.models.parts.tl_habits import HYPER_CONNECTION_LIMITS, TLConfig, tokenizer_from_dir
