@@ -48,7 +48,8 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.results.phase_eval": ("PhaseEval",),
     "phaselens.results.phase_map": ("PhaseMap",),
     "phaselens.results.repair_rules": ("RepairTable",),
-    "phaselens.runtime.planning": ("MapPlan",),
+    "phaselens.planning.plans": ("plan",),
+    "phaselens.planning.run_plan": ("Plan",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 # Model objects phaselens did not build (a transformers model, an nnsight envoy, a TransformerLens bridge) are
@@ -91,6 +92,8 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve i
     from phaselens.models.ensemble import PhaseEnsemble, phase_ensemble
     from phaselens.models.objects import from_hf
     from phaselens.models.sources import load
+    from phaselens.planning.plans import plan
+    from phaselens.planning.run_plan import Plan
     from phaselens.presentation.reporting import report
     from phaselens.results.ablation_effects import AblationResult
     from phaselens.results.attribution_estimate import AttributionMap
@@ -100,7 +103,6 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve i
     from phaselens.results.phase_eval import PhaseEval
     from phaselens.results.phase_map import PhaseMap
     from phaselens.results.repair_rules import RepairTable
-    from phaselens.runtime.planning import MapPlan
 
 
 def __getattr__(name: str):
@@ -135,7 +137,7 @@ __all__ = [
     "HookContext",
     "Knockout",
     "Labelled",
-    "MapPlan",
+    "Plan",
     "PatchResult",
     "PhaseEnsemble",
     "PhaseEval",
@@ -160,6 +162,7 @@ __all__ = [
     "parse_heads",
     "patch",
     "phase_ensemble",
+    "plan",
     "record",
     "repair_table",
     "report",

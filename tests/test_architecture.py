@@ -27,9 +27,10 @@ LAYERS = {
     "results": 4,  # every result type
     "plots": 5,  # figures of results: plots read results, never analyses
     "analyses": 6, "models": 6,
-    "train": 7, "integrations": 7,
-    "presentation": 8,
-    "__init__": 9, "__main__": 9,
+    "planning": 7,  # plans read models (through the contract) and what analyses declare they run
+    "train": 8, "integrations": 8,
+    "presentation": 9,
+    "__init__": 10, "__main__": 10,
 }
 SIBLINGS = {frozenset({"analyses", "models"})}
 

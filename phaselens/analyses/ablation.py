@@ -9,10 +9,12 @@ from typing import Any, Unpack
 import numpy as np
 
 from phaselens.analyses.knockout_runs import KO_FIELDS, ablate_block, knockout_cell
-from phaselens.analyses.knockouts import Knockout, knockout
+from phaselens.analyses.knockouts import Knockout, calibration_items, knockout
 from phaselens.analyses.runner import Analysis, Common, ResamplingOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import METRICS, items_from_metrics, stack_metrics
+from phaselens.analyses.units import Units
 from phaselens.contract.protocol import PhaseModel, choose_engine
+from phaselens.core.heads import parse_heads
 from phaselens.results.ablation_effects import AblationResult
 from phaselens.runtime.engines import Cell
 from phaselens.stats.effects import Effects, relative_effects
@@ -43,6 +45,18 @@ class Ablation(Analysis[AblationState]):
 
     def check(self, model: PhaseModel, options: Common) -> Ablation:
         return replace(self, used=choose_engine(model, self.engine))  # refused before the calibration runs
+
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """The calibration (mean and resample: the task's items, 64 per forward), then per block of items a
+        clean and a knocked-out forward (``"full"``), or a query-suffix engine over the block with the one
+        cell (``"suffix"``: heads of one layer)."""
+        layers = sorted({h.layer for h in parse_heads(self.heads, model.dims)})
+        engine = "full" if self.used == "suffix" and self.engine == "auto" and len(layers) > 1 else self.used
+        cal = calibration_items(self.method, self.calibration, int(items.modulus))
+        if engine == "suffix":
+            return Units("suffix", item_passes=0, cells={"knockout": 1}, cell_layers=(layers[0],),
+                         engine_scope="block", calibration_items=cal)
+        return Units(item_passes=1, cells={"knockout": 1}, calibration_items=cal)
 
     def prepare(self, run: Run) -> AblationState:
         ko = knockout(run.model, self.heads, method=self.method, calibration=self.calibration, task=run.task,
@@ -117,4 +131,5 @@ def ablate(
         >>> res = phaselens.ablate(phaselens.load("zoo:w8s4"), "L0H3", phase=3, n_per_residue=32)  # doctest: +SKIP
         >>> res.per_phase()  # doctest: +SKIP
     """
-    return run(Ablation(heads, method, calibration, engine), model, task, arguments_of(ablate, locals()))
+    arguments = arguments_of(ablate, locals())
+    return run(Ablation.from_arguments(arguments), model, task, arguments)

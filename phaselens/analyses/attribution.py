@@ -14,9 +14,10 @@ import numpy as np
 import torch
 from scipy import stats as sps
 
-from phaselens.analyses.knockouts import Calibration, calibrate, check_method, z_name
+from phaselens.analyses.knockouts import Calibration, calibrate, calibration_items, check_method, z_name
 from phaselens.analyses.runner import Analysis, Common, CommonOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import model_logits
+from phaselens.analyses.units import Units
 from phaselens.contract.protocol import HookContext, PhaseModel, model_name
 from phaselens.core.errors import InputError, NotApplicableError
 from phaselens.core.labelled import Labelled
@@ -50,6 +51,12 @@ class Attribution(Analysis[AttributionState]):
                 "them; call it outside that block (torch.no_grad() around it is fine: attribution_map enables "
                 "gradients itself, and fills no parameter's .grad).")
         return replace(self, method=method)
+
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """The calibration (mean: the task's items, 64 per forward), then one forward and one backward of
+        every item."""
+        return Units(item_passes=1, calibration_items=calibration_items(self.method, self.calibration,
+                                                                        int(items.modulus)), backward=True)
 
     def prepare(self, run: Run) -> AttributionState:
         L, H = run.model.dims.n_layers, run.model.dims.n_heads
@@ -159,7 +166,8 @@ def attribution_map(
         exact: an exact PhaseMap built on the same items (same task, ``n_per_residue`` and ``seed``) to
             report the Spearman correlation with.
     """
-    return run(Attribution(method, calibration, exact), model, task, arguments_of(attribution_map, locals()))
+    arguments = arguments_of(attribution_map, locals())
+    return run(Attribution.from_arguments(arguments), model, task, arguments)
 
 
 def _check_exact(exact: Any, n_layers: int, n_heads: int, modulus: int) -> None:

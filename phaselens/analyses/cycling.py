@@ -29,6 +29,7 @@ from phaselens.analyses.runner import (
     run,
 )
 from phaselens.analyses.scoring import METRICS, block_metrics, items_from_metrics, plain_forward
+from phaselens.analyses.units import Units
 from phaselens.contract.protocol import PhaseModel, model_name, require
 from phaselens.core.checks import as_int
 from phaselens.core.errors import InputError, NotApplicableError, StatsInputError
@@ -197,6 +198,11 @@ class GateCycling(Analysis[NoState]):
         # NotApplicableError before any item is built: nothing rolls
         return replace(self, deltas=ds, first=cycle_gates(model, ds[0]))
 
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """One forward of every item per model: the unmodified one, then each gate-cycled copy (held beside
+        it: two copies of the weights)."""
+        return Units(item_passes=1 + len(self.deltas), weight_copies=2, unit="copy")
+
     def prepare(self, run: Run) -> NoState:
         """Before any forward: the items must cover every phase, as the prediction for phase ``p`` under a
         shift is the unmodified accuracy of phase ``p - delta``."""
@@ -285,4 +291,5 @@ def gate_cycling_test(
     Raises:
         NotApplicableError: the model cannot cycle its gates (``cycle_gates`` capability), or has nothing to roll.
     """
-    return run(GateCycling(deltas), model, task, arguments_of(gate_cycling_test, locals()))
+    arguments = arguments_of(gate_cycling_test, locals())
+    return run(GateCycling.from_arguments(arguments), model, task, arguments)

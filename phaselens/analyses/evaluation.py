@@ -110,7 +110,8 @@ def evaluate(
         >>> ev = phaselens.evaluate(phaselens.load("zoo:w8s4"), n_per_residue=64)  # doctest: +SKIP
         >>> ev.worst, ev.boundary, ev.gap_ci  # doctest: +SKIP
     """
-    return run(Evaluation(n_permutations), model, task, arguments_of(evaluate, locals()))
+    arguments = arguments_of(evaluate, locals())
+    return run(Evaluation.from_arguments(arguments), model, task, arguments)
 
 
 def eval_from_items(

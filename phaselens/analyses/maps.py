@@ -9,15 +9,14 @@ import numpy as np
 import pandas as pd
 
 from phaselens.analyses.knockout_runs import engine_metrics, full_metrics
-from phaselens.analyses.knockouts import Calibration, Knockout, calibrate, check_method
+from phaselens.analyses.knockouts import Calibration, Knockout, calibrate, calibration_items, check_method
 from phaselens.analyses.runner import Analysis, Common, ResamplingOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import items_from_logits, score_items
+from phaselens.analyses.units import Units
 from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.checks import as_int, as_names
-from phaselens.core.errors import InputError
 from phaselens.core.margins import cell_margins
 from phaselens.results.phase_map import KINDS, PhaseMap
-from phaselens.runtime.planning import MapPlan, plan_map
 from phaselens.stats.effects import Effects, relative_effects
 
 
@@ -72,25 +71,27 @@ class Map(Analysis[MapState]):
     calibration: Any = None
     rows_per_pass: int = 4096
     engine: str = "auto"
-    plan: bool = False
     cells: pd.DataFrame | None = None
 
     def check(self, model: PhaseModel, options: Common) -> Map:
         method = check_method(self.method)
         kinds = as_names("kinds", self.kinds, KINDS)
         rows_per_pass = as_int("rows_per_pass", self.rows_per_pass, minimum=1)
-        if not isinstance(self.plan, bool):
-            raise InputError(f"plan must be True or False, got {self.plan!r}.")
         return replace(self, method=method, kinds=kinds, rows_per_pass=rows_per_pass,
                        engine=choose_engine(model, self.engine), cells=map_cells(model.dims, tuple(kinds)))
 
-    def prices_only(self) -> bool:
-        return self.plan
-
-    def dry_run(self, model: PhaseModel, items: Any, options: Common) -> MapPlan:
-        return plan_map(model, items, self.cells, engine=self.engine, method=self.method,
-                        calibration=self.calibration, batch_size=options.batch_size,
-                        rows_per_pass=self.rows_per_pass)
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """The calibration (mean and resample: ``batch_size`` items per forward), then the clean pass and one
+        pass per cell (``"full"``), or the query-suffix engine over every item: the clean query step, then each
+        cell's query rows from its layer up, ``rows_per_pass // N`` cells per engine call."""
+        cells = self.cells if self.cells is not None else map_cells(model.dims, tuple(self.kinds))
+        kinds = {str(k): int(v) for k, v in cells["kind"].value_counts(sort=False).items()}
+        suffix = self.engine == "suffix"
+        return Units(engine=self.engine, item_passes=0 if suffix else 1, cells=kinds,
+                     cell_layers=tuple(int(x) for x in cells["layer"]), rows_per_pass=self.rows_per_pass,
+                     cells_per_call=max(1, self.rows_per_pass // max(int(items.n), 1)),
+                     calibration_items=calibration_items(self.method, self.calibration, int(items.modulus)),
+                     calibration_batch=options.batch_size, unit="cell")
 
     def prepare(self, run: Run) -> MapState:
         model, batch, o, cells = run.model, run.batch, run.options, self._cells
@@ -168,9 +169,8 @@ def specialization_map(
     calibration: Any = None,
     rows_per_pass: int = 4096,
     engine: str = "auto",
-    plan: bool = False,
     **options: Unpack[ResamplingOptions],
-) -> PhaseMap | MapPlan:
+) -> PhaseMap:
     """Knock out every head (and KV head, and layer) at each item's query position; effects per residue.
 
     Args:
@@ -187,15 +187,16 @@ def specialization_map(
         engine: ``"auto"`` (the fastest exact engine the model offers), ``"suffix"`` (the query-suffix engine:
             the clean prefix once, then only the query rows per cell) or ``"full"`` (one full forward per cell,
             the reference way); ``metadata["engine"]`` names the one used.
-        plan: a dry run: return a :class:`~phaselens.runtime.planning.MapPlan` (cells, forwards, token passes, a
-            memory estimate) for this model, task and settings without running the model (items are built).
+
+    ``phaselens.plan(model, "specialization_map", task, ...)`` prices the same call (cells, forwards, token passes,
+    memory) without running it.
 
     Example:
         >>> pm = phaselens.specialization_map(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
         >>> pm.specialization_index().head()  # doctest: +SKIP
     """
-    return run(Map(method, kinds, calibration, rows_per_pass, engine, plan), model, task,
-               arguments_of(specialization_map, locals()))
+    arguments = arguments_of(specialization_map, locals())
+    return run(Map.from_arguments(arguments), model, task, arguments)
 
 
 def _heads(row: pd.Series) -> list[Any]:

@@ -28,6 +28,7 @@ from phaselens.analyses.scoring import (
     query_logits,
     query_metrics,
 )
+from phaselens.analyses.units import Units
 from phaselens.contract.protocol import HookContext, PhaseModel, choose_engine
 from phaselens.core.checks import as_float
 from phaselens.core.errors import InputError
@@ -142,6 +143,16 @@ class Patching(Analysis[PatchState]):
         heads = parse_heads(self.heads if self.heads is not None else [f"L{i}" for i in range(cfg.n_layers)], cfg)
         return replace(self, eps=eps, engine=engine, heads=tuple(heads))
 
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """The source's ``z`` captured and the clean and corrupted items scored (three forwards of every item),
+        then one unit per head: a forward of every item (``"full"``), or one query-row pass of the query-suffix
+        engine over the run patched into (``"suffix"``; cells per engine call as :meth:`per_call`)."""
+        K = len(self.heads)
+        per_call = (max(1, -(-K // world().size)) if options.checkpoint is None else
+                    max(1, 4096 // max(1, int(items.n))))
+        return Units(self.engine, item_passes=3, cells={"head": K}, cell_layers=tuple(h.layer for h in self.heads),
+                     cells_per_call=per_call, unit="cell")
+
     def prepare(self, run: Run) -> PatchState:
         model, batch, bs = run.model, run.batch, run.options.batch_size
         clean, corrupt = batch.tokens, batch.corrupted
@@ -241,7 +252,8 @@ def patch(
         eps: the smallest ``|M_clean - M_corrupt|`` for which recovery is defined.
         engine: ``"auto"``, ``"suffix"`` (query rows over a cached prefix) or ``"full"``.
     """
-    return run(Patching(heads, direction, site, eps, engine), model, task, arguments_of(patch, locals()))
+    arguments = arguments_of(patch, locals())
+    return run(Patching.from_arguments(arguments), model, task, arguments)
 
 
 def _query_patch(model: Any, head: Head, source: torch.Tensor):

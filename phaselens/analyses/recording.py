@@ -176,7 +176,8 @@ def record(
         >>> rec = phaselens.record(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
         >>> rec.read["key_entries"].sel(layer=1).values  # [head, residue]  # doctest: +SKIP
     """
-    return run(Record(), model, task, arguments_of(record, locals()))
+    arguments = arguments_of(record, locals())
+    return run(Record.from_arguments(arguments), model, task, arguments)
 
 
 def _read_hooks(acc, layer, spec, rows, qp, t_k, t_v, full_pattern: bool) -> list:

@@ -21,6 +21,7 @@ from phaselens.analyses.scoring import (
     model_logits,
     stack_metrics,
 )
+from phaselens.analyses.units import Units
 from phaselens.contract.protocol import PhaseModel, is_black_box, model_name, require
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError, NotApplicableError
@@ -162,6 +163,12 @@ class Repair(Analysis[RepairState]):
                              "shift_sets=('all', 'opposite', (0, 2)).")
         return replace(self, combines=tuple(combines))
 
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """One forward per block of items holding every shifted copy (``S`` copies, each ``S - 1`` tokens
+        longer, padded), once: every rule combines the same copies."""
+        S = int(options.stride if options.stride is not None else model.dims.analysis_spec.stride)
+        return Units(item_passes=1, copies=S, extra_tokens=S - 1)
+
     def prepare(self, run: Run) -> RepairState:
         S = run.stride
         resolved = [resolve_shifts(shifts, S) for shifts in self.shift_sets]  # every set checked before the copies run
@@ -240,8 +247,8 @@ def repair_table(
         pad_id: the single-token pad (default: the model's or the task's filler).
         n_permutations: permutations of each row's gap test.
     """
-    return run(Repair(shift_sets, combines, pad_id, n_permutations), model, task,
-               arguments_of(repair_table, locals()))
+    arguments = arguments_of(repair_table, locals())
+    return run(Repair.from_arguments(arguments), model, task, arguments)
 
 
 def _row(shifts: str, rule: str, cost: int, ev: PhaseEval, any_right: float) -> dict[str, Any]:

@@ -13,12 +13,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from phaselens.models.capacity import plan_model
 from phaselens.models.deepseek_v41 import IndexTopKWarning, load_v41
 from phaselens.models.deepseek_v41.checkpoint import meta_v41
 from phaselens.models.deepseek_v41.config import V41Config
 from phaselens.models.deepseek_v41.engram import EngramTable, engram_traffic
 from phaselens.models.deepseek_v41.placement import host_modules, resolve
+from phaselens.planning.checkpoint_plan import plan_model
 from phaselens.presentation.cli import app
 from phaselens.runtime.replicas import _units, replica_device_map
 from tests.support.deepseek_v41 import TINY_TEXT, write_tiny_checkpoint
