@@ -19,7 +19,7 @@ Phases (each a real ``phaselens.train.family.trainer.train_family`` run, bf16 au
 4. ``paper-w4s4`` without activation checkpointing, a few steps: the memory it saves.
 
 Each phase prints tokens/s, seconds per step, peak allocated memory, the plan's memory estimate for one GPU
-(``phaselens.train.family.plan``), the model-FLOPs utilisation (``mfu``: the plan's model FLOPs per token,
+(``phaselens.train.family.training_plan``), the model-FLOPs utilisation (``mfu``: the plan's model FLOPs per token,
 ``phaselens.train.family.costs.flops_per_token``, times tokens/s over the peak of ``--peak-tflops``) and the
 hardware-FLOPs utilisation (``hfu``: the same with activation checkpointing's recompute). The data warm-up is
 off, so every step trains the paper task's 351-token rows.
@@ -46,10 +46,10 @@ def phase(name: str, recipe_name: str, *, batch: int, micro: int, max_steps: int
     import shutil
 
     from phaselens.train.family.data import TokenFiles
-    from phaselens.train.family.plan import plan_run
     from phaselens.train.family.recipes import family_recipe
     from phaselens.train.family.run import family_data
     from phaselens.train.family.trainer import Parallelism, read_log, train_family
+    from phaselens.train.family.training_plan import plan_run
 
     # a long schedule that every phase stops early (time limit or max_steps): no final gather, one
     # checkpoint per stop (the 0.6b state is 7.9 GB: weights and AdamW's two moments in fp32)

@@ -18,15 +18,15 @@ from phaselens.core.version import __version__
 
 # the module that defines each public name
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "phaselens.analyses.ablation": ("AblationResult", "ablate"),
-    "phaselens.analyses.attribution": ("AttributionMap", "attribution_map"),
-    "phaselens.analyses.cycling": ("GateCyclingResult", "cycle_gates", "gate_cycling_test"),
-    "phaselens.analyses.evaluation": ("PhaseEval", "evaluate"),
+    "phaselens.analyses.ablation": ("ablate",),
+    "phaselens.analyses.attribution": ("attribution_map",),
+    "phaselens.analyses.cycling": ("cycle_gates", "gate_cycling_test"),
+    "phaselens.analyses.evaluation": ("evaluate",),
     "phaselens.analyses.knockouts": ("Knockout", "knockout"),
-    "phaselens.analyses.maps": ("PhaseMap", "specialization_map"),
-    "phaselens.analyses.patching": ("PatchResult", "patch"),
-    "phaselens.analyses.recording": ("Recording", "record"),
-    "phaselens.repair.table": ("RepairTable", "repair_table"),
+    "phaselens.analyses.maps": ("specialization_map",),
+    "phaselens.analyses.patching": ("patch",),
+    "phaselens.analyses.recording": ("record",),
+    "phaselens.repair.table": ("repair_table",),
     "phaselens.contract.hooknames": ("combined_pattern",),
     "phaselens.contract.protocol": ("CAPABILITIES", "HookContext", "PhaseModel", "call_state", "capability"),
     "phaselens.core.geometry": ("PhaseSpec",),
@@ -40,7 +40,16 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.repair.ensemble": ("PhaseEnsemble", "phase_ensemble"),
     "phaselens.models.sources": ("load",),
     "phaselens.presentation.reporting": ("report",),
-    "phaselens.runtime.planning": ("MapPlan",),
+    "phaselens.results.ablation_effects": ("AblationResult",),
+    "phaselens.results.attribution_estimate": ("AttributionMap",),
+    "phaselens.results.entry_reads_writes": ("Recording",),
+    "phaselens.results.gate_cycling": ("GateCyclingResult",),
+    "phaselens.results.patch_recovery": ("PatchResult",),
+    "phaselens.results.phase_eval": ("PhaseEval",),
+    "phaselens.results.phase_map": ("PhaseMap",),
+    "phaselens.results.repair_rules": ("RepairTable",),
+    "phaselens.planning.plans": ("plan",),
+    "phaselens.planning.run_plan": ("Plan",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 # Model objects phaselens did not build (a transformers model, an nnsight envoy, a TransformerLens bridge) are
@@ -55,14 +64,14 @@ _SUBPACKAGES = ("plots", "results", "stats", "tasks")
 
 if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve in __getattr__
     from phaselens import plots, results, stats, tasks  # noqa: F401
-    from phaselens.analyses.ablation import AblationResult, ablate
-    from phaselens.analyses.attribution import AttributionMap, attribution_map
-    from phaselens.analyses.cycling import GateCyclingResult, cycle_gates, gate_cycling_test
-    from phaselens.analyses.evaluation import PhaseEval, evaluate
+    from phaselens.analyses.ablation import ablate
+    from phaselens.analyses.attribution import attribution_map
+    from phaselens.analyses.cycling import cycle_gates, gate_cycling_test
+    from phaselens.analyses.evaluation import evaluate
     from phaselens.analyses.knockouts import Knockout, knockout
-    from phaselens.analyses.maps import PhaseMap, specialization_map
-    from phaselens.analyses.patching import PatchResult, patch
-    from phaselens.analyses.recording import Recording, record
+    from phaselens.analyses.maps import specialization_map
+    from phaselens.analyses.patching import patch
+    from phaselens.analyses.recording import record
     from phaselens.contract.hooknames import combined_pattern
     from phaselens.contract.protocol import CAPABILITIES, HookContext, PhaseModel, call_state, capability
     from phaselens.core.geometry import PhaseSpec
@@ -81,10 +90,19 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve i
     from phaselens.models.deepseek_v4 import DeepSeekV4Adapter
     from phaselens.models.objects import from_hf
     from phaselens.models.sources import load
+    from phaselens.planning.plans import plan
+    from phaselens.planning.run_plan import Plan
     from phaselens.presentation.reporting import report
     from phaselens.repair.ensemble import PhaseEnsemble, phase_ensemble
-    from phaselens.repair.table import RepairTable, repair_table
-    from phaselens.runtime.planning import MapPlan
+    from phaselens.repair.table import repair_table
+    from phaselens.results.ablation_effects import AblationResult
+    from phaselens.results.attribution_estimate import AttributionMap
+    from phaselens.results.entry_reads_writes import Recording
+    from phaselens.results.gate_cycling import GateCyclingResult
+    from phaselens.results.patch_recovery import PatchResult
+    from phaselens.results.phase_eval import PhaseEval
+    from phaselens.results.phase_map import PhaseMap
+    from phaselens.results.repair_rules import RepairTable
 
 
 def __getattr__(name: str):
@@ -119,7 +137,7 @@ __all__ = [
     "HookContext",
     "Knockout",
     "Labelled",
-    "MapPlan",
+    "Plan",
     "PatchResult",
     "PhaseEnsemble",
     "PhaseEval",
@@ -144,6 +162,7 @@ __all__ = [
     "parse_heads",
     "patch",
     "phase_ensemble",
+    "plan",
     "record",
     "repair_table",
     "report",

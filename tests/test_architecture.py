@@ -2,7 +2,8 @@
 
 The layers, lowest first (docs/architecture.md). A module may import from its own layer and from lower ones;
 ``analyses`` and ``models`` share a rank but never import each other (they meet only in the contract).
-Imports are read from the source (function-level imports count; ``TYPE_CHECKING`` blocks do not).
+Imports are read from the source: module-level, function-level and ``TYPE_CHECKING`` imports all count (an
+annotation is a dependency too).
 """
 
 from __future__ import annotations
@@ -21,14 +22,15 @@ PKG = Path(phaselens.__file__).resolve().parent
 LAYERS = {
     "core": 0, "data": 0,
     "stats": 1, "tasks": 1,
-    "plots": 2,
-    "contract": 3,
-    "runtime": 4, "storage": 4, "parallel": 4,
-    "results": 5,
+    "contract": 2,
+    "runtime": 3, "storage": 3, "parallel": 3,
+    "results": 4,  # every result type
+    "plots": 5,  # figures of results: plots read results, never analyses
     "analyses": 6, "models": 6,
-    "train": 7, "integrations": 7, "repair": 7,
-    "presentation": 8,
-    "__init__": 9, "__main__": 9,
+    "planning": 7, "repair": 7,  # plans read models (through the contract) and what analyses declare they run
+    "train": 8, "integrations": 8,
+    "presentation": 9,
+    "__init__": 10, "__main__": 10,
 }
 SIBLINGS = {frozenset({"analyses", "models"})}
 
@@ -44,9 +46,6 @@ def _modules() -> dict[str, Path]:
 
 def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            node.body = []
     pkg = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     out = set()
     for node in ast.walk(tree):
@@ -146,6 +145,8 @@ def test_imports_point_down(graph):
     assert not bad, "\n".join(bad)
 
 
+# Issue 45, Part A (the model layer) breaks this one; it is exempt, exactly as it is, until that merges (then
+# delete it): the compressed transformer, its cache, its query engine and its file I/O import each other.
 def test_no_import_cycles(graph):
     cycles = import_cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" <-> ".join(c) for c in cycles)
@@ -226,6 +227,24 @@ def test_the_cycle_check_fires_on_a_planted_cycle(graph):
     a, b = "phaselens.core.checks", "phaselens.core.planted"
     g = {**graph, b: {a}, a: graph[a] | {b}}
     assert [a, b] in import_cycles(g) and not import_cycles(graph) == [[a, b]]
+
+
+@pytest.mark.parametrize("how", ["module", "function", "type_checking"])
+def test_every_kind_of_import_closes_a_cycle(graph, how):
+    """A planted module imported by ``phaselens.core.checks`` that imports it back at module level, inside a
+    function, or only under ``TYPE_CHECKING``: each is a cycle (annotations are dependencies too)."""
+    import tempfile
+
+    a, planted = "phaselens.core.checks", "phaselens.core.planted"
+    source = {"module": "from phaselens.core.checks import as_int\n",
+              "function": "def f():\n    from phaselens.core.checks import as_int\n",
+              "type_checking": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                               "    from phaselens.core.checks import as_int\n"}[how]
+    with tempfile.TemporaryDirectory() as tmp:
+        f = Path(tmp) / "planted.py"
+        f.write_text(source)
+        g = {**graph, planted: _imports(planted, f, set(graph) | {planted}), a: graph[a] | {planted}}
+    assert [a, planted] in import_cycles(g)
 
 
 def test_a_small_top_level():

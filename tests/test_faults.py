@@ -456,7 +456,7 @@ def _write_zoo_dir(d, overwrite):
 
 
 def _write_result(d, overwrite):
-    from phaselens.analyses.cycling import GateCyclingResult
+    from phaselens.results.gate_cycling import GateCyclingResult
 
     frame = pd.DataFrame({"delta": [1], "phase": [0], "observed": [0.5], "predicted": [0.5], "boundary": [False]})
     GateCyclingResult(frame, 0.5, 0.5, {1: 0.5}, np.ones(4), 4).save(d / "result.phaselens", overwrite=overwrite)

@@ -212,7 +212,7 @@ CASES = [
      "or fewer"),
     ("batch_size=10**6 over 10**6 items", lambda w: phaselens.record(w.m, n_per_residue=125_000, batch_size=10**6,
                                                                      progress=False), E.ResourceError, "or fewer"),
-    ("plan=True of 8e12 items prices without building", lambda w: _plan_of_trillions(w), OK, ""),
+    ("plan of 8e12 items prices without building", lambda w: _plan_of_trillions(w), OK, ""),
     ("seed=2**63", lambda w: phaselens.evaluate(w.m, **QE, seed=2**63), E.InputError, "below 2**63"),
     ("seed=2**64 (resample map)", lambda w: phaselens.specialization_map(w.m, **Q, seed=2**64, method="resample"),
      E.InputError, "below 2**63"),
@@ -280,7 +280,7 @@ def _ids(w, **values):
 
 
 def _plan_of_trillions(w):
-    plan = phaselens.specialization_map(w.m, n_per_residue=10**12, plan=True, progress=False)
+    plan = phaselens.plan(w.m, "specialization_map", n_per_residue=10**12, progress=False)
     assert plan.items == 8 * 10**12 and not plan.fits and "does NOT fit" in repr(plan) and plan.max_per_residue
 
 

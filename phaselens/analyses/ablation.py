@@ -3,88 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Unpack
 
 import numpy as np
-import pandas as pd
 
 from phaselens.analyses.knockout_runs import KO_FIELDS, ablate_block, knockout_cell
-from phaselens.analyses.knockouts import Knockout, knockout
+from phaselens.analyses.knockouts import Knockout, calibration_items, knockout
 from phaselens.analyses.runner import Analysis, Common, ResamplingOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import METRICS, items_from_metrics, stack_metrics
+from phaselens.analyses.units import Units
 from phaselens.contract.cells import Cell
 from phaselens.contract.protocol import PhaseModel, choose_engine
-from phaselens.core.heads import Head
-from phaselens.results.base import Result
-from phaselens.stats.effects import EFFECT_COLUMNS, Effects, relative_effects
-
-
-@dataclass(frozen=True, repr=False, eq=False)
-class AblationResult(Result):
-    """Clean against knocked-out accuracy for one set of heads.
-
-    ``effects`` holds ``[1, residues]`` arrays and ``phase_effects`` ``[1, phases]`` (residues folded mod S, the
-    same resampling; see :class:`~phaselens.stats.effects.Effects`); ``items`` one row per item with
-    ``correct`` / ``correct_ko`` and ``logit_diff`` / ``logit_diff_ko``.
-    """
-
-    LEVELS = ("residue", "phase", "item")
-    COLUMNS = {
-        "residue": ("residue", "phase", *EFFECT_COLUMNS),
-        "phase": ("phase", *EFFECT_COLUMNS, "boundary"),
-        "item": ("item_id", "residue", "phase", "correct", "correct_ko", "logit_diff", "logit_diff_ko"),
-    }
-
-    heads: tuple[Head, ...]
-    method: str
-    effects: Effects
-    phase_effects: Effects
-    items: pd.DataFrame
-    stride: int
-    modulus: int
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def per_residue(self) -> pd.DataFrame:
-        """One row per residue with items: clean and KO accuracy, relative change with its bootstrap CI,
-        McNemar p, and the mean change of the logit difference."""
-        return _frame(self.effects, self.modulus, self.stride, "residue")
-
-    def per_phase(self) -> pd.DataFrame:
-        """Residues folded mod S: the same columns per phase, plus ``boundary``."""
-        out = _frame(self.phase_effects, self.stride, self.stride, "phase")
-        out["boundary"] = out["phase"] == self.stride - 1
-        return out
-
-    def per_item(self) -> pd.DataFrame:
-        return self.items.copy()
-
-    def summary(self) -> str:
-        ph = self.per_phase()
-        heads = ", ".join(map(str, self.heads[:6])) + ("..." if len(self.heads) > 6 else "")
-        lines = [f"AblationResult: knock out {heads} ({self.method}) on {len(self.items)} items, stride {self.stride}"]
-        for row in ph.itertuples():
-            rc = "undefined (clean acc < 2%)" if row.undefined else (
-                f"{row.rel_change:+.1f}% [{row.ci_low:+.1f}, {row.ci_high:+.1f}], p={row.pvalue:.2g}")
-            lines.append(f"  phase {row.phase}{' (boundary)' if row.boundary else ''}: clean {100 * row.clean_acc:.1f}% "
-                         f"-> KO {100 * row.ko_acc:.1f}%  ({rc})")
-        return "\n".join(lines)
-
-    def plot(self, **kwargs: Any):
-        from phaselens import plots
-
-        return plots.phase_rose(self, **kwargs)
-
-
-def _frame(e: Effects, n_groups: int, stride: int, level: str) -> pd.DataFrame:
-    g = np.arange(n_groups)
-    df = pd.DataFrame({
-        level: g, **({"phase": g % stride} if level == "residue" else {}), "n": e.n,
-        "clean_acc": e.clean_acc, "ko_acc": e.ko_acc[0], "rel_change": e.rel_change[0],
-        "ci_low": e.ci_low[0], "ci_high": e.ci_high[0], "pvalue": e.pvalue[0],
-        "delta_logit_diff": e.delta_logit_diff[0], "undefined": e.undefined[0],
-    })
-    return df[df["n"] > 0].reset_index(drop=True)
+from phaselens.core.heads import parse_heads
+from phaselens.results.ablation_effects import AblationResult
+from phaselens.stats.effects import Effects, relative_effects
 
 
 @dataclass(frozen=True)
@@ -112,6 +45,18 @@ class Ablation(Analysis[AblationState]):
 
     def check(self, model: PhaseModel, options: Common) -> Ablation:
         return replace(self, used=choose_engine(model, self.engine))  # refused before the calibration runs
+
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """The calibration (mean and resample: the task's items, 64 per forward), then per block of items a
+        clean and a knocked-out forward (``"full"``), or a query-suffix engine over the block with the one
+        cell (``"suffix"``: heads of one layer)."""
+        layers = sorted({h.layer for h in parse_heads(self.heads, model.dims)})
+        engine = "full" if self.used == "suffix" and self.engine == "auto" and len(layers) > 1 else self.used
+        cal = calibration_items(self.method, self.calibration, int(items.modulus))
+        if engine == "suffix":
+            return Units("suffix", item_passes=0, cells={"knockout": 1}, cell_layers=(layers[0],),
+                         engine_scope="block", calibration_items=cal)
+        return Units(item_passes=1, cells={"knockout": 1}, calibration_items=cal)
 
     def prepare(self, run: Run) -> AblationState:
         ko = knockout(run.model, self.heads, method=self.method, calibration=self.calibration, task=run.task,
@@ -186,4 +131,5 @@ def ablate(
         >>> res = phaselens.ablate(phaselens.load("zoo:w8s4"), "L0H3", phase=3, n_per_residue=32)  # doctest: +SKIP
         >>> res.per_phase()  # doctest: +SKIP
     """
-    return run(Ablation(heads, method, calibration, engine), model, task, arguments_of(ablate, locals()))
+    arguments = arguments_of(ablate, locals())
+    return run(Ablation.from_arguments(arguments), model, task, arguments)

@@ -7,73 +7,22 @@ items (about three forward-equivalents in all, against one pass per head for the
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Unpack
 
 import numpy as np
-import pandas as pd
 import torch
 from scipy import stats as sps
 
-from phaselens.analyses.knockouts import Calibration, calibrate, check_method, z_name
+from phaselens.analyses.knockouts import Calibration, calibrate, calibration_items, check_method, z_name
 from phaselens.analyses.runner import Analysis, Common, CommonOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import model_logits
+from phaselens.analyses.units import Units
 from phaselens.contract.protocol import HookContext, PhaseModel, model_name
 from phaselens.core.errors import InputError, NotApplicableError
 from phaselens.core.labelled import Labelled
-from phaselens.results.base import Result
+from phaselens.results.attribution_estimate import AttributionMap
 from phaselens.stats.by_residue import residue_mean_ci
-
-
-@dataclass(frozen=True, repr=False, eq=False)
-class AttributionMap(Result):
-    """Estimated change of the logit difference per ``[layer, head, residue]`` (mean over items, t CI).
-
-    ``spearman`` is the rank correlation with an exact :class:`~phaselens.analyses.maps.PhaseMap`'s
-    ``delta_logit_diff`` over the same cells, when one was given. ``values`` ``[N, layer, head]`` holds the
-    per-item estimates, ``residue`` ``[N]``.
-    """
-
-    LEVELS = ("residue", "phase")
-    COLUMNS = {
-        "residue": ("quantity", "layer", "head", "residue", "phase", "value", "ci_low", "ci_high"),
-        "phase": ("quantity", "layer", "head", "phase", "value", "ci_low", "ci_high", "boundary"),
-    }
-
-    estimate: Labelled
-    spearman: float | None
-    method: str
-    stride: int
-    modulus: int
-    values: np.ndarray
-    residue: np.ndarray
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-    def per_residue(self) -> pd.DataFrame:
-        """Tidy rows per (layer, head, residue): ``value`` with ``ci_low`` / ``ci_high``."""
-        out = self.estimate.to_frame()
-        out.insert(out.columns.get_loc("residue") + 1, "phase", out["residue"] % self.stride)
-        return out[out["residue"].isin(np.unique(self.residue))].reset_index(drop=True)  # residues with items
-
-    def per_phase(self) -> pd.DataFrame:
-        """The same per (layer, head, phase): residues folded mod S."""
-        m, lo, hi = residue_mean_ci(self.values, self.residue % self.stride, self.stride)
-        c = self.estimate.coords
-        lab = Labelled(m, ("layer", "head", "phase"), {"layer": c["layer"], "head": c["head"],
-                                                       "phase": np.arange(self.stride)}, lo, hi, name=self.estimate.name)
-        out = lab.to_frame()
-        out["boundary"] = out["phase"] == self.stride - 1
-        return out[out["phase"].isin(np.unique(self.residue % self.stride))].reset_index(drop=True)
-
-    def plot(self, **kwargs: Any):
-        from phaselens import plots
-
-        return plots.attribution_heatmap(self, **kwargs)
-
-    def summary(self) -> str:
-        rho = "n/a" if self.spearman is None else f"{self.spearman:.3f}"
-        return f"AttributionMap({self.method}; stride {self.stride}, residues mod {self.modulus}; Spearman vs exact: {rho})"
 
 
 @dataclass(frozen=True)
@@ -102,6 +51,12 @@ class Attribution(Analysis[AttributionState]):
                 "them; call it outside that block (torch.no_grad() around it is fine: attribution_map enables "
                 "gradients itself, and fills no parameter's .grad).")
         return replace(self, method=method)
+
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """The calibration (mean: the task's items, 64 per forward), then one forward and one backward of
+        every item."""
+        return Units(item_passes=1, calibration_items=calibration_items(self.method, self.calibration,
+                                                                        int(items.modulus)), backward=True)
 
     def prepare(self, run: Run) -> AttributionState:
         L, H = run.model.dims.n_layers, run.model.dims.n_heads
@@ -211,13 +166,14 @@ def attribution_map(
         exact: an exact PhaseMap built on the same items (same task, ``n_per_residue`` and ``seed``) to
             report the Spearman correlation with.
     """
-    return run(Attribution(method, calibration, exact), model, task, arguments_of(attribution_map, locals()))
+    arguments = arguments_of(attribution_map, locals())
+    return run(Attribution.from_arguments(arguments), model, task, arguments)
 
 
 def _check_exact(exact: Any, n_layers: int, n_heads: int, modulus: int) -> None:
     """``exact`` must be a PhaseMap with head cells on the same layers, heads and residues (checked before the
     gradients run)."""
-    from phaselens.analyses.maps import PhaseMap
+    from phaselens.results.phase_map import PhaseMap
 
     if exact is None:
         return

@@ -11,7 +11,7 @@ checked by simulation in ``tests/analyses/test_cycling.py`` and tabulated in doc
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Unpack
 
 import numpy as np
@@ -29,10 +29,11 @@ from phaselens.analyses.runner import (
     run,
 )
 from phaselens.analyses.scoring import METRICS, block_metrics, items_from_metrics, plain_forward
+from phaselens.analyses.units import Units
 from phaselens.contract.protocol import PhaseModel, model_name, require
 from phaselens.core.checks import as_int
 from phaselens.core.errors import InputError, NotApplicableError, StatsInputError
-from phaselens.results.base import Result
+from phaselens.results.gate_cycling import GateCyclingResult
 from phaselens.stats._checks import check_draws, check_level
 
 
@@ -49,69 +50,6 @@ def cycle_gates(model: Any, delta: int) -> Any:
     return fn(delta)
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class GateCyclingResult(Result):
-    """Observed against predicted per-phase accuracy under gate cycling.
-
-    Attributes:
-        frame: rows (``delta``, ``phase``, ``observed``, ``predicted``, ``boundary``).
-        r2: R^2 of observed against predicted (identity line), pooled over deltas, boundary phase excluded.
-            A negative R^2 means the prediction "the profile moves with the gates" fits worse than a flat
-            line at the observed mean: the weak phases did not move with the gate parameters.
-        r2_all: the same with the boundary phase included.
-        boundary: accuracy of the boundary phase under each delta (``{delta: acc}``), reported separately.
-        base: per-phase accuracy of the unmodified model.
-        r2_ci, r2_all_ci: 95% intervals of ``r2`` and ``r2_all`` (:func:`r2_bootstrap_ci`; NaN when
-            ``n_bootstrap`` was 0).
-        evals: the :class:`~phaselens.evaluate.PhaseEval` of each delta (0: the unmodified model).
-    """
-
-    LEVELS = ("residue", "phase")
-    COLUMNS = {
-        "residue": ("residue", "phase", "n", "correct", "acc", "ci_low", "ci_high", "nll", "delta"),
-        "phase": ("phase", "n", "correct", "acc", "ci_low", "ci_high", "boundary", "delta", "predicted"),
-    }
-
-    frame: pd.DataFrame
-    r2: float
-    r2_all: float
-    boundary: dict[int, float]
-    base: np.ndarray
-    stride: int
-    evals: dict[int, Any] = field(default_factory=dict)
-    metadata: dict[str, Any] = field(default_factory=dict)
-    r2_ci: tuple[float, float] = (float("nan"), float("nan"))
-    r2_all_ci: tuple[float, float] = (float("nan"), float("nan"))
-
-    def per_residue(self) -> pd.DataFrame:
-        """Accuracy per residue under each delta (``delta`` 0 is the unmodified model), with Wilson CIs."""
-        return pd.concat([ev.per_residue().assign(delta=d) for d, ev in self.evals.items()], ignore_index=True)
-
-    def per_phase(self) -> pd.DataFrame:
-        """Per delta and phase: ``acc`` (observed), ``predicted`` (the unmodified profile rolled by delta),
-        Wilson ``ci_low`` / ``ci_high`` and ``n``; ``boundary`` marks phase S - 1."""
-        rows = []
-        for d, ev in self.evals.items():
-            ph = ev.per_phase().assign(delta=d)
-            ph["predicted"] = self.base[(ph["phase"].to_numpy() - d) % self.stride]
-            rows.append(ph)
-        return pd.concat(rows, ignore_index=True)
-
-    def summary(self) -> str:
-        b = ", ".join(f"{d:+d}: {100 * a:.1f}%" for d, a in self.boundary.items())
-        if not np.isfinite(self.r2):  # no variation to explain: the test says nothing either way
-            return (f"GateCyclingResult(stride {self.stride}: R^2 undefined without the boundary phase: the "
-                    "observed accuracy does not vary over the phases, so this test cannot tell whether the weak "
-                    "phases move with the gates (use more items, or a harder task); boundary accuracy by delta "
-                    f"{b})")
-        return (f"GateCyclingResult(stride {self.stride}: R^2 {self.r2:.2f} [95% CI {self.r2_ci[0]:.2f}, "
-                f"{self.r2_ci[1]:.2f}] without the boundary phase ({self.r2_all:.2f} with it; below 0: the weak "
-                f"phases did not move with the gates); boundary accuracy by delta {b})")
-
-    def plot(self, **kwargs: Any):
-        from phaselens import plots
-
-        return plots.gate_cycling_scatter(self, **kwargs)
 
 
 def r_squared(observed: np.ndarray, predicted: np.ndarray) -> float:
@@ -260,6 +198,11 @@ class GateCycling(Analysis[NoState]):
         # NotApplicableError before any item is built: nothing rolls
         return replace(self, deltas=ds, first=cycle_gates(model, ds[0]))
 
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """One forward of every item per model: the unmodified one, then each gate-cycled copy (held beside
+        it: two copies of the weights)."""
+        return Units(item_passes=1 + len(self.deltas), weight_copies=2, unit="copy")
+
     def prepare(self, run: Run) -> NoState:
         """Before any forward: the items must cover every phase, as the prediction for phase ``p`` under a
         shift is the unmodified accuracy of phase ``p - delta``."""
@@ -348,4 +291,5 @@ def gate_cycling_test(
     Raises:
         NotApplicableError: the model cannot cycle its gates (``cycle_gates`` capability), or has nothing to roll.
     """
-    return run(GateCycling(deltas), model, task, arguments_of(gate_cycling_test, locals()))
+    arguments = arguments_of(gate_cycling_test, locals())
+    return run(GateCycling.from_arguments(arguments), model, task, arguments)

@@ -3,7 +3,7 @@
 Every analysis that samples items takes the same keyword options with the same meaning (``n_per_residue``,
 ``residues``, ``seed``, ``batch_size``, ``progress``, ``stride``); :func:`check_options` checks them, once per
 call (``runner.Common.check``), so a bad value gets the same clear error everywhere. Numpy integers are
-integers. :func:`build_items` and :func:`plan_items` take options already checked.
+integers. :func:`build_items` and :func:`prepare_task` take options already checked.
 """
 
 from __future__ import annotations
@@ -176,11 +176,11 @@ def build_items(
     """
     from phaselens.runtime.budget import price_run
 
-    task, spec, residues, shape = _prepare(model, task, n_per_residue=n_per_residue, residues=residues, phase=phase,
+    task, spec, residues, shape = prepare_task(model, task, n_per_residue=n_per_residue, residues=residues, phase=phase,
                                            seed=seed, stride=stride)
     check_materialized(model)
     if is_batch(task):
-        batch = _select(task, spec, residues)
+        batch = select_rows(task, spec, residues)
         price_run(model, n_items=len(batch), seq_len=batch.seq_len, per_residue=None, n_residues=0,
                   batch_size=batch_size, query_rows=_query_rows(batch))
         check_ids(model, batch)
@@ -194,31 +194,12 @@ def build_items(
     return task, spec, batch
 
 
-def plan_items(model: Any, task: Any, *, n_per_residue: int, residues: Sequence[int] | None = None,
-               phase: Any = None, seed: int = 0, stride: int | None = None) -> tuple[Any, PhaseSpec, Any]:
-    """``(task, spec, items)`` for a dry run, without building the run's items: ``items`` is the prepared
-    batch itself, or a :class:`~phaselens.runtime.planning.PlannedItems` scaled from one item per residue
-    (positions depend on the residue, not on the draw)."""
-    from phaselens.runtime.budget import items_bytes
-    from phaselens.runtime.planning import PlannedItems
-
-    task, spec, residues, _ = _prepare(model, task, n_per_residue=n_per_residue, residues=residues, phase=phase,
-                                       seed=seed, stride=stride)
-    if is_batch(task):
-        return task, spec, _select(task, spec, residues)
-    probe = task.build(spec, n_per_residue=1, residues=residues, seed=int(seed))
-    k = int(n_per_residue)
-    slots, counts = np.unique(probe.query_pos.cpu().numpy(), return_counts=True)
-    n = len(probe) * k
-    return task, spec, PlannedItems(n, probe.seq_len, {int(q): int(c) * k for q, c in zip(slots, counts)},
-                                    probe.modulus, items_bytes(n, probe.seq_len), len(probe))
-
-
-def _prepare(model: Any, task: Any, *, n_per_residue: Any, residues: Any, phase: Any, seed: Any,
+def prepare_task(model: Any, task: Any, *, n_per_residue: Any, residues: Any, phase: Any, seed: Any,
              stride: Any) -> tuple[Any, PhaseSpec, Any, tuple[int, int] | None]:
-    """What :func:`build_items` and :func:`plan_items` share (the options are checked already):
-    ``(task, spec, residues, (n_res, T))`` (the last ``None`` for a prepared batch, or when the task cannot say
-    its length before building)."""
+    """The task, its geometry and residues, before any item is built (what :func:`build_items` and
+    ``phaselens.plan``'s planned items share; the options are checked already): ``(task, spec, residues,
+    (n_res, T))`` (the last ``None`` for a prepared batch, or when the task cannot say its length before
+    building)."""
     from phaselens.tasks.residues import check_modulus, check_residues
 
     task = resolve_task(model, task)
@@ -240,7 +221,7 @@ def _prepare(model: Any, task: Any, *, n_per_residue: Any, residues: Any, phase:
     return task, spec, residues, (n_res, T)
 
 
-def _select(batch: Any, spec: PhaseSpec, residues: Any) -> Any:
+def select_rows(batch: Any, spec: PhaseSpec, residues: Any) -> Any:
     from phaselens.tasks.residues import check_residues
 
     if residues is not None:
@@ -265,7 +246,7 @@ def check_materialized(model: Any) -> None:
         raise InputError(
             f"{type(model).__name__} has weights on the meta device (shapes without values), so nothing can be "
             "computed; load real weights (e.g. phaselens.load(..., device='cpu')), or use "
-            "specialization_map(..., plan=True), which only prices a run."
+            "phaselens.plan(model, 'specialization_map', ...), which only prices a run."
         )
 
 

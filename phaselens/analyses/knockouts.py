@@ -77,7 +77,23 @@ class Calibration:
         return self.z[layer].mean(0)
 
 
-def calibrate(model: Any, calibration: Any, layers: list[int], *, task: Any = None, n: int = 256,
+CALIBRATION_ITEMS = 256  # items calibrate builds from the task by default
+
+
+def calibration_items(method: str, calibration: Any, modulus: int, n: int = CALIBRATION_ITEMS) -> int:
+    """Items :func:`calibrate` forwards for a ``method`` knockout given ``calibration`` (``None``: ``n``
+    items of the task, rounded down to whole residues mod ``modulus``; 0 for zero knockouts and for a
+    :class:`Calibration` already computed)."""
+    if method == "zero" or isinstance(calibration, Calibration):
+        return 0
+    if calibration is None:
+        return max(1, n // modulus) * modulus
+    if isinstance(calibration, Tensor):
+        return int(calibration.shape[0])
+    return len(calibration.query_pos) if hasattr(calibration, "query_pos") else 0
+
+
+def calibrate(model: Any, calibration: Any, layers: list[int], *, task: Any = None, n: int = CALIBRATION_ITEMS,
               batch_size: int = 64) -> Calibration:
     """Collect calibration ``z`` from a TaskBatch, a ``[N, T]`` token tensor (last position), or the task
     (``n`` items), ``batch_size`` items per forward."""

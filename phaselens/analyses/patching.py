@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Literal, Unpack
 
@@ -28,6 +28,7 @@ from phaselens.analyses.scoring import (
     query_logits,
     query_metrics,
 )
+from phaselens.analyses.units import Units
 from phaselens.contract.cells import Cell
 from phaselens.contract.protocol import HookContext, PhaseModel, choose_engine
 from phaselens.core.checks import as_float
@@ -35,75 +36,12 @@ from phaselens.core.errors import InputError
 from phaselens.core.heads import Head, parse_heads
 from phaselens.core.labelled import Labelled
 from phaselens.parallel.world import world
-from phaselens.results.base import Result
+from phaselens.results.patch_recovery import PatchResult
 from phaselens.stats.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
 
 EPS_DENOM = 1e-3
 
 
-@dataclass(frozen=True, repr=False, eq=False)
-class PatchResult(Result):
-    """Normalized recovery per head and residue.
-
-    Denoising: ``(M_patched - M_corrupt) / (M_clean - M_corrupt)``; noising:
-    ``(M_clean - M_patched) / (M_clean - M_corrupt)``; each a ratio of means over a group's items (a
-    residue, or a phase), with ``M`` the answer-minus-wrong logit difference. NaN (and ``undefined``) where
-    ``|M_clean - M_corrupt|`` is below ``eps``.
-
-    Attributes:
-        recovery: ``Labelled[layer, head, residue]`` with 95% bootstrap CIs (items resampled per residue).
-        undefined: ``[layer, head, residue]`` bool; m_clean, m_corrupt: ``[residue]``; m_patched:
-            ``[layer, head, residue]`` (group means of the logit difference).
-        logit_diff, logit_diff_corrupt: ``[N]`` (clean and corrupted items), logit_diff_patched:
-            ``[heads, N]``, residue: ``[N]`` (per-item values, named as in every result).
-        residue_frame, phase_frame: the tidy levels, computed once with the run's resampling.
-    """
-
-    LEVELS = ("residue", "phase")
-    COLUMNS = {
-        "residue": ("layer", "head", "residue", "phase", "n", "recovery", "ci_low", "ci_high", "undefined",
-                    "m_clean", "m_corrupt", "m_patched"),
-        "phase": ("layer", "head", "phase", "n", "recovery", "ci_low", "ci_high", "undefined", "m_clean",
-                  "m_corrupt", "m_patched", "boundary"),
-    }
-
-    recovery: Labelled
-    undefined: np.ndarray
-    m_clean: np.ndarray
-    m_corrupt: np.ndarray
-    m_patched: np.ndarray
-    heads: tuple[Head, ...]
-    direction: str
-    stride: int
-    modulus: int
-    logit_diff: np.ndarray
-    logit_diff_corrupt: np.ndarray
-    logit_diff_patched: np.ndarray
-    residue: np.ndarray
-    residue_frame: pd.DataFrame
-    phase_frame: pd.DataFrame
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-
-    def per_residue(self) -> pd.DataFrame:
-        """Tidy rows per (layer, head, residue): recovery with its CI, ``undefined``, and the group means
-        M_clean / M_corrupt / M_patched."""
-        return self.residue_frame.copy()
-
-    def per_phase(self) -> pd.DataFrame:
-        """The same per (layer, head, phase): residues folded mod S."""
-        return self.phase_frame.copy()
-
-    def summary(self) -> str:
-        v = self.recovery.values
-        best = np.unravel_index(np.nanargmax(np.nan_to_num(v, nan=-np.inf)), v.shape) if np.isfinite(v).any() else None
-        where = f"; largest: L{best[0]}H{best[1]} residue {best[2]} ({v[best]:.2f})" if best else ""
-        return f"PatchResult({self.direction}, {len(self.heads)} heads x {self.modulus} residues{where})"
-
-    def plot(self, **kwargs: Any):
-        from phaselens import plots
-
-        return plots.patch_heatmap(self, **kwargs)
 
 
 def recovery_frame(heads: Sequence[Head], stats: tuple[np.ndarray, ...], groups: np.ndarray, n_groups: int,
@@ -205,6 +143,16 @@ class Patching(Analysis[PatchState]):
         heads = parse_heads(self.heads if self.heads is not None else [f"L{i}" for i in range(cfg.n_layers)], cfg)
         return replace(self, eps=eps, engine=engine, heads=tuple(heads))
 
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """The source's ``z`` captured and the clean and corrupted items scored (three forwards of every item),
+        then one unit per head: a forward of every item (``"full"``), or one query-row pass of the query-suffix
+        engine over the run patched into (``"suffix"``; cells per engine call as :meth:`per_call`)."""
+        K = len(self.heads)
+        per_call = (max(1, -(-K // world().size)) if options.checkpoint is None else
+                    max(1, 4096 // max(1, int(items.n))))
+        return Units(self.engine, item_passes=3, cells={"head": K}, cell_layers=tuple(h.layer for h in self.heads),
+                     cells_per_call=per_call, unit="cell")
+
     def prepare(self, run: Run) -> PatchState:
         model, batch, bs = run.model, run.batch, run.options.batch_size
         clean, corrupt = batch.tokens, batch.corrupted
@@ -304,7 +252,8 @@ def patch(
         eps: the smallest ``|M_clean - M_corrupt|`` for which recovery is defined.
         engine: ``"auto"``, ``"suffix"`` (query rows over a cached prefix) or ``"full"``.
     """
-    return run(Patching(heads, direction, site, eps, engine), model, task, arguments_of(patch, locals()))
+    arguments = arguments_of(patch, locals())
+    return run(Patching.from_arguments(arguments), model, task, arguments)
 
 
 def _query_patch(model: Any, head: Head, source: torch.Tensor):

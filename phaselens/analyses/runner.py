@@ -16,7 +16,7 @@ An analysis (a subclass of :class:`Analysis`: a frozen dataclass of its own sett
    (:func:`checked`: the model, the common options, then the analysis's own ``check``, which returns the
    checked analysis);
 2. resolve the task (``None``: the model's default task), price the run against the memory available and
-   build the items (``items.build_items``; a dry run only prices them, ``items.plan_items``);
+   build the items (``items.build_items``);
 3. ``prepare`` (calibration, a clean pass, ... whatever the units share): the state;
 4. split the units across ``torch.distributed`` ranks, checkpoint finished units under a fingerprint of the
    model, the items and the analysis's settings (resume at any world size), and show one progress bar
@@ -25,8 +25,11 @@ An analysis (a subclass of :class:`Analysis`: a frozen dataclass of its own sett
    arguments of the call (read from the public function's signature, defaults included), what the
    analysis notes (``run.metadata(**note)``), the world size and the shards.
 
+An analysis also declares what a run of it runs, as data (:meth:`Analysis.units`: its passes over the items,
+its cells, its engine), which ``phaselens.plan`` reads to price it without running it.
+
 Adding an analysis is one module: a subclass and a public function that calls :func:`run`
-(docs/architecture.md has a worked example).
+(docs/architecture.md has a worked example); its result type is a module of :mod:`phaselens.results`.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
 import numpy as np
 
-from phaselens.analyses.items import PhaseTask, build_items, check_battery_items, check_options, plan_items
+from phaselens.analyses.items import PhaseTask, build_items, check_battery_items, check_options
+from phaselens.analyses.units import Units
 from phaselens.contract.adapting import as_phase_model
 from phaselens.contract.protocol import (
     PhaseModel,
@@ -55,7 +59,6 @@ from phaselens.contract.strides import check_stride, compression_strides, stride
 from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.parallel.distributed import block_labels, item_blocks, open_checkpoint, shard_map, sharded
-from phaselens.runtime.planning import PlannedItems
 from phaselens.storage.resumable import check_checkpoint_path
 from phaselens.tasks.batch import TaskBatch
 
@@ -204,14 +207,17 @@ class Analysis(Generic[S]):
         settings normalised (``dataclasses.replace``)."""
         return self
 
-    def prices_only(self) -> bool:
-        """Whether this call is a dry run: :meth:`dry_run` answers from the items' shape, nothing is run."""
-        return False
+    @classmethod
+    def from_arguments(cls: type[A], arguments: Mapping[str, Any]) -> A:
+        """The analysis of a call from its arguments (:func:`arguments_of`): its settings are the public
+        function's own arguments, by name (``phaselens.plan`` builds it the same way, without running it)."""
+        return cls(**{f.name: arguments[f.name] for f in fields(cls) if f.init and f.name in arguments})
 
-    def dry_run(self, model: PhaseModel, items: TaskBatch | PlannedItems, options: Common) -> Any:
-        """The plan a dry run returns (:meth:`prices_only`); ``items`` is a
-        :class:`~phaselens.runtime.planning.PlannedItems` (the items' shape) or a prepared batch."""
-        raise NotImplementedError
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """What a run runs, as data (:class:`~phaselens.analyses.units.Units`), for the checked analysis;
+        ``items`` is the items' shape (``n``, ``seq_len``, ``modulus``: a built batch, or
+        ``phaselens.planning``'s planned items). Default: one forward of every item."""
+        return Units()
 
     def prepare(self, run: Run) -> S:
         """Compute what every unit shares (a calibration, a clean pass, ...): the typed state."""
@@ -259,9 +265,6 @@ def run(analysis: Analysis[Any], model: PhaseModel, task: Any, arguments: dict[s
     analysis = checked(analysis, model, options)
     item_options = dict(n_per_residue=options.n_per_residue, residues=options.residues, phase=options.phase,
                         seed=options.seed, stride=options.stride)
-    if analysis.prices_only():  # a dry run: priced without building the run's items
-        task, spec, items = plan_items(model, task, **item_options)
-        return analysis.dry_run(model, items, options)
     task, spec, batch = build_items(model, task, batch_size=options.batch_size, **item_options)
     if analysis.needs_phases:
         check_battery_items(spec, batch, options.stride, analysis.name)

@@ -43,7 +43,7 @@ CAPABILITIES: dict[str, str] = {
                     "runs many query-row interventions over one cached clean prefix (engine='suffix')",
     "cycle_gates": "model.cycle_gates(delta) -> a copy with its offset-specific gate parameters rolled by delta",
     "estimate_memory": "model.estimate_memory(tokens, batch=, query_len=, logits=) -> contract.memory.MemoryEstimate: bytes of a "
-                       "forward from the model's sizes (used by specialization_map(plan=True))",
+                       "forward from the model's sizes (used by phaselens.plan and by every run's price)",
     "answer_queries": "model.answer_queries(tokens [N, T], query_pos [N], answer [N], wrong [N], progress=) -> "
                       "contract.answers.Answers: the greedy answer after each prompt tokens[i, :query_pos[i] + 1], "
                       "with the log-probabilities the model reports (a black-box model's way to be scored)",

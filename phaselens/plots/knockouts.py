@@ -21,10 +21,10 @@ from phaselens.plots.theme import (
     mark_undefined,
 )
 
-if TYPE_CHECKING:  # annotations only: plots sit below the analyses that define the result types
-    from phaselens.analyses.attribution import AttributionMap
-    from phaselens.analyses.maps import PhaseMap
-    from phaselens.analyses.patching import PatchResult
+if TYPE_CHECKING:  # annotations only: plots read the result types (a layer below), without importing pandas or scipy
+    from phaselens.results.attribution_estimate import AttributionMap
+    from phaselens.results.patch_recovery import PatchResult
+    from phaselens.results.phase_map import PhaseMap
 
 try:  # the threshold below which a relative change is undefined (a constant of the analysis, for the legend)
     from phaselens.stats.effects import EPS_CLEAN

@@ -20,9 +20,9 @@ from phaselens.plots.theme import (
     mark_boundary,
 )
 
-if TYPE_CHECKING:  # annotations only: plots sit below the analyses that define the result types
-    from phaselens.analyses.cycling import GateCyclingResult
-    from phaselens.analyses.recording import Recording
+if TYPE_CHECKING:  # annotations only: plots read the result types (a layer below), without importing pandas or scipy
+    from phaselens.results.entry_reads_writes import Recording
+    from phaselens.results.gate_cycling import GateCyclingResult
 
 
 def read_side_attention(rec: Recording, quantity: str = "key_entries", *, title: str | None = None) -> go.Figure:

@@ -11,10 +11,10 @@ from plotly.subplots import make_subplots
 from phaselens.core.errors import InputError
 from phaselens.plots.theme import BOUNDARY, COMPRESSED, CONTROL, CYCLE_COLORS, TEMPLATE, figure, phase_label
 
-if TYPE_CHECKING:  # annotations only: plots sit below the analyses that define the result types
-    from phaselens.analyses.ablation import AblationResult
-    from phaselens.analyses.evaluation import PhaseEval
-    from phaselens.repair.table import RepairTable
+if TYPE_CHECKING:  # annotations only: plots read the result types (a layer below), without importing pandas or scipy
+    from phaselens.results.ablation_effects import AblationResult
+    from phaselens.results.phase_eval import PhaseEval
+    from phaselens.results.repair_rules import RepairTable
 
 
 def accuracy_by_residue(ev: PhaseEval, control: PhaseEval | None = None, *, title: str | None = None, name: str | None = None) -> go.Figure:

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Unpack
 
 import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.analyses.evaluation import PhaseEval, eval_from_items, scored_metrics
+from phaselens.analyses.evaluation import eval_from_items, scored_metrics
 from phaselens.analyses.items import check_options
 from phaselens.analyses.runner import Analysis, Common, ResamplingOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import (
@@ -21,76 +21,13 @@ from phaselens.analyses.scoring import (
     model_logits,
     stack_metrics,
 )
+from phaselens.analyses.units import Units
 from phaselens.contract.protocol import PhaseModel, is_black_box, model_name, require
 from phaselens.core.checks import as_int, as_names
 from phaselens.core.errors import InputError, NotApplicableError
 from phaselens.repair.shifts import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
-from phaselens.results.base import Result
-
-
-@dataclass(frozen=True, repr=False, eq=False)
-class RepairTable(Result):
-    """Repaired against unrepaired accuracy.
-
-    Attributes:
-        rows: one row per (shift set, rule) plus the unrepaired baseline: ``cost`` (forward multiple), ``mean``,
-            ``worst``, ``worst_phase``, ``boundary``, ``gap`` with its 95% CI, ``any_copy_right`` (the share of
-            items some copy answers correctly: an upper bound for any rule), the battery's ``p_chi2`` and
-            ``period`` on the repaired counts.
-        evals: the :class:`PhaseEval` of each row, keyed like ``("all", "max_conf")``; ``("none", "none")`` is
-            the unrepaired model.
-    """
-
-    rows: pd.DataFrame
-    evals: dict[tuple[str, str], PhaseEval]
-    stride: int
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def base(self) -> PhaseEval:
-        return self.evals[("none", "none")]
-
-    def best(self) -> tuple[str, str]:
-        rep = self.rows[self.rows["shifts"] != "none"]
-        r = rep.sort_values(["worst", "mean"], ascending=False).iloc[0]
-        return str(r["shifts"]), str(r["combine"])
-
-    LEVELS = ("residue", "phase", "rule")
-    COLUMNS = {
-        "residue": ("shifts", "combine", "residue", "phase", "n", "correct", "acc", "ci_low", "ci_high", "nll"),
-        "phase": ("shifts", "combine", "phase", "n", "correct", "acc", "ci_low", "ci_high", "boundary"),
-        "rule": ("shifts", "combine", "cost"),
-    }
-
-    def per_rule(self) -> pd.DataFrame:
-        """One row per (shift set, combining rule) and the baseline (the summary table)."""
-        return self.rows.copy()
-
-    def _stack(self, level: str) -> pd.DataFrame:
-        parts = [getattr(ev, "per_" + level)().assign(shifts=k[0], combine=k[1]) for k, ev in self.evals.items()]
-        out = pd.concat(parts, ignore_index=True)
-        return out[["shifts", "combine", *[c for c in out.columns if c not in ("shifts", "combine")]]]
-
-    def per_residue(self) -> pd.DataFrame:
-        """Accuracy per residue for every row (``shifts``, ``combine``; ``none`` is the unrepaired model)."""
-        return self._stack("residue")
-
-    def per_phase(self) -> pd.DataFrame:
-        """Accuracy per phase for every row, with Wilson CIs and ``boundary``."""
-        return self._stack("phase")
-
-    def summary(self) -> str:
-        lines = [f"RepairTable (stride {self.stride}; accuracies in %)"]
-        for r in self.rows.itertuples():
-            lines.append(f"  {r.shifts:>8} {r.combine:>12} x{r.cost}: mean {100 * r.mean:.1f}, worst {100 * r.worst:.1f}, "
-                         f"gap {100 * r.gap:.1f} [{100 * r.gap_ci_low:.1f}, {100 * r.gap_ci_high:.1f}], "
-                         f"any-copy {100 * r.any_copy_right:.1f}, p={r.p_chi2:.2g}, period {r.period}")
-        return "\n".join(lines)
-
-    def plot(self, **kwargs: Any):
-        from phaselens import plots
-
-        return plots.repair_panel(self, **kwargs)
+from phaselens.results.phase_eval import PhaseEval
+from phaselens.results.repair_rules import RepairTable
 
 
 @torch.no_grad()
@@ -226,6 +163,12 @@ class Repair(Analysis[RepairState]):
                              "shift_sets=('all', 'opposite', (0, 2)).")
         return replace(self, combines=tuple(combines))
 
+    def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
+        """One forward per block of items holding every shifted copy (``S`` copies, each ``S - 1`` tokens
+        longer, padded), once: every rule combines the same copies."""
+        S = int(options.stride if options.stride is not None else model.dims.analysis_spec.stride)
+        return Units(item_passes=1, copies=S, extra_tokens=S - 1)
+
     def prepare(self, run: Run) -> RepairState:
         S = run.stride
         resolved = [resolve_shifts(shifts, S) for shifts in self.shift_sets]  # every set checked before the copies run
@@ -304,8 +247,8 @@ def repair_table(
         pad_id: the single-token pad (default: the model's or the task's filler).
         n_permutations: permutations of each row's gap test.
     """
-    return run(Repair(shift_sets, combines, pad_id, n_permutations), model, task,
-               arguments_of(repair_table, locals()))
+    arguments = arguments_of(repair_table, locals())
+    return run(Repair.from_arguments(arguments), model, task, arguments)
 
 
 def _row(shifts: str, rule: str, cost: int, ev: PhaseEval, any_right: float) -> dict[str, Any]:

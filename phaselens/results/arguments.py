@@ -121,7 +121,7 @@ Choices = tuple[Any, ...] | Callable[[Any], tuple[Any, ...]]
 CHOICES: dict[str, dict[str, Choices]] = {
     "*": {"to_frame.level": lambda r: tuple(r.LEVELS)},
     "PhaseMap": {
-        "kind": ("head", "kv_head", "layer"),  # maps.KINDS (a kind the map lacks is refused by name)
+        "kind": ("head", "kv_head", "layer"),  # results.phase_map.KINDS (a kind the map lacks is refused by name)
         "quantity": ("rel_change", "ko_acc", "ci_low", "ci_high", "pvalue", "delta_logit_diff", "undefined"),
         "by": ("rel_change", "delta_logit_diff"),
     },

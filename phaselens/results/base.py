@@ -106,6 +106,15 @@ class Result:
     def plot(self, **kwargs: Any) -> Any:
         raise NotImplementedError
 
+    def _figure(self, name: str, /, **kwargs: Any) -> Any:
+        """``phaselens.plots.<name>(self, **kwargs)``: a result's ``plot``. Plots sit a layer above results
+        (they read the result types), so the figure function is looked up by its name when a figure is asked
+        for, as :mod:`phaselens.results.registry` looks up types; ``tests/plots/test_plot_types.py`` checks
+        that every name resolves."""
+        import importlib
+
+        return getattr(importlib.import_module("phaselens.plots"), name)(self, **kwargs)
+
     def save(self, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
         """Write this result to one file (safetensors + a JSON header; never pickle); read it back with
         ``type(result).load(path)`` or :func:`phaselens.results.load`."""

@@ -7,8 +7,8 @@ attribute or a callable. Before the type is called, the file's fields are checke
 :class:`~phaselens.core.errors.ResultFileError` that names it. Saving refuses a dataclass outside the table, so
 every file phaselens writes can be read back.
 
-The table holds module names as data (as ``phaselens/__init__``'s export table does): result types live with
-their analyses, a layer above this one, and are imported only when a file names them.
+The table holds module names as data (as ``phaselens/__init__``'s export table does): each type's module is
+imported only when a file names it, so ``import phaselens.results`` stays light.
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from phaselens.core.errors import InputError, ResultFileError
 
 # short name -> the module that defines it (the only modules a load ever imports)
 TYPES: dict[str, str] = {
-    "AblationResult": "phaselens.analyses.ablation",
-    "AttributionMap": "phaselens.analyses.attribution",
-    "GateCyclingResult": "phaselens.analyses.cycling",
-    "PhaseEval": "phaselens.analyses.evaluation",
-    "PhaseMap": "phaselens.analyses.maps",
-    "PatchResult": "phaselens.analyses.patching",
-    "Recording": "phaselens.analyses.recording",
-    "RepairTable": "phaselens.repair.table",
+    "AblationResult": "phaselens.results.ablation_effects",
+    "AttributionMap": "phaselens.results.attribution_estimate",
+    "GateCyclingResult": "phaselens.results.gate_cycling",
+    "PhaseEval": "phaselens.results.phase_eval",
+    "PhaseMap": "phaselens.results.phase_map",
+    "PatchResult": "phaselens.results.patch_recovery",
+    "Recording": "phaselens.results.entry_reads_writes",
+    "RepairTable": "phaselens.results.repair_rules",
     "Head": "phaselens.core.heads",
     "Labelled": "phaselens.core.labelled",
     "PhaseBattery": "phaselens.stats.battery",

@@ -7,7 +7,7 @@
   builds ``N`` items of ``T`` tokens (token ids, their corrupted twin and the builder's int64 scratch copies,
   plus the per-item table). Measured: 43-49 bytes per token (tracemalloc peak of ``task.build`` for two
   ``KVRecall`` layouts) and 44-53 (peak RSS growth at ``N`` = 12k-160k); the command is in docs/scale.md and
-  ``tests/runtime/test_planning.py`` checks the bound, so 56 is an upper bound;
+  ``tests/runtime/test_budget.py`` checks the bound, so 56 is an upper bound;
 * one scored forward of ``min(batch_size, N)`` items (:func:`forward_bytes`: the model's ``estimate_memory``
   capability where it has one), without the weights, which are in memory already;
 

@@ -175,7 +175,7 @@ def test_an_undefined_r2_states_no_finding():
     import pandas as pd
 
     from phaselens import plots
-    from phaselens.analyses.cycling import GateCyclingResult
+    from phaselens.results.gate_cycling import GateCyclingResult
 
     frame = pd.DataFrame({"delta": [1] * 4, "phase": range(4), "observed": [1.0] * 4, "predicted": [1.0] * 4,
                           "boundary": [False, False, False, True]})

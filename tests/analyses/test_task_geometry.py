@@ -26,7 +26,7 @@ ENTRY_POINTS: dict[str, Callable[..., Any]] = {  # name -> call(model, batch, **
     "patch": lambda m, b, **kw: phaselens.patch(m, "L1H0", task=b, **Q, n_bootstrap=0, **kw),
     "specialization_map": lambda m, b, **kw: phaselens.specialization_map(m, b, method="zero", kinds=("layer",),
                                                                            **Q, n_bootstrap=0, **kw),
-    "specialization_map(plan=True)": lambda m, b, **kw: phaselens.specialization_map(m, b, plan=True, **Q, **kw),
+    "plan(specialization_map)": lambda m, b, **kw: phaselens.plan(m, "specialization_map", b, **Q, **kw),
     "attribution_map": lambda m, b, **kw: phaselens.attribution_map(m, b, method="zero", **Q, **kw),
     "gate_cycling_test": lambda m, b, **kw: phaselens.gate_cycling_test(m, b, deltas=(1,), **Q, n_bootstrap=0, **kw),
     "repair_table": lambda m, b, **kw: phaselens.repair_table(m, b, shift_sets=("opposite",), **Q, n_bootstrap=0,
@@ -86,7 +86,7 @@ def test_a_batch_of_the_model_geometry_runs(entry):
     ENTRY_POINTS[entry](m, batch(m.analysis_spec))
 
 
-@pytest.mark.parametrize("entry", ["evaluate", "record", "specialization_map(plan=True)"])
+@pytest.mark.parametrize("entry", ["evaluate", "record", "plan(specialization_map)"])
 def test_a_batch_built_for_stride_runs_with_that_stride(entry):
     """stride= reads phases at another stride: a batch built for that stride (same origin) is the right one."""
     m = model()

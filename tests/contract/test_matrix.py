@@ -226,14 +226,14 @@ def check_map(k: Kind):
 
 
 def check_plan(k: Kind):
-    """The dry run of the same map (tests/runtime/test_planning.py holds its counts against counted runs)."""
-    plan = phaselens.specialization_map(k.arg, method="zero", kinds=("head", "layer"), plan=True, **k.opts)
+    """The plan of the same map (tests/planning/test_run_plans.py holds its counts against counted runs)."""
+    plan = phaselens.plan(k.arg, "specialization_map", method="zero", kinds=("head", "layer"), **k.opts)
     b = k.batch()
     cells = map_cells(k.model.dims, ("head", "layer"))
     assert (plan.items, plan.tokens, plan.n_cells) == (len(b), b.tokens.shape[1], len(cells))
     assert plan.engine == choose_engine(k.model, "auto")
     assert plan.forwards >= (1 if plan.engine == "suffix" else len(cells) + 1)
-    assert plan.full_forwards >= 1 and plan.memory["weights"] > 0 and repr(plan).startswith("MapPlan(")
+    assert plan.full_forwards >= 1 and plan.memory["weights"] > 0 and repr(plan).startswith("Plan(specialization_map on ")
 
 
 def check_patch(k: Kind):

@@ -42,7 +42,7 @@ CALLS = {
     "ablate-full": lambda m: phaselens.ablate(m, "L0H1", **SMALL, n_bootstrap=20, engine="full").per_residue(),
     "patch": lambda m: phaselens.patch(m, "L1", **SMALL, n_bootstrap=20).per_residue(),
     "map": lambda m: phaselens.specialization_map(m, **SMALL, n_bootstrap=20).per_residue(),
-    "map-plan": lambda m: _plan(phaselens.specialization_map(m, **SMALL, plan=True)),
+    "map-plan": lambda m: _plan(phaselens.plan(m, "specialization_map", **SMALL)),
     "attribution": lambda m: phaselens.attribution_map(m, **SMALL).per_residue(),
     "cycling": lambda m: phaselens.gate_cycling_test(m, **SMALL, deltas=(1,), n_bootstrap=20).per_phase(),
     "repair": lambda m: phaselens.repair_table(m, **SMALL, shift_sets=("opposite",), n_permutations=20,

@@ -90,11 +90,11 @@ def test_v41_load_option_and_analysis_keyword_follow_the_same_rule(v41):
     at4 = _load_v41(v41, analysis_stride=4)
     assert at4.analysis_spec.stride == 4 and at4.analysis_metadata["analysis_stride"] == 4
     batch = tiny_task().build(phaselens.PhaseSpec(4), n_per_residue=1, seed=0)
-    pm = phaselens.specialization_map(model, batch, stride=4, plan=True, progress=False)
+    pm = phaselens.plan(model, "specialization_map", batch, stride=4, progress=False)
     assert pm.items == len(batch)
     messages = []
     for call in (lambda: _load_v41(v41, analysis_stride=3),
-                 lambda: phaselens.specialization_map(model, batch, stride=3, plan=True, progress=False)):
+                 lambda: phaselens.plan(model, "specialization_map", batch, stride=3, progress=False)):
         with pytest.raises(PhaseGeometryError) as info:
             call()
         messages.append(str(info.value))

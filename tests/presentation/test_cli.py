@@ -200,8 +200,8 @@ def test_train_steps_reach_the_settings(tmp_path, monkeypatch):
 def test_map_plan_prints_the_dry_run_without_running():
     res = runner.invoke(app, ["map", "w4s4", "--plan", "--n-per-residue", "4", "--kinds", "head"])
     assert res.exit_code == 0, res.output
-    assert res.stdout.startswith("MapPlan(w4s4, engine 'suffix'") and "8 head" in res.stdout
+    assert res.stdout.startswith("Plan(specialization_map on w4s4, engine 'suffix'") and "8 head" in res.stdout
     for word in ("forwards", "token passes", "GiB"):
         assert word in res.stdout
-    plan = phaselens.specialization_map(phaselens.load("zoo:w4s4"), n_per_residue=4, kinds=("head",), plan=True)
+    plan = phaselens.plan(phaselens.load("zoo:w4s4"), "specialization_map", n_per_residue=4, kinds=("head",))
     assert res.stdout.strip() == repr(plan)

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 import phaselens
 from phaselens.core.errors import PhaseLensError
-from phaselens.models.capacity import plan_model
+from phaselens.planning.checkpoint_plan import plan_model
 from phaselens.presentation.cli import app
 from tests.support.paths import DATA
 

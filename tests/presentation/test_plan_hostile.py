@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 import phaselens
 from phaselens.core.errors import CheckpointError, PhaseLensError
-from phaselens.models.capacity import plan_model
+from phaselens.planning.checkpoint_plan import plan_model
 from phaselens.presentation.cli import app
 from phaselens.storage.reading import MAX_JSON_DEPTH, json_depth, parse_json
 from tests.support.paths import DATA
@@ -124,7 +124,7 @@ def test_counts_beyond_2_53_are_refused_naming_plans_option(v41_dir, option):
 
 
 def test_out_of_memory_names_plans_own_options(monkeypatch):
-    import phaselens.models.capacity as capacity
+    import phaselens.planning.checkpoint_plan as capacity
 
     def exhausted(*args, **kwargs):
         raise MemoryError()

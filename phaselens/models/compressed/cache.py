@@ -19,7 +19,7 @@ import weakref
 from typing import TYPE_CHECKING, SupportsInt
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from phaselens.core.errors import CacheError
 from phaselens.models.compressed.compressor import PoolerState
@@ -27,7 +27,6 @@ from phaselens.models.compressed.sizing import check_cache, layer_shapes
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.attention import Attention
-    from phaselens.models.compressed.transformer import CompressedTransformer
 
 
 class LayerCache:
@@ -124,7 +123,7 @@ class CompressedKVCache:
     preallocated storage.
     """
 
-    def __init__(self, model: CompressedTransformer, batch_size: SupportsInt, max_len: SupportsInt) -> None:
+    def __init__(self, model: nn.Module, batch_size: SupportsInt, max_len: SupportsInt) -> None:
         for name, value in (("batch_size", batch_size), ("max_len", max_len)):
             if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
                 raise CacheError(f"a cache needs a positive int {name}, got {value!r}; e.g. model.new_cache(batch_size=2, "
@@ -141,7 +140,7 @@ class CompressedKVCache:
         self.length = 0
         self._busy = False
 
-    def check_model(self, model: CompressedTransformer) -> None:
+    def check_model(self, model: nn.Module) -> None:
         """Refuse a model other than the one this cache was made for, or one whose dtype or device changed."""
         if self._owner() is not model:
             raise CacheError("this cache was made by another model; make one with model.new_cache(...) for this model.")

@@ -26,7 +26,6 @@ from phaselens.storage.writing import DirKind, atomic_write_dir
 
 if TYPE_CHECKING:
     from phaselens.models.compressed.config import CompressedConfig
-    from phaselens.models.compressed.transformer import CompressedTransformer
 
 WEIGHTS = "model.safetensors"
 CONFIG = "config.json"
@@ -83,7 +82,7 @@ def resolve_device(device: Any) -> torch.device:
 
 
 def save_model(
-    model: CompressedTransformer, path: str | os.PathLike, *, metadata: dict[str, Any] | None = None,
+    model: torch.nn.Module, path: str | os.PathLike, *, metadata: dict[str, Any] | None = None,
     overwrite: bool = False,
 ) -> None:
     """Write the checkpoint directory ``path`` (see the module docstring for what is replaced)."""

@@ -21,10 +21,10 @@ import torch
 
 from phaselens.runtime.budget import check_allocation, largest_fitting
 
-if TYPE_CHECKING:
-    from phaselens.models.compressed.attention import Attention
+if TYPE_CHECKING:  # the model and its attention are read by shape only: sizing imports neither (they import it)
+    from torch import nn
+
     from phaselens.models.compressed.config import CompressedConfig
-    from phaselens.models.compressed.transformer import CompressedTransformer
 
 RESIZABLE = ("d_model", "d_vocab", "d_mlp", "n_layers")  # the sizes a refusal suggests shrinking
 
@@ -121,7 +121,7 @@ def check_weights(cfg: CompressedConfig) -> None:
                      device=device, fits=fits, parts=parts)
 
 
-def layer_shapes(attn: Attention, batch: int, max_len: int) -> dict[str, tuple[int, ...]]:
+def layer_shapes(attn: nn.Module, batch: int, max_len: int) -> dict[str, tuple[int, ...]]:
     """The shape of every tensor one layer of a KV cache allocates, by name (the cache allocates from it):
     raw keys/values ``[B, rows, Hkv, d]`` (every slot in a full layer, the ring of ``local_window - 1``
     otherwise), head-major entries ``[B, Hkv, max_len // S, d]`` and the poolers' open-block state."""
@@ -138,13 +138,13 @@ def layer_shapes(attn: Attention, batch: int, max_len: int) -> dict[str, tuple[i
     return out
 
 
-def cache_bytes(model: CompressedTransformer, batch: int, max_len: int) -> int:
+def cache_bytes(model: nn.Module, batch: int, max_len: int) -> int:
     """Bytes a ``CompressedKVCache(model, batch, max_len)`` allocates (every layer's storage)."""
     size = model.unembed.weight.element_size()
     return size * sum(_prod(s) for b in model.blocks for s in layer_shapes(b.attn, batch, max_len).values())
 
 
-def check_cache(model: CompressedTransformer, batch: int, max_len: int) -> None:
+def check_cache(model: nn.Module, batch: int, max_len: int) -> None:
     """Refuse a cache of ``batch x max_len`` that does not fit where the model is, naming what does."""
     def fits(free: int) -> str:
         b = largest_fitting(lambda x: cache_bytes(model, x, max_len), free, batch)
@@ -159,7 +159,7 @@ def check_cache(model: CompressedTransformer, batch: int, max_len: int) -> None:
                      cache_bytes(model, batch, max_len), device=w.device, fits=fits)
 
 
-def forward_lower_bound(model: CompressedTransformer, batch: int, n: int, start: int, rows: int) -> dict[str, int]:
+def forward_lower_bound(model: nn.Module, batch: int, n: int, start: int, rows: int) -> dict[str, int]:
     """At least the bytes a forward of ``batch`` x ``n`` new tokens after ``start`` cached ones needs: the
     largest layer's attention scores and probabilities ``[batch, H, n, keys]`` (they coexist in the softmax),
     or the logits of ``rows`` rows, whichever is larger."""
@@ -177,7 +177,7 @@ def forward_lower_bound(model: CompressedTransformer, batch: int, n: int, start:
     return {"attention": attention} if attention >= logits else {"logits": logits}
 
 
-def check_forward(model: CompressedTransformer, batch: int, n: int, start: int, rows: int) -> None:
+def check_forward(model: nn.Module, batch: int, n: int, start: int, rows: int) -> None:
     """Refuse a forward that cannot fit where the model is (a lower bound, so nothing runnable is refused)."""
     def need(b: int, m: int) -> int:
         return sum(forward_lower_bound(model, b, m, start, min(rows, m)).values())

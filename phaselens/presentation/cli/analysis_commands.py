@@ -170,9 +170,10 @@ def map_cmd(
     kind_tuple = _parse_kinds(kinds)
     if plan:
         m = require_default_task(_load_for_phases(model, stride), model, "map", task_option=False)
-        say(repr(specialization_map(m, method=method,
-                                                     n_per_residue=n_per_residue, seed=seed, kinds=kind_tuple,
-                                                     stride=stride, plan=True)))
+        from phaselens.planning.plans import plan as plan_of
+
+        say(repr(plan_of(m, specialization_map, method=method, n_per_residue=n_per_residue, seed=seed,
+                         kinds=kind_tuple, stride=stride)))
         return
     path = check_out(out, kind="file", force=force)
     with _label(model):

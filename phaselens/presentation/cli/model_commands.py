@@ -56,11 +56,11 @@ def plan_cmd(
     """
     import json
 
-    from phaselens.models.capacity import plan_model
+    from phaselens.planning.plans import plan as plan_of
 
-    plan = plan_model(source, context=context, gpu_memory=gpu_memory, chunk=chunk, batch=batch, engram=engram,
-                      map_context=map_context, items=items, item_batch=item_batch, mfu=mfu,
-                      peak_tflops=peak_tflops, fp32_tflops=fp32_tflops, hbm_tbps=hbm_tbps)
+    plan = plan_of(source, "specialization_map", context=context, gpu_memory=gpu_memory, chunk=chunk, batch=batch,
+                   engram=engram, map_context=map_context, items=items, item_batch=item_batch, mfu=mfu,
+                   peak_tflops=peak_tflops, fp32_tflops=fp32_tflops, hbm_tbps=hbm_tbps)
     say(json.dumps(plan.to_dict(), indent=2) if as_json else str(plan))
 
 

@@ -130,7 +130,7 @@ def build_recipe(a: FamilyArgs) -> Any:
 
 def parallelism(a: FamilyArgs, recipe: Any = None, world: int = 1) -> Any:
     """Defaults where they help: bf16 on GPUs, fp32 on CPUs; activation checkpointing on a GPU only when the
-    plan's memory without it (:func:`~phaselens.train.family.plan.plan_run` at this micro-batch and world size)
+    plan's memory without it (:func:`~phaselens.train.family.training_plan.plan_run` at this micro-batch and world size)
     exceeds 90% of the GPU's memory, never on CPUs."""
     import torch
 
@@ -142,7 +142,7 @@ def parallelism(a: FamilyArgs, recipe: Any = None, world: int = 1) -> Any:
     if ac is None:
         ac = False
         if gpu and recipe is not None:
-            from phaselens.train.family.plan import GiB, plan_run
+            from phaselens.train.family.training_plan import GiB, plan_run
 
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             ac = plan_run(recipe, gpus=world, micro_batch=a.micro_batch, precision=precision,
@@ -154,7 +154,7 @@ DEFAULT_GPUS = (1, 8, 64)
 
 
 def plan_text(a: FamilyArgs) -> str:
-    from phaselens.train.family.plan import batch_split, format_plans, plan_run
+    from phaselens.train.family.training_plan import batch_split, format_plans, plan_run
 
     recipe, _ = check_args(a)
     batch = recipe.settings.batch_size
@@ -184,7 +184,7 @@ def plan_text(a: FamilyArgs) -> str:
 
 def _splits(batch: int, gpus: int, micro: int | None) -> bool:
     from phaselens.core.errors import ConfigError
-    from phaselens.train.family.plan import batch_split
+    from phaselens.train.family.training_plan import batch_split
 
     try:
         batch_split(batch, gpus, micro)
@@ -228,7 +228,7 @@ def _check_memory(recipe: Any, world: int) -> None:
 
     from phaselens.core.errors import ResourceError
     from phaselens.runtime.budget import device_available, host_available
-    from phaselens.train.family.plan import plan_run
+    from phaselens.train.family.training_plan import plan_run
 
     n = plan_run(recipe, gpus=world).parameters  # a meta-device model: nothing allocated
     state, ids = 16 * n // world, 2 * 8 * recipe.settings.batch_size * recipe.seq_len
@@ -251,8 +251,8 @@ def run(a: FamilyArgs, say: Any) -> None:
     from phaselens.parallel.world import process_world
     from phaselens.storage.writing import check_output_dir
     from phaselens.train.family import checkpoints as ckpt
-    from phaselens.train.family.plan import batch_split
     from phaselens.train.family.run import member_name, run_recipe
+    from phaselens.train.family.training_plan import batch_split
 
     recipe, pretraining = check_args(a)
     world = process_world().size

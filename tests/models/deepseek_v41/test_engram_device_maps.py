@@ -13,13 +13,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from phaselens.models.capacity import plan_model
 from phaselens.models.deepseek_v41 import IndexTopKWarning, load_v41
 from phaselens.models.deepseek_v41.checkpoint import meta_v41
 from phaselens.models.deepseek_v41.config import V41Config
 from phaselens.models.deepseek_v41.device_maps import host_modules, resolve
 from phaselens.models.deepseek_v41.engram import EngramTable, engram_traffic
 from phaselens.parallel.replicas import _units, replica_device_map
+from phaselens.planning.checkpoint_plan import plan_model
 from phaselens.presentation.cli import app
 from tests.support.deepseek_v41 import TINY_TEXT, write_tiny_checkpoint
 from tests.support.paths import DATA

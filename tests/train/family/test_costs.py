@@ -13,8 +13,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from phaselens.models.compressed.attention import NoPast
 from phaselens.models.compressed.transformer import CompressedTransformer
 from phaselens.train.family.costs import activation_bytes, flops_per_token, layer_kinds
-from phaselens.train.family.plan import GiB, plan_run
 from phaselens.train.family.recipes import family_recipe, paper_task
+from phaselens.train.family.training_plan import GiB, plan_run
 
 LAYOUTS = ["paper-full", "paper-w4s4", "paper-w8s4"]
 

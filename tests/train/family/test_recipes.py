@@ -13,7 +13,6 @@ import torch
 import phaselens
 from phaselens.core.errors import ConfigError, InputError
 from phaselens.train.family.data import FamilyData, TokenFiles
-from phaselens.train.family.plan import plan_run
 from phaselens.train.family.recipes import (
     LAYOUTS,
     family_config,
@@ -23,6 +22,7 @@ from phaselens.train.family.recipes import (
     training_tasks,
 )
 from phaselens.train.family.run import family_data
+from phaselens.train.family.training_plan import plan_run
 from tests.support.paths import ROOT
 
 

@@ -1,7 +1,7 @@
 """The result of ``phaselens plan``: :class:`ModelPlan` (its fields, JSON and text), and GPU sizes.
 
-:func:`phaselens.models.capacity.plan_model` computes it; the memory model is documented there, the time
-model in :mod:`phaselens.models.costs`.
+:func:`phaselens.planning.checkpoint_plan.plan_model` computes it; the memory model is documented there, the
+time model in :mod:`phaselens.planning.gpu_time`.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ModelPlan:
     engram_host_bytes: int = 0  # host memory the tables take as loaded
     engram_bytes_per_token: int = 0  # host -> GPU, every Engram layer
     engram_map_context_bytes: int = 0  # host -> GPU for one prefix pass at map_context
-    time: dict[str, Any] | None = None  # costs.plan_time (None: not priced for this model type)
+    time: dict[str, Any] | None = None  # gpu_time.plan_time (None: not priced for this model type)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -94,7 +94,7 @@ def _hours(seconds: float, gpus: int | None, gb: float) -> str:
 
 
 def time_lines(t: dict[str, Any], gb: float) -> list[str]:
-    """The text lines of :func:`phaselens.models.costs.plan_time`'s dict."""
+    """The text lines of :func:`phaselens.planning.gpu_time.plan_time`'s dict."""
     f, m = t["forward"], t["map"]
     peak = (f"{t['gpu']}: {t['bf16_tflops']:g} bf16 / {t['fp32_tflops']:g} fp32 TFLOPS, {t['hbm_tbps']:g} TB/s; "
             f"{t['mfu']:.0%} of peak")

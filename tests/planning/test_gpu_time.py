@@ -15,11 +15,13 @@ from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
 from phaselens.core.errors import InputError
-from phaselens.models.capacity import plan_model
-from phaselens.models.costs import GPU_SPECS, HOST_LINK_GBPS, map_cost, pass_cost, prefill_calls
 from phaselens.models.deepseek_v41 import IndexTopKWarning, load_v41
 from phaselens.models.deepseek_v41.checkpoint import meta_v41
+from phaselens.models.deepseek_v41.layer_table import layer_table
 from phaselens.models.parts.chunks import plan_chunks
+from phaselens.planning.checkpoint_plan import head_map_layers, plan_model
+from phaselens.planning.flops import pass_cost, prefill_calls
+from phaselens.planning.gpu_time import GPU_SPECS, HOST_LINK_GBPS, map_cost
 from phaselens.presentation.cli import app
 from tests.support.deepseek_v41 import TINY_TEXT, write_tiny_checkpoint
 from tests.support.paths import DATA
@@ -65,13 +67,13 @@ def measured_by_kind(model, run) -> dict[str, float]:
 def test_flops_per_layer_kind_match_the_flop_counter(ckpt, index_topk, chunk):
     """A tiny V4.1 (7 layers: sliding, ratio-2 and ratio-1 KV / index / candidate sources and reusers, Engram
     at layers 1 and 2) in fp32 on the CPU, 2 x 29 tokens, in one call or prefilled in chunks of 8: the count of
-    ``phaselens.models.costs`` per layer kind against FlopCounterMode's (measured ratio 1.000 for each kind)."""
+    ``phaselens.planning.flops`` per layer kind against FlopCounterMode's (measured ratio 1.000 for each kind)."""
     model = load(ckpt, index_topk=index_topk)
     T, B = 29, 2
     x = torch.randint(0, TINY_TEXT["vocab_size"], (B, T), generator=torch.Generator().manual_seed(0))
     measured = measured_by_kind(model, lambda: model(x, chunk=chunk, logits="query"))
     plan = plan_chunks(T, chunk, None)
-    est = pass_cost(model, plan.calls, batch=B, head_rows=plan.query_rows if chunk else T).by_kind()
+    est = pass_cost(layer_table(model), plan.calls, batch=B, head_rows=plan.query_rows if chunk else T).by_kind()
     assert set(measured) == set(est) == {"sliding", "ratio 2", "ratio 1", "engram", "head"}
     ratios = {k: measured[k] / est[k].total_flops for k in est}
     assert all(abs(r - 1) < 0.10 for r in ratios.values()), ratios
@@ -86,10 +88,10 @@ def test_a_query_row_pass_matches_the_flop_counter(ckpt):
     with torch.no_grad():
         model(x[:, :23], cache=cache)
     measured = measured_by_kind(model, lambda: model(x[:, 23:], cache=cache, logits="query", query_len=1))
-    est = pass_cost(model, [(23, 24)], batch=2, head_rows=1)
+    est = pass_cost(layer_table(model), [(23, 24)], batch=2, head_rows=1)
     for kind, cost in est.by_kind().items():
         assert measured[kind] == pytest.approx(cost.total_flops, rel=0.10), kind
-    upper = pass_cost(model, [(23, 24)], batch=2, head_rows=1, first_layer=3)
+    upper = pass_cost(layer_table(model), [(23, 24)], batch=2, head_rows=1, first_layer=3)
     assert upper.total.total_flops == pytest.approx(sum(c.total_flops for c in est.layers[3:]) + est.head.total_flops)
     assert 2 not in upper.engram and 1 not in upper.engram  # Engram layers below the cell are not rerun
 
@@ -99,10 +101,10 @@ def test_sparse_attention_equals_computed_when_every_entry_is_a_pick(ckpt):
     index_topk, and is less when it does."""
     model = load(ckpt, index_topk=64)
     calls = prefill_calls(29, 8)
-    assert pass_cost(model, calls, attended="sparse").total == pass_cost(model, calls).total
+    assert pass_cost(layer_table(model), calls, attended="sparse").total == pass_cost(layer_table(model), calls).total
     flash = meta_v41(FLASH)
     long = prefill_calls(8192, 1024)
-    assert pass_cost(flash, long, attended="sparse").total.total_flops < pass_cost(flash, long).total.total_flops
+    assert pass_cost(layer_table(flash), long, attended="sparse").total.total_flops < pass_cost(layer_table(flash), long).total.total_flops
 
 
 def test_released_flash_per_token_flops_by_hand():
@@ -114,7 +116,7 @@ def test_released_flash_per_token_flops_by_hand():
                                               "o_lora_rank", "o_groups", "moe_intermediate_size"))
     hc, L = text["hc_mult"], text["sliding_window"]
     flash = meta_v41(FLASH)
-    layer0 = pass_cost(flash, [(0, 1)]).layers[0]
+    layer0 = pass_cost(layer_table(flash), [(0, 1)]).layers[0]
     assert layer0.flops == 2 * (D * qr + qr * H * d + D * d + H * d * R + G * R * D + 7 * 3 * D * F)
     mix = (2 + hc) * hc
     assert layer0.flops_fp32 == 2 * (2 * hc * D * mix + 2 * hc * D + 2 * hc * hc * D) + 2 * D * 384 + 4 * H * d * L
@@ -171,8 +173,10 @@ def test_peaks_and_utilisation_are_overridable(flash_plan):
 def test_item_batches_share_prefix_passes_not_flops():
     """Items in batches of 4: a quarter of the passes, the same FLOPs, fewer bytes (weights read once per batch)."""
     flash = meta_v41(FLASH)
-    one = map_cost(flash, 8192, items=8, item_batch=1, chunk=1024)
-    four = map_cost(flash, 8192, items=8, item_batch=4, chunk=1024)
+    cells = head_map_layers(flash, 8192, 8, 1)  # the map's own declared cells: 40 layers x 64 heads
+    assert len(cells) == 2560 and cells.count(0) == cells.count(39) == 64
+    one = map_cost(layer_table(flash), 8192, cells, items=8, item_batch=1, chunk=1024)
+    four = map_cost(layer_table(flash), 8192, cells, items=8, item_batch=4, chunk=1024)
     assert (four.prefix_passes, four.query_passes) == (2, 2 * (1 + 2560))
     assert four.cost.total_flops == pytest.approx(one.cost.total_flops)
     assert four.cost.bytes < one.cost.bytes

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from phaselens.contract.memory import MemoryEstimate
 from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
-from phaselens.models.capacity import gpu_bytes, plan_model
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.memory import estimate_memory
+from phaselens.planning.checkpoint_plan import gpu_bytes, plan_model
 from phaselens.presentation.cli import app
 from tests.support.deepseek_v41 import write_tiny_checkpoint
 from tests.support.paths import DATA

@@ -205,4 +205,4 @@ def format_plans(plans: list[TrainPlan]) -> str:
         "\n\nN = parameters (the tied embedding once), D = processed tokens; FLOPs per token = 6 (N - embedding) + "
         "12 H d K per layer (K = keys per query: T in full layers, window + T/S in compressed ones) + the "
         "unembedding at the trained positions; GPU-hours include activation checkpointing's recompute at the "
-        "stated utilisation of the peak; memory per GPU is an estimate (phaselens.train.family.plan).")
+        "stated utilisation of the peak; memory per GPU is an estimate (phaselens.train.family.training_plan).")

@@ -19,8 +19,9 @@ reports, in bytes:
 * DeepSeek-V4.1's Engram: device maps keep its tables in host memory
   (:mod:`phaselens.models.deepseek_v41.device_maps`), so the GPUs hold every layer but the tables, and the plan
   states the host memory and the bytes per token its lookups send to the GPUs;
-* DeepSeek-V4.1's time (``time``, :mod:`phaselens.models.costs`): FLOPs, bytes, seconds and GPU-hours of the
-  forward above and of a per-head map with the query-suffix engine, at ``mfu`` of the GPU's peaks.
+* DeepSeek-V4.1's time (``time``, :mod:`phaselens.planning.gpu_time`): FLOPs, bytes, seconds and GPU-hours of
+  the forward above and of a per-head map with the query-suffix engine (its cells as
+  :meth:`~phaselens.analyses.maps.Map.units` declares them), at ``mfu`` of the GPU's peaks.
 
 Sizes are estimates from the code's tensors, not measurements on a GPU (see ``docs/scale.md``).
 """
@@ -35,9 +36,9 @@ from typing import Any
 import torch
 
 from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
-from phaselens.models.costs import MFU, gpu_spec, plan_time
 from phaselens.models.numerics.sizing import addressable
-from phaselens.models.plan_report import GPU_TYPES, USABLE, GiB, ModelPlan, gpu_bytes, gpu_type
+from phaselens.planning.checkpoint_report import GPU_TYPES, USABLE, GiB, ModelPlan, gpu_bytes, gpu_type
+from phaselens.planning.gpu_time import MFU, gpu_spec, plan_time
 from phaselens.storage.reading import parse_json
 
 NODE_SIZES = (1, 2, 4, 8)
@@ -135,17 +136,21 @@ class _Sized:
         return int(c.max_position_embeddings)
 
     def estimate(self, context: int, batch: int, chunk: int | None) -> dict[str, int]:
+        """One forward's memory: the model's ``estimate_memory`` (from its layer table), and for DeepSeek-V4 the
+        table's other transients (the fp32 hyper-connection streams), which the adapter's run-time price leaves
+        out."""
         if self.model_type == "deepseek_v41":
             from phaselens.models.deepseek_v41.memory import estimate_memory
 
             e = estimate_memory(self.meta, context, batch=batch, chunk=chunk, logits="query")
             return {"cache": e.cache, "attention": e.attention, "activations": e.activations, "logits": e.logits}
+        from phaselens.models.deepseek_v4.layer_table import layer_table
         from phaselens.models.deepseek_v4.memory import estimate_memory as v4_estimate
+        from phaselens.models.parts.chunks import plan_chunks
 
         e = v4_estimate(self.meta, context, batch=batch, chunk=chunk, logits="query")
-        c = self.meta.model.config
-        rows = e.query_len if chunk else context
-        streams = 6 * batch * rows * int(c.hc_mult) * int(c.hidden_size) * 4  # fp32 hyper-connection copies
+        table = layer_table(self.meta)
+        streams = max(table.transient_bytes(a, b, batch) for a, b in plan_chunks(context, chunk, None).calls)
         return {"cache": e.cache, "attention": e.attention, "activations": streams, "logits": e.logits}
 
     def units(self) -> list[int]:
@@ -170,6 +175,18 @@ def _v41_dequantized(model: Any) -> int:
         shapes = module.shapes.values() if hasattr(module, "shapes") else [module.shape]
         total += sum(math.prod(s) for s in shapes) * item
     return total
+
+
+def head_map_layers(model: Any, context: int, items: int, item_batch: int) -> tuple[int, ...]:
+    """The layer of each cell of a per-head map (``kinds=("head",)``, the query-suffix engine) of ``items``
+    items of ``context`` tokens, as :meth:`~phaselens.analyses.maps.Map.units` declares them."""
+    from phaselens.analyses.maps import Map
+    from phaselens.analyses.runner import Common
+    from phaselens.planning.planned_items import PlannedItems
+
+    shape = PlannedItems(items, context, (context - 1,), 1)
+    units = Map(method="zero", kinds=("head",), engine="suffix").units(model, shape, Common(1, batch_size=item_batch))
+    return units.cell_layers
 
 
 def gpus_for(sizes: list[int], room: float) -> int | None:
@@ -271,7 +288,7 @@ def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = 
 
     Time (DeepSeek-V4.1): a map of ``items`` items in batches of ``item_batch``; ``mfu`` the fraction of the
     GPU's peaks reached; ``peak_tflops`` (bf16 dense), ``fp32_tflops`` and ``hbm_tbps`` override the peaks of
-    the GPU type ``gpu_memory`` names or sizes (an H100's when it names none; see :mod:`phaselens.models.costs`).
+    the GPU type ``gpu_memory`` names or sizes (an H100's when it names none; see :mod:`phaselens.planning.gpu_time`).
 
     The config goes through the loader's own checks (the same error, the same message as ``load``), and every
     size is priced from numbers before anything is built at that size: a context longer than the model's
@@ -324,6 +341,7 @@ def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = 
     extra: dict[str, Any] = {}
     if sized.model_type == "deepseek_v41":
         from phaselens.models.deepseek_v41.engram import engram_traffic
+        from phaselens.models.deepseek_v41.layer_table import layer_table
 
         host = sized.host_bytes()
         per_token = engram_traffic(sized.meta.config).bytes_per_token if host else 0
@@ -331,10 +349,11 @@ def plan_model(source: str, *, context: int = 131072, gpu_memory: str | float = 
         extra = dict(
             engram_placement="host" if host else None, engram_host_bytes=host, engram_bytes_per_token=per_token,
             engram_map_context_bytes=per_token * map_context,
-            time=plan_time(sized.meta, gpu=gpu_spec(gpu_type(gpu_memory), bf16_tflops=peak_tflops,
+            time=plan_time(layer_table(sized.meta), gpu=gpu_spec(gpu_type(gpu_memory), bf16_tflops=peak_tflops,
                                                     fp32_tflops=fp32_tflops, hbm_tbps=hbm_tbps), mfu=mfu,
                            context=context, chunk=use_chunk, batch=batch, head_rows=rows, gpus=gpus,
                            map_context=map_context, map_chunk=node[1] or min(CHUNKS), map_gpus=node[0],
+                           map_layers=head_map_layers(sized.meta, map_context, items, item_batch),
                            items=items, item_batch=item_batch))
     else:
         sized.notes.append("time (FLOPs, GPU-hours) is priced for DeepSeek-V4.1 only.")
