@@ -103,7 +103,7 @@ def w8s4_extras(n: int, n_bootstrap: int) -> dict:
     base = phaselens.load("zoo:w8s4")
     rope = {}
     for d in (1, 2, 3):
-        cycled = phaselens.cycle_gates(base, d)
+        cycled = phaselens.analyses.cycling.cycle_gates(base, d)
         with rope_anchor_shift(d):
             rope[d] = profile(cycled, n)
     planted = dephased(phaselens.load("zoo:w8s4"))

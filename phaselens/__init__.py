@@ -8,48 +8,41 @@ do not pay for torch, transformers, scipy, pandas or plotly (``benchmarks/bench_
 from __future__ import annotations
 
 import importlib as _importlib
+import importlib.util as _importlib_util
 from typing import TYPE_CHECKING
 
 from phaselens.contract.adapting import register_adapter as _register_adapter
 from phaselens.contract.adapting import register_run_loader as _register_run_loader
-from phaselens.core.errors import *  # noqa: F403
-from phaselens.core.errors import __all__ as _error_names
-from phaselens.core.version import __version__
+from phaselens.core.version import __version__  # noqa: F401  (phaselens.__version__, not in __all__)
+from phaselens.errors import PhaseLensError
 
-# the module that defines each public name
+# the module that defines each public name: what a notebook user types (at most 30 names,
+# tests/test_architecture.py); everything else lives in its subpackage (phaselens.errors, phaselens.models, ...)
 _EXPORTS: dict[str, tuple[str, ...]] = {
-    "phaselens.analyses.ablation": ("ablate",),
-    "phaselens.analyses.attribution": ("attribution_map",),
-    "phaselens.analyses.cycling": ("cycle_gates", "gate_cycling_test"),
-    "phaselens.analyses.evaluation": ("evaluate",),
-    "phaselens.analyses.knockouts": ("Knockout", "knockout"),
-    "phaselens.analyses.maps": ("specialization_map",),
-    "phaselens.analyses.patching": ("patch",),
-    "phaselens.analyses.recording": ("record",),
-    "phaselens.repair.table": ("repair_table",),
-    "phaselens.contract.hooknames": ("combined_pattern",),
-    "phaselens.contract.protocol": ("CAPABILITIES", "HookContext", "PhaseModel", "call_state", "capability"),
-    "phaselens.core.geometry": ("PhaseSpec",),
-    "phaselens.core.heads": ("Head", "parse_heads"),
-    "phaselens.core.labelled": ("Labelled",),
-    "phaselens.models": ("CompressedConfig", "CompressedKVCache", "CompressedTransformer", "Compressor",
-                         "CompressorSpec", "RopeSpec", "YarnSpec"),
-    "phaselens.models.causal_lm": ("CausalLMAdapter",),
-    "phaselens.models.deepseek_v4": ("DeepSeekV4Adapter",),
-    "phaselens.models.objects": ("from_hf",),
-    "phaselens.repair.ensemble": ("PhaseEnsemble", "phase_ensemble"),
     "phaselens.models.sources": ("load",),
+    "phaselens.models.objects": ("from_hf",),
+    "phaselens.analyses.evaluation": ("evaluate",),
+    "phaselens.analyses.maps": ("specialization_map",),
+    "phaselens.analyses.ablation": ("ablate",),
+    "phaselens.analyses.patching": ("patch",),
+    "phaselens.analyses.knockouts": ("Knockout", "knockout"),
+    "phaselens.analyses.recording": ("record",),
+    "phaselens.analyses.attribution": ("attribution_map",),
+    "phaselens.analyses.cycling": ("gate_cycling_test",),
+    "phaselens.repair.table": ("repair_table",),
+    "phaselens.repair.ensemble": ("phase_ensemble",),
     "phaselens.presentation.reporting": ("report",),
-    "phaselens.results.ablation_effects": ("AblationResult",),
-    "phaselens.results.attribution_estimate": ("AttributionMap",),
-    "phaselens.results.entry_reads_writes": ("Recording",),
-    "phaselens.results.gate_cycling": ("GateCyclingResult",),
-    "phaselens.results.patch_recovery": ("PatchResult",),
-    "phaselens.results.phase_eval": ("PhaseEval",),
-    "phaselens.results.phase_map": ("PhaseMap",),
-    "phaselens.results.repair_rules": ("RepairTable",),
     "phaselens.planning.plans": ("plan",),
     "phaselens.planning.run_plan": ("Plan",),
+    "phaselens.core.geometry": ("PhaseSpec",),
+    "phaselens.results.phase_eval": ("PhaseEval",),
+    "phaselens.results.phase_map": ("PhaseMap",),
+    "phaselens.results.ablation_effects": ("AblationResult",),
+    "phaselens.results.patch_recovery": ("PatchResult",),
+    "phaselens.results.entry_reads_writes": ("Recording",),
+    "phaselens.results.attribution_estimate": ("AttributionMap",),
+    "phaselens.results.gate_cycling": ("GateCyclingResult",),
+    "phaselens.results.repair_rules": ("RepairTable",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 # Model objects phaselens did not build (a transformers model, an nnsight envoy, a TransformerLens bridge) are
@@ -66,34 +59,19 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve i
     from phaselens import plots, results, stats, tasks  # noqa: F401
     from phaselens.analyses.ablation import ablate
     from phaselens.analyses.attribution import attribution_map
-    from phaselens.analyses.cycling import cycle_gates, gate_cycling_test
+    from phaselens.analyses.cycling import gate_cycling_test
     from phaselens.analyses.evaluation import evaluate
     from phaselens.analyses.knockouts import Knockout, knockout
     from phaselens.analyses.maps import specialization_map
     from phaselens.analyses.patching import patch
     from phaselens.analyses.recording import record
-    from phaselens.contract.hooknames import combined_pattern
-    from phaselens.contract.protocol import CAPABILITIES, HookContext, PhaseModel, call_state, capability
     from phaselens.core.geometry import PhaseSpec
-    from phaselens.core.heads import Head, parse_heads
-    from phaselens.core.labelled import Labelled
-    from phaselens.models import (
-        CompressedConfig,
-        CompressedKVCache,
-        CompressedTransformer,
-        Compressor,
-        CompressorSpec,
-        RopeSpec,
-        YarnSpec,
-    )
-    from phaselens.models.causal_lm import CausalLMAdapter
-    from phaselens.models.deepseek_v4 import DeepSeekV4Adapter
     from phaselens.models.objects import from_hf
     from phaselens.models.sources import load
     from phaselens.planning.plans import plan
     from phaselens.planning.run_plan import Plan
     from phaselens.presentation.reporting import report
-    from phaselens.repair.ensemble import PhaseEnsemble, phase_ensemble
+    from phaselens.repair.ensemble import phase_ensemble
     from phaselens.repair.table import repair_table
     from phaselens.results.ablation_effects import AblationResult
     from phaselens.results.attribution_estimate import AttributionMap
@@ -105,13 +83,33 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve i
     from phaselens.results.repair_rules import RepairTable
 
 
+# names a notebook does not type, by home: asked for at the top level, the error says where they live
+_ELSEWHERE = {
+    "phaselens.models": ("CompressedConfig", "CompressedKVCache", "CompressedTransformer", "Compressor",
+                         "CompressorSpec", "RopeSpec", "YarnSpec"),
+    "phaselens.models.causal_lm": ("CausalLMAdapter",),
+    "phaselens.models.deepseek_v4": ("DeepSeekV4Adapter",),
+    "phaselens.contract.protocol": ("CAPABILITIES", "HookContext", "PhaseModel", "call_state", "capability"),
+    "phaselens.contract.hooknames": ("combined_pattern",),
+    "phaselens.core.heads": ("Head", "parse_heads"),
+    "phaselens.core.labelled": ("Labelled",),
+    "phaselens.repair.ensemble": ("PhaseEnsemble",),
+    "phaselens.analyses.cycling": ("cycle_gates",),
+}
+
+
 def __getattr__(name: str):
     if name in _WHERE:
         value = getattr(_importlib.import_module(_WHERE[name]), name)
-    elif name in _SUBPACKAGES:
-        value = _importlib.import_module(f"phaselens.{name}")
+    elif name in _SUBPACKAGES or (not name.startswith("_") and _importlib_util.find_spec(f"phaselens.{name}")):
+        value = _importlib.import_module(f"phaselens.{name}")  # phaselens.errors, phaselens.models, ...
     else:
-        raise AttributeError(f"module 'phaselens' has no attribute {name!r}")
+        from phaselens import errors
+
+        home = "phaselens.errors" if name in errors.__all__ else next(
+            (m for m, names in _ELSEWHERE.items() if name in names), None)
+        where = f"; it lives in {home} (from {home} import {name})" if home else ""
+        raise AttributeError(f"module 'phaselens' has no attribute {name!r}{where}")
     globals()[name] = value
     return value
 
@@ -120,57 +118,35 @@ def __dir__() -> list[str]:
     return sorted(__all__)
 
 
-
 __all__ = [
-    "AblationResult",
-    "AttributionMap",
-    "CAPABILITIES",
-    "CausalLMAdapter",
-    "CompressedConfig",
-    "CompressedKVCache",
-    "CompressedTransformer",
-    "Compressor",
-    "CompressorSpec",
-    "DeepSeekV4Adapter",
-    "GateCyclingResult",
-    "Head",
-    "HookContext",
+    "load",
+    "from_hf",
+    "evaluate",
+    "specialization_map",
+    "ablate",
+    "patch",
     "Knockout",
-    "Labelled",
+    "knockout",
+    "record",
+    "attribution_map",
+    "gate_cycling_test",
+    "repair_table",
+    "phase_ensemble",
+    "report",
+    "plan",
     "Plan",
-    "PatchResult",
-    "PhaseEnsemble",
+    "PhaseSpec",
     "PhaseEval",
     "PhaseMap",
-    "PhaseModel",
-    "PhaseSpec",
+    "AblationResult",
+    "PatchResult",
     "Recording",
+    "AttributionMap",
+    "GateCyclingResult",
     "RepairTable",
-    "RopeSpec",
-    "YarnSpec",
-    "ablate",
-    "attribution_map",
-    "call_state",
-    "capability",
-    "combined_pattern",
-    "cycle_gates",
-    "evaluate",
-    "from_hf",
-    "gate_cycling_test",
-    "knockout",
-    "load",
-    "parse_heads",
-    "patch",
-    "phase_ensemble",
-    "plan",
-    "record",
-    "repair_table",
-    "report",
-    "specialization_map",
     "plots",
     "results",
     "stats",
     "tasks",
-    "__version__",
-    *_error_names,
+    "PhaseLensError",
 ]

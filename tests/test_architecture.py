@@ -20,7 +20,7 @@ PKG = Path(phaselens.__file__).resolve().parent
 
 # first package component under phaselens -> rank
 LAYERS = {
-    "core": 0, "data": 0,
+    "core": 0, "data": 0, "errors": 0,
     "stats": 1, "tasks": 1,
     "contract": 2,
     "runtime": 3, "storage": 3, "parallel": 3,
@@ -257,6 +257,17 @@ def test_no_module_is_named_like_a_public_function():
     clash = [str(f.relative_to(PKG)) for f in PKG.rglob("*.py") if f.stem in public]
     clash += [str(d.relative_to(PKG)) for d in PKG.rglob("*") if d.is_dir() and d.name in public]
     assert not clash, clash
+
+
+def test_a_narrow_public_surface():
+    """What a notebook user types, 30 names at most; the rest lives in its subpackage, and asking the top level
+    for it says where (issue 45: phaselens.errors, phaselens.models, ...)."""
+    assert len(phaselens.__all__) <= 30, sorted(phaselens.__all__)
+    assert "PhaseLensError" in phaselens.__all__ and "plan" in phaselens.__all__
+    assert phaselens.errors.InputError.__module__ == "phaselens.errors"
+    for name, home in [("InputError", "phaselens.errors"), ("CompressedTransformer", "phaselens.models")]:
+        with pytest.raises(AttributeError, match=f"lives in {home}"):
+            getattr(phaselens, name)
 
 
 def test_dir_shows_only_the_public_api():

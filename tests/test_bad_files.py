@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import (
+from phaselens.errors import (
     CacheError,
     CheckpointError,
     InputError,

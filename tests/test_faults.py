@@ -601,7 +601,7 @@ def test_a_full_disk_during_a_save_keeps_the_old_version_and_says_so(tmp_path, m
         _disk_full()
 
     monkeypatch.setattr(model_io, "save_file", half_then_full)
-    with pytest.raises(phaselens.OutputError, match="the disk is full.*free some space"):
+    with pytest.raises(phaselens.errors.OutputError, match="the disk is full.*free some space"):
         MODELS[1].save(target, overwrite=True)
     monkeypatch.undo()
     assert same_weights(phaselens.load(target), MODELS[0]) and untouched(saved) and no_temporaries(target)
@@ -613,7 +613,7 @@ def test_a_full_disk_during_a_report_or_a_csv_is_one_clear_error(tmp_path, monke
     from phaselens.presentation.cli import app
 
     monkeypatch.setattr(pd.DataFrame, "to_csv", _disk_full)
-    with pytest.raises(phaselens.OutputError, match="the disk is full"):
+    with pytest.raises(phaselens.errors.OutputError, match="the disk is full"):
         write_report(tmp_path / "r", "<html>", [], [], {}, static=False, static_note_fn=None)
     assert not (tmp_path / "r").exists() and no_temporaries(tmp_path)
     res = CliRunner().invoke(app, ["eval", "w4s4", "--n-per-residue", "1", "--no-progress", "--out",
@@ -640,7 +640,7 @@ def test_an_unwritable_place_is_one_error_for_save_and_report(tmp_path, monkeypa
         with pytest.raises(phaselens.PhaseLensError) as info:
             call()
         errors.append(info.value)
-    assert [type(e) for e in errors] == [phaselens.OutputError] * 2
+    assert [type(e) for e in errors] == [phaselens.errors.OutputError] * 2
     assert all("permission denied" in str(e) for e in errors)
 
 
@@ -711,7 +711,7 @@ def test_an_unreadable_file_is_not_called_corrupt(tmp_path, monkeypatch):
         return real_read_bytes(self)
 
     monkeypatch.setattr(Path, "read_bytes", no_read)
-    with pytest.raises(phaselens.CheckpointError) as info:
+    with pytest.raises(phaselens.errors.CheckpointError) as info:
         phaselens.load(tmp_path / "m")
     text = str(info.value)
     assert "permission denied" in text and "chmod" in text and "corrupt" not in text and "delete" not in text
@@ -726,13 +726,13 @@ def test_an_unreadable_file_is_not_called_corrupt(tmp_path, monkeypatch):
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(ck, "open", no_open, raising=False)
-    with pytest.raises(phaselens.CheckpointError) as info:
+    with pytest.raises(phaselens.errors.CheckpointError) as info:
         ck.CellCheckpoint(ckpt, "fp", ("a",))
     text = str(info.value)
     assert "permission denied" in text and "corrupt" not in text and "delete" not in text
     monkeypatch.undo()
     (ckpt).write_bytes(ckpt.read_bytes()[:-3])  # proven damage (truncated): now deleting is the advice
-    with pytest.raises(phaselens.CheckpointError, match="delete it"):
+    with pytest.raises(phaselens.errors.CheckpointError, match="delete it"):
         ck.CellCheckpoint(ckpt, "fp", ("a",))
 
 

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import phaselens
-from phaselens.core import errors as E
+from phaselens import errors as E
 from phaselens.core.geometry import PhaseSpec
 from phaselens.presentation.cli import app
 from phaselens.tasks import KVRecall
@@ -131,7 +131,7 @@ CASES = [
     ("build(spec=None)", lambda w: w.task.build(None, n_per_residue=1), E.TaskError, "model.analysis_spec"),
     ("batch[999]", lambda w: w.batch[999], E.BatchIndexError, "valid: -8..7"),
     ("batch['x']", lambda w: w.batch["x"], E.BatchIndexError, "index with an int"),
-    ("heads (np.int64, np.int64)", lambda w: phaselens.parse_heads((np.int64(1), np.int64(0)), w.m.cfg), OK, ""),
+    ("heads (np.int64, np.int64)", lambda w: phaselens.core.heads.parse_heads((np.int64(1), np.int64(0)), w.m.cfg), OK, ""),
     # specialization_map, attribution_map, patch
     ("kinds=()", lambda w: phaselens.specialization_map(w.m, kinds=(), **Q), E.InputError, "kinds=('head',)"),
     ("kinds=('bogus',)", lambda w: phaselens.specialization_map(w.m, kinds=("bogus",), **Q), E.InputError,
@@ -176,7 +176,7 @@ CASES = [
     ("knockout slot past the input", lambda w: _with_knockout(w, positions=999), E.InputError, "outside"),
     ("knockout method='max'", lambda w: phaselens.knockout(w.m, "L1H0", "max"), E.InputError, "'resample'"),
     ("head out of range", lambda w: phaselens.ablate(w.m, "L9H0", **Q), E.HeadSpecError, "layers are 0..1"),
-    ("cycle_gates(1.5)", lambda w: phaselens.cycle_gates(w.m, 1.5), E.InputError, "integer"),
+    ("cycle_gates(1.5)", lambda w: phaselens.analyses.cycling.cycle_gates(w.m, 1.5), E.InputError, "integer"),
     ("query_len=1.5", lambda w: w.m(w.tokens, logits="query", query_len=1.5), E.InputError, "integer"),
     ("hook on a missing name", lambda w: w.m.run_with_hooks(w.tokens, fwd_hooks=[("blocks.9.attn.hook_z", print)]),
      E.HookNameError, "did you mean"),
@@ -239,7 +239,7 @@ CASES = [
     ("head spec 'L1H0.5'", lambda w: phaselens.ablate(w.m, "L1H0.5", None, **Q), E.HeadSpecError,
      "the head number is '0.5'"),
     # 4. sizes priced before allocating; a hook's return checked where it replaces the value
-    ("CompressedConfig(d_model=10**7)", lambda w: phaselens.CompressedTransformer(
+    ("CompressedConfig(d_model=10**7)", lambda w: phaselens.models.CompressedTransformer(
         dataclasses.replace(w.m.config, d_model=10**7)), E.ResourceError, "or smaller"),
     ("new_cache(batch_size=10**9)", lambda w: w.m.new_cache(10**9), E.ResourceError, "batch_size="),
     ("a hook returning another shape", lambda w: w.m.run_with_hooks(

@@ -66,8 +66,8 @@ NOTEBOOKS = {
         new_code_cell("phaselens.plots.gate_concentration(rec)"),
         new_code_cell("cyc = phaselens.gate_cycling_test(model, n_per_residue=max(4, N // 2), progress=PROGRESS)\ncyc"),
         new_code_cell("cyc.plot()"),
-        new_code_cell("try:\n    phaselens.cycle_gates(phaselens.load('zoo:w4s4-mean'), 1)\n"
-                      "except phaselens.NotApplicableError as err:\n    print('as expected:', err)"),
+        new_code_cell("try:\n    phaselens.analyses.cycling.cycle_gates(phaselens.load('zoo:w4s4-mean'), 1)\n"
+                      "except phaselens.errors.NotApplicableError as err:\n    print('as expected:', err)"),
     ],
     "04_paper_statistics": [
         new_markdown_cell("# The paper's statistics, reproduced\n\nThe published per-residue counts of the 128K "

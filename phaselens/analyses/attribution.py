@@ -19,8 +19,8 @@ from phaselens.analyses.runner import Analysis, Common, CommonOptions, Run, argu
 from phaselens.analyses.scoring import model_logits
 from phaselens.analyses.units import Units
 from phaselens.contract.protocol import HookContext, PhaseModel, model_name
-from phaselens.core.errors import InputError, NotApplicableError
 from phaselens.core.labelled import Labelled
+from phaselens.errors import InputError, NotApplicableError
 from phaselens.results.attribution_estimate import AttributionMap
 from phaselens.stats.by_residue import residue_mean_ci
 

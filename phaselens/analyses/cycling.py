@@ -32,7 +32,7 @@ from phaselens.analyses.scoring import METRICS, block_metrics, items_from_metric
 from phaselens.analyses.units import Units
 from phaselens.contract.protocol import PhaseModel, model_name, require
 from phaselens.core.checks import as_int
-from phaselens.core.errors import InputError, NotApplicableError, StatsInputError
+from phaselens.errors import InputError, NotApplicableError, StatsInputError
 from phaselens.results.gate_cycling import GateCyclingResult
 from phaselens.stats._checks import check_draws, check_level
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from phaselens.core.checks import MAX_RESAMPLES, MAX_SEED, as_int
-from phaselens.core.errors import (
+from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import (
     ContextLengthError,
     InputError,
     NoDefaultTaskError,
@@ -23,7 +24,6 @@ from phaselens.core.errors import (
     StatsInputError,
     TaskError,
 )
-from phaselens.core.geometry import PhaseSpec
 
 if TYPE_CHECKING:
     from phaselens.tasks.batch import TaskBatch

@@ -18,8 +18,8 @@ import torch
 from phaselens.analyses.knockouts import Knockout, resample_index
 from phaselens.analyses.scoring import answer_metrics, model_logits, query_metrics
 from phaselens.contract.cells import Cell
-from phaselens.core.errors import NotApplicableError
 from phaselens.core.heads import by_layer
+from phaselens.errors import NotApplicableError
 
 
 def full_metrics(model: Any, batch: Any, ko: Knockout, *, batch_size: int = 64, progress: bool = False,

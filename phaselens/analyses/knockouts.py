@@ -27,8 +27,8 @@ from phaselens.analyses.items import is_batch, resolve_task
 from phaselens.analyses.scoring import model_logits
 from phaselens.contract import hooknames
 from phaselens.contract.protocol import HookContext, PhaseModel
-from phaselens.core.errors import InputError
 from phaselens.core.heads import Head, by_layer, parse_heads
+from phaselens.errors import InputError
 
 Method = Literal["mean", "zero", "resample"]
 METHODS = ("mean", "zero", "resample")

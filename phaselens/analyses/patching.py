@@ -32,9 +32,9 @@ from phaselens.analyses.units import Units
 from phaselens.contract.cells import Cell
 from phaselens.contract.protocol import HookContext, PhaseModel, choose_engine
 from phaselens.core.checks import as_float
-from phaselens.core.errors import InputError
 from phaselens.core.heads import Head, parse_heads
 from phaselens.core.labelled import Labelled
+from phaselens.errors import InputError
 from phaselens.parallel.world import world
 from phaselens.results.patch_recovery import PatchResult
 from phaselens.stats.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean

@@ -18,9 +18,9 @@ from phaselens.analyses.runner import Analysis, CommonOptions, Run, arguments_of
 from phaselens.analyses.scoring import model_logits
 from phaselens.contract import hooknames
 from phaselens.contract.protocol import HookContext, PhaseModel
-from phaselens.core.errors import NotApplicableError
 from phaselens.core.geometry import PhaseSpec
 from phaselens.core.labelled import Labelled
+from phaselens.errors import NotApplicableError
 from phaselens.results.entry_reads_writes import READ_QUANTITIES, Recording
 from phaselens.stats.by_residue import residue_mean_ci
 

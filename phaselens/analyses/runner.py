@@ -56,8 +56,8 @@ from phaselens.contract.protocol import (
     refuse_black_box,
 )
 from phaselens.contract.strides import check_stride, compression_strides, stride_record
-from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import InputError
 from phaselens.parallel.distributed import block_labels, item_blocks, open_checkpoint, shard_map, sharded
 from phaselens.storage.resumable import check_checkpoint_path
 from phaselens.tasks.batch import TaskBatch

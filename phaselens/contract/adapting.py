@@ -8,7 +8,7 @@ composition root (``phaselens/__init__.py`` registers ``phaselens.models.objects
 module imports nothing heavy.
 
 An adapter is ``fn(obj, *, stride=None) -> model | None``: ``None`` when ``obj`` is not something it adapts; a
-:class:`~phaselens.core.errors.PhaseLensError` naming the route that works when it is, but cannot be analysed
+:class:`~phaselens.errors.PhaseLensError` naming the route that works when it is, but cannot be analysed
 as given (a model without compression and no ``stride``, say).
 """
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ModelDims:
         dtype, device: of the weights.
         black_box: the model only answers prompts (a served endpoint): no forward logits, no hooks and no
             layers phaselens can see (``n_layers`` 0). Analyses that need them refuse it with
-            :class:`~phaselens.core.errors.NotApplicableError`; evaluation, phase repair and padding probes
+            :class:`~phaselens.errors.NotApplicableError`; evaluation, phase repair and padding probes
             run on its answers (the ``answer_queries`` capability).
     """
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from phaselens.contract.protocol import module_of
-from phaselens.core.errors import NonFiniteError
+from phaselens.errors import NonFiniteError
 
 
 def _first_tensor(out: Any) -> Tensor | None:

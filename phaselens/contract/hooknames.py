@@ -7,7 +7,7 @@ hooks differently fails in one place.
 A compressed (or sliding-window) layer has no TransformerLens ``hook_pattern`` ``[batch, head, q_pos,
 k_pos]``: its softmax runs over three kinds of key at once (raw keys in the local window, compressed
 entries, and the attention sink), and phaselens hooks each part. Asking for ``blocks.L.attn.hook_pattern``
-there raises a :class:`~phaselens.core.errors.HookNameError` that says so. :func:`combined_pattern` joins the
+there raises a :class:`~phaselens.errors.HookNameError` that says so. :func:`combined_pattern` joins the
 parts into the one distribution the softmax computed (exact: a concatenation, rows sum to 1).
 """
 
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from phaselens.core.errors import HookNameError
+from phaselens.errors import HookNameError
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def explain_missing(name: Any, available: Iterable[str]) -> str:
         kind = "compressed" if len(parts) == 3 else "sliding-window"
         return (f"{name!r} does not exist: layer {layer} is a {kind} layer, whose attention is split into "
                 f"{', '.join(parts)}. Together they sum to 1 over keys; "
-                f"phaselens.combined_pattern(cache, {layer}) joins them into one [batch, head, q_pos, keys] "
+                f"phaselens.contract.hooknames.combined_pattern(cache, {layer}) joins them into one [batch, head, q_pos, keys] "
                 "tensor (see docs/hooks.md).")
     m = _KV.match(str(name))
     if m and f"blocks.{m.group(1)}.attn.hook_kv" in names:

@@ -10,7 +10,7 @@ program against this module only: they never import a concrete model class or ch
   attribute written onto a hook point.
 * Model-specific powers are optional **capabilities** (:data:`CAPABILITIES`), methods a model may offer. An
   analysis asks with :func:`capability`; without it, the analysis takes its general path or raises
-  :class:`~phaselens.core.errors.NotApplicableError` saying why.
+  :class:`~phaselens.errors.NotApplicableError` saying why.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from torch import Tensor
 
 from phaselens.contract.dims import ModelDims, ModelIdentity
-from phaselens.core.errors import InputError, NotApplicableError, UnsupportedModelError
+from phaselens.errors import InputError, NotApplicableError, UnsupportedModelError
 
 # analysis_metadata keys that record what runs observed (they grow as a model runs), not what the model is:
 # results carry them, fingerprints leave them out (a checkpoint must resume on the same model after a run).
@@ -245,13 +245,13 @@ def choose_engine(model: Any, engine: str) -> str:
     ``"auto"`` is the fastest exact engine the model can run: the query-suffix engine when the model has the
     ``query_engine`` capability and its architecture is one the engine supports (:func:`suffix_unsupported`),
     else full forwards (the result's metadata says why: :func:`engine_record`). ``"suffix"`` that cannot run
-    raises :class:`~phaselens.core.errors.EngineError`, naming why and ``engine='full'``.
+    raises :class:`~phaselens.errors.EngineError`, naming why and ``engine='full'``.
     """
     if engine not in ENGINES:
         raise InputError(f"engine must be one of {ENGINES}, got {engine!r}.")
     why = suffix_unsupported(model)
     if engine == "suffix" and why is not None:
-        from phaselens.core.errors import EngineError
+        from phaselens.errors import EngineError
 
         raise EngineError(f"engine='suffix' cannot run here: {why}; use engine='full' (one full forward per cell, "
                           "exact on any model) or engine='auto' (picks it for you).")

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from phaselens.core.checks import as_int
-from phaselens.core.errors import InputError, PhaseGeometryError
+from phaselens.errors import InputError, PhaseGeometryError
 
 
 def compression_strides(model: Any) -> tuple[int, ...]:

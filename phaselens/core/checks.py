@@ -1,4 +1,4 @@
-"""Argument checks shared by every layer: a clear :class:`~phaselens.core.errors.InputError` for a bad value.
+"""Argument checks shared by every layer: a clear :class:`~phaselens.errors.InputError` for a bad value.
 
 Numpy integers are integers; bool, float and str are refused where an integer is meant.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 
 def as_int(name: str, value: Any, *, minimum: int | None = None, maximum: int | None = None, fix: str = "") -> int:

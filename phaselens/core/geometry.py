@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from phaselens.core.errors import PhaseGeometryError
+from phaselens.errors import PhaseGeometryError
 
 Positions = Any  # int | np.ndarray | torch.Tensor; kept loose because the methods preserve the input kind.
 

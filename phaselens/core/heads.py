@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from phaselens.core.errors import HeadSpecError
+from phaselens.errors import HeadSpecError
 
 # "L<layer>", then optionally "H<head>" or "KV<kv head>"; each part is checked on its own (see _string_parts)
 _FORM = re.compile(r"^L(?P<layer>[^HK]*)(?:(?P<sep>H|KV)(?P<index>.*))?$")

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.core.errors import LabelError
+from phaselens.errors import LabelError
 
 
 def _take(a: np.ndarray | None, idx: int, axis: int) -> np.ndarray | None:

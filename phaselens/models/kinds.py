@@ -155,7 +155,7 @@ def is_training_folder(path: Any) -> bool:
 def load_training_run(path: Any, *, device: str = "cpu") -> Any:
     """The model of a training run's checkpoint, through the loader :mod:`phaselens.train` registers."""
     from phaselens.contract.adapting import run_loader
-    from phaselens.core.errors import CheckpointError
+    from phaselens.errors import CheckpointError
 
     loader = run_loader()
     if loader is None:

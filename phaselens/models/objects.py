@@ -14,7 +14,7 @@ accept:
   through a view with its original modules (:func:`~phaselens.models.parts.wrappers.unbridged`), and the numbers are
   those of the transformers model itself.
 
-Anything else gets a :class:`~phaselens.core.errors.PhaseLensError` naming the route that works.
+Anything else gets a :class:`~phaselens.errors.PhaseLensError` naming the route that works.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torch import nn
 
 from phaselens.contract.adapting import is_phase_model
 from phaselens.contract.strides import check_stride, compression_strides, refuse_restride
-from phaselens.core.errors import InputError, UnsupportedModelError
+from phaselens.errors import InputError, UnsupportedModelError
 from phaselens.models.kinds import by_model_type
 from phaselens.models.parts.wrappers import unwrap_object
 

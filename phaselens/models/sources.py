@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from phaselens.core.errors import CheckpointError, InputError
+from phaselens.errors import CheckpointError, InputError
 from phaselens.models.kinds import (
     ANY_OTHER,
     KINDS,

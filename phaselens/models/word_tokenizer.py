@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 # the zoo's fixed ids (phaselens.tasks.kv_recall): 0 PAD, 1 BOS, 2 QUERY
 ZOO_PAD, ZOO_BOS = 0, 1

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phaselens.core.errors import ZooError
+from phaselens.errors import ZooError
 
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"  # the trained models ship as package data
 DEFAULT_MODEL = "w8s4"

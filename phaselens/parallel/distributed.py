@@ -30,8 +30,8 @@ units are done after the gather in unit order, as a single process does them (``
 included), so summaries are bit-identical too.
 
 **Errors.** An exception inside a rank's share is sent to every rank with the next gather: the failing rank
-re-raises it, the others raise :class:`~phaselens.core.errors.RankError` naming the rank and its message. A rank
-that dies (SIGKILL, OOM) makes the others raise :class:`~phaselens.core.errors.DistributedError` at their next
+re-raises it, the others raise :class:`~phaselens.errors.RankError` naming the rank and its message. A rank
+that dies (SIGKILL, OOM) makes the others raise :class:`~phaselens.errors.DistributedError` at their next
 gather (torchrun ends the job anyway); with ``checkpoint=`` a rerun at any world size resumes.
 
 Outside a process group :func:`shard_map` is a plain loop and nothing changes. Inside one rank's share
@@ -48,7 +48,7 @@ from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, TypeVar
 
-from phaselens.core.errors import DistributedError, RankError
+from phaselens.errors import DistributedError, RankError
 from phaselens.parallel.world import World, is_main_process, local, process_world, world
 
 _LEDGER: ContextVar[list[dict[str, Any]] | None] = ContextVar("phaselens_shard_ledger", default=None)

@@ -20,7 +20,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 
 def local_rank() -> int:

@@ -48,7 +48,7 @@ def is_main_process() -> bool:
 def check_world_env(env: Mapping[str, str]) -> None:
     """Refuse a torchrun environment that does not describe a process group: ``WORLD_SIZE`` >= 1, ``RANK``
     in ``0..WORLD_SIZE-1``, ``LOCAL_RANK`` >= 0 (each a whole number when set)."""
-    from phaselens.core.errors import InputError
+    from phaselens.errors import InputError
 
     values = {}
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):

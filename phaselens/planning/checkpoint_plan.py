@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
+from phaselens.errors import CheckpointError, InputError, UnsupportedModelError
 from phaselens.models.numerics.sizing import addressable
 from phaselens.planning.checkpoint_report import GPU_TYPES, USABLE, GiB, ModelPlan, gpu_bytes, gpu_type
 from phaselens.planning.gpu_time import MFU, gpu_spec, plan_time

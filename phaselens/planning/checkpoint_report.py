@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 GiB = 2**30
 GPU_TYPES = {"H100": 80.0, "H200": 141.0, "B200": 192.0}  # GB (1e9 bytes) as sold

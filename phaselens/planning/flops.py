@@ -29,7 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from phaselens.contract.layer_table import LayerTable
-from phaselens.core.errors import NotApplicableError
+from phaselens.errors import NotApplicableError
 
 Attended = Literal["computed", "sparse"]
 

@@ -27,7 +27,7 @@ from typing import Any
 from phaselens.analyses.runner import Analysis, Common, arguments_of, checked
 from phaselens.contract.adapting import as_phase_model
 from phaselens.contract.protocol import is_black_box
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.planning.checkpoint_report import ModelPlan
 from phaselens.planning.planned_items import plan_items
 from phaselens.planning.run_plan import Plan, plan_run
@@ -38,13 +38,13 @@ SERVED_OPTIONS = ("prefill_tokens_per_s", "sample")  # plan_requests' own keywor
 
 def analyses() -> dict[str, type[Analysis]]:
     """Every analysis by its public name (``specialization_map`` -> ``Map``): the subclasses of
-    :class:`~phaselens.analyses.runner.Analysis` that ``phaselens.analyses``' modules define."""
-    import phaselens.analyses as package
-
-    for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{package.__name__}.{info.name}")
+    :class:`~phaselens.analyses.runner.Analysis` that the modules of ``phaselens.analyses`` and ``phaselens.repair`` define."""
+    packages = ("phaselens.analyses", "phaselens.repair")  # repair_table lives with phase repair
+    for package in packages:
+        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            importlib.import_module(f"{package}.{info.name}")
     return {cls.name: cls for cls in _subclasses()
-            if cls.__module__.startswith("phaselens.analyses.") and isinstance(getattr(cls, "name", None), str)}
+            if cls.__module__.startswith(tuple(f"{p}." for p in packages)) and isinstance(getattr(cls, "name", None), str)}
 
 
 def _subclasses() -> list[type[Analysis]]:

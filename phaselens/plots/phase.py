@@ -8,7 +8,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.plots.theme import BOUNDARY, COMPRESSED, CONTROL, CYCLE_COLORS, TEMPLATE, figure, phase_label
 
 if TYPE_CHECKING:  # annotations only: plots read the result types (a layer below), without importing pandas or scipy
@@ -81,7 +81,7 @@ def periodicity_panel(ev: PhaseEval, *, title: str | None = None) -> go.Figure:
     counts = ev.tests.counts if hasattr(ev, "tests") else ev
     h = counts.harmonic
     if h is None:
-        from phaselens.core.errors import NotApplicableError
+        from phaselens.errors import NotApplicableError
 
         raise NotApplicableError(f"no periodicity panel: {counts.skipped.get('harmonic', 'no harmonic fraction')} "
                                  "(evaluate with residues=None).")

@@ -16,7 +16,7 @@ from torch import Tensor
 from phaselens.contract.dims import ModelDims, ModelIdentity
 from phaselens.contract.protocol import PhaseModel, call_state, check_model
 from phaselens.core.checks import as_int
-from phaselens.core.errors import ContextLengthError, InputError
+from phaselens.errors import ContextLengthError, InputError
 from phaselens.repair.shifts import (
     COMBINES,
     align,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from phaselens.core.errors import InputError, PaddingError
+from phaselens.errors import InputError, PaddingError
 
 Combine = Literal["max_conf", "vote", "mean_logprob", "mean_prob"]
 COMBINES: tuple[str, ...] = ("max_conf", "vote", "mean_logprob", "mean_prob")

@@ -24,7 +24,7 @@ from phaselens.analyses.scoring import (
 from phaselens.analyses.units import Units
 from phaselens.contract.protocol import PhaseModel, is_black_box, model_name, require
 from phaselens.core.checks import as_int, as_names
-from phaselens.core.errors import InputError, NotApplicableError
+from phaselens.errors import InputError, NotApplicableError
 from phaselens.repair.shifts import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
 from phaselens.results.phase_eval import PhaseEval
 from phaselens.results.repair_rules import RepairTable

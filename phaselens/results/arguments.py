@@ -2,10 +2,10 @@
 
 Every public method of a :class:`~phaselens.results.base.Result` subclass is wrapped by :func:`checked`
 (``Result.__init_subclass__`` does it), which checks each argument by its parameter's name before the method
-runs, so a method added later is checked too. A bad value raises a :class:`~phaselens.core.errors.PhaseLensError`
+runs, so a method added later is checked too. A bad value raises a :class:`~phaselens.errors.PhaseLensError`
 that names the argument, the value and the valid range or form; nothing returns an empty or all-True answer:
 
-* ``phase``: an integer in ``0..S-1`` (:class:`~phaselens.core.errors.ResidueError` when out of range);
+* ``phase``: an integer in ``0..S-1`` (:class:`~phaselens.errors.ResidueError` when out of range);
   ``residue``: an integer in ``0..M-1``;
 * ``k``, ``n``, ``top``: a positive integer (a bool is not one);
 * ``alpha``, ``level`` (a significance or confidence level): a finite number strictly between 0 and 1;
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from phaselens.core.checks import MAX_RESAMPLES, as_int, as_probability
-from phaselens.core.errors import InputError, PhaseLensError, ResidueError
+from phaselens.errors import InputError, PhaseLensError, ResidueError
 
 
 # ---- one check per kind of argument ----------------------------------------------------------------------

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 
 import pandas as pd
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.results.arguments import check_methods
 
 # The shared column vocabulary: one name per quantity, in every result (docs/api.md, "Result columns").

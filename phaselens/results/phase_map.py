@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.core.errors import InputError, ResidueError
 from phaselens.core.labelled import Labelled
+from phaselens.errors import InputError, ResidueError
 from phaselens.results.base import Result
 from phaselens.stats import benjamini_hochberg
 from phaselens.stats.effects import EFFECT_COLUMNS, Effects, mcnemar_p

@@ -4,7 +4,7 @@ A saved result's skeleton names each frozen dataclass it holds by a short name (
 looks the name up in :data:`TYPES`, a fixed table written here: nothing read from a file chooses a module, an
 attribute or a callable. Before the type is called, the file's fields are checked against the type's declared
 ``__init__`` fields and their annotations: an unknown, missing or mistyped field is a
-:class:`~phaselens.core.errors.ResultFileError` that names it. Saving refuses a dataclass outside the table, so
+:class:`~phaselens.errors.ResultFileError` that names it. Saving refuses a dataclass outside the table, so
 every file phaselens writes can be read back.
 
 The table holds module names as data (as ``phaselens/__init__``'s export table does): each type's module is
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.core.errors import InputError, ResultFileError
+from phaselens.errors import InputError, ResultFileError
 
 # short name -> the module that defines it (the only modules a load ever imports)
 TYPES: dict[str, str] = {

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.core.errors import CheckpointError, InputError, OutputError, ResultFileError
+from phaselens.errors import CheckpointError, InputError, OutputError, ResultFileError
 from phaselens.results.registry import check_fields, name_of, resolve
 
 FORMAT = "phaselens.result/2"
@@ -150,7 +150,7 @@ def save_result(result: Any, path: str | os.PathLike, *, overwrite: bool = False
     """Write ``result`` to ``path`` (one file, written beside and renamed into place); an existing file is
     replaced only with ``overwrite=True`` and only if phaselens wrote it as a result (its header proves it:
     the ownership rule of :mod:`phaselens.storage.writing`). Refusals, and what the OS refuses (a full disk, a
-    permission), are :class:`~phaselens.core.errors.OutputError`."""
+    permission), are :class:`~phaselens.errors.OutputError`."""
     from safetensors.numpy import save_file
 
     from phaselens.storage.writing import write_owned_file

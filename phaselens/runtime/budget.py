@@ -11,7 +11,7 @@
 * one scored forward of ``min(batch_size, N)`` items (:func:`forward_bytes`: the model's ``estimate_memory``
   capability where it has one), without the weights, which are in memory already;
 
-and raises :class:`~phaselens.core.errors.ResourceError` when either would not fit in the memory available
+and raises :class:`~phaselens.errors.ResourceError` when either would not fit in the memory available
 now (``MemAvailable`` and the cgroup's limit on the host, free memory on a CUDA device), saying the largest
 ``n_per_residue`` or ``batch_size`` that fits.
 
@@ -30,7 +30,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from phaselens.core.errors import InputError, ResourceError
+from phaselens.errors import InputError, ResourceError
 from phaselens.tasks.placement import BUILD_BYTES_PER_TOKEN
 
 GiB = 2**30

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 CACHE_BLOCK = 16
 

@@ -1,6 +1,6 @@
 """Input validation shared by the statistics modules.
 
-Every check raises :class:`~phaselens.core.errors.StatsInputError`, or :class:`~phaselens.core.errors.ResidueError`
+Every check raises :class:`~phaselens.errors.StatsInputError`, or :class:`~phaselens.errors.ResidueError`
 for stride/modulus/residue geometry, with a message that names the fix.
 """
 
@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from phaselens.core.checks import as_probability
-from phaselens.core.errors import ResidueError, StatsInputError
+from phaselens.errors import ResidueError, StatsInputError
 
 
 def _as_integer_array(x: ArrayLike | int | float, name: str) -> np.ndarray:

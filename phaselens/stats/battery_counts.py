@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from phaselens.core.errors import ResidueError
+from phaselens.errors import ResidueError
 from phaselens.stats._checks import check_alpha, check_draws, check_level, check_stride, resolve_residues
 from phaselens.stats.battery import PhaseBattery
 from phaselens.stats.gapci import MIN_DRAWS, gap_ci

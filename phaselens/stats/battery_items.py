@@ -8,7 +8,7 @@ from typing import Any
 
 import pandas as pd
 
-from phaselens.core.errors import LabelError
+from phaselens.errors import LabelError
 from phaselens.stats._checks import check_alpha, check_draws, check_level
 from phaselens.stats.battery import PhaseBattery, _pct, _row
 from phaselens.stats.battery_counts import count_battery

@@ -24,7 +24,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_draws, check_values, item_codes, readonly, resolve_residues
 from phaselens.stats.item_data import paired_matrix, pairing
 from phaselens.stats.outcomes import PermutationResult, TestResult, fmt_p

@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 from phaselens.stats._checks import (
     check_counts,
     check_draws,

@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
-from phaselens.core.errors import ResidueError, StatsInputError
+from phaselens.errors import ResidueError, StatsInputError
 from phaselens.stats._checks import check_stride, readonly
 
 

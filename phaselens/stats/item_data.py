@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_values, item_codes, readonly, resolve_residues
 from phaselens.stats.subset import ResidueSubset, residue_subset
 

@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import special, stats
 
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_counts
 from phaselens.stats.outcomes import TestResult
 

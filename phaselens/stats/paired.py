@@ -18,7 +18,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_period
 from phaselens.stats.folding import fold_by
 from phaselens.stats.outcomes import TestResult

@@ -34,7 +34,7 @@ import pandas as pd
 from numpy.typing import ArrayLike
 from scipy import optimize, stats
 
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_alpha, check_counts
 from phaselens.stats.contrasts import count_moments, item_moments
 from phaselens.stats.omnibus import cochran_q, g_test

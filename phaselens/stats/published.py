@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
 
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_counts, check_stride, readonly
 
 SCALES = ("auto", "counts", "percent", "fraction")

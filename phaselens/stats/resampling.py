@@ -13,7 +13,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import ArrayLike
 
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 from phaselens.stats._checks import check_counts, check_draws, check_stride
 from phaselens.stats.folding import fold, fold_by, folded_gap_from_counts, gap
 from phaselens.stats.outcomes import PermutationResult

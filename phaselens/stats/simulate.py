@@ -14,7 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import optimize, special
 
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 
 _NODES, _WEIGHTS = np.polynomial.hermite_e.hermegauss(80)
 _WEIGHTS = _WEIGHTS / _WEIGHTS.sum()

@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from phaselens.core.errors import ResidueError
+from phaselens.errors import ResidueError
 from phaselens.stats._checks import check_residues, check_stride, readonly
 from phaselens.stats.folding import fold, fold_by, gap
 from phaselens.stats.omnibus import chi2_test, cochran_q, g_statistic, g_test

@@ -4,7 +4,7 @@ sha256 of each tensor it holds, and every reader checks them before a weight is 
 safetensors checks that a file's header parses and that its data exactly covers the file, but not the data
 itself: a file whose tail was zeroed (a disk or copy fault) keeps its size and loads. The header's
 ``phaselens.sha256`` entry (a JSON object, tensor name -> sha256 of its dtype, shape and bytes) closes that
-gap; a mismatch is a :class:`~phaselens.core.errors.CheckpointError` naming the file and the damaged tensors.
+gap; a mismatch is a :class:`~phaselens.errors.CheckpointError` naming the file and the damaged tensors.
 A file written before checksums existed has no entry and is read as before.
 
 Each digest is of the tensor, not of the file's layout, so it is the same from torch and numpy and does not
@@ -22,9 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.core.errors import CheckpointError
+from phaselens.errors import CheckpointError
 
 KEY = "phaselens.sha256"
+
+
+def listed(names: list[str], shown: int = 4) -> str:
+    """``names`` for a message: the first ``shown``, then how many more."""
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return f"{', '.join(names[:shown])}{more}"
 
 
 def _raw(t: Any) -> tuple[str, tuple[int, ...], Any]:
@@ -96,11 +102,7 @@ def _compare(path: str | os.PathLike, digests: Mapping[str, str], now: Mapping[s
     missing, extra = sorted(set(digests) - set(now)), sorted(set(now) - set(digests))
     if not (bad or missing or extra):
         return
-    parts = []
-    for what, names in (("no longer match their sha256", bad), ("are missing", missing),
-                        ("were added", extra)):
-        if names:
-            more = f" and {len(names) - 4} more" if len(names) > 4 else ""
-            parts.append(f"{len(names)} tensor(s) {what} ({', '.join(names[:4])}{more})")
+    parts = [f"{len(names)} tensor(s) {what} ({listed(names)})" for what, names in (
+        ("no longer match their sha256", bad), ("are missing", missing), ("were added", extra)) if names]
     raise CheckpointError(f"{Path(path)} is damaged: {'; '.join(parts)} since phaselens wrote it (its header "
                           f"records each tensor's sha256); {fix}")

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from phaselens.core.errors import OutputError
+from phaselens.errors import OutputError
 from phaselens.storage import manifest as mf
 from phaselens.storage.temporaries import alive, clean_stale, remove, token  # noqa: F401 - re-exported
 

@@ -1,8 +1,8 @@
 """What the operating system refused, said in words: one translation of ``OSError`` for every reader and writer.
 
 Writers (model save, report, checkpoints, caches, training state, command-line outputs) turn an ``OSError``
-into an :class:`~phaselens.core.errors.OutputError`; readers into a
-:class:`~phaselens.core.errors.CheckpointError`. A file that cannot be *read* (permission, a directory in its
+into an :class:`~phaselens.errors.OutputError`; readers into a
+:class:`~phaselens.errors.CheckpointError`. A file that cannot be *read* (permission, a directory in its
 place, an I/O error) is never called corrupt and never comes with the advice to delete it: only a file that
 was read and proven malformed is (see :mod:`phaselens.storage.resumable`).
 """
@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from phaselens.core.errors import CheckpointError, OutputError
+from phaselens.errors import CheckpointError, OutputError
 
 NAME_MAX = 255  # the longest single name most file systems allow (ext4, xfs, btrfs, APFS, NTFS)
 

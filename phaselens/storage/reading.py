@@ -89,7 +89,7 @@ def read_jsonl(path: str | os.PathLike, *, fix: str) -> list[Any]:
     """
     import warnings
 
-    from phaselens.core.errors import CheckpointError
+    from phaselens.errors import CheckpointError
 
     path = Path(path)
     try:

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.core.errors import CheckpointError, OutputError
-from phaselens.storage.checksums import stamped, verify
+from phaselens.errors import CheckpointError, OutputError
+from phaselens.storage.checksums import listed, stamped, verify
 from phaselens.storage.oserrors import NAME_MAX, why_not_read, why_not_written
 from phaselens.storage.reading import JSONDepthError, parse_json, peek_json
 from phaselens.storage.writing import atomic_write_file, nearest_existing, writable, write_owned_file
@@ -166,12 +166,9 @@ def tensor_mismatch(missing: list[str], unexpected: list[str], wrong: list[str],
                     fix: str) -> CheckpointError:
     """The :class:`CheckpointError` of :func:`check_tensor_names` from its three lists (for loaders whose
     library reports them, e.g. transformers' loading info)."""
-    parts = []
-    for what, names in (("missing tensor(s)", missing), ("unexpected tensor(s)", unexpected),
-                        ("tensor(s) with the wrong shape", wrong)):
-        if names:
-            more = f" and {len(names) - 4} more" if len(names) > 4 else ""
-            parts.append(f"{len(names)} {what}: {', '.join(names[:4])}{more}")
+    parts = [f"{len(names)} {what}: {listed(names)}" for what, names in (
+        ("missing tensor(s)", missing), ("unexpected tensor(s)", unexpected),
+        ("tensor(s) with the wrong shape", wrong)) if names]
     return CheckpointError(f"{where} does not match the model ({'; '.join(parts)}); {fix}")
 
 

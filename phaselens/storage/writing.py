@@ -7,7 +7,7 @@ with each file's sha256, or, for checkpoint files, their own phaselens header). 
 extension.
 
 * **Nothing of the user's is removed or changed.** A directory that holds files phaselens did not write is
-  refused with an :class:`~phaselens.core.errors.OutputError` unless ``overwrite=True``; even then only
+  refused with an :class:`~phaselens.errors.OutputError` unless ``overwrite=True``; even then only
   phaselens's own files are replaced, and every other file stays as it was, also inside phaselens's own
   sub-folders (a PNG of yours in a report's ``figures/``). A file of yours whose name phaselens needs is
   refused even with ``overwrite``. A single output file (``--out FILE``) that phaselens cannot prove it wrote
@@ -32,7 +32,7 @@ import stat
 from collections.abc import Callable
 from pathlib import Path
 
-from phaselens.core.errors import OutputError
+from phaselens.errors import OutputError
 from phaselens.storage import manifest as mf
 from phaselens.storage.journal import (  # noqa: F401 - the names files.STAGE etc. are part of the API
     COMMITTED,

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.core.errors import BatchIndexError, ContextLengthError, TaskError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import BatchIndexError, ContextLengthError, TaskError
 
 Index = int | slice | Sequence[int] | np.ndarray | torch.Tensor
 

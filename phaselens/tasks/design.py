@@ -24,7 +24,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from phaselens.core.errors import ResidueError, TaskError
+from phaselens.errors import ResidueError, TaskError
 
 
 def _tent_integral(d: Fraction, m: int) -> Fraction:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from phaselens.core.errors import TaskError
+from phaselens.errors import TaskError
 from phaselens.tasks.lm_batches import IGNORE_INDEX
 from phaselens.tasks.residues import check_positive
 

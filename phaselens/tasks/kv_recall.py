@@ -22,8 +22,8 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from phaselens.core.errors import ResidueError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import ResidueError
 from phaselens.tasks import layout
 from phaselens.tasks.batch import TaskBatch, as_long
 from phaselens.tasks.lm_batches import TrainingBatch, numpy_rng

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from phaselens.core.errors import TaskError
+from phaselens.errors import TaskError
 from phaselens.tasks.design import PositionDesign
 
 SCHEMES = ("prefix", "in_sequence", "shared_prefix")

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from phaselens.core.errors import TaskError
+from phaselens.errors import TaskError
 
 IGNORE_INDEX = -100  # torch.nn.functional.cross_entropy's default ignore_index
 

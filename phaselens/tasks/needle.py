@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from phaselens.core.errors import TaskError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import TaskError
 from phaselens.tasks import layout
 from phaselens.tasks.batch import TaskBatch, as_long
 from phaselens.tasks.placement import RecordsTask, check_records, draw_records, place_records

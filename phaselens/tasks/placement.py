@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.core.errors import ResourceError, TaskError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import ResourceError, TaskError
 from phaselens.tasks import layout
 from phaselens.tasks.design import PositionDesign
 from phaselens.tasks.residues import check_count, check_modulus, check_residues, expand_items, geometry_frame

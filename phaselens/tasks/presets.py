@@ -18,7 +18,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
-from phaselens.core.errors import TaskError
+from phaselens.errors import TaskError
 from phaselens.tasks.needle import Needle
 from phaselens.tasks.probe import PaddingProbe
 from phaselens.tasks.records import split_template

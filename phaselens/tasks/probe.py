@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from phaselens.core.errors import TaskError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import TaskError
 from phaselens.tasks.batch import TaskBatch, as_long
 from phaselens.tasks.residues import (
     check_count,

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phaselens.core.errors import TaskError
+from phaselens.errors import TaskError
 from phaselens.tasks.text import Piece, piece
 
 DEFAULT_KEYS = (

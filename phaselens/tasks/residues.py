@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.core.errors import ResidueError, TaskError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import ResidueError, TaskError
 
 
 def check_modulus(spec: PhaseSpec, modulus: int | None) -> int:

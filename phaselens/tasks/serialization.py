@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
-from phaselens.core.errors import TaskError
+from phaselens.errors import TaskError
 
 _REGISTRY: dict[str, type] = {}
 T = TypeVar("T", bound="SerializableTask")

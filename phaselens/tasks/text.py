@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phaselens.core.errors import PaddingError, TaskError
+from phaselens.errors import PaddingError, TaskError
 
 
 def encode(tok: Any, text: str, *, special: bool = False) -> list[int]:

@@ -76,7 +76,7 @@ def saved_step(run_dir: str | os.PathLike) -> int | None:
     Reads the small JSON pointer (``checkpoints/latest.json``; no torch work): for messages such as
     "resuming from step N".
     """
-    from phaselens.core.errors import CheckpointError
+    from phaselens.errors import CheckpointError
     from phaselens.train.family import checkpoints as ckpt
 
     try:

@@ -49,7 +49,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     Raises:
         CheckpointError: the file cannot be read, or an earlier line is damaged (not a JSON object).
     """
-    from phaselens.core.errors import CheckpointError
+    from phaselens.errors import CheckpointError
 
     path = Path(run_dir) / METRICS
     fix = (f"move {path} away to resume (the loss of every step stays in log.json), or restore it from a "
@@ -66,7 +66,7 @@ class Meter:
 
     def __init__(self, run_dir: Path, cfg: Any, model: Any, start: int, every: int, peak_tflops: float | None,
                  where: torch.device) -> None:
-        from phaselens.core.errors import ConfigError
+        from phaselens.errors import ConfigError
 
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ConfigError(f"log_every must be a positive int (steps), got {every!r}.")

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from phaselens.core.checks import MAX_SEED
-from phaselens.core.errors import ConfigError, InputError
+from phaselens.errors import ConfigError, InputError
 from phaselens.runtime.budget import check_threads
 from phaselens.storage.fingerprints import fingerprint
 

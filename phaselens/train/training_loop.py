@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 
-from phaselens.core.errors import CheckpointError, ConfigError, OutputError
+from phaselens.errors import CheckpointError, ConfigError, OutputError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.transformer import CompressedTransformer
 from phaselens.parallel.world import process_world

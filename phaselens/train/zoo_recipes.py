@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from phaselens.core.checks import MAX_SEED
-from phaselens.core.errors import ZooError
+from phaselens.errors import ZooError
 from phaselens.models.compressed.config import CompressedConfig, CompressorSpec, RopeSpec
 from phaselens.tasks import KVRecall
 from phaselens.tasks.induction import RepeatedSegments

@@ -67,7 +67,7 @@ def build_zoo_model(name: str, out: str | Path, *, run_dir: str | Path, progress
     ``threads`` the recipe's torch thread count (results are bit-identical only at the same count).
     The card records the code's git commit (``card["code"]``), the torch build and the thread count.
     ``out/name`` is checked before training: files there that phaselens did not write are refused
-    (:class:`~phaselens.core.errors.OutputError`) unless ``overwrite=True``, which replaces only its own files.
+    (:class:`~phaselens.errors.OutputError`) unless ``overwrite=True``, which replaces only its own files.
     """
     kind = checkpoint_kind(extra=("eval_batch.safetensors",))
     check_output_dir(Path(out) / name, kind, overwrite=overwrite)

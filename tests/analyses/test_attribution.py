@@ -9,7 +9,7 @@ import torch
 import phaselens
 from phaselens.analyses.items import build_items
 from phaselens.analyses.knockouts import z_name
-from phaselens.core.errors import PhaseLensError
+from phaselens.errors import PhaseLensError
 from tests.support.models import LAYOUTS, task_model
 
 

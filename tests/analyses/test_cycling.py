@@ -16,19 +16,19 @@ from tests.support.models import LAYOUTS, make_model, task_model
 
 def test_cycle_rolls_offset_specific_gate_parameters_only():
     model = make_model(LAYOUTS["w8s4-peroffset"])
-    cyc = phaselens.cycle_gates(model, 1)
+    cyc = phaselens.analyses.cycling.cycle_gates(model, 1)
     for (name, p), q in zip(model.named_parameters(), cyc.parameters()):
         if name.endswith("gate.weight") or name.endswith("position_bias"):
             assert torch.equal(torch.roll(p, 1, dims=1), q), name  # offset i -> offset (i + 1) mod S
         else:
             assert torch.equal(p, q), name  # payload maps and everything else unchanged
-    back = phaselens.cycle_gates(cyc, -1)
+    back = phaselens.analyses.cycling.cycle_gates(cyc, -1)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), back.parameters()))
 
 
 def test_overlap_split_bias_rolls_alike_in_both_halves():
     model = make_model(LAYOUTS["w8s4-deepseek"])
-    cyc = phaselens.cycle_gates(model, 2)
+    cyc = phaselens.analyses.cycling.cycle_gates(model, 2)
     b0 = model.blocks[0].attn.compressor.poolers["kv"].position_bias  # [group (Ca|Cb), phase, channel]
     b1 = cyc.blocks[0].attn.compressor.poolers["kv"].position_bias
     assert torch.equal(b1[0], torch.roll(b0[0], 2, dims=0)) and torch.equal(b1[1], torch.roll(b0[1], 2, dims=0))
@@ -37,9 +37,9 @@ def test_overlap_split_bias_rolls_alike_in_both_halves():
 
 
 def test_uniform_pooling_is_not_applicable():
-    with pytest.raises(phaselens.NotApplicableError, match="no compressor with offset-specific gate parameters"):
-        phaselens.cycle_gates(make_model(LAYOUTS["w6s3-uniform"]), 1)
-    with pytest.raises(phaselens.NotApplicableError):
+    with pytest.raises(phaselens.errors.NotApplicableError, match="no compressor with offset-specific gate parameters"):
+        phaselens.analyses.cycling.cycle_gates(make_model(LAYOUTS["w6s3-uniform"]), 1)
+    with pytest.raises(phaselens.errors.NotApplicableError):
         phaselens.gate_cycling_test(task_model(LAYOUTS["w6s3-uniform"]), n_per_residue=1, progress=False)
 
 
@@ -104,9 +104,9 @@ def test_r2_interval_rejects_bad_input():
 def test_overlap_roll_is_periodic_in_the_stride():
     """Rolling inside each half is periodic mod S; rolling the 2S slots as one sequence would not be."""
     model = make_model(LAYOUTS["w8s4-deepseek"])
-    same = phaselens.cycle_gates(model, 4)
+    same = phaselens.analyses.cycling.cycle_gates(model, 4)
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), same.parameters()))
-    a, b = phaselens.cycle_gates(model, 1), phaselens.cycle_gates(model, -3)
+    a, b = phaselens.analyses.cycling.cycle_gates(model, 1), phaselens.analyses.cycling.cycle_gates(model, -3)
     assert all(torch.equal(x, y) for x, y in zip(a.parameters(), b.parameters()))
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens import ContextLengthError, NoDefaultTaskError, ResidueError, TaskError
+from phaselens.errors import ContextLengthError, NoDefaultTaskError, ResidueError, TaskError
 from tests.support.models import task_model, tiny_task
 
 

@@ -18,7 +18,7 @@ import torch
 
 import phaselens
 from phaselens.analyses.maps import map_cells
-from phaselens.core.errors import CacheError, InputError
+from phaselens.errors import CacheError, InputError
 from tests.support.models import LAYOUTS, make_model, task_model
 
 MODELS = {

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import phaselens
-from phaselens import Head, HeadSpecError, parse_heads
+from phaselens.core.heads import Head, parse_heads
+from phaselens.errors import HeadSpecError
 from tests.support.models import LAYOUTS, task_model, tiny_task
 
 
@@ -85,7 +86,7 @@ def _all_hooks(model) -> int:
 def test_no_hooks_leak_after_errors(model, where):
     tokens = torch.randint(0, 100, (2, 20))
     before = _all_hooks(model)
-    exc = {"keyboard-interrupt": KeyboardInterrupt, "hook": phaselens.InputError}.get(where, RuntimeError)
+    exc = {"keyboard-interrupt": KeyboardInterrupt, "hook": phaselens.errors.InputError}.get(where, RuntimeError)
     with pytest.raises(exc):
         with phaselens.knockout(model, "L0H0", method="zero", positions="all" if where != "hook" else torch.tensor([999, 999])):
             if where == "hook":

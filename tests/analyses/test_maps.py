@@ -58,7 +58,7 @@ def test_map_resumes_after_interruption_with_identical_results(model, tmp_path, 
 def test_checkpoint_of_another_map_is_refused(model, tmp_path):
     ckpt = tmp_path / "m.npz"
     phaselens.specialization_map(model, n_per_residue=2, progress=False, n_bootstrap=0, checkpoint=ckpt)
-    with pytest.raises(phaselens.CheckpointError, match="holds a different computation"):
+    with pytest.raises(phaselens.errors.CheckpointError, match="holds a different computation"):
         phaselens.specialization_map(model, n_per_residue=3, progress=False, n_bootstrap=0, checkpoint=ckpt)
 
 

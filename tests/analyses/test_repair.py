@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import ContextLengthError, PaddingError, PhaseLensError
+from phaselens.errors import ContextLengthError, PaddingError, PhaseLensError
 from phaselens.repair.shifts import combine, resolve_shifts, shifted_copies
 from tests.support.models import LAYOUTS, task_model
 

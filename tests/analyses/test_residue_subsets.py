@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import phaselens
-from phaselens import NotApplicableError, stats
+from phaselens import stats
+from phaselens.errors import NotApplicableError
 from tests.support.models import task_model, tiny_task
 
 FAST = dict(n_permutations=199, n_bootstrap=100)

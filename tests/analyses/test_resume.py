@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import phaselens
-from phaselens.core.errors import CheckpointError
+from phaselens.errors import CheckpointError
 from tests.support.models import task_model
 
 KW = dict(n_per_residue=3, batch_size=5)  # 24 items: 5 blocks of <= 5 items

@@ -154,9 +154,9 @@ def test_checks_run_once_with_one_error_type(monkeypatch):
     monkeypatch.setattr(runner, "check_model", lambda m: calls.append(m) or real(m))
     assert not hasattr(items, "check_model")
     model = phaselens.load("zoo:w8s4")
-    with pytest.raises(phaselens.InputError, match="residues or phase, not both"):
+    with pytest.raises(phaselens.errors.InputError, match="residues or phase, not both"):
         phaselens.ablate(model, "L0H0", phase=1, residues=[1], progress=False)
     assert len(calls) == 1
-    with pytest.raises(phaselens.InputError, match="seed"):
+    with pytest.raises(phaselens.errors.InputError, match="seed"):
         phaselens.evaluate(model, n_per_residue=1, seed=-1, progress=False)
     assert len(calls) == 2

@@ -15,7 +15,7 @@ import pytest
 
 import phaselens
 from phaselens import PhaseSpec
-from phaselens.core.errors import TaskError
+from phaselens.errors import TaskError
 from tests.support.models import task_model, tiny_task
 
 Q = dict(progress=False)

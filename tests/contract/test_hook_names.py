@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import HookNameError, PhaseLensError
+from phaselens.errors import HookNameError, PhaseLensError
 from tests.support.models import LAYOUTS, make_model
 
 T = 23
@@ -48,7 +48,7 @@ def test_combined_pattern_is_exactly_the_attention_that_made_z(tokens, name):
     cfg = model.cfg
     L, H, Hkv, d = cfg.local_window, cfg.n_heads, cfg.n_key_value_heads, cfg.d_head
     for layer in range(cfg.n_layers):
-        comb = phaselens.combined_pattern(cache, layer)  # [B, H, T, L + E + 1]
+        comb = phaselens.contract.hooknames.combined_pattern(cache, layer)  # [B, H, T, L + E + 1]
         E = cache[f"blocks.{layer}.attn.hook_pattern_entry"].shape[-1]
         assert comb.shape == (2, H, T, L + E + 1)
         assert torch.allclose(comb.sum(-1), torch.ones(2, H, T), atol=1e-5)
@@ -66,9 +66,9 @@ def test_combined_pattern_is_exactly_the_attention_that_made_z(tokens, name):
 def test_combined_pattern_on_full_attention_and_without_the_parts(tokens):
     control = make_model(None)
     _, cache = control.run_with_cache(tokens)
-    assert phaselens.combined_pattern(cache, 1) is cache["blocks.1.attn.hook_pattern"]
+    assert phaselens.contract.hooknames.combined_pattern(cache, 1) is cache["blocks.1.attn.hook_pattern"]
     with pytest.raises(HookNameError, match="names_filter"):
-        phaselens.combined_pattern({}, 0)
+        phaselens.contract.hooknames.combined_pattern({}, 0)
 
 
 @pytest.mark.parametrize("name", ["w4s4-scalar", "w8s4-deepseek"])
@@ -111,5 +111,5 @@ def test_adapter_hook_pattern_explains_the_split():
     with torch.no_grad():
         _, cache = adapter.run_with_cache(toks, names_filter=lambda n: "hook_pattern" in n)
     for layer in range(4):
-        comb = phaselens.combined_pattern(cache, layer)
+        comb = phaselens.contract.hooknames.combined_pattern(cache, layer)
         assert torch.allclose(comb.sum(-1), torch.ones_like(comb[..., 0]), atol=1e-5)

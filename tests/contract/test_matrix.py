@@ -133,15 +133,15 @@ def kinds(tmp_path_factory):
     v41.default_task = V4_TASK  # vocabulary 128 = the task's
     # the paper's family at its tiny size (Qwen3 backbone: QK-norm, SwiGLU, tied embeddings, 'half' RoPE, GQA),
     # with overlapping windows (W=8, S=4), and its full-attention control (Qwen3 itself); vocabulary 160 >= 128
-    family = phaselens.CompressedTransformer(family_config("w8s4", "tiny", seed=4))
+    family = phaselens.models.CompressedTransformer(family_config("w8s4", "tiny", seed=4))
     family.default_task = V4_TASK
-    family_control = phaselens.CompressedTransformer(family_config("full", "tiny", seed=5))
+    family_control = phaselens.models.CompressedTransformer(family_config("full", "tiny", seed=5))
     family_control.default_task = V4_TASK
     # any transformers causal LM at a given stride: the family's control exported to transformers' Qwen3
-    causal = phaselens.load(to_qwen3(phaselens.CompressedTransformer(family_config("full", "tiny", seed=6))), stride=4)
+    causal = phaselens.load(to_qwen3(phaselens.models.CompressedTransformer(family_config("full", "tiny", seed=6))), stride=4)
     causal.default_task = V4_TASK
     # a user's own transformers object, given to every analysis as it is (with stride=): adapted on each call
-    users = to_qwen3(phaselens.CompressedTransformer(family_config("full", "tiny", seed=7)))
+    users = to_qwen3(phaselens.models.CompressedTransformer(family_config("full", "tiny", seed=7)))
     adapted = phaselens.load(users, stride=4)
     adapted.default_task = V4_TASK
     out = [
@@ -374,7 +374,7 @@ def test_matrix(kinds, kind, analysis, tmp_path):
     args = (k, tmp_path) if analysis in ("report", "resume") else (k,)
     reason = NOT_APPLICABLE.get((analysis, kind))
     if reason is not None:
-        with pytest.raises(phaselens.NotApplicableError, match=reason):
+        with pytest.raises(phaselens.errors.NotApplicableError, match=reason):
             fn(*args)
     else:
         fn(*args)

@@ -13,7 +13,7 @@ import pytest
 
 import phaselens
 from phaselens.contract.strides import check_stride, compression_strides
-from phaselens.core.errors import InputError, PhaseGeometryError
+from phaselens.errors import InputError, PhaseGeometryError
 from tests.support.causal_lm import tiny_causal_lm
 from tests.support.models import tiny_task
 

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phaselens import PhaseGeometryError, PhaseLensError, PhaseSpec
+from phaselens import PhaseLensError, PhaseSpec
+from phaselens.errors import PhaseGeometryError
 
 strides = st.integers(1, 12)
 mults = st.integers(1, 4)

@@ -62,7 +62,7 @@ def v41_packed_load(tmp: Path) -> dict:
     try:
         phaselens.load(f"hf:{root}", device=DEVICE)
         refused = "loaded"
-    except phaselens.CheckpointError as err:
+    except phaselens.errors.CheckpointError as err:
         refused = str(err)
     return {"ok": finite and "head.weight" in refused, "finite_logits": finite, "without_head": refused[:200]}
 
@@ -89,7 +89,7 @@ def v4_load_cuda(tmp: Path) -> dict:
     try:
         phaselens.load(f"hf:{root}", device=DEVICE)
         out["without_lm_head"] = "loaded"
-    except phaselens.CheckpointError as err:
+    except phaselens.errors.CheckpointError as err:
         out["without_lm_head"] = str(err)[:200]
     out["ok"] = out["device"] and out["device_map"] and "lm_head.weight" in out["without_lm_head"]
     return out
@@ -110,7 +110,7 @@ def pricing_cuda(tmp: Path) -> dict:
     try:
         phaselens.evaluate(model, n_per_residue=n, batch_size=huge, progress=False, n_bootstrap=0, n_permutations=1)
         out["refused"] = "ran"
-    except phaselens.ResourceError as err:
+    except phaselens.errors.ResourceError as err:
         out["refused"] = str(err)[:240]
     fits = re.search(r"use batch_size=([\d,]+) or fewer", out["refused"])
     out["ok"] = fits is not None

@@ -102,7 +102,7 @@ def test_items_that_would_run_at_other_slots_are_refused(zoo, tmp_path):
     special prefix (the BOS moved away); nothing is written."""
     from dataclasses import replace
 
-    from phaselens.core.errors import TaskError, TokenizerMismatchError
+    from phaselens.errors import TaskError, TokenizerMismatchError
     from tests.support.lm_eval import bpe_tokenizer
 
     batch = zoo.default_task.build(zoo.dims.analysis_spec, n_per_residue=1, seed=0)

@@ -12,7 +12,7 @@ import torch
 from lm_eval.api.instance import Instance
 
 import phaselens
-from phaselens.core.errors import ContextLengthError, InputError
+from phaselens.errors import ContextLengthError, InputError
 from phaselens.integrations.lm_eval import MODEL_NAMES, PhaseLensLM, register
 from phaselens.models.word_tokenizer import word_tokenizer
 from tests.support.causal_lm import tiny_causal_lm
@@ -124,7 +124,7 @@ def test_requests_that_would_move_tokens_or_cannot_be_answered_are_refused():
         lm.generate_until([Instance("generate_until", {}, ("t5", {"do_sample": True, "temperature": 0.7}), 0)])
     with pytest.raises(InputError, match="cannot encode 'hello t5'"):
         lm.loglikelihood([ll("hello", " t5")], disable_tqdm=True)
-    bare = phaselens.CompressedTransformer(zoo.cfg)
+    bare = phaselens.models.CompressedTransformer(zoo.cfg)
     with pytest.raises(InputError, match="has no tokenizer for lm-eval's text: pass tokenizer=PATH"):
         PhaseLensLM(model=bare)
     with pytest.raises(InputError, match="model=..."):
@@ -137,7 +137,7 @@ def test_without_lm_eval_phaselens_imports_and_says_what_to_install():
     code = ("import sys; sys.modules['lm_eval'] = None\n"
             "import phaselens, phaselens.integrations.lm_eval as le\n"
             "print(le.read_samples.__name__)\n"
-            "try:\n    le.PhaseLensLM\nexcept phaselens.MissingDependencyError as e:\n    print('refused:', e)\n")
+            "try:\n    le.PhaseLensLM\nexcept phaselens.errors.MissingDependencyError as e:\n    print('refused:', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "read_samples" in out.stdout and 'refused: lm-evaluation-harness is not installed' in out.stdout

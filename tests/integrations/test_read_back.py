@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import phaselens
-from phaselens.core.errors import InputError, StatsInputError, TaskError, TokenizerMismatchError
+from phaselens.errors import InputError, StatsInputError, TaskError, TokenizerMismatchError
 from phaselens.integrations.lm_eval import PhaseLensLM, export_task, read_all, read_samples, stratify
 from tests.support.lm_eval import bpe_tokenizer, evaluate, sharp_causal_lm, task_dir
 

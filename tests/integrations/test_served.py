@@ -10,7 +10,7 @@ import importlib.util
 import pytest
 import torch
 
-from phaselens.core.errors import NotApplicableError, TokenizerMismatchError
+from phaselens.errors import NotApplicableError, TokenizerMismatchError
 from phaselens.integrations.lm_eval import PHASE_KEY, PhaseCompletions, read_samples, stratify
 from tests.support.lm_eval import bpe_tokenizer, evaluate, sharp_causal_lm, task_dir, write_checkpoint
 from tests.support.serving import Server
@@ -79,7 +79,7 @@ def test_token_id_replies_are_counted_and_long_prompts_refused_before_any_reques
     left-truncate is refused before anything is sent (no server runs here: nothing is requested)."""
     from lm_eval.api.instance import Instance
 
-    from phaselens.core.errors import ContextLengthError, InputError, ServerError
+    from phaselens.errors import ContextLengthError, InputError, ServerError
 
     bpe_tokenizer().save_pretrained(tmp_path / "tok")
     lm = PhaseCompletions(base_url="http://127.0.0.1:9/v1/completions", model="m", tokenizer=str(tmp_path / "tok"),

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import NotApplicableError, PaddingError, ResidueError
+from phaselens.errors import NotApplicableError, PaddingError, ResidueError
 from phaselens.integrations.lm_eval import PHASE_KEY, PhaseLensLM, read_samples, stratify, write_stratified
 from tests.support.lm_eval import bpe_tokenizer, evaluate, sharp_causal_lm, task_dir
 

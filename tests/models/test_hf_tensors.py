@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import phaselens
-from phaselens.core.errors import CheckpointError, InputError
+from phaselens.errors import CheckpointError, InputError
 from phaselens.models.parts.loading_info import CheckpointMismatchWarning
 from tests.support.causal_lm import tiny_causal_lm
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from tests.support.causal_lm import tiny_causal_lm
 from tests.support.deepseek import tiny_v4_model
 from tests.support.deepseek_v41 import write_tiny_checkpoint

@@ -12,7 +12,7 @@ import torch
 
 import phaselens
 from phaselens.contract.protocol import CAPABILITIES
-from phaselens.core.errors import InputError, UnsupportedModelError
+from phaselens.errors import InputError, UnsupportedModelError
 from phaselens.models import kinds
 from phaselens.models.kinds import KINDS, Kind
 from tests.support.causal_lm import tiny_causal_lm

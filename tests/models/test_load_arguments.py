@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.deepseek_v4 import load_hf
 from phaselens.models.deepseek_v41 import load_v41
 

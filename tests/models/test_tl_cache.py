@@ -10,7 +10,7 @@ from transformer_lens import ActivationCache
 from transformer_lens.utilities import Slice
 
 import phaselens
-from phaselens.core.errors import PhaseLensError
+from phaselens.errors import PhaseLensError
 from phaselens.models.parts.tl_habits import PhaseCache
 from tests.support.tl_reference import bridge_over, pair
 

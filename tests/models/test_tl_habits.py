@@ -12,7 +12,7 @@ from nnsight import NNsight
 from transformer_lens import ActivationCache, patching
 
 import phaselens
-from phaselens.core.errors import HookNameError, InputError, UnsupportedModelError
+from phaselens.errors import HookNameError, InputError, UnsupportedModelError
 from tests.support.causal_lm import save_tokenizer, tiny_causal_lm
 from tests.support.deepseek import tiny_v4_model
 from tests.support.models import LAYOUTS, make_model

@@ -11,7 +11,7 @@ import torch
 from transformer_lens import patching as P
 
 import phaselens
-from phaselens.core.errors import InputError, PhaseLensError
+from phaselens.errors import InputError, PhaseLensError
 from phaselens.models.parts.tl_weights import SurfaceError
 from tests.support.tl_reference import pair
 

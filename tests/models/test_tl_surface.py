@@ -9,7 +9,7 @@ import torch
 from safetensors import safe_open
 
 import phaselens
-from phaselens.core.errors import PhaseLensError
+from phaselens.errors import PhaseLensError
 from phaselens.models.parts.tl_weights import SurfaceError
 from tests.support.tl_reference import pair
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import InputError, PhaseLensError, UnsupportedModelError
+from phaselens.errors import InputError, PhaseLensError, UnsupportedModelError
 from phaselens.tasks import KVRecall
 from tests.support.causal_lm import Snapshot, boot_bridge, tiny_causal_lm
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import phaselens
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.word_tokenizer import word_tokenizer
 
 
@@ -40,7 +40,7 @@ def test_a_zoo_model_loads_with_it(tmp_path):
     with pytest.raises(InputError, match="texts encode to \\[2, 3\\] tokens"):
         model.to_tokens(["t3", "t3 t4"])  # no left padding: it would move every token's phase
     with pytest.raises(InputError, match="has no tokenizer; set model.tokenizer"):
-        phaselens.CompressedTransformer(model.cfg).to_tokens("t3")  # a model built in code has none
+        phaselens.models.CompressedTransformer(model.cfg).to_tokens("t3")  # a model built in code has none
     # saved and read back by transformers (what lm-eval's hf model and transformers serve read)
     from transformers import AutoTokenizer
 

@@ -57,9 +57,9 @@ def test_tampered_weights_are_refused(tmp_path, monkeypatch):
     card["weights_sha256"] = "0" * 64
     (tmp_path / "w4s4" / "card.json").write_text(json.dumps(card))
     monkeypatch.setattr(zoo, "ZOO_DIR", tmp_path)
-    with pytest.raises(phaselens.ZooError, match="sha256"):
+    with pytest.raises(phaselens.errors.ZooError, match="sha256"):
         phaselens.load("zoo:w4s4")
-    with pytest.raises(phaselens.ZooError, match="no zoo model 'w9s9'"):
+    with pytest.raises(phaselens.errors.ZooError, match="no zoo model 'w9s9'"):
         phaselens.load("zoo:w9s9")
 
 
@@ -117,9 +117,9 @@ def test_seed_recipes_resolve_and_bad_names_are_refused():
             assert r.warmup_steps == RECIPES[base].warmup_steps
     assert get_recipe("w8s4-seed7").config.seed == 7 and seeded("w8s4", 0) is RECIPES["w8s4"]
     for bad in ["w4s4-seed0", "w9s9-seed1", "w4s4-seed1-seed2", "w4s4-seedx"]:
-        with pytest.raises(phaselens.ZooError, match=f"no recipe '{bad}'"):
+        with pytest.raises(phaselens.errors.ZooError, match=f"no recipe '{bad}'"):
             get_recipe(bad)
-    with pytest.raises(phaselens.ZooError, match="seeded\\(\\) takes a base recipe"):
+    with pytest.raises(phaselens.errors.ZooError, match="seeded\\(\\) takes a base recipe"):
         seeded("w4s4-seed1", 2)
 
 
@@ -155,7 +155,7 @@ def test_an_edited_config_or_default_task_is_refused(tmp_path, monkeypatch, edit
         cfg["default_task"]["block_filler"] += 1
     text = json.dumps(cfg, indent=2, sort_keys=True) + (" " if edit == "whitespace" else "")
     (path / "config.json").write_text(text)
-    with pytest.raises(phaselens.ZooError, match=r"config.json has sha256 .* but its card says"):
+    with pytest.raises(phaselens.errors.ZooError, match=r"config.json has sha256 .* but its card says"):
         phaselens.load("zoo:w4s4")
 
 
@@ -173,7 +173,7 @@ def test_a_missing_or_corrupt_card_is_a_zoo_error(tmp_path, monkeypatch, damage)
         data = json.loads(card.read_text())
         del data["config_sha256"]
         card.write_text(json.dumps(data))
-    with pytest.raises(phaselens.ZooError, match="(?i)reinstall phaselens"):
+    with pytest.raises(phaselens.errors.ZooError, match="(?i)reinstall phaselens"):
         phaselens.load("zoo:w4s4")
 
 

@@ -12,7 +12,7 @@ import torch
 from typer.testing import CliRunner
 
 from phaselens.contract.memory import MemoryEstimate
-from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
+from phaselens.errors import CheckpointError, InputError, UnsupportedModelError
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.memory import estimate_memory
 from phaselens.planning.checkpoint_plan import gpu_bytes, plan_model

@@ -14,7 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.deepseek_v41 import IndexTopKWarning, load_v41
 from phaselens.models.deepseek_v41.checkpoint import meta_v41
 from phaselens.models.deepseek_v41.layer_table import layer_table

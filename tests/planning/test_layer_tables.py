@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from phaselens.contract.layer_table import LayerRow, LayerTable, Store
-from phaselens.core.errors import NotApplicableError
+from phaselens.errors import NotApplicableError
 from phaselens.models.deepseek_v4.layer_table import STREAM_COPIES
 from phaselens.models.deepseek_v4.layer_table import layer_table as v4_table
 from phaselens.models.deepseek_v4.memory import estimate_memory as v4_estimate

@@ -39,8 +39,8 @@ class Counted:
                 return fn(m, tokens, query_pos, fwd_hooks)
             return counted
 
-        modules = [importlib.import_module(f"phaselens.analyses.{m.name}")
-                   for m in pkgutil.iter_modules(phaselens.analyses.__path__)]
+        modules = [importlib.import_module(f"phaselens.{pkg}.{m.name}") for pkg in ("analyses", "repair")
+                   for m in pkgutil.iter_modules(importlib.import_module(f"phaselens.{pkg}").__path__)]
         for module in modules:
             if hasattr(module, "model_logits"):
                 monkeypatch.setattr(module, "model_logits", forwards(module.model_logits))
@@ -135,13 +135,13 @@ def test_the_analysis_is_named_or_passed_and_its_options_checked():
     now = dict(available_bytes=None, max_per_residue=None)  # the memory available moves between the calls
     assert dataclasses.replace(by_name, **now) == dataclasses.replace(by_fn, **now)
     assert by_name.cells == {"knockout": 1}
-    with pytest.raises(phaselens.InputError, match="method"):
+    with pytest.raises(phaselens.errors.InputError, match="method"):
         phaselens.plan(model, "specialization_map", method="median", n_per_residue=1)
-    with pytest.raises(phaselens.InputError, match="not an analysis.*evaluate"):
+    with pytest.raises(phaselens.errors.InputError, match="not an analysis.*evaluate"):
         phaselens.plan(model, "evaluation", n_per_residue=1)
-    with pytest.raises(phaselens.InputError, match="n_per_residu"):
+    with pytest.raises(phaselens.errors.InputError, match="n_per_residu"):
         phaselens.plan(model, "evaluate", n_per_residu=1)
-    with pytest.raises(phaselens.InputError, match="heads"):
+    with pytest.raises(phaselens.errors.InputError, match="heads"):
         phaselens.plan(model, "ablate", n_per_residue=1)  # ablate's required heads
 
 

@@ -33,7 +33,7 @@ def test_phaselens_error_is_one_line_with_exit_code_3():
 
 def test_debug_shows_the_traceback():
     res = runner.invoke(app, ["--debug", "eval", "no-such-model"])
-    assert res.exit_code != 0 and isinstance(res.exception, phaselens.ZooError)
+    assert res.exit_code != 0 and isinstance(res.exception, phaselens.errors.ZooError)
 
 
 def test_bad_usage_is_exit_code_2():
@@ -127,7 +127,7 @@ def test_out_is_validated_before_computing(cmd, tmp_path, monkeypatch):
 
 def test_a_multi_line_error_message_is_printed_on_one_line(monkeypatch):
     def raise_two_lines(*a, **k):
-        raise phaselens.InputError("first line\n    second line")
+        raise phaselens.errors.InputError("first line\n    second line")
 
     monkeypatch.setattr("phaselens.models.sources.load", raise_two_lines)
     res = runner.invoke(app, ["record", "w4s4", "--no-progress"])
@@ -189,7 +189,7 @@ def test_train_steps_reach_the_settings(tmp_path, monkeypatch):
 
     def fake_build(name, out, *, run_dir, progress, steps, threads, overwrite):
         seen.update(steps=steps, threads=threads, overwrite=overwrite)
-        raise phaselens.ZooError("stop here")
+        raise phaselens.errors.ZooError("stop here")
 
     monkeypatch.setattr(build, "build_zoo_model", fake_build)
     res = runner.invoke(app, ["train", "--recipe", "w4s4", "--steps", "7", "--threads", "1", "--out",

@@ -28,14 +28,14 @@ def _cpu_allocator_failure() -> RuntimeError:
 ])
 def test_every_out_of_memory_is_a_resource_error_that_names_the_fix(make):
     err = as_phaselens_error(make())
-    assert isinstance(err, phaselens.ResourceError)
+    assert isinstance(err, phaselens.errors.ResourceError)
     assert "ran out of memory" in str(err) and "smaller" in str(err)
 
 
 @pytest.mark.parametrize("code, cls, said", [
-    (errno.EACCES, phaselens.OutputError, "permission denied"),
-    (errno.EROFS, phaselens.OutputError, "read-only"),
-    (errno.ENOSPC, phaselens.OutputError, "disk is full"),
+    (errno.EACCES, phaselens.errors.OutputError, "permission denied"),
+    (errno.EROFS, phaselens.errors.OutputError, "read-only"),
+    (errno.ENOSPC, phaselens.errors.OutputError, "disk is full"),
 ])
 def test_the_os_refusals_are_output_errors_in_words(code, cls, said):
     err = as_phaselens_error(OSError(code, "x", "/some/where"))
@@ -88,5 +88,5 @@ def test_a_dead_peer_is_named_as_such_not_an_internal_error(monkeypatch):
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     err = as_phaselens_error(raised)
-    assert isinstance(err, phaselens.DistributedError), (type(raised), str(raised)[:200])
+    assert isinstance(err, phaselens.errors.DistributedError), (type(raised), str(raised)[:200])
     assert "rank 0 of 2: another rank died or lost contact" in str(err) and "resumes" in str(err)

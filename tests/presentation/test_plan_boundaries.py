@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 import phaselens
-from phaselens.core.errors import PhaseLensError
+from phaselens.errors import PhaseLensError
 from phaselens.planning.checkpoint_plan import plan_model
 from phaselens.presentation.cli import app
 from tests.support.paths import DATA

@@ -18,7 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 import phaselens
-from phaselens.core.errors import CheckpointError, PhaseLensError
+from phaselens.errors import CheckpointError, PhaseLensError
 from phaselens.planning.checkpoint_plan import plan_model
 from phaselens.presentation.cli import app
 from phaselens.storage.reading import MAX_JSON_DEPTH, json_depth, parse_json

@@ -53,7 +53,7 @@ def test_result_contract(results, name, tmp_path):
         assert set(declared) <= set(VOCABULARY), set(declared) - set(VOCABULARY)
         assert len(frame) > 0
     assert res.to_frame().equals(res.per_residue()[list(res.to_frame().columns)])
-    with pytest.raises(phaselens.InputError, match="level must be one of"):
+    with pytest.raises(phaselens.errors.InputError, match="level must be one of"):
         res.to_frame("nope")
     # metadata: model, arguments as called, world size
     md = res.metadata
@@ -76,7 +76,7 @@ def test_result_contract(results, name, tmp_path):
                 assert [str(v) for v in x] == [str(v) for v in y], (level, col)
     assert back.metadata == res.metadata
     assert phaselens.results.load(path).__class__ is type(res)
-    with pytest.raises(phaselens.OutputError, match="overwrite=True"):  # one error class for every refused write
+    with pytest.raises(phaselens.errors.OutputError, match="overwrite=True"):  # one error class for every refused write
         res.save(path)
     res.save(path, overwrite=True)
 
@@ -84,14 +84,14 @@ def test_result_contract(results, name, tmp_path):
 def test_save_never_replaces_a_file_phaselens_did_not_write(results, tmp_path):
     mine = tmp_path / "notes.txt"
     mine.write_text("my notes")
-    with pytest.raises(phaselens.OutputError, match="never replaces"):
+    with pytest.raises(phaselens.errors.OutputError, match="never replaces"):
         results["PhaseEval"].save(mine, overwrite=True)
     assert mine.read_text() == "my notes"
 
 
 def test_loading_another_type_says_which(results, tmp_path):
     path = results["PhaseEval"].save(tmp_path / "ev.phaselens")
-    with pytest.raises(phaselens.InputError, match="holds a PhaseEval"):
+    with pytest.raises(phaselens.errors.InputError, match="holds a PhaseEval"):
         phaselens.PhaseMap.load(path)
 
 

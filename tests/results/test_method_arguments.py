@@ -24,8 +24,8 @@ import pytest
 
 import phaselens
 import phaselens.analyses
-from phaselens.core.errors import HeadSpecError, PhaseLensError, ResidueError
 from phaselens.core.heads import Head, parse_heads
+from phaselens.errors import HeadSpecError, PhaseLensError, ResidueError
 from phaselens.results import arguments
 from phaselens.results.base import Result
 

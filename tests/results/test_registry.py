@@ -125,7 +125,7 @@ def test_a_file_naming_code_writes_and_runs_nothing(tmp_path, name, fields, monk
     fields = {k: (str(victim) if v == "VICTIM" else v) for k, v in fields.items()}
     path = write(tmp_path, {"__dataclass__": name, "fields": fields})
     outcome, events, foreign = watched_load(path)
-    assert isinstance(outcome, phaselens.ResultFileError), outcome
+    assert isinstance(outcome, phaselens.errors.ResultFileError), outcome
     assert "not one of phaselens' result types" in str(outcome)
     assert victim.read_text() == "mine" and not (tmp_path / "MARKER").exists()
     assert events == [] and foreign == []
@@ -134,7 +134,7 @@ def test_a_file_naming_code_writes_and_runs_nothing(tmp_path, name, fields, monk
 def test_a_file_of_the_earlier_format_is_refused_not_rebuilt(tmp_path):
     path = write(tmp_path, {"__dataclass__": "phaselens.core.heads:Head", "fields": {"layer": 1, "head": 2}},
                  fmt="phaselens.result/1")
-    with pytest.raises(phaselens.ResultFileError, match="development version"):
+    with pytest.raises(phaselens.errors.ResultFileError, match="development version"):
         phaselens.results.load(path)
 
 
@@ -148,7 +148,7 @@ def test_a_file_of_the_earlier_format_is_refused_not_rebuilt(tmp_path):
     ({"layer": -1, "head": 2}, "does not hold a valid Head"),  # the type's own check
 ])
 def test_fields_are_checked_against_the_declaration(tmp_path, fields, named):
-    with pytest.raises(phaselens.ResultFileError, match=named.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(phaselens.errors.ResultFileError, match=named.replace("(", r"\(").replace(")", r"\)")):
         phaselens.results.load(write(tmp_path, {"__dataclass__": "Head", "fields": fields}))
 
 
@@ -162,10 +162,10 @@ def test_a_nested_value_of_another_type_is_named(tmp_path):
     meta = safetensors_metadata(good, fix="")
     skeleton = json.loads(meta["skeleton"])
     skeleton["fields"]["tests"] = {"__dataclass__": "Head", "fields": {"layer": 0, "head": 0}}
-    with pytest.raises(phaselens.ResultFileError, match="PhaseEval.tests holds a Head"):
+    with pytest.raises(phaselens.errors.ResultFileError, match="PhaseEval.tests holds a Head"):
         phaselens.results.load(write(tmp_path, skeleton, load_file(str(good))))
     skeleton["fields"]["items"] = {"__array__": "a999"}
-    with pytest.raises(phaselens.ResultFileError, match="names the array 'a999'"):
+    with pytest.raises(phaselens.errors.ResultFileError, match="names the array 'a999'"):
         phaselens.results.load(write(tmp_path, skeleton, load_file(str(good))))
 
 
@@ -174,7 +174,7 @@ def test_saving_a_dataclass_outside_the_registry_is_refused(tmp_path):
     class Mine:
         x: int
 
-    with pytest.raises(phaselens.InputError, match="only phaselens' result and value types"):
+    with pytest.raises(phaselens.errors.InputError, match="only phaselens' result and value types"):
         storage.save_result({"mine": Mine(1)}, tmp_path / "r")
     assert not (tmp_path / "r").exists()
 

@@ -2,7 +2,7 @@
 
 The class: a model built from its config, ``model.new_cache(batch_size, max_len)``, one forward of the tokens
 given, and a task's items (``block_filler``, ``n_per_residue``, a training ``batch_size``). A size beyond the
-memory raises :class:`~phaselens.ResourceError` at once (well under a second, no large allocation), and the
+memory raises :class:`~phaselens.errors.ResourceError` at once (well under a second, no large allocation), and the
 message names the largest size that fits, which the price itself confirms (that size fits, one more does not).
 The prices are exact where they can be (weights and caches equal what the built objects hold).
 """
@@ -40,11 +40,11 @@ def _number(text: str, name: str) -> int:
     return int(found[1].replace(",", ""))
 
 
-def refused_quickly(make: Callable[[], Any]) -> phaselens.ResourceError:
+def refused_quickly(make: Callable[[], Any]) -> phaselens.errors.ResourceError:
     """``make()`` raises ResourceError in well under a second without growing the process's peak memory."""
     peak0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
     t0 = time.perf_counter()
-    with pytest.raises(phaselens.ResourceError) as info:
+    with pytest.raises(phaselens.errors.ResourceError) as info:
         make()
     assert time.perf_counter() - t0 < 1.0
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak0 < 256 * 1024  # < 256 MiB: nothing was built
@@ -167,5 +167,5 @@ def test_weight_and_cache_prices_equal_what_is_built(layout, variant):
 def test_nothing_is_priced_on_the_meta_device(small_host):
     assert budget.available("meta") == (None, "meta")  # size planning builds models there, allocating nothing
     budget.check_allocation("anything", HUGE, device="meta", fits=lambda free: "")
-    with pytest.raises(phaselens.ResourceError):
+    with pytest.raises(phaselens.errors.ResourceError):
         budget.check_allocation("anything", HUGE, device="cpu", fits=lambda free: "")

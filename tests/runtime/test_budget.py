@@ -27,14 +27,14 @@ def test_a_run_is_priced_before_it_allocates(monkeypatch):
         raise AssertionError("items were built before the run was priced")
 
     monkeypatch.setattr(type(task), "build", boom)
-    with pytest.raises(phaselens.ResourceError, match=r"need about .* GiB of memory to build") as info:
+    with pytest.raises(phaselens.errors.ResourceError, match=r"need about .* GiB of memory to build") as info:
         phaselens.evaluate(model, n_per_residue=1000, progress=False)
     fits = int(re.search(r"use n_per_residue=([\d,]+) or fewer", str(info.value))[1].replace(",", ""))
     T, M = task.seq_len(model.analysis_spec), task.modulus
     assert budget.items_bytes(M * fits, T) <= 10 * 2**20 < budget.items_bytes(M * (fits + 1), T)
     monkeypatch.setattr(type(task), "build", real_build)
     monkeypatch.setattr(budget, "host_available", lambda: 10 * 2**20 + budget.items_bytes(M * fits, T) // 100)
-    with pytest.raises(phaselens.ResourceError, match="a forward of batch_size=48"):  # the items fit, one forward not
+    with pytest.raises(phaselens.errors.ResourceError, match="a forward of batch_size=48"):  # the items fit, one forward not
         phaselens.evaluate(model, n_per_residue=2, progress=False)
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import phaselens
-from phaselens import CheckpointError, OutputError
+from phaselens.errors import CheckpointError, OutputError
 from phaselens.storage.resumable import CellCheckpoint, ResultCache, read_json, safetensors_metadata
 from tests.support.models import task_model
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import phaselens
 import phaselens.results
-from phaselens import CheckpointError, OutputError
+from phaselens.errors import CheckpointError, OutputError
 from phaselens.storage.checksums import KEY, stamped, tensor_sha256
 from phaselens.storage.reading import TornLineWarning, read_jsonl
 from phaselens.storage.resumable import CellCheckpoint, load_safetensors, safetensors_metadata

@@ -123,7 +123,7 @@ def test_outside_a_process_group_shard_map_is_a_plain_loop():
 
 def test_evaluate_checkpoint_resumes_item_blocks_and_refuses_another_run(model, tmp_path):
     from phaselens.analyses.scoring import METRICS
-    from phaselens.core.errors import CheckpointError
+    from phaselens.errors import CheckpointError
     from phaselens.parallel.distributed import open_checkpoint
 
     kw = dict(n_per_residue=2, batch_size=14, n_permutations=20, n_bootstrap=20, progress=False)
@@ -226,7 +226,7 @@ def test_two_ranks_equal_one_process_for_every_other_analysis(model, tmp_path):
 
 
 def test_replica_gpus_give_each_local_rank_its_own_group(monkeypatch):
-    from phaselens.core.errors import InputError
+    from phaselens.errors import InputError
     from phaselens.parallel.replicas import replica_gpus
 
     assert replica_gpus(1, rank=3, n_gpus=8) == [3]
@@ -298,7 +298,7 @@ def test_torchrun_cli_writes_once_and_equals_one_process(tmp_path):
 
 
 def test_cli_prints_each_error_once_per_job(monkeypatch, capsys):
-    from phaselens.core.errors import InputError, RankError
+    from phaselens.errors import InputError, RankError
     from phaselens.presentation import cli
 
     def printed(rank: int, err: Exception) -> str:

@@ -12,7 +12,7 @@ import torch
 
 import phaselens
 import phaselens.storage.writing as files
-from phaselens import OutputError
+from phaselens.errors import OutputError
 from phaselens.presentation.reporting.write import REPORT, write_report
 from phaselens.storage.writing import DirKind, atomic_write_dir, check_output_dir, recover_dir
 from tests.support.models import LAYOUTS, make_model

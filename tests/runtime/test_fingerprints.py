@@ -68,7 +68,7 @@ def test_dtype_config_task_and_metadata_count():
     # the same weights under another config (a smaller local window changes the logits, not the tensors)
     cfg = model.config.__class__(**{**model.config.to_dict(), "local_window": 2,
                                     "compression": model.config.compression, "rope": model.config.rope})
-    rewired = phaselens.CompressedTransformer(cfg)
+    rewired = phaselens.models.CompressedTransformer(cfg)
     rewired.load_state_dict(model.state_dict())
     rewired.default_task = model.default_task
     assert model_fingerprint(rewired) != base

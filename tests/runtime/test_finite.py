@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens import NonFiniteError
+from phaselens.errors import NonFiniteError
 from tests.support.models import task_model
 
 KW = dict(n_per_residue=2, progress=False)

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from phaselens import stats
-from phaselens.core.errors import PhaseLensError, ResidueError, StatsInputError
+from phaselens.errors import PhaseLensError, ResidueError, StatsInputError
 
 FLASH = [112, 178, 169, 76, 115, 179, 165, 84]
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from phaselens import stats
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 from phaselens.stats.simulate import count_tables, paired_tables
 
 M, N = 8, 256

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from phaselens import stats
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 from tests.support.paths import DATA
 
 RUNS = json.loads((DATA / "from_scratch_runs.json").read_text())

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from phaselens import stats
-from phaselens.core.errors import StatsInputError
+from phaselens.errors import StatsInputError
 
 FLASH = np.array([112, 178, 169, 76, 115, 179, 165, 84])
 

@@ -9,7 +9,7 @@ import pytest
 from scipy import stats as sps
 
 from phaselens import stats
-from phaselens.core.errors import ResidueError, StatsInputError
+from phaselens.errors import ResidueError, StatsInputError
 from phaselens.stats.simulate import count_tables, paired_tables
 
 RES = np.array([0, 1, 2, 3, 4, 6])  # phases 0, 1, 2, 3, 0, 2 (stride 4, modulus 8): two phases hold two residues

@@ -111,7 +111,7 @@ def _kill_on_call(rank: int, call: int) -> None:
 
 def _fail_in_share() -> None:
     """Make this rank's share of a map raise (the error must reach every rank)."""
-    from phaselens.core.errors import InputError
+    from phaselens.errors import InputError
     from phaselens.models.parts.suffix_engine import QueryEngine
 
     def failing(self: Any, cells: Any) -> Any:

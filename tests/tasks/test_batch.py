@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from phaselens.core.errors import ContextLengthError, TaskError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import ContextLengthError, TaskError
 from phaselens.tasks import KVRecall, TaskBatch, registered_kinds, require_context, task_from_dict
 
 SPEC = PhaseSpec(4)

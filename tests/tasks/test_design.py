@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats as sps
 
-from phaselens.core.errors import ResidueError, TaskError
+from phaselens.errors import ResidueError, TaskError
 from phaselens.tasks import KVRecall, PositionDesign
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselens.core.errors import TaskError
+from phaselens.errors import TaskError
 from phaselens.tasks.induction import RepeatedSegments
 
 

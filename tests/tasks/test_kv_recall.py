@@ -8,8 +8,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from phaselens.core.errors import ResidueError, TaskError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import ResidueError, TaskError
 from phaselens.tasks import KVRecall, TaskBatch
 
 SCHEMES = ["prefix", "in_sequence", "shared_prefix"]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from phaselens.core.errors import PaddingError, ResidueError, TaskError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import PaddingError, ResidueError, TaskError
 from phaselens.tasks import Needle, TaskBatch, task_from_dict, train_toy_tokenizer
 
 SPEC = PhaseSpec(4, 8)

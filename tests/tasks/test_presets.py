@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from phaselens.core.errors import TaskError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import TaskError
 from phaselens.runtime.request_plan import cacheable_tokens, plan_requests, shared_prefix
 from phaselens.tasks import Needle, train_toy_tokenizer
 from phaselens.tasks.presets import PRESETS, niah_128k, preset, vocabulary_words

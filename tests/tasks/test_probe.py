@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from phaselens.core.errors import PaddingError, ResidueError, TaskError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import PaddingError, ResidueError, TaskError
 from phaselens.tasks import PaddingProbe, task_from_dict, train_toy_tokenizer
 
 

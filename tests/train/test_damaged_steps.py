@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import phaselens
-from phaselens.core.errors import CheckpointError, InputError
+from phaselens.errors import CheckpointError, InputError
 from phaselens.storage.reading import TornLineWarning
 from phaselens.train import load_checkpoint
 from phaselens.train.family.steps import StepFallbackWarning

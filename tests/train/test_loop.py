@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import CheckpointError
+from phaselens.errors import CheckpointError
 from phaselens.models import CompressedConfig, CompressorSpec
 from phaselens.tasks import KVRecall
 from phaselens.train.loop import TrainSettings, train
@@ -161,7 +161,7 @@ def test_a_damaged_state_names_the_fix(tmp_path, damage):
 
 def test_run_dir_that_is_a_file_is_refused(tmp_path):
     (tmp_path / "run").write_text("notes")
-    with pytest.raises(phaselens.OutputError, match="is a file"):
+    with pytest.raises(phaselens.errors.OutputError, match="is a file"):
         train(CFG, batch_fn, SMALL, tmp_path / "run", progress=False)
     assert (tmp_path / "run").read_text() == "notes"
 
@@ -186,7 +186,7 @@ def test_a_batch_with_no_trained_position_warns_and_is_skipped(tmp_path):
     ("checkpoint_every", 0), ("threads", 1.5), ("curriculum", None), ("steps", True),
 ])
 def test_bad_train_settings_name_the_field(field, value):
-    with pytest.raises(phaselens.ConfigError, match=rf"TrainSettings\.{field} must be"):
+    with pytest.raises(phaselens.errors.ConfigError, match=rf"TrainSettings\.{field} must be"):
         TrainSettings(**{field: value})
 
 

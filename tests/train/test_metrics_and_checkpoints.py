@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 import phaselens
-from phaselens.core.errors import CheckpointError, OutputError
+from phaselens.errors import CheckpointError, OutputError
 from phaselens.train import load_checkpoint
 from phaselens.train.family.costs import flops_per_token
 from phaselens.train.family.trainer import read_log, train_family

@@ -20,7 +20,7 @@ def seen(monkeypatch):
 
     def fake_build(name, out, *, run_dir, progress, steps, threads, overwrite):
         got.update(name=name, out=out, run_dir=run_dir)
-        raise phaselens.ZooError("stop here")
+        raise phaselens.errors.ZooError("stop here")
 
     monkeypatch.setattr(build, "build_zoo_model", fake_build)
     return got

@@ -9,7 +9,7 @@ A phase is a token position, so the server must run exactly the ids the task was
 * **Text** (``tokenized_requests=False``; ``transformers serve`` takes nothing else): generation only. Every
   reply's ``usage.prompt_tokens`` must equal the local tokenizer's count of the prompt with its special prefix
   (the server adds the prefix itself); a server that adds other tokens or tokenizes differently is a
-  :class:`~phaselens.core.errors.TokenizerMismatchError`. A loglikelihood request is refused: it needs the
+  :class:`~phaselens.errors.TokenizerMismatchError`. A loglikelihood request is refused: it needs the
   prompt's log-probabilities by token (``echo``), which a text-only server does not return.
 * Nothing is truncated: a request longer than ``max_length`` is refused (lm-eval would drop its first tokens,
   moving every other token to another slot).
@@ -24,7 +24,7 @@ from typing import Any
 
 from lm_eval.models.openai_completions import LocalCompletionsAPI
 
-from phaselens.core.errors import (
+from phaselens.errors import (
     ContextLengthError,
     InputError,
     NotApplicableError,

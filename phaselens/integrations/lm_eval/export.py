@@ -16,7 +16,7 @@ fixed) and writes, in ``OUT``:
 
 Every prompt is checked to survive text: encoding the context (with the special prefix) gives the item's ids
 exactly, and context + continuation gives them plus the answer (or distractor) token; else the export is
-refused (:class:`~phaselens.core.errors.TokenizerMismatchError`), since a backend would then run other ids at
+refused (:class:`~phaselens.errors.TokenizerMismatchError`), since a backend would then run other ids at
 other phases. ``lm_eval --tasks <name> --include_path OUT`` runs them on any backend; both files carry the tag
 ``phaselens``.
 """
@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.core.errors import InputError, TaskError, TokenizerMismatchError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import InputError, TaskError, TokenizerMismatchError
 from phaselens.integrations.lm_eval.tokens import TokenizerView, load_any_tokenizer
 from phaselens.storage.writing import write_owned_file
 

@@ -6,7 +6,7 @@ slots only if ``encode(filler * k + context)`` is ``[unit] * k + encode(context)
 does not merge with itself, and it does not merge with the context's first characters (a byte-level BPE reads
 ``" . Question"`` differently from ``"Question"``). :func:`check_shift` checks exactly that, on each context
 at each shift; :func:`choose_filler` picks the first candidate that passes. A filler that cannot be made exact
-is refused with a :class:`~phaselens.core.errors.PaddingError` that names the tokenizer and the filler.
+is refused with a :class:`~phaselens.errors.PaddingError` that names the tokenizer and the filler.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from phaselens.core.errors import PaddingError
+from phaselens.errors import PaddingError
 from phaselens.integrations.lm_eval.tokens import tokenizer_name
 from phaselens.tasks.text import encode, unit_id
 

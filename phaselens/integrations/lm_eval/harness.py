@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from phaselens.core.errors import MissingDependencyError
+from phaselens.errors import MissingDependencyError
 
 INSTALL = 'pip install "lm-eval[hf,api]>=0.4.13,<0.5"'
 # lm-eval model name -> where the class is (registered as lazy placeholders: the class imports on first use)
@@ -24,7 +24,7 @@ MODEL_NAMES = {
 
 
 def require_lm_eval() -> Any:
-    """The ``lm_eval`` package, or a :class:`~phaselens.core.errors.MissingDependencyError` naming the install."""
+    """The ``lm_eval`` package, or a :class:`~phaselens.errors.MissingDependencyError` naming the install."""
     try:
         import lm_eval
     except ImportError as err:

@@ -10,7 +10,7 @@ transformers causal LM the numbers are those of lm-eval's ``hf`` model on the sa
 
 Phases are positions, so nothing here moves a token: batches are right-padded (a causal model's earlier
 positions never see the padding), generation batches hold prompts of one length, and a request longer than
-the model's context is refused (:class:`~phaselens.core.errors.ContextLengthError`) instead of being
+the model's context is refused (:class:`~phaselens.errors.ContextLengthError`) instead of being
 left-truncated, which would shift every remaining token to another slot.
 """
 
@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from phaselens.analyses.scoring import model_logits
 from phaselens.contract.protocol import is_black_box
-from phaselens.core.errors import ContextLengthError, InputError, NotApplicableError
+from phaselens.errors import ContextLengthError, InputError, NotApplicableError
 from phaselens.integrations.lm_eval.generation import GREEDY_ONLY, greedy_decode
 from phaselens.integrations.lm_eval.tokens import TokenizerView, load_any_tokenizer
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from phaselens.core.errors import InputError, StatsInputError, TaskError, TokenizerMismatchError
+from phaselens.errors import InputError, StatsInputError, TaskError, TokenizerMismatchError
 
 PHASE_KEY = "phaselens"
 GEOMETRY = ("stride", "modulus", "origin")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from phaselens.core.errors import InputError, NotApplicableError, ResidueError, TaskError
+from phaselens.errors import InputError, NotApplicableError, ResidueError, TaskError
 from phaselens.integrations.lm_eval.filler import Filler, check_shift, choose_filler
 from phaselens.integrations.lm_eval.harness import require_lm_eval
 from phaselens.integrations.lm_eval.tokens import load_any_tokenizer

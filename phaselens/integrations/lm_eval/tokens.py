@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.tasks.text import encode, special_prefix
 
 

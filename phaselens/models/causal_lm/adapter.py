@@ -25,8 +25,8 @@ from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.memory import MemoryEstimate
 from phaselens.contract.protocol import HookFn
-from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import InputError
 from phaselens.models.causal_lm.attention import attn_implementation, borrowed
 from phaselens.models.causal_lm.layout import Layout, model_layout
 from phaselens.models.causal_lm.sites import Run, causal_hook_points, check_fired, installed, no_entries
@@ -207,7 +207,7 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
 
         why = self.query_engine_support()
         if why is not None:
-            from phaselens.core.errors import EngineError
+            from phaselens.errors import EngineError
 
             raise EngineError(f"the query-suffix engine cannot run here: {why}; use engine='full'.")
         return query_engine(self, CausalSuffixEngine, self.tokens(tokens), query_pos, hooks_active=bool(self._active),
@@ -240,7 +240,7 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         ``analysis_spec`` and ``analysis_metadata`` are ``stride`` / ``window`` (default: the stride) / ``origin``
         (default: this adapter's); itself when they are this adapter's (docs/concepts.md, "Strides: one rule")."""
         from phaselens.contract.strides import check_stride
-        from phaselens.core.errors import PhaseGeometryError
+        from phaselens.errors import PhaseGeometryError
 
         try:
             spec = PhaseSpec(check_stride(stride, ()), window, self._spec.origin if origin is None else origin)

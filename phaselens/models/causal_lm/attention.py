@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phaselens.core.errors import UnsupportedModelError
+from phaselens.errors import UnsupportedModelError
 
 IMPLEMENTATION = "phaselens_eager"
 PatternFn = Callable[[Tensor], Tensor]  # probabilities [B, H, n, keys] -> the probabilities to go on with

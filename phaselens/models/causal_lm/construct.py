@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from phaselens.core.errors import CheckpointError, InputError, PhaseGeometryError, UnsupportedModelError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import CheckpointError, InputError, PhaseGeometryError, UnsupportedModelError
 from phaselens.models.causal_lm.adapter import CausalLMAdapter
 from phaselens.models.causal_lm.layout import TESTED_TYPES
 from phaselens.models.parts.loading_info import check_loading_info, check_strict

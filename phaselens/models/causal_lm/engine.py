@@ -21,7 +21,7 @@ through layers ``l..L-1``:
   their length is read, for the mask).
 * **Checked once per layer.** The first pass at each layer carries one extra cell that changes nothing; its
   logits must equal the clean query's (to rounding), or the engine raises
-  :class:`~phaselens.core.errors.UnsupportedModelError` (an architecture whose forward depends on a layer's
+  :class:`~phaselens.errors.UnsupportedModelError` (an architecture whose forward depends on a layer's
   index in the list, say) and names ``engine='full'``.
 
 Exactness: every cell equals the full forward at that cell to float rounding (tests hold 1e-5 in fp32).
@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from phaselens.contract.cells import PASS_BYTES, Cell
-from phaselens.core.errors import UnsupportedModelError
+from phaselens.errors import UnsupportedModelError
 from phaselens.models.parts.cache_repeat import CacheRows
 from phaselens.models.parts.suffix_engine import HookList, SlotEngine
 from phaselens.models.parts.wrappers import with_child

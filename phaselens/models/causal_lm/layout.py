@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from phaselens.core.errors import UnsupportedModelError
+from phaselens.errors import UnsupportedModelError
 
 LAYER_PATHS = ("model.layers", "transformer.h", "model.decoder.layers", "gpt_neox.layers")
 ATTENTION = ("self_attn", "attn", "attention")
@@ -105,7 +105,7 @@ def config_int(config: Any, *names: str, default: int | None = None) -> int:
 
 def model_layout(model: nn.Module) -> Layout:
     """The :class:`Layout` of ``model`` (a transformers ``...ForCausalLM``), or an
-    :class:`~phaselens.core.errors.UnsupportedModelError` naming what is missing."""
+    :class:`~phaselens.errors.UnsupportedModelError` naming what is missing."""
     what = f"{type(model).__name__} (model_type {getattr(getattr(model, 'config', None), 'model_type', None)!r})"
     path = next((p for p in LAYER_PATHS if isinstance(_get(model, p), nn.ModuleList)), None)
     if path is None:

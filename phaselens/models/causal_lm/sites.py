@@ -15,7 +15,7 @@ Where each site sits (``layer`` = the decoder block, ``attn`` its attention modu
 
 Every handle is registered inside :func:`installed` and removed in its ``finally``, whatever raises. A hook
 name that was asked for and did not fire (a module replaced by another library, an attention that bypasses
-transformers' attention interface) is an :class:`~phaselens.core.errors.UnsupportedModelError`, never a
+transformers' attention interface) is an :class:`~phaselens.errors.UnsupportedModelError`, never a
 reading the model did not produce.
 """
 
@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from phaselens.contract.hooknames import HookPoint
 from phaselens.contract.protocol import HookFn, hook_context
-from phaselens.core.errors import HookNameError, UnsupportedModelError
+from phaselens.errors import HookNameError, UnsupportedModelError
 from phaselens.models.causal_lm.layout import Layout
 from phaselens.models.parts.hook_sites import Site, block_sites, call_hooks, hook_points
 from phaselens.models.parts.tl_hf import mlp_parts, neuron_tags

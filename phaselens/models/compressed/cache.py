@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, SupportsInt
 import torch
 from torch import Tensor, nn
 
-from phaselens.core.errors import CacheError
+from phaselens.errors import CacheError
 from phaselens.models.compressed.compressor import PoolerState
 from phaselens.models.compressed.sizing import check_cache, layer_shapes
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from phaselens.core.errors import CacheError
+from phaselens.errors import CacheError
 from phaselens.models.compressed.config import CompressorSpec, RopeSpec, YarnSpec
 from phaselens.models.compressed.rope import apply_rope, rope_inv_freq
 from phaselens.models.parts.dtypes import compute_dtype

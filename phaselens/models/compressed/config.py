@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from phaselens.core.checks import MAX_SEED
-from phaselens.core.errors import ConfigError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import ConfigError
 from phaselens.models.compressed.json_fields import check_bool, check_number, fields_from_json
 
 GateKind = Literal["scalar", "vector", "uniform"]

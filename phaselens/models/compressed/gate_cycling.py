@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from phaselens.core.errors import NotApplicableError
+from phaselens.errors import NotApplicableError
 from phaselens.models.compressed.compressor import Pooler
 
 

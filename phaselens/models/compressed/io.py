@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from safetensors.torch import save_file
 
-from phaselens.core.errors import InputError, PhaseLensError
+from phaselens.errors import InputError, PhaseLensError
 from phaselens.storage.checksums import stamped
 from phaselens.storage.reading import peek_json_object
 from phaselens.storage.resumable import safetensors_metadata

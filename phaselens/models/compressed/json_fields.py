@@ -1,6 +1,6 @@
 """Frozen dataclass configs read from JSON: unknown and missing keys refused, each value checked against its
 field's type before anything is built from it (:func:`fields_from_json`), and the checks of single numbers and
-flags that the configs' ``__post_init__`` share. Every error is a :class:`~phaselens.core.errors.ConfigError`
+flags that the configs' ``__post_init__`` share. Every error is a :class:`~phaselens.errors.ConfigError`
 saying which field was wrong and what it must be."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import types
 import typing
 from typing import Any
 
-from phaselens.core.errors import ConfigError
+from phaselens.errors import ConfigError
 
 
 def check_keys(cls: type, data: Any) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from phaselens.core.errors import CheckpointError, OutputError, PhaseLensError
+from phaselens.errors import CheckpointError, OutputError, PhaseLensError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.io import CARD, CONFIG, FORMAT, WEIGHTS, resolve_device, tied_names
 from phaselens.models.compressed.transformer import CompressedTransformer

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from phaselens.core.errors import ConfigError
+from phaselens.errors import ConfigError
 from phaselens.models.compressed.config import CompressedConfig, CompressorSpec, RopeSpec
 from phaselens.models.compressed.transformer import CompressedTransformer
 

@@ -2,7 +2,7 @@
 
 Each size a user gives (the config's dimensions, ``new_cache(batch_size, max_len)``, the tokens of a call) is
 priced here and checked with :func:`phaselens.runtime.budget.check_allocation` before anything is allocated,
-so ``d_model=10**7`` or ``new_cache(10**6)`` is a :class:`~phaselens.core.errors.ResourceError` naming what
+so ``d_model=10**7`` or ``new_cache(10**6)`` is a :class:`~phaselens.errors.ResourceError` naming what
 fits, not a 358 GiB allocation or the OOM killer.
 
 * weights: counted from the config, exactly as the constructors shape them (O(1) in ``n_layers``;

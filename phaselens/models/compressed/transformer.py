@@ -22,8 +22,8 @@ from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.hooknames import HookPoint as SitePoint
 from phaselens.core.checks import as_int
-from phaselens.core.errors import InputError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import InputError
 from phaselens.models.compressed.attention import NoPast, Past
 from phaselens.models.compressed.block import Block
 from phaselens.models.compressed.compressor import default_init_
@@ -53,7 +53,7 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
         >>> from phaselens.models import CompressedConfig, CompressorSpec
         >>> cfg = CompressedConfig(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=50,
         ...                        n_ctx=128, local_window=8, compression=CompressorSpec(stride=4))
-        >>> model = phaselens.CompressedTransformer(cfg)
+        >>> model = phaselens.models.CompressedTransformer(cfg)
         >>> model(torch.zeros(1, 10, dtype=torch.long)).shape
         torch.Size([1, 10, 50])
     """
@@ -301,8 +301,8 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
                   batch: SupportsInt | None = None) -> CompressedKVCache:
         """An empty :class:`~phaselens.models.compressed.cache.CompressedKVCache` for ``batch_size`` sequences of up to
         ``max_len`` tokens (default ``n_ctx``; ``batch`` is another name of ``batch_size``). Both must be positive
-        ints (numpy ints too), else a :class:`~phaselens.core.errors.CacheError`; a cache larger than the memory
-        available is a :class:`~phaselens.core.errors.ResourceError` naming the sizes that fit."""
+        ints (numpy ints too), else a :class:`~phaselens.errors.CacheError`; a cache larger than the memory
+        available is a :class:`~phaselens.errors.ResourceError` naming the sizes that fit."""
         from phaselens.models.compressed.cache import CompressedKVCache
 
         if batch is not None:
@@ -352,7 +352,7 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
         """Write ``model.safetensors`` and ``config.json`` (+ ``card.json`` from ``metadata``) into the directory
         ``path``, atomically.
 
-        A directory holding other files is refused (:class:`~phaselens.core.errors.OutputError`) unless
+        A directory holding other files is refused (:class:`~phaselens.errors.OutputError`) unless
         ``overwrite=True``, which replaces only the checkpoint's own files and keeps the rest.
         """
         from phaselens.models.compressed.io import save_model

@@ -26,8 +26,8 @@ from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.hooknames import explain_missing
 from phaselens.contract.protocol import HookFn
-from phaselens.core.errors import HookNameError, InputError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import HookNameError, InputError
 from phaselens.models.deepseek_v4.config import DeepSeekV4Cfg, build_cfg, check_eager
 from phaselens.models.deepseek_v4.engine import V4SuffixEngine
 from phaselens.models.deepseek_v4.geometry import LayerGeometry

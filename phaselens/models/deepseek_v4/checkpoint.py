@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
+from phaselens.errors import CheckpointError, InputError, UnsupportedModelError
 from phaselens.models.deepseek_v4.adapter import DeepSeekV4Adapter
 from phaselens.models.deepseek_v4.config_checks import check_v4_config
 from phaselens.models.deepseek_v4.construct import from_transformers

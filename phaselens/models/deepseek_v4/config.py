@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-from phaselens.core.errors import UnsupportedModelError
+from phaselens.errors import UnsupportedModelError
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
 from phaselens.models.parts.tl_habits import TLConfig
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from phaselens.core.checks import MAX_DIM
-from phaselens.core.errors import CheckpointError
+from phaselens.errors import CheckpointError
 
 LAYER_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
 MLP_LAYER_TYPES = ("hash_moe", "moe")

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from torch import nn
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.deepseek_v4.adapter import Backend, DeepSeekV4Adapter
 from phaselens.models.deepseek_v4.config import check_model, unwrap
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, resolve_analysis_stride

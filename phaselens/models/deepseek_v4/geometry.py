@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from phaselens.core.errors import UnsupportedModelError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import UnsupportedModelError
 
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"

@@ -29,7 +29,7 @@ from torch import nn
 
 from phaselens.contract.hooknames import HookPoint
 from phaselens.contract.protocol import HookFn
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.deepseek_v4.sites import MODULE_SITES, site_order
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo
 

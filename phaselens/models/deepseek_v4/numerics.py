@@ -44,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from phaselens.core.errors import ConfigError, InputError, UnsupportedModelError
+from phaselens.errors import ConfigError, InputError, UnsupportedModelError
 from phaselens.models.deepseek_v4 import reference_ops as ops
 from phaselens.models.deepseek_v4.config import rope_dims
 from phaselens.models.deepseek_v4.geometry import LayerGeometry

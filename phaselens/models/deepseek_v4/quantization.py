@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.parts.formats import fp4_round_trip, fp8_round_trip
 
 FP8_BLOCK = 64  # channels per scale: window KV and compressed entries (non-RoPE dims)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from phaselens.core.errors import CacheError
+from phaselens.errors import CacheError
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import torch
 
-from phaselens.core.errors import CheckpointError, InputError
+from phaselens.errors import CheckpointError, InputError
 from phaselens.models.deepseek_v41 import device_maps
 from phaselens.models.deepseek_v41.config import V41Config
 from phaselens.models.deepseek_v41.format_checks import check_formats

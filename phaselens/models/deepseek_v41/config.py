@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from phaselens.core.errors import CheckpointError, UnsupportedModelError
+from phaselens.errors import CheckpointError, UnsupportedModelError
 from phaselens.models.deepseek_v41.bounds import size_problems, spans
 
 

@@ -12,7 +12,7 @@
 The model is built on the meta device, each tensor is allocated on its device (packed tensors at their packed
 size), filled from the shards, then accelerate's ``dispatch_model`` adds the hooks that move each layer's
 inputs to its device. As in accelerate, modules mapped to ``"cpu"`` next to GPUs are *offloaded*: they live in
-CPU memory and run on the first GPU. Anything wrong raises :class:`~phaselens.core.errors.DeviceMapError` naming the
+CPU memory and run on the first GPU. Anything wrong raises :class:`~phaselens.errors.DeviceMapError` naming the
 fix; ``"disk"`` is refused (the packed model is what fits, not a disk copy of it).
 
 **Engram's tables stay in host memory.** Every map keeps the modules marked ``host_resident`` (the
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from phaselens.core.errors import DeviceMapError
+from phaselens.errors import DeviceMapError
 from phaselens.models.numerics.sizing import held_bytes
 
 STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")

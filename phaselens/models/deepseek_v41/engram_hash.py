@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
+from phaselens.errors import CheckpointError, InputError, UnsupportedModelError
 
 ENGRAM_RNG_STRIDE = 10007  # the per-layer seed is 10007 * layer id
 _MR_BASES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)  # deterministic Miller-Rabin below 3.3e24

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from phaselens.core.errors import CheckpointError
+from phaselens.errors import CheckpointError
 from phaselens.models.deepseek_v41.weights import Stored, target, wanted
 from phaselens.models.parts.packed import FP4_ROWS, PackedFormat, stored_kind
 

@@ -33,8 +33,8 @@ from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.hooknames import HookPoint as SitePoint
 from phaselens.contract.protocol import HookContext, hook_context
 from phaselens.contract.strides import check_stride
-from phaselens.core.errors import CheckpointError, InputError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import CheckpointError, InputError
 from phaselens.models.deepseek_v41.block import Block
 from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import V41Config

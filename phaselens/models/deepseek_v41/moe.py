@@ -184,7 +184,7 @@ class MoE(nn.Module):
     def __init__(self, cfg: V41Config, numerics: Numerics, dtype: torch.dtype) -> None:
         super().__init__()
         if cfg.n_shared_experts != 1:
-            from phaselens.core.errors import UnsupportedModelError
+            from phaselens.errors import UnsupportedModelError
 
             raise UnsupportedModelError(f"n_shared_experts={cfg.n_shared_experts}; the V4.1 reference has exactly 1.")
         D, F_ = cfg.hidden_size, cfg.moe_intermediate_size

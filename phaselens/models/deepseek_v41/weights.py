@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phaselens.core.errors import CheckpointError
+from phaselens.errors import CheckpointError
 from phaselens.models.numerics.sizing import item_size
 from phaselens.models.parts.packed import (
     FP4_ROWS,

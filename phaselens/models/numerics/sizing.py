@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from phaselens.core.errors import CheckpointError
+from phaselens.errors import CheckpointError
 
 
 def item_size(dtype: torch.dtype) -> int:

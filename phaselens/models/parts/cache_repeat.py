@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from phaselens.core.errors import UnsupportedModelError
+from phaselens.errors import UnsupportedModelError
 from phaselens.models.parts.suffix_engine import SlotEngine, repeat_rows
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import dataclass
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 
 @dataclass(frozen=True)

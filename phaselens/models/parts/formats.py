@@ -32,7 +32,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from phaselens.core import margins
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 FP4_MAX = 6.0  # largest E2M1 magnitude

@@ -7,7 +7,7 @@ a table and each layer's tags into ``{name: HookPoint}`` in execution order (``m
 
 A hook is ``fn(tensor, *, hook) -> tensor | None``. Every kind runs its hooks through :func:`call_hooks`, and what
 a hook returns is checked by :func:`check_hook_return` alone: ``None`` (the hook read), or a tensor of exactly the
-given shape, dtype and device (its replacement); anything else is an :class:`~phaselens.core.errors.InputError`
+given shape, dtype and device (its replacement); anything else is an :class:`~phaselens.errors.InputError`
 naming the hook point, what was expected and what came back (never a broadcast, a silent dtype promotion or a raw
 error three layers later). A read-only site accepts no replacement but the value itself.
 """
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from phaselens.contract.hooknames import HookPoint
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 HookFn = Callable[..., Tensor | None]
 
@@ -105,16 +105,15 @@ def check_hook_return(name: str, given: Tensor, out: Any, read_only: str = "") -
         return
     same = isinstance(out, Tensor) and out.shape == given.shape and out.dtype == given.dtype \
         and out.device == given.device
-    if read_only:
-        if same and torch.equal(out, given):
-            return
-        raise InputError(f"{name} is read-only: {read_only} Return None from the hook to read it.")
-    if same:
+    if same and (not read_only or torch.equal(out, given)):
         return
+    if same:  # a replacement of the right kind at a site that takes none
+        raise InputError(f"{name} is read-only: {read_only} Return None from the hook to read it.")
+    also = f" Besides, {name} is read-only: {read_only}" if read_only else ""
     raise InputError(
         f"the hook on {name} returned {_describe(out)}; a hook returns None (to read the value) or a tensor of "
         f"shape {tuple(given.shape)}, dtype {given.dtype} on {given.device} (to replace it): e.g. edit a copy "
-        "and return it, cast with .to(value.dtype), or return None."
+        f"and return it, cast with .to(value.dtype), or return None.{also}"
     )
 
 

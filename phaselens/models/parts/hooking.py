@@ -26,7 +26,7 @@ from torch import Tensor
 
 from phaselens.contract.hooknames import HookDict, explain_missing
 from phaselens.contract.protocol import hook_context, hook_pairs
-from phaselens.core.errors import HookNameError, InputError
+from phaselens.errors import HookNameError, InputError
 from phaselens.models.parts.hook_sites import call_hooks, check_hook_return
 from phaselens.models.parts.tl_habits import PhaseCache, TLHabits, check_names_filter
 
@@ -88,7 +88,7 @@ class ContextHooks(TLHabits):
     def run_with_cache(self, *model_args: Any, names_filter: Any = None, **kwargs: Any) -> tuple[Any, PhaseCache]:
         """TransformerLens's ``run_with_cache``: ``(output, cache)``, the cache a TransformerLens
         ``ActivationCache`` (:class:`~phaselens.models.parts.tl_habits.PhaseCache`). A ``names_filter`` that selects
-        no hook is a :class:`~phaselens.core.errors.HookNameError` naming what it wanted."""
+        no hook is a :class:`~phaselens.errors.HookNameError` naming what it wanted."""
         names = check_names_filter(list(self.hook_dict), names_filter)  # type: ignore[attr-defined]
         out, store = super().run_with_cache(*model_args, names_filter=names, **kwargs)  # type: ignore[misc]
         return out, PhaseCache(store, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
@@ -180,7 +180,7 @@ class HookedAdapter(TLHabits):
 
     @property
     def hook_dict(self) -> dict[str, Any]:
-        """:attr:`hook_sites` whose missing names raise a :class:`~phaselens.core.errors.HookNameError` that says
+        """:attr:`hook_sites` whose missing names raise a :class:`~phaselens.errors.HookNameError` that says
         what exists instead."""
         return _AdapterHookDict(self)
 

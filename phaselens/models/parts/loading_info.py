@@ -3,7 +3,7 @@
 transformers loads a checkpoint that lacks a whole layer's tensors, prints its own report, and initialises the
 missing weights at random: the model then computes, wrongly. Every phaselens loader that goes through
 transformers (DeepSeek-V4, any causal LM) passes the report here. By default (``strict=True``) missing,
-unexpected and mis-shaped tensors are a :class:`~phaselens.core.errors.CheckpointError` naming them; the user
+unexpected and mis-shaped tensors are a :class:`~phaselens.errors.CheckpointError` naming them; the user
 can ask for transformers' behaviour explicitly with ``strict=False``, which loads with a
 :class:`CheckpointMismatchWarning` naming them.
 """
@@ -14,7 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.storage.resumable import tensor_mismatch
 
 

@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from phaselens.core.errors import CheckpointError
+from phaselens.errors import CheckpointError
 from phaselens.models.parts.formats import E2M1_VALUES
 
 

@@ -32,7 +32,7 @@ from torch import Tensor
 from phaselens.contract.cells import PASS_BYTES, Cell
 from phaselens.contract.hooknames import z as z_site
 from phaselens.core import margins
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 HookList = list[tuple[str, Callable[..., Tensor | None]]]
 V = TypeVar("V")

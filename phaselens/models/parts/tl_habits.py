@@ -2,7 +2,7 @@
 
 * :class:`PhaseCache` is what ``run_with_cache`` returns on every model kind: TransformerLens's
   ``ActivationCache``, whose tuple keys also resolve phaselens' names (``cache["pattern_entry", 0]``,
-  ``cache["kv", 1]``), whose missing names are a :class:`~phaselens.core.errors.HookNameError` that says what
+  ``cache["kv", 1]``), whose missing names are a :class:`~phaselens.errors.HookNameError` that says what
   exists instead, and whose residual methods refuse, with the reason, what a model kind cannot mean (a
   DeepSeek-V4 residual is ``hc_mult`` hyper-connection streams: no additive decomposition).
   ``ln_final.hook_scale`` / ``blocks.{l}.ln{1,2}.hook_scale`` ``[batch, pos, 1]`` are computed from the cached
@@ -29,7 +29,7 @@ from transformer_lens import ActivationCache
 from transformer_lens.utilities import get_act_name
 
 from phaselens.contract.hooknames import explain_missing
-from phaselens.core.errors import HookNameError, InputError, UnsupportedModelError
+from phaselens.errors import HookNameError, InputError, UnsupportedModelError
 from phaselens.models.parts.tl_cache import CacheCompletion
 
 # TransformerLens names a filter may be written for; each is explained when the model lacks it
@@ -238,7 +238,7 @@ class TLHabits:
     @property
     def tokenizer(self) -> Any:
         """The model's tokenizer: one set with ``model.tokenizer = tok``, else its checkpoint directory's;
-        without one an :class:`~phaselens.core.errors.InputError` says how to give it."""
+        without one an :class:`~phaselens.errors.InputError` says how to give it."""
         tok = self.__dict__.get("_tl_tokenizer")
         if tok is None:
             tok = self._find_tokenizer()

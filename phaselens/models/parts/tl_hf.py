@@ -10,7 +10,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.parts.tl_split_qkv import SplitQKV
 from phaselens.models.parts.tl_weights import SurfaceError, TLModelWeights, stack_blocks, widen
 

@@ -13,7 +13,7 @@ phaselens' ``model.W_K``), which needs a copy: they are computed on access and n
 not reach the model (edit ``attn.W_K_kv``, the view over the key heads). ``attn.b_*`` are ``None`` where the model
 has no bias (as TransformerLens 4.3 reports a bias-free projection).
 
-What a kind cannot give is a :class:`SurfaceError` (a :class:`~phaselens.core.errors.UnsupportedModelError` that
+What a kind cannot give is a :class:`SurfaceError` (a :class:`~phaselens.errors.UnsupportedModelError` that
 is also an ``AttributeError``, so ``hasattr`` and ``getattr(x, name, None)`` behave as on TransformerLens) that
 says why and what to use instead.
 """
@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from phaselens.core.errors import UnsupportedModelError
+from phaselens.errors import UnsupportedModelError
 
 
 class SurfaceError(UnsupportedModelError, AttributeError):
@@ -113,7 +113,7 @@ def accumulated_bias(blocks: Any, d_model: int, like: Tensor, layer: int, mlp_in
     """TransformerLens's ``accumulated_bias``: the sum of every attention output bias ``b_O`` (and MLP ``b_out``
     with ``include_mlp_biases``) of the blocks before ``layer``, plus ``b_O`` of ``layer`` with ``mlp_input``;
     ``[d_model]`` zeros when the model has no biases. ``like`` gives dtype and device."""
-    from phaselens.core.errors import InputError
+    from phaselens.errors import InputError
 
     n = len(blocks)
     if not 0 <= layer <= n or (mlp_input and layer == n):

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 
 def check_tokens(tokens: Any, *, vocab: int, device: Any = None, n_ctx: int | None = None) -> Tensor:
@@ -19,6 +19,9 @@ def check_tokens(tokens: Any, *, vocab: int, device: Any = None, n_ctx: int | No
     tokens = torch.as_tensor(tokens)
     if tokens.dim() == 1:
         tokens = tokens.unsqueeze(0)
+    if tokens.dim() == 2 and 0 in tokens.shape:
+        raise InputError(f"tokens have shape {tuple(tokens.shape)}: a forward needs at least one sequence of at "
+                         "least one token; drop empty batches before calling the model.")
     if tokens.dim() != 2 or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool \
             or 0 in tokens.shape:
         raise InputError(f"tokens must be integer ids shaped [batch, pos] with batch, pos >= 1, got shape "

@@ -11,7 +11,7 @@ Retried, with exponential backoff and jitter (honouring ``Retry-After``): droppe
 connect timeouts, and the statuses a busy or restarting server sends (429, 502, 503, 504). A wait that would
 end past the deadline is not started. Every other error status is the request's fault and is raised at once
 with the server's own message. When the retries or the deadline are spent the error is a
-:class:`~phaselens.core.errors.ServerError` that names the server's address.
+:class:`~phaselens.errors.ServerError` that names the server's address.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from phaselens.core.errors import InputError, ServerError
+from phaselens.errors import InputError, ServerError
 
 RETRY_STATUS = frozenset({429, 502, 503, 504})
 

@@ -3,7 +3,7 @@
 At load, before any item runs:
 
 1. ``GET /v1/models`` names the model (the only one, or ``model=``) and says who serves it (``owned_by``);
-   a dead or unreachable server is a :class:`~phaselens.core.errors.ServerError` naming the address;
+   a dead or unreachable server is a :class:`~phaselens.errors.ServerError` naming the address;
 2. the tokenizer is the local one (``tokenizer=``), else the server's ``/tokenize`` (vLLM, SGLang);
 3. the dialect: vLLM and SGLang by their ``owned_by``, others by whether a token-id prompt is accepted with
    the right ``usage.prompt_tokens``;
@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from phaselens.core.errors import InputError, ServerError, TokenizerMismatchError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import InputError, ServerError, TokenizerMismatchError
 from phaselens.models.served.endpoint import Endpoint
 from phaselens.models.served.model import ServedModel, mismatch_message
 from phaselens.models.served.protocols import DIALECTS, Dialect

@@ -20,8 +20,8 @@ import torch
 from phaselens.contract.answers import Answers
 from phaselens.contract.dims import ModelDims, ModelIdentity
 from phaselens.contract.memory import MemoryEstimate
-from phaselens.core.errors import NotApplicableError, TokenizerMismatchError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import NotApplicableError, TokenizerMismatchError
 from phaselens.models.served.dispatch import dispatch, leaders
 from phaselens.models.served.endpoint import InFlight
 from phaselens.models.served.protocols import Dialect, Reply
@@ -125,8 +125,8 @@ class ServedModel:
         """The greedy answer after each prompt ``tokens[i, :query_pos[i] + 1]`` (``tokens`` ``[N, T]``), with the
         log-probabilities the server reports, ``concurrency`` requests at a time.
 
-        Raises :class:`~phaselens.core.errors.TokenizerMismatchError` when the server's tokens differ from the
-        local ones and :class:`~phaselens.core.errors.ServerError` when it stops answering.
+        Raises :class:`~phaselens.errors.TokenizerMismatchError` when the server's tokens differ from the
+        local ones and :class:`~phaselens.errors.ServerError` when it stops answering.
         """
         rows = tokens.cpu().numpy()
         ends = query_pos.cpu().numpy().astype(np.int64) + 1
@@ -199,7 +199,7 @@ class ServedModel:
 
         task = self.default_task if task is None else task
         if task is None:
-            from phaselens.core.errors import NoDefaultTaskError
+            from phaselens.errors import NoDefaultTaskError
 
             raise NoDefaultTaskError(f"{self.served_name} has no default_task; pass a task to plan().")
         return plan_requests(task, self.spec, n_per_residue=n_per_residue, residues=residues, seed=seed,

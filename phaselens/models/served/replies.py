@@ -2,7 +2,7 @@
 
 A reply that cannot be read exactly (no choice, no text, no token id, a token count that is not an integer, a
 string where an object belongs, a log-probability above 0 ...) is a
-:class:`~phaselens.core.errors.ServerError` that names the field, what it held and the dialect; it is never
+:class:`~phaselens.errors.ServerError` that names the field, what it held and the dialect; it is never
 turned into a predicted id of -1 and scored as a wrong answer. Only what phaselens reads is checked, so fields a
 server adds (or leaves out, where phaselens does not need them) change nothing.
 
@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-from phaselens.core.errors import ServerError
+from phaselens.errors import ServerError
 
 #: The dialects' names in messages (``protocol=`` names them in code).
 LABELS = {

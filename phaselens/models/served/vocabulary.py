@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from phaselens.core.errors import InputError, ServerError
+from phaselens.errors import InputError, ServerError
 from phaselens.models.served.replies import refuse, validated
 from phaselens.tasks.text import encode, special_prefix
 

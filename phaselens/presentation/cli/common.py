@@ -12,7 +12,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from phaselens.core.errors import InputError, PhaseLensError
+from phaselens.errors import InputError, PhaseLensError
 
 
 def _hide_flag_types(params: list[Any]) -> list[Any]:
@@ -84,13 +84,13 @@ def as_phaselens_error(err: BaseException, options: Iterable[str] | None = None)
     ``options``, its option names), numbers too large; anything else is an internal error to report."""
     import errno
 
-    from phaselens.core.errors import OutputError, ResourceError
+    from phaselens.errors import OutputError, ResourceError
     from phaselens.storage.oserrors import why_os_error
 
     if isinstance(err, PhaseLensError):
         return err
     if _lost_peer(err):
-        from phaselens.core.errors import DistributedError
+        from phaselens.errors import DistributedError
 
         rank, size = _world_env()
         return DistributedError(
@@ -215,7 +215,7 @@ def say(text: str) -> None:
 def _report(err: PhaseLensError) -> None:
     """Print an error once per job: the rank whose share failed prints it with its rank; an error every rank
     meets alike (bad arguments) is printed by rank 0; a relayed one (RankError) by nobody else."""
-    from phaselens.core.errors import RankError
+    from phaselens.errors import RankError
 
     rank, size = _world_env()
     origin = getattr(err, "phaselens_rank", None)
@@ -239,7 +239,7 @@ def check_out(path: str | None, *, kind: str, what: str = "the output is a folde
     ``kind`` is ``"file"`` (a CSV; must not be a directory) or ``"dir"`` (must not be a file; ``what`` says
     why in the message).
     """
-    from phaselens.core.errors import OutputError
+    from phaselens.errors import OutputError
     from phaselens.storage.oserrors import why_not_written
     from phaselens.storage.writing import owns_file
 
@@ -359,7 +359,7 @@ def require_default_task(m: Any, model: str, command: str, *, task_option: bool)
     Python API's message would ask for a task object): ``--task`` and its presets where the command has it."""
     if getattr(m, "default_task", None) is not None:
         return m
-    from phaselens.core.errors import NoDefaultTaskError
+    from phaselens.errors import NoDefaultTaskError
     from phaselens.tasks.presets import PRESETS
 
     names = " or ".join(f"--task {name}" for name in PRESETS)

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.presentation.cli.common import (
     FORCE_FILE_HELP,
     FORCE_HELP,

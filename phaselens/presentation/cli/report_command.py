@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.presentation.cli import served_options as so
 from phaselens.presentation.cli.common import (
     FORCE_HELP,

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 TokenizerOpt = Annotated[str | None, typer.Option(
     "--tokenizer", metavar="PATH",

@@ -88,7 +88,7 @@ def report(
     folded by the smallest stride among the others.
 
     ``out`` is checked before anything is computed: a file there, or a directory holding files other than a
-    previous report, raises :class:`~phaselens.core.errors.OutputError`; ``overwrite=True`` (``--force``) writes
+    previous report, raises :class:`~phaselens.errors.OutputError`; ``overwrite=True`` (``--force``) writes
     into such a directory, replacing only the report's own files and keeping the others.
 
     ``lm_eval``: lm-evaluation-harness output to include (a ``--output_path`` folder or a samples file, or a list

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from phaselens.core.errors import NotApplicableError
+from phaselens.errors import NotApplicableError
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from phaselens.core.errors import CheckpointError, OutputError
+from phaselens.errors import CheckpointError, OutputError
 from phaselens.storage import manifest as mf
 from phaselens.storage.checksums import stamped, verify_file
 from phaselens.storage.oserrors import writing

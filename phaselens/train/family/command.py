@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _token_files(a: FamilyArgs, recipe: Any) -> Any:
 def _check_evaluation(n: int) -> None:
     """``--eval-per-residue``: the final evaluation's items must fit in host memory (priced as the
     evaluation prices them), or training would end in an error minutes or days later."""
-    from phaselens.core.errors import ResourceError
+    from phaselens.errors import ResourceError
     from phaselens.runtime.budget import host_available, items_bytes
     from phaselens.train.family.recipes import MODULUS, paper_task
 
@@ -183,7 +183,7 @@ def plan_text(a: FamilyArgs) -> str:
 
 
 def _splits(batch: int, gpus: int, micro: int | None) -> bool:
-    from phaselens.core.errors import ConfigError
+    from phaselens.errors import ConfigError
     from phaselens.train.family.training_plan import batch_split
 
     try:
@@ -201,7 +201,7 @@ def check_runs(runs: str, run_dir: Path) -> None:
 def check_folder(option: str, given: str, path: Path, what: str) -> None:
     """``option`` (``--runs`` or ``--out``): a folder that exists or is created with its missing parents (as
     ``mkdir -p`` would), under a writable folder; refused before any training when it cannot be."""
-    from phaselens.core.errors import OutputError
+    from phaselens.errors import OutputError
     from phaselens.storage.oserrors import why_not_written
     from phaselens.storage.writing import nearest_existing, writable
 
@@ -226,7 +226,7 @@ def _check_memory(recipe: Any, world: int) -> None:
     the first step."""
     import torch
 
-    from phaselens.core.errors import ResourceError
+    from phaselens.errors import ResourceError
     from phaselens.runtime.budget import device_available, host_available
     from phaselens.train.family.training_plan import plan_run
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.tasks import KVRecall
 
 DTYPES = ("uint16", "uint32", "int32", "int64")

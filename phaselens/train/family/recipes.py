@@ -30,7 +30,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from phaselens.core.errors import ConfigError
+from phaselens.errors import ConfigError
 from phaselens.models.compressed.config import CompressedConfig, CompressorSpec, RopeSpec
 from phaselens.models.compressed.qwen3 import QWEN3_0_6B
 from phaselens.tasks import KVRecall

@@ -17,7 +17,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from phaselens.core.errors import CheckpointError, InputError
+from phaselens.errors import CheckpointError, InputError
 from phaselens.storage import manifest as mf
 from phaselens.storage.checksums import verify_file
 from phaselens.storage.resumable import read_json, safetensors_metadata

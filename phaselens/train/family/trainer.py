@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.models.compressed.transformer import CompressedTransformer
 from phaselens.train import training_loop as engine

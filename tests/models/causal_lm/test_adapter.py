@@ -8,7 +8,7 @@ import torch
 
 import phaselens
 from phaselens.contract.cells import Cell
-from phaselens.core.errors import HookNameError, InputError, UnsupportedModelError
+from phaselens.errors import HookNameError, InputError, UnsupportedModelError
 from tests.support.causal_lm import ARCHS, VOCAB, Snapshot, tiny_causal_lm
 
 TOL = 1e-5
@@ -199,7 +199,7 @@ def test_the_family_qwen3_export_computes_as_the_family_control():
     from phaselens.models.compressed.qwen3 import to_qwen3
     from phaselens.train.family.recipes import family_config
 
-    ours = phaselens.CompressedTransformer(family_config("full", "tiny", seed=5)).eval()
+    ours = phaselens.models.CompressedTransformer(family_config("full", "tiny", seed=5)).eval()
     model = phaselens.load(to_qwen3(ours), stride=4)
     ids = torch.randint(3, 128, (2, 30), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import EngineError, NotApplicableError
+from phaselens.errors import EngineError, NotApplicableError
 from tests.support.causal_lm import tiny_causal_lm
 from tests.support.models import tiny_task
 

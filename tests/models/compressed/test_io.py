@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import phaselens
-from phaselens import CheckpointError
+from phaselens.errors import CheckpointError
 from tests.support.models import LAYOUTS, make_model
 
 
@@ -53,7 +53,7 @@ def test_missing_extra_and_misshapen_tensors_are_named(tmp_path):
     _mutate_weights(tmp_path / "m3", lambda t: t.update({target: torch.zeros(3, 3)}))
     with pytest.raises(CheckpointError, match=r"blocks.0.attn.W_Q \(3, 3\) where the model needs"):
         phaselens.load(tmp_path / "m3")
-    with pytest.raises(phaselens.OutputError, match="model.safetensors"):  # edited by hand: the user's now
+    with pytest.raises(phaselens.errors.OutputError, match="model.safetensors"):  # edited by hand: the user's now
         make_model(LAYOUTS["w4s4-scalar"]).save(tmp_path / "m3", overwrite=True)
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import ConfigError
+from phaselens.errors import ConfigError
 from phaselens.models import CompressorSpec
 from phaselens.models.compressed.qwen3 import from_qwen3, qwen3_config, to_qwen3
 from phaselens.train.family.recipes import family_config
@@ -55,7 +55,7 @@ def test_qwen3_weights_give_qwen3_logits(tie):
 
 def test_the_family_control_is_qwen3():
     """The family's full-attention member at a tiny size, loaded into transformers, gives its logits."""
-    model = phaselens.CompressedTransformer(family_config("full", "tiny"))
+    model = phaselens.models.CompressedTransformer(family_config("full", "tiny"))
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(4.0)
@@ -70,7 +70,7 @@ def test_the_family_control_is_qwen3():
 
 
 def test_saved_and_loaded_with_tied_embeddings(tmp_path):
-    model = phaselens.CompressedTransformer(family_config("w8s4", "tiny"))
+    model = phaselens.models.CompressedTransformer(family_config("w8s4", "tiny"))
     assert model.unembed.weight is model.embed.weight
     model.save(tmp_path / "m")
     back = phaselens.load(tmp_path / "m")
@@ -81,7 +81,7 @@ def test_saved_and_loaded_with_tied_embeddings(tmp_path):
 
 
 def test_conversion_refuses_what_it_cannot_write():
-    model = phaselens.CompressedTransformer(family_config("w4s4", "tiny"))
+    model = phaselens.models.CompressedTransformer(family_config("w4s4", "tiny"))
     with pytest.raises(ConfigError, match="full-attention"):
         to_qwen3(model)
     hf = tiny_qwen3(True)
@@ -111,7 +111,7 @@ def test_compressed_qwen3_keeps_the_backbone_weights():
 def test_the_family_cache_is_a_real_cache():
     """Prefill plus token-by-token decoding through the compressed cache gives the parallel forward's logits
     on the family's backbone (QK-norm, GQA, 'half' RoPE, overlapping windows)."""
-    model = phaselens.CompressedTransformer(family_config("w8s4", "tiny", seed=1))
+    model = phaselens.models.CompressedTransformer(family_config("w8s4", "tiny", seed=1))
     tokens = torch.randint(0, model.cfg.d_vocab, (2, 45), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         ref = model(tokens)

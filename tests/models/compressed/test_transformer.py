@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselens import CacheError, CompressedConfig, CompressorSpec, ConfigError, InputError
+from phaselens.errors import CacheError, ConfigError, InputError
+from phaselens.models import CompressedConfig, CompressorSpec
 from tests.support.models import LAYOUTS, make_model
 from tests.support.reference import brute_compressed_z, brute_entries, full_attention_reference
 
@@ -222,7 +223,7 @@ def test_bad_tokens_raise_input_error(tokens, match):
         (dict(n_kv_heads=3), "multiple of n_kv_heads"),
         (dict(compressed_layers=(5,)), "outside 0..1"),
         (dict(rope=None, compression=CompressorSpec(4, 8, overlap_split=True, tied_kv=True,
-                                                    rope=__import__("phaselens").RopeSpec())), "tied K=V"),
+                                                    rope=__import__("phaselens.models", fromlist=["RopeSpec"]).RopeSpec())), "tied K=V"),
     ],
 )
 def test_bad_configs_raise_config_error(kwargs, match):

@@ -9,8 +9,8 @@ import torch
 
 import phaselens
 from phaselens.contract.protocol import PhaseModel
-from phaselens.core.errors import CheckpointError, InputError, PhaseGeometryError, UnsupportedModelError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import CheckpointError, InputError, PhaseGeometryError, UnsupportedModelError
 from phaselens.models.compressed.compressor import Compressor
 from phaselens.models.deepseek_v4 import (
     DeepSeekV4Adapter,

@@ -18,7 +18,7 @@ import phaselens
 from phaselens.analyses.scoring import answer_metrics
 from phaselens.contract.cells import Cell
 from phaselens.contract.protocol import capability, choose_engine
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from tests.support.deepseek import one_thread, random_tokens, tiny_v4_fp64  # noqa: F401  (one_thread: fixture)
 
 TOL = 1e-5
@@ -164,7 +164,7 @@ def test_the_capability_and_engine_choice(hf):
     remote = phaselens.from_hf(hf, backend="nnsight", remote=True, numerics="transformers")
     assert capability(remote, "query_engine") is None  # no local cache to reuse
     assert choose_engine(remote, "auto") == "full"
-    with pytest.raises(phaselens.NotApplicableError, match="no query-suffix engine"):
+    with pytest.raises(phaselens.errors.NotApplicableError, match="no query-suffix engine"):
         choose_engine(remote, "suffix")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselens.core.errors import InputError, UnsupportedModelError
+from phaselens.errors import InputError, UnsupportedModelError
 from phaselens.models.deepseek_v4 import from_transformers, gates
 from phaselens.models.deepseek_v4.numerics import restore, swapped
 from tests.support.deepseek import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselens import Compressor
+from phaselens.models import Compressor
 from phaselens.models.compressed.rope import rope_inv_freq
 from tests.support.deepseek import tiny_v4_model
 

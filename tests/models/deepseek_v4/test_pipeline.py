@@ -23,7 +23,7 @@ def adapter():
 
 
 def test_geometry_and_protocol(adapter):
-    assert isinstance(adapter, phaselens.PhaseModel)
+    assert isinstance(adapter, phaselens.contract.protocol.PhaseModel)
     specs = adapter.phase_specs
     assert specs[0] is None and specs[1] == phaselens.PhaseSpec(4, 8) and specs[2] == phaselens.PhaseSpec(16)
     assert adapter.analysis_spec.stride == 4 and adapter.cfg.n_key_value_heads == 1

@@ -17,7 +17,7 @@ import pytest
 import scipy.linalg
 import torch
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.deepseek_v4.quantization import FP4_BLOCK, fp8_simulate, hadamard, indexer_simulate
 from phaselens.models.parts.formats import fp4_round_trip, pow2_scale, round_e2m1
 from tests.support.deepseek_reference import (

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from phaselens.core.errors import ConfigError
+from phaselens.errors import ConfigError
 from phaselens.models.deepseek_v4 import IndexTopKWarning, from_transformers
 from phaselens.models.deepseek_v4.numerics import restore, swapped, unscaled_yarn
 from phaselens.models.deepseek_v4.quantization import fp8_simulate

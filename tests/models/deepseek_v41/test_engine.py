@@ -21,7 +21,7 @@ import torch
 
 import phaselens
 from phaselens.contract.cells import Cell
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.engine import V41SuffixEngine
 from phaselens.models.parts.index_topk import IndexTopKWarning

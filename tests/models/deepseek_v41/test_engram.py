@@ -13,7 +13,7 @@ import torch
 from safetensors import safe_open
 
 import phaselens
-from phaselens.core.errors import CheckpointError, InputError
+from phaselens.errors import CheckpointError, InputError
 from phaselens.models.deepseek_v41 import IndexTopKWarning, load_v41
 from phaselens.models.deepseek_v41.engram import EngramTable, engram_gate
 from phaselens.models.deepseek_v41.engram_hash import (

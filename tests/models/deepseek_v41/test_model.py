@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import CheckpointError, InputError, UnsupportedModelError
 from phaselens.core.geometry import PhaseSpec
+from phaselens.errors import CheckpointError, InputError, UnsupportedModelError
 from phaselens.models.deepseek_v41 import DeepSeekV41, IndexTopKWarning, load_v41
 from phaselens.models.deepseek_v41.layers import rope
 from tests.support.deepseek_v41 import TINY_TEXT, write_tiny_checkpoint
@@ -74,7 +74,7 @@ def test_geometry_has_period_two(model, ckpt):
     assert spec.phase(t).tolist() == [0, 1] * 6
     assert spec.is_boundary(t).tolist() == [False, True] * 6
     assert spec.visible_entries(t).tolist() == ((t + 1) // 2).tolist()
-    with pytest.raises(phaselens.PhaseGeometryError):
+    with pytest.raises(phaselens.errors.PhaseGeometryError):
         load(ckpt, analysis_stride=3)  # not 2 nor a multiple: mixes the phases (4 refines them: accepted)
 
 
@@ -335,5 +335,5 @@ def test_hook_context_in_decoding(model_all):
     # slots 9..13: ratio 2 completes entries 4 (slots 8, 9), 5 and 6; ratio 1 adds entries 9..13
     assert seen == {"blocks.2.attn.hook_gate": (9, 4, 2, 3), "blocks.2.attn.hook_entry": (9, 4, 2, 3),
                     "blocks.4.attn.hook_entry": (9, 9, 4, 5), "blocks.6.attn.hook_z": (9, None, 6, 5)}
-    with pytest.raises(phaselens.core.errors.HookNameError, match="hook_pattern_local"):
+    with pytest.raises(phaselens.errors.HookNameError, match="hook_pattern_local"):
         model_all.run_with_hooks(tokens(), fwd_hooks=[("blocks.3.attn.hook_pattern", keep)])

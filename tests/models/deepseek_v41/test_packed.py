@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import DeviceMapError
+from phaselens.errors import DeviceMapError
 from phaselens.models.deepseek_v41 import load_v41
 from phaselens.models.deepseek_v41.kernels import CALLS
 from phaselens.models.parts.packed import FP8_ROWS, dequantize_rows
@@ -172,7 +172,7 @@ def test_bad_device_maps_raise_a_device_map_error_naming_the_fix(tiny):
         load_v41(tiny, device_map="auto", max_memory={"cpu": "100KiB"})
     with pytest.raises(DeviceMapError, match="max_memory applies"):
         load_v41(tiny, device_map={"": "cpu"}, max_memory={"cpu": "1GiB"})
-    assert issubclass(DeviceMapError, phaselens.core.errors.InputError)
+    assert issubclass(DeviceMapError, phaselens.errors.InputError)
 
 
 def test_chunked_prefill_equals_one_forward_and_hooks_only_the_query_piece(tiny):
@@ -189,7 +189,7 @@ def test_chunked_prefill_equals_one_forward_and_hooks_only_the_query_piece(tiny)
     assert rel(q, full[:, -6:]) < 2e-5
     chunked = load_v41(tiny, dtype=torch.float32, index_topk="all", chunk=8)
     assert chunked.chunk == 8 and rel(chunked(x, logits="query", query_len=3), full[:, -3:]) < 2e-5
-    with pytest.raises(phaselens.core.errors.InputError, match="query_len"):
+    with pytest.raises(phaselens.errors.InputError, match="query_len"):
         model(x, chunk=4, query_len=30)
 
 

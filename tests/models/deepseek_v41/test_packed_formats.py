@@ -20,7 +20,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from phaselens.core.errors import CheckpointError
+from phaselens.errors import CheckpointError
 from phaselens.models.deepseek_v41 import load_v41
 from tests.support.deepseek_v41 import ENGRAM_TEXT, TINY_TEXT, encode, tiny_tensors, write_tiny_checkpoint
 

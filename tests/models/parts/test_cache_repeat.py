@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselens.core.errors import UnsupportedModelError
+from phaselens.errors import UnsupportedModelError
 from phaselens.models.causal_lm.engine import ROWS as CAUSAL_ROWS
 from phaselens.models.deepseek_v4.engine import ROWS as V4_ROWS
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.parts.chunks import ChunkPlan, plan_chunks
 
 

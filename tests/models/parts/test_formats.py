@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.parts.formats import (
     E2M1_VALUES,
     FP8_MAX,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselens.core.errors import CheckpointError
+from phaselens.errors import CheckpointError
 from phaselens.models.parts.formats import E2M1_VALUES
 from phaselens.models.parts.packed import FP4_ROWS, PackedFormat, as_bytes, dequantize, dequantize_rows
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import InputError
+from phaselens.errors import InputError
 from phaselens.models.parts.suffix_engine import QueryEngine, SlotEngine, query_engine
 from tests.support.causal_lm import tiny_causal_lm
 from tests.support.models import LAYOUTS, make_model

@@ -13,7 +13,7 @@ from email.utils import formatdate
 import pytest
 
 import phaselens
-from phaselens.core.errors import InputError, ServerError
+from phaselens.errors import InputError, ServerError
 from phaselens.models.served.endpoint import Endpoint
 from phaselens.models.served.protocols import Dialect
 from phaselens.models.served.replies import LABELS

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from phaselens.core.errors import InputError, TokenizerMismatchError
+from phaselens.errors import InputError, TokenizerMismatchError
 from phaselens.models.served import stride_from_config
 from phaselens.models.served.endpoint import normalize_url
 from phaselens.models.served.model import mismatch_message

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import NotApplicableError, ServerError, TokenizerMismatchError
+from phaselens.errors import NotApplicableError, ServerError, TokenizerMismatchError
 from phaselens.tasks import Needle, PaddingProbe, train_toy_tokenizer
 from tests.support.deepseek import one_thread  # noqa: F401  (fixture)
 from tests.support.serving import free_port

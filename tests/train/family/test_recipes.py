@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import phaselens
-from phaselens.core.errors import ConfigError, InputError
+from phaselens.errors import ConfigError, InputError
 from phaselens.train.family.data import FamilyData, TokenFiles
 from phaselens.train.family.recipes import (
     LAYOUTS,

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 import phaselens
-from phaselens.core.errors import CheckpointError, ConfigError
+from phaselens.errors import CheckpointError, ConfigError
 from phaselens.train.family.trainer import Parallelism, read_log, train_family
 from tests.support.family_worker import CFG, DATA, settings
 from tests.support.paths import ROOT
