@@ -34,6 +34,7 @@ def _close(a, b, what):
 
 
 CALLS = {
+    "logit_lens": lambda c: (c.logit_lens().values, c.logit_lens().labels),
     "accumulated_resid": lambda c: c.accumulated_resid(incl_mid=True, return_labels=True),
     "accumulated_resid_ln_layer": lambda c: c.accumulated_resid(layer=1, apply_ln=True, return_labels=True),
     "accumulated_resid_ln_final": lambda c: c.accumulated_resid(apply_ln=True, pos_slice=Slice(-1)),
@@ -188,3 +189,25 @@ def test_zoo_head_results_are_z_times_each_heads_w_o(zoo):
     for h in range(model.cfg.n_heads):
         torch.testing.assert_close(cache["blocks.1.attn.hook_result"][:, :, h], z[:, :, h] @ model.blocks[1].attn.W_O[h],
                                    rtol=0, atol=1e-12)
+
+
+def test_logit_lens_ends_at_the_models_logits(zoo, caches):
+    """The logit lens's last entry (the final residual through ln_final and unembed) is the model's own logits, on
+    the zoo and the adapters; on hyper-connection models it says why it cannot be."""
+    for _, _, logits, cache in [zoo, (caches[1], caches[3], caches[1](caches[3]), caches[4])]:
+        lens = cache.logit_lens()
+        assert lens.labels[-1] == "final_post" and lens.values.shape[0] == len(lens.labels)
+        torch.testing.assert_close(lens.values[-1].double(), logits[:, -1].double(), rtol=0, atol=1e-6)  # last position
+
+
+def test_logit_lens_on_hyper_connections_says_why():
+    import warnings
+
+    from tests.support.deepseek import tiny_v4_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = phaselens.from_hf(tiny_v4_model())
+    _, cache = model.run_with_cache(torch.randint(0, model.cfg.d_vocab, (1, 8)))
+    with pytest.raises(PhaseLensError, match="logit_lens does not apply.*hc_head"):
+        cache.logit_lens()

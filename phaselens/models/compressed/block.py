@@ -55,6 +55,8 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block. Residual hooks are ``[batch, pos, d_model]``."""
 
+    hook_out_is_single_residual_stream = True  # one residual stream (TransformerLens's logit lens reads it)
+
     def __init__(self, cfg: CompressedConfig, layer: int) -> None:
         super().__init__()
         self.hook_resid_pre = HookPoint()

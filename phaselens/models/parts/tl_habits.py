@@ -181,6 +181,12 @@ class PhaseCache(CacheCompletion, ActivationCache):
         _limit(self.model, "logit_attrs")
         return super().logit_attrs(*args, **kwargs)
 
+    def logit_lens(self, **kwargs: Any) -> Any:
+        """TransformerLens's logit lens over this cache (``ln_final`` then ``unembed`` on every stacked residual; the
+        last entry is the model's logits)."""
+        _limit(self.model, "logit_lens")
+        return super().logit_lens(**kwargs)
+
     def _ensure_head_results(self) -> bool:
         """TransformerLens's: per-head results ``[batch, pos, head, d_model]`` from ``hook_z`` and
         ``blocks[l].attn.W_O`` (views of every kind's weights), unless the kind refuses head results."""
@@ -337,6 +343,9 @@ HYPER_CONNECTION_LIMITS: Mapping[str, str] = {
                 "no norm scale applies to one stream; call it with apply_ln=False.",
     "logit_attrs": f"{_STREAMS}, collapsed nonlinearly before the final norm, so a linear logit attribution would "
                    "not sum to the logits; compare logits under patch() or ablate() instead.",
+    "logit_lens": f"{_STREAMS}, collapsed by a learned, input-dependent map (hc_head) before the final norm, so no "
+                  "stream read through ln_final and W_U is what the model predicts; compare logits of the model "
+                  "under patch() or ablate() instead.",
     "head_results": "the output projection is grouped and low-rank (o_groups, o_lora_rank), so there is no per-head "
                     "W_O to form results with; read blocks.{l}.attn.hook_z per head.",
 }

@@ -227,6 +227,12 @@ class HFSurface(TLModelWeights):
         wpe = getattr(base, "wpe", None)
         return wpe.weight if isinstance(wpe, nn.Embedding) else None
 
+    @property
+    def unembed(self) -> nn.Module:
+        """The model's output embedding (``lm_head``): ``logits = unembed(ln_final(resid))``, as TransformerLens's
+        logit lens reads it."""
+        return self.model.get_output_embeddings()
+
     def _unembed_bias(self) -> Tensor | None:
         return _bias(self.model.get_output_embeddings())
 
