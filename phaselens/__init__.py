@@ -101,7 +101,8 @@ _ELSEWHERE = {
 def __getattr__(name: str):
     if name in _WHERE:
         value = getattr(_importlib.import_module(_WHERE[name]), name)
-    elif name in _SUBPACKAGES or (not name.startswith("_") and _importlib_util.find_spec(f"phaselens.{name}")):
+    elif name in _SUBPACKAGES or (name.isidentifier() and not name.startswith("_")
+                                     and _importlib_util.find_spec(f"phaselens.{name}")):
         value = _importlib.import_module(f"phaselens.{name}")  # phaselens.errors, phaselens.models, ...
     else:
         from phaselens import errors

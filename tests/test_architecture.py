@@ -265,6 +265,7 @@ def test_a_narrow_public_surface():
     assert len(phaselens.__all__) <= 30, sorted(phaselens.__all__)
     assert "PhaseLensError" in phaselens.__all__ and "plan" in phaselens.__all__
     assert phaselens.errors.InputError.__module__ == "phaselens.errors"
+    assert not hasattr(phaselens, "models.zoo") and not hasattr(phaselens, "no_such_name")  # AttributeError only
     for name, home in [("InputError", "phaselens.errors"), ("CompressedTransformer", "phaselens.models")]:
         with pytest.raises(AttributeError, match=f"lives in {home}"):
             getattr(phaselens, name)

@@ -127,13 +127,9 @@ def test_logit_attrs_are_a_fold_ln_bridges(caches):
 
 
 def test_moe_neuron_methods_say_why():
-    import transformers as tf
+    from tests.support.tl_reference import tiny_mixtral
 
-    cfg = tf.MixtralConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-                           num_experts_per_tok=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = phaselens.load(tf.MixtralForCausalLM(cfg).eval(), stride=4)
+    model = tiny_mixtral()
     _, cache = model.run_with_cache(torch.arange(3, 10)[None])
     for call in (lambda: cache.stack_neuron_results(2), lambda: cache.get_neuron_results(0),
                  lambda: cache.get_full_resid_decomposition(expand_neurons=True)):

@@ -143,13 +143,9 @@ def test_eval_train_to_on_the_adapter(adapted):
 
 
 def test_moe_mlp_refuses_neuron_names_as_transformer_lens_does():
-    import transformers as tf
+    from tests.support.tl_reference import tiny_mixtral
 
-    cfg = tf.MixtralConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-                           num_experts_per_tok=2, max_position_embeddings=64)
-    torch.manual_seed(0)
-    model = phaselens.load(tf.MixtralForCausalLM(cfg).eval(), stride=4)
+    model = tiny_mixtral()
     assert model.cfg.d_mlp is None
     assert not any(".mlp.hook_" in n for n in model.hook_dict)
     with pytest.raises(SurfaceError, match="mixture of experts.*hook_mlp_out"):

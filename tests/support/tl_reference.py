@@ -47,3 +47,14 @@ def pair(arch: str, *, seed: int = 0) -> tuple[Any, Any, torch.Tensor]:
     ref = bridge_over(hf, arch)
     tokens = torch.randint(3, 100, (2, 7), generator=torch.Generator().manual_seed(seed))
     return model, ref, tokens
+
+
+def tiny_mixtral() -> Any:
+    """A tiny random Mixtral (a mixture-of-experts MLP) adapted at stride 4: TransformerLens has no neurons there."""
+    import transformers as tf
+
+    cfg = tf.MixtralConfig(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
+                           num_experts_per_tok=2, max_position_embeddings=64)
+    torch.manual_seed(0)
+    return phaselens.load(tf.MixtralForCausalLM(cfg).eval(), stride=4)
