@@ -162,28 +162,14 @@ class PhaseBattery:
         """Everything in one tidy long frame: ``section``, ``quantity``, ``index``, ``estimate``, ``ci_low``,
         ``ci_high``, ``statistic``, ``df``, ``pvalue`` (columns that do not apply are NaN)."""
         rows: list[dict[str, object]] = []
-        for k, i in enumerate(self.residues.tolist()):
-            rows.append(
-                _row(
-                    "residue",
-                    "accuracy",
-                    index=i,
-                    estimate=self.accuracy[k],
-                    ci_low=self.ci_low[k],
-                    ci_high=self.ci_high[k],
-                )
-            )
-        for p in np.flatnonzero(self.phase_n).tolist():
-            rows.append(
-                _row(
-                    "phase",
-                    "accuracy",
-                    index=p,
-                    estimate=self.phase_accuracy[p],
-                    ci_low=self.phase_ci_low[p],
-                    ci_high=self.phase_ci_high[p],
-                )
-            )
+        residue_rows = [(i, k) for k, i in enumerate(self.residues.tolist())]
+        phase_rows = [(p, p) for p in np.flatnonzero(self.phase_n).tolist()]
+        for section, index_rows, est, low, high in (
+            ("residue", residue_rows, self.accuracy, self.ci_low, self.ci_high),
+            ("phase", phase_rows, self.phase_accuracy, self.phase_ci_low, self.phase_ci_high),
+        ):
+            rows += [_row(section, "accuracy", index=i, estimate=est[k], ci_low=low[k], ci_high=high[k])
+                     for i, k in index_rows]
         ci = self.gap_ci
         for name, value, idx in (
             ("mean_accuracy", self.mean_accuracy, None),

@@ -145,10 +145,7 @@ def ptp_permutation(groups: list[np.ndarray], n_permutations: int, seed: int) ->
 
 
 def continuous_phase_tests(
-    values: ArrayLike | int | float,
-    residues: ArrayLike | int | float,
-    stride: int,
-    modulus: int | None = None,
+    values: ArrayLike | int | float, residues: ArrayLike | int | float, stride: int, modulus: int | None = None,
     *,
     item_ids: ArrayLike | None = None,
     metric: str = "value",

@@ -124,18 +124,11 @@ class HarmonicResult:
         readonly(self.power)
 
     def to_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(
-            [
-                {
-                    "test": "harmonic_fraction",
-                    "statistic": self.fraction,
-                    "null_fraction": self.null_fraction,
-                    "null_mean": self.null_mean,
-                    "pvalue": self.pvalue,
-                    "n_permutations": self.n_permutations,
-                }
-            ]
-        )
+        """One row: ``test``, ``statistic`` (the harmonic fraction), ``null_fraction``, ``null_mean``, ``pvalue``,
+        ``n_permutations``."""
+        row = dict(test="harmonic_fraction", statistic=self.fraction, null_fraction=self.null_fraction,
+                   null_mean=self.null_mean, pvalue=self.pvalue, n_permutations=self.n_permutations)
+        return pd.DataFrame([row])
 
     def __repr__(self) -> str:
         return (
