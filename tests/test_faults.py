@@ -456,10 +456,10 @@ def _write_zoo_dir(d, overwrite):
 
 
 def _write_result(d, overwrite):
-    from phaselens.results.gate_cycling import GateCyclingResult
+    from phaselens.results.gate_cycling import PhaseGateCycling
 
     frame = pd.DataFrame({"delta": [1], "phase": [0], "observed": [0.5], "predicted": [0.5], "boundary": [False]})
-    GateCyclingResult(frame, 0.5, 0.5, {1: 0.5}, np.ones(4), 4).save(d / "result.phaselens", overwrite=overwrite)
+    PhaseGateCycling(frame, 0.5, 0.5, {1: 0.5}, np.ones(4), 4).save(d / "result.phaselens", overwrite=overwrite)
 
 
 def _write_training_run(d, overwrite):

@@ -16,7 +16,7 @@ from phaselens.analyses.units import Units
 from phaselens.contract.cells import Cell
 from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.heads import parse_heads
-from phaselens.results.ablation_effects import AblationResult
+from phaselens.results.ablation_effects import PhaseAblation
 from phaselens.stats.effects import Effects, relative_effects
 
 
@@ -79,7 +79,7 @@ class Ablation(Analysis[AblationState]):
         return [ablate_block(run.model, run.batch, state.knockout, state.cell, run.blocks[b],
                              batch_size=run.options.batch_size) for b in idx]
 
-    def result(self, run: Run, state: AblationState, parts: list[tuple[np.ndarray, ...]]) -> AblationResult:
+    def result(self, run: Run, state: AblationState, parts: list[tuple[np.ndarray, ...]]) -> PhaseAblation:
         m = stack_metrics(parts, (*METRICS, *KO_FIELDS))
         items = items_from_metrics(run.batch, {k: m[k] for k in METRICS})
         items["correct_ko"] = np.asarray(m["correct_ko"], bool)
@@ -94,7 +94,7 @@ class Ablation(Analysis[AblationState]):
 
         residue = items["residue"].to_numpy()
         cal = state.knockout.calibration
-        return AblationResult(state.knockout.heads, self.method, effects(residue, run.modulus),
+        return PhaseAblation(state.knockout.heads, self.method, effects(residue, run.modulus),
                               effects(residue % run.stride, run.stride), items, run.stride, run.modulus,
                               run.metadata(engine=state.engine, calibration=None if cal is None else cal.source))
 
@@ -111,7 +111,7 @@ def ablate(
     calibration: Any = None,
     engine: str = "auto",
     **options: Unpack[ResamplingOptions],
-) -> AblationResult:
+) -> PhaseAblation:
     """Evaluate ``task`` with and without knocking out ``heads`` at each item's query position.
 
     Args:

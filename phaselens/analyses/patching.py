@@ -36,7 +36,7 @@ from phaselens.core.heads import Head, parse_heads
 from phaselens.core.labelled import Labelled
 from phaselens.errors import InputError
 from phaselens.parallel.world import world
-from phaselens.results.patch_recovery import PatchResult
+from phaselens.results.patch_recovery import PhasePatch
 from phaselens.stats.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
 
 EPS_DENOM = 1e-3
@@ -193,7 +193,7 @@ class Patching(Analysis[PatchState]):
                                              batch.query_pos, batch_size=run.options.batch_size),
                                 batch.answer, batch.wrong)["logit_diff"],) for i in idx]
 
-    def result(self, run: Run, state: PatchState, parts: list[tuple[np.ndarray]]) -> PatchResult:
+    def result(self, run: Run, state: PatchState, parts: list[tuple[np.ndarray]]) -> PhasePatch:
         patched = np.stack([p[0] for p in parts])  # [heads, N]
         res = run.batch.frame["residue"].to_numpy()
         M, o = run.modulus, run.options
@@ -219,7 +219,7 @@ class Patching(Analysis[PatchState]):
                        name=f"{self.direction}_recovery")
         frames = (recovery_frame(heads, by_residue, res, M, "residue", run.stride),
                   recovery_frame(heads, by_phase, res % run.stride, run.stride, "phase", run.stride))
-        return PatchResult(lab, grid(und_k, False), mc, mx, grid(mp_k), heads, self.direction, run.stride, M,
+        return PhasePatch(lab, grid(und_k, False), mc, mx, grid(mp_k), heads, self.direction, run.stride, M,
                            state.item_clean, state.item_corrupt, patched, res, *frames,
                            run.metadata(engine=self.engine))
 
@@ -237,7 +237,7 @@ def patch(
     eps: float = EPS_DENOM,
     engine: str = "auto",
     **options: Unpack[ResamplingOptions],
-) -> PatchResult:
+) -> PhasePatch:
     """Patch each head's query-position ``z`` between clean items and their corrupted twins.
 
     Args:

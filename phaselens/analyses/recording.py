@@ -1,7 +1,7 @@
 """Recorders: attention into compressed entries (read side) and compressor gate weights (write side).
 
 ``phaselens.record(model, batch_or_task)`` runs the items once with hooks that keep only what is needed
-(the query row of each pattern, and gate weights reduced on the fly) and returns a :class:`Recording`.
+(the query row of each pattern, and gate weights reduced on the fly) and returns a :class:`PhaseRecording`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from phaselens.contract.protocol import HookContext, PhaseModel
 from phaselens.core.geometry import PhaseSpec
 from phaselens.core.labelled import Labelled
 from phaselens.errors import NotApplicableError
-from phaselens.results.entry_reads_writes import READ_QUANTITIES, Recording
+from phaselens.results.entry_reads_writes import READ_QUANTITIES, PhaseRecording
 from phaselens.stats.by_residue import residue_mean_ci
 
 
@@ -126,7 +126,7 @@ class Record(Analysis[RecordState]):
     def compute(self, run: Run, state: RecordState, idx: list[int]) -> list[dict[str, np.ndarray]]:
         return [_record_block(run, state.frame.iloc[run.blocks[b]], run.blocks[b]).to_unit() for b in idx]
 
-    def result(self, run: Run, state: RecordState, parts: list[dict[str, np.ndarray]]) -> Recording:
+    def result(self, run: Run, state: RecordState, parts: list[dict[str, np.ndarray]]) -> PhaseRecording:
         acc = _Accumulator.merged(parts)
         dims = run.model.dims
         return _assemble(acc, state.frame, list(dims.phase_specs), dims.n_layers, dims.n_heads, dims,
@@ -163,7 +163,7 @@ def record(
     *,
     n_per_residue: int = 64,
     **options: Unpack[CommonOptions],
-) -> Recording:
+) -> PhaseRecording:
     """Record read-side attention and write-side gates at each item's query position.
 
     Args:
@@ -277,7 +277,7 @@ def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
 
 
 def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg: Any, batch: Any, stride: int,
-              meta: dict[str, Any]) -> Recording:
+              meta: dict[str, Any]) -> PhaseRecording:
     residue = frame["residue"].to_numpy()
     M = int(batch.modulus)
     n = len(frame)
@@ -296,7 +296,7 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
         read[q] = Labelled(m, ("layer", "head", "residue"), coords, lo, hi, name=f"mass_{q}")
     comp_layers = [i for i, s in enumerate(specs) if s is not None]
     if not comp_layers or not acc.profile_sum:
-        return Recording(read, None, None, None, None, stride, M, n, values, residue, meta)
+        return PhaseRecording(read, None, None, None, None, stride, M, n, values, residue, meta)
     paths = sorted({p for (_, p) in acc.profile_sum})
     Hkv = int(cfg.n_key_value_heads)
     gk, gv = [], []
@@ -330,4 +330,4 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
     gate_profile = Labelled(prof, ("layer", "path", "kv_head", "offset"), pcoords, name="gate_profile")
     ccoords = {**{k: pcoords[k] for k in ("layer", "path", "kv_head")}, "measure": np.array(["static", "per_window"])}
     concentration = Labelled(conc, ("layer", "path", "kv_head", "measure"), ccoords, name="gate_concentration")
-    return Recording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n, values, residue, meta)
+    return PhaseRecording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n, values, residue, meta)

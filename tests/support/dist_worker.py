@@ -38,25 +38,25 @@ def digest(result: Any, prefix: str) -> dict[str, np.ndarray]:
         put("ko_logit_diff", result.logit_diff_ko)
         for f in ("ko_acc", "rel_change", "ci_low", "ci_high", "pvalue", "delta_logit_diff"):
             put(f, getattr(result.effects, f))
-    elif isinstance(result, phaselens.Recording):
+    elif isinstance(result, phaselens.PhaseRecording):
         for q, lab in result.read.items():
             put(f"read_{q}", lab.values)
         for name in ("gate_key", "gate_value", "gate_profile", "concentration"):
             lab = getattr(result, name)
             if lab is not None:
                 put(name, lab.values)
-    elif isinstance(result, phaselens.AblationResult):
+    elif isinstance(result, phaselens.PhaseAblation):
         for col in ("correct", "correct_ko", "logit_diff", "logit_diff_ko"):
             put(col, result.items[col].to_numpy())
         put("rel_change", result.effects.rel_change)
-    elif isinstance(result, phaselens.PatchResult):
+    elif isinstance(result, phaselens.PhasePatch):
         put("item_patched", result.logit_diff_patched)
         put("recovery", result.recovery.values)
         put("ci_low", result.recovery.ci_low)
-    elif isinstance(result, phaselens.AttributionMap):
+    elif isinstance(result, phaselens.PhaseAttribution):
         put("values", result.values)
         put("estimate", result.estimate.values)
-    elif isinstance(result, phaselens.RepairTable):
+    elif isinstance(result, phaselens.PhaseRepairTable):
         put("rows", result.rows[["mean", "worst", "gap", "any_copy_right"]].to_numpy(float))
         for (shifts, rule), ev in result.evals.items():
             put(f"{shifts}-{rule}-correct", ev.items["correct"].to_numpy())
