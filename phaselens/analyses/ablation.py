@@ -118,10 +118,10 @@ def ablate(
         model: a phaselens model (or adapter, or phase ensemble).
         heads: ``(layer, head)``, ``"L2H3"``, ``"L2"``, ``"L2KV0"``, or a list of these.
         phase: phases (residue mod S) to evaluate: an int, a list, or ``None`` for all (or pass ``residues``).
-        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
-            options (docs/api.md). A checkpoint holds finished blocks of ``batch_size`` items (clean and knocked
+        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+            options (docs/api.md). A journal holds finished blocks of ``batch_size`` items (clean and knocked
             out); its fingerprint covers the model, the items, the heads, method, calibration, seed, batch size
-            and engine, so a checkpoint of another run is refused.
+            and engine, so a journal of another run is refused.
         method: ``"mean"`` (calibration mean, the paper's choice), ``"zero"`` or ``"resample"``.
         calibration: the calibration items for ``mean``/``resample`` (default: the task's own, another seed).
         engine: ``"auto"`` (the query-suffix engine when the model offers it and the heads sit in one layer),

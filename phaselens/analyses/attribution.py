@@ -159,8 +159,8 @@ def attribution_map(
     copies' first-order terms).
 
     Args:
-        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint: the common options
-            (docs/api.md); a checkpoint holds each finished block's estimates.
+        task, n_per_residue, residues, seed, batch_size, stride, progress, journal: the common options
+            (docs/api.md); a journal holds each finished block's estimates.
         method: ``"mean"`` or ``"zero"`` replacement (as in :func:`phaselens.specialization_map`).
         calibration: the calibration items for ``"mean"`` (default: the task's own, another seed).
         exact: an exact PhaseMap built on the same items (same task, ``n_per_residue`` and ``seed``) to

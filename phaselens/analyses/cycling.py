@@ -284,8 +284,8 @@ def gate_cycling_test(
     (:func:`r2_bootstrap_ci`, ``n_bootstrap`` replicates; 0 skips them).
 
     Args:
-        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
-            options (docs/api.md); a checkpoint holds each finished model's answers.
+        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+            options (docs/api.md); a journal holds each finished model's answers.
         deltas: the shifts to roll the gates by (each nonzero mod S, once).
 
     Raises:

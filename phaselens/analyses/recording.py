@@ -42,9 +42,9 @@ class _Accumulator:
         store.setdefault(key, []).append(value.detach().float().cpu())
 
     def to_unit(self) -> dict[str, np.ndarray]:
-        """One block's values as named arrays (a checkpoint unit): ``"read/{q}/{layer}/{call}"``, ...
+        """One block's values as named arrays (a journal unit): ``"read/{q}/{layer}/{call}"``, ...
 
-        Every array is C-contiguous, as a checkpoint or another rank gives it back: float32 reductions in
+        Every array is C-contiguous, as a journal or another rank gives it back: float32 reductions in
         :func:`_assemble` add in an order that depends on the strides, so a unit must look the same whether
         it stayed in memory or was read back (a strided gate profile made a resumed run differ in the last bit).
         """
@@ -169,8 +169,8 @@ def record(
     Args:
         model: a phaselens model.
         task: a task (``None``: the model's default task) or a prepared TaskBatch.
-        n_per_residue, residues, seed, batch_size, stride, progress, checkpoint: the common options
-            (docs/api.md); a checkpoint holds each finished block's recorded values.
+        n_per_residue, residues, seed, batch_size, stride, progress, journal: the common options
+            (docs/api.md); a journal holds each finished block's recorded values.
 
     Example:
         >>> rec = phaselens.record(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP

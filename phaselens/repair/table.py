@@ -238,10 +238,10 @@ def repair_table(
     items at a time (only a block's ``[K, b, V]`` logits are held).
 
     Args:
-        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
-            options (docs/api.md). A checkpoint holds the answer metrics of finished item blocks (every copy and
+        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+            options (docs/api.md). A journal holds the answer metrics of finished item blocks (every copy and
             rule); its fingerprint covers the model, the items, the shift sets, combining rules, pad token, seed
-            and batch size, so a checkpoint of another run is refused.
+            and batch size, so a journal of another run is refused.
         shift_sets: ``"all"``, ``"opposite"`` or explicit shifts, one entry per set to compare.
         combines: the combining rules to compare (:data:`~phaselens.repair.shifts.COMBINES`).
         pad_id: the single-token pad (default: the model's or the task's filler).

@@ -65,7 +65,7 @@ def digest(result: Any, prefix: str) -> dict[str, np.ndarray]:
     return out
 
 
-def analyses(model: Any, which: tuple[str, ...], checkpoint: str | None = None) -> dict[str, Any]:
+def analyses(model: Any, which: tuple[str, ...], journal: str | None = None) -> dict[str, Any]:
     """Run the named analyses with small, fixed settings (the same in one process and across ranks)."""
     import phaselens
 
@@ -73,7 +73,7 @@ def analyses(model: Any, which: tuple[str, ...], checkpoint: str | None = None) 
         "evaluate": lambda: phaselens.evaluate(model, n_per_residue=2, batch_size=14, n_permutations=50,
                                                n_bootstrap=50, progress=False),
         "map": lambda: phaselens.specialization_map(model, **SMALL, n_bootstrap=20, progress=False,
-                                                    rows_per_pass=48, checkpoint=checkpoint),
+                                                    rows_per_pass=48, journal=journal),
         "map_layers": lambda: phaselens.specialization_map(model, **SMALL, n_bootstrap=20, progress=False,
                                                            kinds=("layer",), engine="full"),
         "record": lambda: phaselens.record(model, **SMALL, progress=False),
@@ -143,7 +143,7 @@ def main(scenario: str, out: Path) -> None:
         if scenario == "kill":
             if rank == 1:
                 _kill_on_call(rank, 3)
-            results = analyses(model, ("map",), checkpoint=str(out / "map.ckpt"))
+            results = analyses(model, ("map",), journal=str(out / "map.journal"))
         else:
             results = analyses(model, SCENARIOS[scenario])
         for name, res in results.items():
