@@ -140,7 +140,7 @@ class CellJournal:
                 f"{self.path} holds a different computation (the model, its weights, the items, the calibration "
                 "or a setting differ); pass another journal path, or delete it to start over."
             )
-        try:  # the shared reader names damage as a stored file's; here it is this journal's
+        try:  # the shared reader raises CheckpointError for any stored file; here the file is a journal
             arrays = load_safetensors(self.path, fix=fix, framework="np")
         except CheckpointError as err:
             raise JournalError(str(err)) from None

@@ -129,3 +129,35 @@ def test_readers_turn_damage_into_checkpoint_errors(tmp_path):
     (tmp_path / "t.safetensors").write_bytes(json.dumps({"a": 1}).encode())
     with pytest.raises(CheckpointError, match="not a complete safetensors file"):
         safetensors_metadata(tmp_path / "t.safetensors", fix="fix it.")
+
+
+def test_every_refusal_of_a_journal_is_a_journal_error_in_journal_words(tmp_path):
+    """A journal is not a checkpoint (docs/architecture.md, Words): whatever is wrong with it, including damage
+    the shared safetensors readers find (a torn file, a tensor whose bytes no longer match its checksum), the
+    error is a JournalError, never a CheckpointError, and its message never calls the file a checkpoint."""
+    from phaselens.storage.journal import check_journal_path
+
+    assert not issubclass(JournalError, CheckpointError) and not issubclass(CheckpointError, JournalError)
+    good = tmp_path / "good.journal"
+    j = CellJournal(good, "fp", FIELDS)
+    for label, arrays in cells().items():
+        j.add(label, *arrays)
+    j.flush()
+    raw = good.read_bytes()
+    torn, zeroed, foreign = tmp_path / "torn.journal", tmp_path / "zeroed.journal", tmp_path / "foreign.npz"
+    torn.write_bytes(raw[: len(raw) // 2])
+    zeroed.write_bytes(raw[:-16] + bytes(16))  # size kept, the last tensor's bytes zeroed: only the checksum sees it
+    np.savez(foreign, a=np.arange(3))
+    planted = {
+        "not a path": lambda: check_journal_path(5),
+        "a directory": lambda: CellJournal(tmp_path, "fp", FIELDS),
+        "a file of someone else": lambda: CellJournal(foreign, "fp", FIELDS),
+        "torn": lambda: CellJournal(torn, "fp", FIELDS),
+        "bytes changed on disk": lambda: CellJournal(zeroed, "fp", FIELDS),
+        "another run": lambda: CellJournal(good, "fp-other", FIELDS),
+    }
+    for what, open_it in planted.items():
+        with pytest.raises(JournalError) as info:
+            open_it()
+        assert not isinstance(info.value, CheckpointError), what
+        assert "checkpoint" not in str(info.value).lower(), (what, str(info.value))
