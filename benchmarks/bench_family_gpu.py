@@ -10,18 +10,18 @@ and checkpoint writes.
 
 Phases (each a real ``phaselens.train.family.trainer.train_family`` run, bf16 autocast, AdamW, the paper's task):
 
-1. ``paper-w4s4`` (stride 4 compressors in every layer), activation checkpointing on: 20 steps, then the run
+1. ``paper-w4s4`` (stride 4 compressors in every layer), activation recompute on: 20 steps, then the run
    is *resumed* from its step-20 checkpoint and trained as many more steps as its share of the budget allows
    (up to 300 in all): the steady-state tokens/s comes from the resumed part, so start-up is excluded.
 2. ``paper-full`` (Qwen3-0.6B itself), same settings, a shorter run: full attention for comparison.
 3. ``paper-w4s4`` with a quarter of each batch cut from pretraining tokens (a synthetic random-id file written
    here: every position of those rows is trained, so the 151,936-way logits are computed on every token).
-4. ``paper-w4s4`` without activation checkpointing, a few steps: the memory it saves.
+4. ``paper-w4s4`` without activation recompute, a few steps: the memory it saves.
 
 Each phase prints tokens/s, seconds per step, peak allocated memory, the plan's memory estimate for one GPU
 (``phaselens.train.family.training_plan``), the model-FLOPs utilisation (``mfu``: the plan's model FLOPs per token,
 ``phaselens.train.family.costs.flops_per_token``, times tokens/s over the peak of ``--peak-tflops``) and the
-hardware-FLOPs utilisation (``hfu``: the same with activation checkpointing's recompute). The data warm-up is
+hardware-FLOPs utilisation (``hfu``: the same with activation recompute). The data warm-up is
 off, so every step trains the paper task's 351-token rows.
 Needs: torch with CUDA (2.11 works), phaselens's requirements (transformer_lens, safetensors, jaxtyping); no
 network, nothing downloaded.
@@ -59,7 +59,7 @@ def phase(name: str, recipe_name: str, *, batch: int, micro: int, max_steps: int
     recipe = dataclasses.replace(recipe, warmup_steps=0, settings=dataclasses.replace(
         recipe.settings, warmup=10, checkpoint_every=10**9, eval_every=10**9, threads=None))
     data = family_data(recipe, TokenFiles((str(tokens_file),)) if ratio else None, ratio)
-    par = Parallelism(precision="bf16", activation_checkpointing=ac, micro_batch=micro)
+    par = Parallelism(precision="bf16", recompute_activations=ac, micro_batch=micro)
     run_dir = root / name
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
@@ -87,16 +87,16 @@ def phase(name: str, recipe_name: str, *, batch: int, micro: int, max_steps: int
     k = first if done > first + 2 else min(5, len(s) - 2)  # steady state: the resumed part, or after warm-up
     secs = (s[-1] - s[k]) / (len(s) - 1 - k)
     tok_s = recipe.tokens_per_step / secs
-    plan = plan_run(recipe, gpus=1, micro_batch=micro, activation_checkpointing=ac, pretrain_ratio=ratio)
+    plan = plan_run(recipe, gpus=1, micro_batch=micro, recompute_activations=ac, pretrain_ratio=ratio)
     peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
     return {"phase": name, "recipe": recipe_name, "size": ARGS.size, "parameters": plan.parameters, "steps": done,
             "steady_steps": len(s) - 1 - k, "batch_size": batch, "micro_batch": micro, "seq_len": recipe.seq_len,
-            "tokens_per_step": recipe.tokens_per_step, "activation_checkpointing": ac, "pretrain_ratio": ratio,
+            "tokens_per_step": recipe.tokens_per_step, "recompute_activations": ac, "pretrain_ratio": ratio,
             "precision": "bf16", "seconds_per_step": secs, "tokens_per_second": tok_s,
             "flops_per_token": plan.per_token.to_dict(),
             "mfu": plan.per_token.model * tok_s / (ARGS.peak_tflops * 1e12),
             "hfu": plan.per_token.executed * tok_s / (ARGS.peak_tflops * 1e12),
-            "plan_needs_checkpointing_80gb": plan.needs_checkpointing,
+            "plan_needs_recompute_80gb": plan.needs_recompute,
             "peak_allocated_gib": peak,
             "plan_estimate_gib": plan.memory_per_gpu / 2**30,
             "plan_memory_gib": {key: v / 2**30 for key, v in plan.memory.items()},

@@ -2,7 +2,7 @@
 
 A real ``transformers serve`` runs a tiny DeepSeek-V4 on 127.0.0.1 (built and saved here; nothing downloaded).
 ``evaluate`` on the served model (its requests, every reply's token-count check, the greedy answers read back
-through the tokenizer, the checkpointing runner, the statistics) is timed against a bare ``httpx`` client on a
+through the tokenizer, the journaling runner, the statistics) is timed against a bare ``httpx`` client on a
 thread pool of the same size that posts the identical request bodies and keeps the replies. The two sides run
 in turns; each is the best of ``--repeats`` turns.
 

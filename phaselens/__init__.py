@@ -37,12 +37,12 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.core.geometry": ("PhaseSpec",),
     "phaselens.results.phase_eval": ("PhaseEval",),
     "phaselens.results.phase_map": ("PhaseMap",),
-    "phaselens.results.ablation_effects": ("AblationResult",),
-    "phaselens.results.patch_recovery": ("PatchResult",),
-    "phaselens.results.entry_reads_writes": ("Recording",),
-    "phaselens.results.attribution_estimate": ("AttributionMap",),
-    "phaselens.results.gate_cycling": ("GateCyclingResult",),
-    "phaselens.results.repair_rules": ("RepairTable",),
+    "phaselens.results.ablation_effects": ("PhaseAblation",),
+    "phaselens.results.patch_recovery": ("PhasePatch",),
+    "phaselens.results.entry_reads_writes": ("PhaseRecording",),
+    "phaselens.results.attribution_estimate": ("PhaseAttribution",),
+    "phaselens.results.gate_cycling": ("PhaseGateCycling",),
+    "phaselens.results.repair_rules": ("PhaseRepairTable",),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 # Model objects phaselens did not build (a transformers model, an nnsight envoy, a TransformerLens bridge) are
@@ -73,14 +73,14 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve i
     from phaselens.presentation.reporting import report
     from phaselens.repair.ensemble import phase_ensemble
     from phaselens.repair.table import repair_table
-    from phaselens.results.ablation_effects import AblationResult
-    from phaselens.results.attribution_estimate import AttributionMap
-    from phaselens.results.entry_reads_writes import Recording
-    from phaselens.results.gate_cycling import GateCyclingResult
-    from phaselens.results.patch_recovery import PatchResult
+    from phaselens.results.ablation_effects import PhaseAblation
+    from phaselens.results.attribution_estimate import PhaseAttribution
+    from phaselens.results.entry_reads_writes import PhaseRecording
+    from phaselens.results.gate_cycling import PhaseGateCycling
+    from phaselens.results.patch_recovery import PhasePatch
     from phaselens.results.phase_eval import PhaseEval
     from phaselens.results.phase_map import PhaseMap
-    from phaselens.results.repair_rules import RepairTable
+    from phaselens.results.repair_rules import PhaseRepairTable
 
 
 # names a notebook does not type, by home: asked for at the top level, the error says where they live
@@ -139,12 +139,12 @@ __all__ = [
     "PhaseSpec",
     "PhaseEval",
     "PhaseMap",
-    "AblationResult",
-    "PatchResult",
-    "Recording",
-    "AttributionMap",
-    "GateCyclingResult",
-    "RepairTable",
+    "PhaseAblation",
+    "PhasePatch",
+    "PhaseRecording",
+    "PhaseAttribution",
+    "PhaseGateCycling",
+    "PhaseRepairTable",
     "plots",
     "results",
     "stats",

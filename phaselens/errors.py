@@ -21,7 +21,15 @@ class ConfigError(PhaseLensError, ValueError):
 
 
 class CheckpointError(PhaseLensError):
-    """A checkpoint directory that is missing, incomplete, or does not match its config."""
+    """A checkpoint (a model's weights, with its config: a zoo model, a released model's directory, a training
+    step) that is missing, incomplete, damaged or does not match its config; also a damaged file phaselens
+    stored (a saved result, a metrics log)."""
+
+
+class JournalError(PhaseLensError):
+    """A result journal (``journal=``, the file a resumable analysis writes its finished units to) that cannot
+    be used: a path that is not a file path, a file phaselens did not write, a damaged journal, or one written
+    by another run (another model, items or setting)."""
 
 
 class ResultFileError(CheckpointError):
@@ -128,7 +136,7 @@ class NonFiniteError(PhaseLensError):
 
 class DistributedError(PhaseLensError):
     """A run across torch.distributed ranks that cannot go on: the ranks disagree on the work, or a rank
-    was lost (killed or crashed). With ``checkpoint=``, a rerun at any world size resumes."""
+    was lost (killed or crashed). With ``journal=``, a rerun at any world size resumes."""
 
 
 class RankError(DistributedError):
@@ -141,7 +149,7 @@ class RankError(DistributedError):
 
 class ServerError(PhaseLensError):
     """A served model's endpoint that cannot be reached, stopped answering, or answered a request with an
-    error; the message names its address. With ``checkpoint=``, a rerun resumes where the run stopped."""
+    error; the message names its address. With ``journal=``, a rerun resumes where the run stopped."""
 
 
 class TokenizerMismatchError(PhaseLensError, ValueError):
@@ -166,6 +174,7 @@ __all__ = [
     "HeadSpecError",
     "HookNameError",
     "InputError",
+    "JournalError",
     "LabelError",
     "MissingDependencyError",
     "NoDefaultTaskError",

@@ -19,6 +19,7 @@ from phaselens.errors import (
     CacheError,
     CheckpointError,
     InputError,
+    JournalError,
     PhaseLensError,
     UnsupportedModelError,
 )
@@ -326,15 +327,15 @@ def test_v41_records_its_configs_hash(v41_dir):
     assert model.analysis_metadata["config_sha256"] == hashlib.sha256((v41_dir / "config.json").read_bytes()).hexdigest()
 
 
-# ---- a damaged analysis checkpoint: malformed arrays (was a pandas ValueError) ----------------------------
+# ---- a damaged analysis journal: malformed arrays (was a pandas ValueError) ----------------------------
 def _malformed(tmp_path, cut):
     from safetensors import safe_open
     from safetensors.numpy import load_file, save_file
 
     from tests.support.models import task_model
 
-    model, path = task_model(), tmp_path / "ev.ckpt"
-    kw = dict(n_per_residue=1, progress=False, n_bootstrap=0, n_permutations=1, checkpoint=path)
+    model, path = task_model(), tmp_path / "ev.journal"
+    kw = dict(n_per_residue=1, progress=False, n_bootstrap=0, n_permutations=1, journal=path)
     phaselens.evaluate(model, **kw)
     with safe_open(str(path), "np") as f:  # as written before checksums (with them, the sha256 catches it first)
         meta = {k: v for k, v in f.metadata().items() if k != "phaselens.sha256"}
@@ -349,8 +350,8 @@ MALFORMED = [("one field shorter", lambda a: a[:3]), ("a field 2-D", lambda a: a
 
 
 @pytest.mark.parametrize("cut", [c[1] for c in MALFORMED], ids=[c[0] for c in MALFORMED])
-def test_a_checkpoint_with_malformed_arrays_is_a_checkpoint_error(tmp_path, cut):
-    with pytest.raises(CheckpointError, match="malformed.*delete it to start over"):
+def test_a_journal_with_malformed_arrays_is_a_journal_error(tmp_path, cut):
+    with pytest.raises(JournalError, match="malformed.*delete it to start over"):
         _malformed(tmp_path, cut)()
 
 

@@ -239,7 +239,7 @@ def test_report_killed(tmp_path, mode):
     check_report(out, saved)
 
 
-# ---- map checkpoints --------------------------------------------------------------------------------------
+# ---- map journals --------------------------------------------------------------------------------------
 MAP_KW = dict(n_per_residue=2, progress=False, engine="suffix", n_bootstrap=0, rows_per_pass=16, method="zero",
               kinds=("head", "layer"))  # 10 cells, one per flush
 
@@ -254,10 +254,10 @@ def fresh_map(map_model):
     return phaselens.specialization_map(map_model, **MAP_KW)
 
 
-def map_writer(model, ckpt):
+def map_writer(model, journal):
     def work(tick):
         files.FAULT_HOOK = _chain(files.FAULT_HOOK, lambda p: tick() if p == "file:replaced" else None)
-        phaselens.specialization_map(model, checkpoint=ckpt, **MAP_KW)
+        phaselens.specialization_map(model, journal=journal, **MAP_KW)
     return work
 
 
@@ -270,21 +270,21 @@ def _chain(first, second):
 
 
 @pytest.mark.parametrize("mode", ["random", "file:written", "file:replaced"])
-def test_map_checkpoint_killed(tmp_path, map_model, fresh_map, mode):
-    ckpt = tmp_path / "map.ckpt"
+def test_map_journal_killed(tmp_path, map_model, fresh_map, mode):
+    journal = tmp_path / "map.journal"
     saved = user_files(tmp_path)
     if mode == "random":
-        pid, rfd = run_child(map_writer(map_model, ckpt))
+        pid, rfd = run_child(map_writer(map_model, journal))
         wait_ticks(rfd, 1)
         ended = finish(pid, rfd, kill_after=random.Random(5).uniform(0, 0.1))
     else:
-        pid, rfd = run_child(map_writer(map_model, ckpt), die_at=mode, nth=4)
+        pid, rfd = run_child(map_writer(map_model, journal), die_at=mode, nth=4)
         ended = finish(pid, rfd, kill_after=None)
         assert ended == "killed"
-    manifest = json.loads(safetensors_metadata(ckpt, fix="")["manifest"])  # a complete file: its header reads
+    manifest = json.loads(safetensors_metadata(journal, fix="")["manifest"])  # a complete file: its header reads
     assert len(manifest["cells"]) >= {"file:written": 3, "file:replaced": 4, "random": 1}[mode]
     assert mode == "random" or len(manifest["cells"]) < 10  # really interrupted (10 cells in all)
-    resumed = phaselens.specialization_map(map_model, checkpoint=ckpt, **MAP_KW)
+    resumed = phaselens.specialization_map(map_model, journal=journal, **MAP_KW)
     assert np.array_equal(resumed.correct_ko, fresh_map.correct_ko)
     assert np.array_equal(resumed.logit_diff_ko, fresh_map.logit_diff_ko)
     assert untouched(saved) and no_temporaries(tmp_path)
@@ -435,12 +435,12 @@ def _write_csv(d, overwrite):
     write_csv(_frame(), d / "out.csv", force=overwrite)
 
 
-def _write_checkpoint(d, overwrite):
-    from phaselens.storage.resumable import CellCheckpoint
+def _write_journal(d, overwrite):
+    from phaselens.storage.journal import CellJournal
 
-    ckpt = CellCheckpoint(d / "map.ckpt", "fp", ("a",))
-    ckpt.add("L0H0", np.arange(3))
-    ckpt.flush()
+    journal = CellJournal(d / "map.journal", "fp", ("a",))
+    journal.add("L0H0", np.arange(3))
+    journal.flush()
 
 
 def _write_cache(d, overwrite):
@@ -456,10 +456,10 @@ def _write_zoo_dir(d, overwrite):
 
 
 def _write_result(d, overwrite):
-    from phaselens.results.gate_cycling import GateCyclingResult
+    from phaselens.results.gate_cycling import PhaseGateCycling
 
     frame = pd.DataFrame({"delta": [1], "phase": [0], "observed": [0.5], "predicted": [0.5], "boundary": [False]})
-    GateCyclingResult(frame, 0.5, 0.5, {1: 0.5}, np.ones(4), 4).save(d / "result.phaselens", overwrite=overwrite)
+    PhaseGateCycling(frame, 0.5, 0.5, {1: 0.5}, np.ones(4), 4).save(d / "result.phaselens", overwrite=overwrite)
 
 
 def _write_training_run(d, overwrite):
@@ -476,17 +476,17 @@ def _write_training_run(d, overwrite):
         ckpt.write_log(d / "log.json", log)
 
 
-WRITERS = {"result": _write_result, "training_run": _write_training_run, "model": _write_model, "report": _write_report, "csv": _write_csv, "checkpoint": _write_checkpoint,
+WRITERS = {"result": _write_result, "training_run": _write_training_run, "model": _write_model, "report": _write_report, "csv": _write_csv, "journal": _write_journal,
            "cache": _write_cache, "zoo": _write_zoo_dir}
 NAMES = ["notes.txt", "figures/mine.png", "figures/top.png", "figures", "index.html", "results.json",
-         "config.json", "model.safetensors", "card.json", "sub/data.csv", "out.csv", "map.ckpt", "w4s4.json",
+         "config.json", "model.safetensors", "card.json", "sub/data.csv", "out.csv", "map.journal", "w4s4.json",
          "train_state.json", "train_state.safetensors", "headline.csv", "eval_batch.safetensors",
          "result.phaselens", "log.json", "checkpoints/latest.json", "checkpoints/step-keep/notes.txt",
          "checkpoints/step-000000001/notes.txt", "checkpoints/step-000000001/rank0-of-1.safetensors",
          "checkpoints/step-000000002/log.json", "checkpoints/step-12/rank0-of-1.safetensors"]
 # the names each writer writes itself: half the user's files are drawn from these, so every writer meets a
 # user's file (or a FIFO, or a symbolic link) at each of its own paths within the default examples
-OWN = {"result": ["result.phaselens"], "csv": ["out.csv"], "checkpoint": ["map.ckpt"], "cache": ["w4s4.json"],
+OWN = {"result": ["result.phaselens"], "csv": ["out.csv"], "journal": ["map.journal"], "cache": ["w4s4.json"],
        "model": ["config.json", "model.safetensors", "card.json"],
        "zoo": ["config.json", "model.safetensors", "card.json", "eval_batch.safetensors"],
        "report": ["index.html", "results.json", "figures/top.png", "figures/map.png", "headline.csv"],
@@ -701,6 +701,7 @@ def test_an_unreadable_file_is_not_called_corrupt(tmp_path, monkeypatch):
     from pathlib import Path
 
     import phaselens.storage.resumable as ck
+    from phaselens.storage.journal import CellJournal
 
     MODELS[0].save(tmp_path / "m")
     real_read_bytes, real_open = Path.read_bytes, builtins.open
@@ -717,23 +718,23 @@ def test_an_unreadable_file_is_not_called_corrupt(tmp_path, monkeypatch):
     assert "permission denied" in text and "chmod" in text and "corrupt" not in text and "delete" not in text
     monkeypatch.undo()
 
-    ckpt = tmp_path / "map.ckpt"
-    WRITERS["checkpoint"](tmp_path, False)
+    journal = tmp_path / "map.journal"
+    WRITERS["journal"](tmp_path, False)
 
     def no_open(file, *args, **kwargs):
-        if str(file) == str(ckpt):
+        if str(file) == str(journal):
             raise PermissionError(errno.EACCES, "Permission denied", str(file))
         return real_open(file, *args, **kwargs)
 
     monkeypatch.setattr(ck, "open", no_open, raising=False)
-    with pytest.raises(phaselens.errors.CheckpointError) as info:
-        ck.CellCheckpoint(ckpt, "fp", ("a",))
+    with pytest.raises(phaselens.errors.JournalError) as info:
+        CellJournal(journal, "fp", ("a",))
     text = str(info.value)
     assert "permission denied" in text and "corrupt" not in text and "delete" not in text
     monkeypatch.undo()
-    (ckpt).write_bytes(ckpt.read_bytes()[:-3])  # proven damage (truncated): now deleting is the advice
-    with pytest.raises(phaselens.errors.CheckpointError, match="delete it"):
-        ck.CellCheckpoint(ckpt, "fp", ("a",))
+    (journal).write_bytes(journal.read_bytes()[:-3])  # proven damage (truncated): now deleting is the advice
+    with pytest.raises(phaselens.errors.JournalError, match="delete it"):
+        CellJournal(journal, "fp", ("a",))
 
 
 # ---- the long randomized run ------------------------------------------------------------------------------

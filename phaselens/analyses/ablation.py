@@ -16,7 +16,7 @@ from phaselens.analyses.units import Units
 from phaselens.contract.cells import Cell
 from phaselens.contract.protocol import PhaseModel, choose_engine
 from phaselens.core.heads import parse_heads
-from phaselens.results.ablation_effects import AblationResult
+from phaselens.results.ablation_effects import PhaseAblation
 from phaselens.stats.effects import Effects, relative_effects
 
 
@@ -79,7 +79,7 @@ class Ablation(Analysis[AblationState]):
         return [ablate_block(run.model, run.batch, state.knockout, state.cell, run.blocks[b],
                              batch_size=run.options.batch_size) for b in idx]
 
-    def result(self, run: Run, state: AblationState, parts: list[tuple[np.ndarray, ...]]) -> AblationResult:
+    def result(self, run: Run, state: AblationState, parts: list[tuple[np.ndarray, ...]]) -> PhaseAblation:
         m = stack_metrics(parts, (*METRICS, *KO_FIELDS))
         items = items_from_metrics(run.batch, {k: m[k] for k in METRICS})
         items["correct_ko"] = np.asarray(m["correct_ko"], bool)
@@ -94,7 +94,7 @@ class Ablation(Analysis[AblationState]):
 
         residue = items["residue"].to_numpy()
         cal = state.knockout.calibration
-        return AblationResult(state.knockout.heads, self.method, effects(residue, run.modulus),
+        return PhaseAblation(state.knockout.heads, self.method, effects(residue, run.modulus),
                               effects(residue % run.stride, run.stride), items, run.stride, run.modulus,
                               run.metadata(engine=state.engine, calibration=None if cal is None else cal.source))
 
@@ -111,17 +111,17 @@ def ablate(
     calibration: Any = None,
     engine: str = "auto",
     **options: Unpack[ResamplingOptions],
-) -> AblationResult:
+) -> PhaseAblation:
     """Evaluate ``task`` with and without knocking out ``heads`` at each item's query position.
 
     Args:
         model: a phaselens model (or adapter, or phase ensemble).
         heads: ``(layer, head)``, ``"L2H3"``, ``"L2"``, ``"L2KV0"``, or a list of these.
         phase: phases (residue mod S) to evaluate: an int, a list, or ``None`` for all (or pass ``residues``).
-        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
-            options (docs/api.md). A checkpoint holds finished blocks of ``batch_size`` items (clean and knocked
+        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+            options (docs/api.md). A journal holds finished blocks of ``batch_size`` items (clean and knocked
             out); its fingerprint covers the model, the items, the heads, method, calibration, seed, batch size
-            and engine, so a checkpoint of another run is refused.
+            and engine, so a journal of another run is refused.
         method: ``"mean"`` (calibration mean, the paper's choice), ``"zero"`` or ``"resample"``.
         calibration: the calibration items for ``mean``/``resample`` (default: the task's own, another seed).
         engine: ``"auto"`` (the query-suffix engine when the model offers it and the heads sit in one layer),

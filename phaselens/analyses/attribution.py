@@ -21,7 +21,7 @@ from phaselens.analyses.units import Units
 from phaselens.contract.protocol import HookContext, PhaseModel, model_name
 from phaselens.core.labelled import Labelled
 from phaselens.errors import InputError, NotApplicableError
-from phaselens.results.attribution_estimate import AttributionMap
+from phaselens.results.attribution_estimate import PhaseAttribution
 from phaselens.stats.by_residue import residue_mean_ci
 
 
@@ -74,7 +74,7 @@ class Attribution(Analysis[AttributionState]):
     def compute(self, run: Run, state: AttributionState, idx: list[int]) -> list[tuple[np.ndarray]]:
         return [(_block(run, state.calibration, run.blocks[b]).numpy(),) for b in idx]
 
-    def result(self, run: Run, state: AttributionState, parts: list[tuple[np.ndarray]]) -> AttributionMap:
+    def result(self, run: Run, state: AttributionState, parts: list[tuple[np.ndarray]]) -> PhaseAttribution:
         model, batch = run.model, run.batch
         L, H = model.dims.n_layers, model.dims.n_heads
         values = np.concatenate([p[0] for p in parts])  # [N, L, H]
@@ -89,7 +89,7 @@ class Attribution(Analysis[AttributionState]):
             ok = ~np.isnan(ex) & ~np.isnan(mean)
             rho = float(sps.spearmanr(mean[ok], ex[ok]).statistic)
         cal = state.calibration
-        return AttributionMap(lab, rho, self.method, run.stride, M, values, residue,
+        return PhaseAttribution(lab, rho, self.method, run.stride, M, values, residue,
                               run.metadata(calibration=None if cal is None else cal.source))
 
 
@@ -151,7 +151,7 @@ def attribution_map(
     calibration: Any = None,
     exact: Any = None,
     **options: Unpack[CommonOptions],
-) -> AttributionMap:
+) -> PhaseAttribution:
     """Estimate every head's knockout effect on the answer-minus-wrong logit difference, per residue.
 
     Gradients flow through the query rows only, so under chunked prefill this is exactly the gradient of a
@@ -159,8 +159,8 @@ def attribution_map(
     copies' first-order terms).
 
     Args:
-        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint: the common options
-            (docs/api.md); a checkpoint holds each finished block's estimates.
+        task, n_per_residue, residues, seed, batch_size, stride, progress, journal: the common options
+            (docs/api.md); a journal holds each finished block's estimates.
         method: ``"mean"`` or ``"zero"`` replacement (as in :func:`phaselens.specialization_map`).
         calibration: the calibration items for ``"mean"`` (default: the task's own, another seed).
         exact: an exact PhaseMap built on the same items (same task, ``n_per_residue`` and ``seed``) to

@@ -33,7 +33,7 @@ from phaselens.analyses.units import Units
 from phaselens.contract.protocol import PhaseModel, model_name, require
 from phaselens.core.checks import as_int
 from phaselens.errors import InputError, NotApplicableError, StatsInputError
-from phaselens.results.gate_cycling import GateCyclingResult
+from phaselens.results.gate_cycling import PhaseGateCycling
 from phaselens.stats._checks import check_draws, check_level
 
 
@@ -239,7 +239,7 @@ class GateCycling(Analysis[NoState]):
                                                                    for sl in run.blocks))))
         return out
 
-    def result(self, run: Run, state: NoState, parts: list[tuple[np.ndarray, ...]]) -> GateCyclingResult:
+    def result(self, run: Run, state: NoState, parts: list[tuple[np.ndarray, ...]]) -> PhaseGateCycling:
         S, ds, o = run.stride, self.deltas, run.options
         covered = run.covered()
         evals = {}
@@ -266,7 +266,7 @@ class GateCycling(Analysis[NoState]):
             cis = [r2_bootstrap_ci(y, residue, ds, S, include_boundary=b, n_bootstrap=o.n_bootstrap, seed=o.seed)
                    for b in (False, True)]
         note = "95%, basic bootstrap over items resampled within residue, one resample for all models"
-        return GateCyclingResult(frame, r2, r2_all, boundary, base, S, evals, run.metadata(ci=note), cis[0], cis[1])
+        return PhaseGateCycling(frame, r2, r2_all, boundary, base, S, evals, run.metadata(ci=note), cis[0], cis[1])
 
 
 @public
@@ -277,15 +277,15 @@ def gate_cycling_test(
     n_per_residue: int = 128,
     deltas: Sequence[int] = (-3, -2, -1, 1, 2, 3),
     **options: Unpack[ResamplingOptions],
-) -> GateCyclingResult:
+) -> PhaseGateCycling:
     """Evaluate the model and its gate-cycled copies; compare ``A_delta(p)`` with ``A_0((p - delta) mod S)``.
 
     Every copy answers the same items, so the R^2 intervals resample items once for all models
     (:func:`r2_bootstrap_ci`, ``n_bootstrap`` replicates; 0 skips them).
 
     Args:
-        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
-            options (docs/api.md); a checkpoint holds each finished model's answers.
+        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+            options (docs/api.md); a journal holds each finished model's answers.
         deltas: the shifts to roll the gates by (each nonzero mod S, once).
 
     Raises:

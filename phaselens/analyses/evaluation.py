@@ -98,9 +98,9 @@ def evaluate(
     Args:
         model: anything satisfying :class:`~phaselens.contract.protocol.PhaseModel`.
         task: a phase-controlled task or a prepared ``TaskBatch``; ``None`` uses ``model.default_task``.
-        n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
-            options (:class:`~phaselens.analyses.runner.Common`; docs/api.md). A checkpoint holds finished blocks
-            of ``batch_size`` items; a rerun (with any number of processes) resumes, and a checkpoint of another
+        n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+            options (:class:`~phaselens.analyses.runner.Common`; docs/api.md). A journal holds finished blocks
+            of ``batch_size`` items; a rerun (with any number of processes) resumes, and a journal of another
             run is refused.
         n_permutations: permutations of the gap test.
 

@@ -175,10 +175,10 @@ def specialization_map(
 
     Args:
         model: a phaselens model (our model, the DeepSeek-V4 adapter, or a phase ensemble).
-        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
-            options (docs/api.md). A checkpoint holds finished cells (one safetensors file, its manifest in the
+        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+            options (docs/api.md). A journal holds finished cells (one safetensors file, its manifest in the
             header); its fingerprint covers every parameter of the model, its ``analysis_metadata``, the items,
-            the calibration and every setting that changes the numbers, so a checkpoint of another map is
+            the calibration and every setting that changes the numbers, so a journal of another map is
             refused.
         method: ``"mean"``, ``"zero"`` or ``"resample"`` replacement of ``z``.
         kinds: which cells to map (drawn from ``("head", "kv_head", "layer")``).

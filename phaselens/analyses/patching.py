@@ -36,7 +36,7 @@ from phaselens.core.heads import Head, parse_heads
 from phaselens.core.labelled import Labelled
 from phaselens.errors import InputError
 from phaselens.parallel.world import world
-from phaselens.results.patch_recovery import PatchResult
+from phaselens.results.patch_recovery import PhasePatch
 from phaselens.stats.by_residue import bootstrap_counts, bootstrap_group_means, group_counts, residue_mean
 
 EPS_DENOM = 1e-3
@@ -148,7 +148,7 @@ class Patching(Analysis[PatchState]):
         then one unit per head: a forward of every item (``"full"``), or one query-row pass of the query-suffix
         engine over the run patched into (``"suffix"``; cells per engine call as :meth:`per_call`)."""
         K = len(self.heads)
-        per_call = (max(1, -(-K // world().size)) if options.checkpoint is None else
+        per_call = (max(1, -(-K // world().size)) if options.journal is None else
                     max(1, 4096 // max(1, int(items.n))))
         return Units(self.engine, item_passes=3, cells={"head": K}, cell_layers=tuple(h.layer for h in self.heads),
                      cells_per_call=per_call, unit="cell")
@@ -179,9 +179,9 @@ class Patching(Analysis[PatchState]):
                     site=self.site, seed=run.options.seed, engine=self.engine)
 
     def per_call(self, run: Run, state: PatchState) -> int:
-        if run.options.checkpoint is None:  # each rank's whole share in one call: nothing to write between cells
+        if run.options.journal is None:  # each rank's whole share in one call: nothing to write between cells
             return max(1, -(-len(self.heads) // world().size))
-        # a round per engine pass (per head with full forwards): the checkpoint is written after each
+        # a round per engine pass (per head with full forwards): the journal is written after each
         return max(1, 4096 // max(1, len(run.batch))) if self.engine == "suffix" else 1
 
     def compute(self, run: Run, state: PatchState, idx: list[int]) -> list[tuple[np.ndarray]]:
@@ -193,7 +193,7 @@ class Patching(Analysis[PatchState]):
                                              batch.query_pos, batch_size=run.options.batch_size),
                                 batch.answer, batch.wrong)["logit_diff"],) for i in idx]
 
-    def result(self, run: Run, state: PatchState, parts: list[tuple[np.ndarray]]) -> PatchResult:
+    def result(self, run: Run, state: PatchState, parts: list[tuple[np.ndarray]]) -> PhasePatch:
         patched = np.stack([p[0] for p in parts])  # [heads, N]
         res = run.batch.frame["residue"].to_numpy()
         M, o = run.modulus, run.options
@@ -219,7 +219,7 @@ class Patching(Analysis[PatchState]):
                        name=f"{self.direction}_recovery")
         frames = (recovery_frame(heads, by_residue, res, M, "residue", run.stride),
                   recovery_frame(heads, by_phase, res % run.stride, run.stride, "phase", run.stride))
-        return PatchResult(lab, grid(und_k, False), mc, mx, grid(mp_k), heads, self.direction, run.stride, M,
+        return PhasePatch(lab, grid(und_k, False), mc, mx, grid(mp_k), heads, self.direction, run.stride, M,
                            state.item_clean, state.item_corrupt, patched, res, *frames,
                            run.metadata(engine=self.engine))
 
@@ -237,16 +237,16 @@ def patch(
     eps: float = EPS_DENOM,
     engine: str = "auto",
     **options: Unpack[ResamplingOptions],
-) -> PatchResult:
+) -> PhasePatch:
     """Patch each head's query-position ``z`` between clean items and their corrupted twins.
 
     Args:
         heads: which heads (default: all); any head spec ``parse_heads`` accepts.
         phase: which phases' items (default all; or pass ``residues``).
-        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
-            options (docs/api.md). A checkpoint holds finished cells (heads); its fingerprint covers the model,
+        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+            options (docs/api.md). A journal holds finished cells (heads); its fingerprint covers the model,
             the clean and corrupted items, the heads, direction, site, seed, batch size and engine, so a
-            checkpoint of another run is refused.
+            journal of another run is refused.
         direction: ``"denoise"`` patches clean ``z`` into the corrupted run; ``"noise"`` the reverse.
         site: only ``"z"`` (the per-head input of the output projection) is supported.
         eps: the smallest ``|M_clean - M_corrupt|`` for which recovery is defined.

@@ -1,7 +1,7 @@
 """Recorders: attention into compressed entries (read side) and compressor gate weights (write side).
 
 ``phaselens.record(model, batch_or_task)`` runs the items once with hooks that keep only what is needed
-(the query row of each pattern, and gate weights reduced on the fly) and returns a :class:`Recording`.
+(the query row of each pattern, and gate weights reduced on the fly) and returns a :class:`PhaseRecording`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from phaselens.contract.protocol import HookContext, PhaseModel
 from phaselens.core.geometry import PhaseSpec
 from phaselens.core.labelled import Labelled
 from phaselens.errors import NotApplicableError
-from phaselens.results.entry_reads_writes import READ_QUANTITIES, Recording
+from phaselens.results.entry_reads_writes import READ_QUANTITIES, PhaseRecording
 from phaselens.stats.by_residue import residue_mean_ci
 
 
@@ -42,9 +42,9 @@ class _Accumulator:
         store.setdefault(key, []).append(value.detach().float().cpu())
 
     def to_unit(self) -> dict[str, np.ndarray]:
-        """One block's values as named arrays (a checkpoint unit): ``"read/{q}/{layer}/{call}"``, ...
+        """One block's values as named arrays (a journal unit): ``"read/{q}/{layer}/{call}"``, ...
 
-        Every array is C-contiguous, as a checkpoint or another rank gives it back: float32 reductions in
+        Every array is C-contiguous, as a journal or another rank gives it back: float32 reductions in
         :func:`_assemble` add in an order that depends on the strides, so a unit must look the same whether
         it stayed in memory or was read back (a strided gate profile made a resumed run differ in the last bit).
         """
@@ -126,7 +126,7 @@ class Record(Analysis[RecordState]):
     def compute(self, run: Run, state: RecordState, idx: list[int]) -> list[dict[str, np.ndarray]]:
         return [_record_block(run, state.frame.iloc[run.blocks[b]], run.blocks[b]).to_unit() for b in idx]
 
-    def result(self, run: Run, state: RecordState, parts: list[dict[str, np.ndarray]]) -> Recording:
+    def result(self, run: Run, state: RecordState, parts: list[dict[str, np.ndarray]]) -> PhaseRecording:
         acc = _Accumulator.merged(parts)
         dims = run.model.dims
         return _assemble(acc, state.frame, list(dims.phase_specs), dims.n_layers, dims.n_heads, dims,
@@ -163,14 +163,14 @@ def record(
     *,
     n_per_residue: int = 64,
     **options: Unpack[CommonOptions],
-) -> Recording:
+) -> PhaseRecording:
     """Record read-side attention and write-side gates at each item's query position.
 
     Args:
         model: a phaselens model.
         task: a task (``None``: the model's default task) or a prepared TaskBatch.
-        n_per_residue, residues, seed, batch_size, stride, progress, checkpoint: the common options
-            (docs/api.md); a checkpoint holds each finished block's recorded values.
+        n_per_residue, residues, seed, batch_size, stride, progress, journal: the common options
+            (docs/api.md); a journal holds each finished block's recorded values.
 
     Example:
         >>> rec = phaselens.record(phaselens.load("zoo:w4s4"), n_per_residue=32)  # doctest: +SKIP
@@ -277,7 +277,7 @@ def _gate_hook(acc, layer, path, spec: PhaseSpec, t_k: Tensor, t_v: Tensor):
 
 
 def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg: Any, batch: Any, stride: int,
-              meta: dict[str, Any]) -> Recording:
+              meta: dict[str, Any]) -> PhaseRecording:
     residue = frame["residue"].to_numpy()
     M = int(batch.modulus)
     n = len(frame)
@@ -296,7 +296,7 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
         read[q] = Labelled(m, ("layer", "head", "residue"), coords, lo, hi, name=f"mass_{q}")
     comp_layers = [i for i, s in enumerate(specs) if s is not None]
     if not comp_layers or not acc.profile_sum:
-        return Recording(read, None, None, None, None, stride, M, n, values, residue, meta)
+        return PhaseRecording(read, None, None, None, None, stride, M, n, values, residue, meta)
     paths = sorted({p for (_, p) in acc.profile_sum})
     Hkv = int(cfg.n_key_value_heads)
     gk, gv = [], []
@@ -330,4 +330,4 @@ def _assemble(acc: _Accumulator, frame: pd.DataFrame, specs, L: int, H: int, cfg
     gate_profile = Labelled(prof, ("layer", "path", "kv_head", "offset"), pcoords, name="gate_profile")
     ccoords = {**{k: pcoords[k] for k in ("layer", "path", "kv_head")}, "measure": np.array(["static", "per_window"])}
     concentration = Labelled(conc, ("layer", "path", "kv_head", "measure"), ccoords, name="gate_concentration")
-    return Recording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n, values, residue, meta)
+    return PhaseRecording(read, gate_key, gate_value, gate_profile, concentration, stride, M, n, values, residue, meta)

@@ -18,8 +18,8 @@ An analysis (a subclass of :class:`Analysis`: a frozen dataclass of its own sett
 2. resolve the task (``None``: the model's default task), price the run against the memory available and
    build the items (``items.build_items``);
 3. ``prepare`` (calibration, a clean pass, ... whatever the units share): the state;
-4. split the units across ``torch.distributed`` ranks, checkpoint finished units under a fingerprint of the
-   model, the items and the analysis's settings (resume at any world size), and show one progress bar
+4. split the units across ``torch.distributed`` ranks, keep finished units in the journal under a fingerprint of
+   the model, the items and the analysis's settings (resume at any world size), and show one progress bar
    (:func:`phaselens.parallel.distributed.shard_map`);
 5. ``result``, then stamp ``metadata``: the model's name and ``analysis_metadata``, the task, the exact
    arguments of the call (read from the public function's signature, defaults included), what the
@@ -58,8 +58,8 @@ from phaselens.contract.protocol import (
 from phaselens.contract.strides import check_stride, compression_strides, stride_record
 from phaselens.core.geometry import PhaseSpec
 from phaselens.errors import InputError
-from phaselens.parallel.distributed import block_labels, item_blocks, open_checkpoint, shard_map, sharded
-from phaselens.storage.resumable import check_checkpoint_path
+from phaselens.parallel.distributed import block_labels, item_blocks, open_journal, shard_map, sharded
+from phaselens.storage.journal import check_journal_path
 from phaselens.tasks.batch import TaskBatch
 
 N_BOOTSTRAP = 1000  # the one default number of bootstrap resamples (every analysis that resamples)
@@ -80,7 +80,7 @@ class CommonOptions(TypedDict, total=False):
     batch_size: int
     stride: int | None
     progress: bool
-    checkpoint: str | os.PathLike | None
+    journal: str | os.PathLike | None
 
 
 class ResamplingOptions(CommonOptions, total=False):
@@ -100,7 +100,7 @@ class Common:
         batch_size: items per forward.
         stride: fold residues by this stride instead of the model's analysis stride.
         progress: show a progress bar.
-        checkpoint: a file path: finished units are written there atomically and a rerun resumes.
+        journal: a file path (the result journal): finished units are written there atomically; a rerun resumes.
         n_bootstrap: bootstrap resamples for intervals (where the analysis resamples; 0 skips them).
     """
 
@@ -111,7 +111,7 @@ class Common:
     batch_size: int = 64
     stride: int | None = None
     progress: bool = True
-    checkpoint: str | os.PathLike | None = None
+    journal: str | os.PathLike | None = None
     n_bootstrap: int = N_BOOTSTRAP
 
     @classmethod
@@ -127,7 +127,7 @@ class Common:
                       stride=self.stride, n_bootstrap=self.n_bootstrap, progress=self.progress)
         if self.phase is not None and self.residues is not None:
             raise InputError("pass residues or phase, not both.")
-        check_checkpoint_path(self.checkpoint)
+        check_journal_path(self.journal)
 
 
 @dataclass(frozen=True)
@@ -173,7 +173,7 @@ class Run:
     def units(self, compute: Callable[[list[int]], list[Any]], labels: Sequence[str], *, stage: str,
               unit: str = "block", bar_unit: str = "batch", per_call: int = 1, leave: bool = False,
               store: Any = None, progress: bool | None = None) -> list[Any]:
-        """Run ``compute`` over units (split across ranks, checkpointed to ``store``): one entry per label."""
+        """Run ``compute`` over units (split across ranks, written to the journal ``store``): one entry per label."""
         return shard_map(compute, list(labels), per_call=per_call, store=store, unit=unit,
                          progress=self.options.progress if progress is None else progress, stage=stage,
                          bar_unit=bar_unit, leave=leave, model=self.model)
@@ -228,11 +228,11 @@ class Analysis(Generic[S]):
         return block_labels(run.blocks)
 
     def fields(self, run: Run) -> tuple[str, ...] | None:
-        """The names of the arrays one unit yields (the checkpoint's fields)."""
+        """The names of the arrays one unit yields (the journal's fields)."""
         raise NotImplementedError
 
     def fingerprint(self, run: Run, state: S) -> dict[str, Any]:
-        """Settings beyond the model and the items that change the numbers (the checkpoint's fingerprint)."""
+        """Settings beyond the model and the items that change the numbers (the journal's fingerprint)."""
         return {}
 
     def per_call(self, run: Run, state: S) -> int:
@@ -271,13 +271,13 @@ def run(analysis: Analysis[Any], model: PhaseModel, task: Any, arguments: dict[s
     r = Run(analysis.name, model, task, spec, batch, options, arguments)
     state = analysis.prepare(r)
     store = None
-    if options.checkpoint is not None:  # hashing the weights is cheap next to the run, but only needed to resume
+    if options.journal is not None:  # hashing the weights is cheap next to the run, but only needed to resume
         from phaselens.storage.fingerprints import analysis_fingerprint
 
         fp = analysis_fingerprint(model, analysis=analysis.name, items=batch.tokens, query_pos=batch.query_pos,
                                   answers=batch.answer, wrong=batch.wrong, batch_size=options.batch_size,
                                   **analysis.fingerprint(r, state))
-        store = open_checkpoint(options.checkpoint, fp, analysis.fields(r))
+        store = open_journal(options.journal, fp, analysis.fields(r))
     parts = r.units(lambda idx: analysis.compute(r, state, idx), analysis.labels(r, state), stage=analysis.stage,
                     unit=analysis.unit, bar_unit=analysis.bar_unit, per_call=analysis.per_call(r, state),
                     leave=analysis.leave, store=store)

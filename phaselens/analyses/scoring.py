@@ -61,7 +61,7 @@ def query_metrics(forward: Forward, batch: Any, *, batch_size: int = 64, progres
     """:func:`answer_metrics` ``{name: [N]}`` of ``batch``, one forward per block of ``batch_size`` items.
 
     Under torch.distributed the blocks are split across ranks (:mod:`phaselens.parallel.distributed`); ``store`` (a
-    checkpoint of finished blocks, fields :data:`METRICS`) makes the pass resumable.
+    journal of finished blocks, fields :data:`METRICS`) makes the pass resumable.
     """
     from phaselens.parallel.distributed import block_labels, item_blocks, shard_map
 
@@ -104,7 +104,7 @@ def items_from_logits(batch: Any, logits: Tensor) -> pd.DataFrame:
 def score_items(model: Any, batch: Any, *, batch_size: int = 64, progress: bool = False, forward: Any = None,
                 desc: str = "evaluate", store: Any = None) -> pd.DataFrame:
     """Per-item frame of ``batch`` from one pass (item blocks split across ranks under torch.distributed;
-    ``store``: a checkpoint of finished blocks)."""
+    ``store``: a journal of finished blocks)."""
     metrics = query_metrics(forward or plain_forward(model), batch, batch_size=batch_size, progress=progress,
                             desc=desc, model=model, store=store)
     return items_from_metrics(batch, metrics)

@@ -38,7 +38,7 @@ class Units:
             ``extra_tokens`` tokens longer than the item.
         backward: each pass also runs a backward (gradients: ``attribution_map``).
         weight_copies: copies of the weights held at once (a gate-cycled copy beside the model).
-        unit: what one unit of the progress bar and checkpoint is (``"block"``, ``"cell"``, ``"copy"``).
+        unit: what one unit of the progress bar and journal is (``"block"``, ``"cell"``, ``"copy"``).
     """
 
     engine: str = "full"

@@ -78,7 +78,7 @@ class ModelDims:
 
 @dataclass(frozen=True, eq=False)
 class ModelIdentity:
-    """What determines a model's numbers, for fingerprints (checkpoints of long runs).
+    """What determines a model's numbers, for fingerprints (the journals of long runs).
 
     Attributes:
         kind: the model kind (a class name; a wrapper names itself and what it wraps).

@@ -27,7 +27,7 @@ from phaselens.contract.dims import ModelDims, ModelIdentity
 from phaselens.errors import InputError, NotApplicableError, UnsupportedModelError
 
 # analysis_metadata keys that record what runs observed (they grow as a model runs), not what the model is:
-# results carry them, fingerprints leave them out (a checkpoint must resume on the same model after a run).
+# results carry them, fingerprints leave them out (a journal must resume on the same model after a run).
 OBSERVED_METADATA = frozenset(
     {"max_entries_seen", "index_topk_binding", "index_topk_fragile_picks", "candidate_filter_binding",
      "served_endpoint", "served_traffic"}

@@ -16,12 +16,12 @@ analysis                 unit                                                   
 ``patch``                a head                                                 source ``z``, clean prefix
 =======================  =====================================================  ==========================
 
-**Assignment.** The units still to compute (all of them, or those a checkpoint lacks) are listed in the
+**Assignment.** The units still to compute (all of them, or those a journal lacks) are listed in the
 analysis's own order; unit ``k`` of that list goes to rank ``k % world_size``. It depends only on the work
 and the world size, never on timing. Item blocks have the same boundaries as a single-process run, so
 every forward sees exactly the batch it would see alone. Ranks work in lockstep rounds of ``per_call``
 units each (a rank without units left sends an empty share); after each round every rank has every
-finished unit, rank 0 writes the checkpoint and moves the progress bar by the global count.
+finished unit, rank 0 writes the journal and moves the progress bar by the global count.
 
 **Equality.** Every rank returns the same result object as a single-process run: per-unit results are
 computed on identical inputs and put back in unit order, so counts, correctness flags and per-item values
@@ -32,7 +32,7 @@ included), so summaries are bit-identical too.
 **Errors.** An exception inside a rank's share is sent to every rank with the next gather: the failing rank
 re-raises it, the others raise :class:`~phaselens.errors.RankError` naming the rank and its message. A rank
 that dies (SIGKILL, OOM) makes the others raise :class:`~phaselens.errors.DistributedError` at their next
-gather (torchrun ends the job anyway); with ``checkpoint=`` a rerun at any world size resumes.
+gather (torchrun ends the job anyway); with ``journal=`` a rerun at any world size resumes.
 
 Outside a process group :func:`shard_map` is a plain loop and nothing changes. Inside one rank's share
 (:func:`local`), nested analyses run on that rank alone.
@@ -68,7 +68,7 @@ def item_blocks(n_items: int, batch_size: int) -> list[slice]:
 
 
 def block_labels(blocks: Sequence[slice]) -> list[str]:
-    """Checkpoint and metadata labels of item blocks: ``"items 0-63"``."""
+    """Journal and metadata labels of item blocks: ``"items 0-63"``."""
     return [f"items {b.start}-{b.stop - 1}" for b in blocks]
 
 
@@ -91,8 +91,8 @@ def shard_map(
     Args:
         compute: ``compute(indices) -> results`` for a list of unit indices (at most ``per_call``), one
             result per index. With ``store``, a result is a tuple of arrays (the store's fields).
-        labels: one unique label per unit (checkpoint keys and ``metadata["shards"]``).
-        store: a :class:`~phaselens.storage.resumable.CellCheckpoint` (open it with :func:`open_checkpoint`):
+        labels: one unique label per unit (journal keys and ``metadata["shards"]``).
+        store: a :class:`~phaselens.storage.journal.CellJournal` (open it with :func:`open_journal`):
             units it holds are skipped, finished units are added and flushed after every round.
         unit, stage: what a unit is (``"cell"``, ``"item block"``) and the stage name (progress bar, ledger).
         progress, bar_unit, leave, model: the progress bar (rank 0 only; it counts units of all ranks).
@@ -182,7 +182,7 @@ def _raise_failures(gathered: list[dict[str, Any]], own: Exception | None, w: Wo
 
 
 def _agree(w: World, stage: str, labels: list[str], todo: list[int], per_call: int) -> None:
-    """Every rank must split the same work: a rank with other items, settings or checkpoint would deadlock
+    """Every rank must split the same work: a rank with other items, settings or journal would deadlock
     or mix results, so a mismatch is an error on every rank."""
     digest = hashlib.sha256(repr((stage, labels, todo, per_call)).encode()).hexdigest()
     seen = gather(digest, stage=stage)
@@ -190,7 +190,7 @@ def _agree(w: World, stage: str, labels: list[str], todo: list[int], per_call: i
         odd = [r for r, d in enumerate(seen) if d != seen[0]]
         raise DistributedError(
             f"{stage}: the ranks do not agree on the work (ranks {odd} differ from rank 0: another model, task, "
-            "seed, setting or checkpoint); launch every rank with the same arguments."
+            "seed, setting or journal); launch every rank with the same arguments."
         )
 
 
@@ -225,31 +225,31 @@ def gather(obj: Any, *, stage: str = "") -> list[Any]:
         why = re.sub(r"^\[[^\]]*\]\s*", "", " ".join(str(err).split())).split(". ")[0][:160]
         raise DistributedError(
             f"{stage or 'gather'}: lost contact with another rank ({why}); a rank was killed or crashed. Every "
-            "unit finished before is in the checkpoint (if one was given): rerun, with any number of processes, "
+            "unit finished before is in the journal (if one was given): rerun, with any number of processes, "
             "to resume."
         ) from None
     return out
 
 
-def open_checkpoint(path: Any, fingerprint: str, fields: tuple[str, ...] | None) -> Any:
-    """A :class:`~phaselens.storage.resumable.CellCheckpoint` shared by the ranks.
+def open_journal(path: Any, fingerprint: str, fields: tuple[str, ...] | None) -> Any:
+    """A :class:`~phaselens.storage.journal.CellJournal` shared by the ranks.
 
     Only rank 0 reads and writes ``path``; the others hold its finished units in memory (they need no
     shared file system). A damaged file, or one of another run, raises on rank 0 and a RankError elsewhere.
     """
-    from phaselens.storage.resumable import CellCheckpoint
+    from phaselens.storage.journal import CellJournal
 
     w = world()
     if w.size == 1:
-        return CellCheckpoint(path, fingerprint, fields)
-    ckpt, err, payload = None, None, None
+        return CellJournal(path, fingerprint, fields)
+    journal, err, payload = None, None, None
     if w.main:
         try:
-            ckpt = CellCheckpoint(path, fingerprint, fields)
-            payload = ckpt.done
+            journal = CellJournal(path, fingerprint, fields)
+            payload = journal.done
         except Exception as e:
             err, payload = e, f"{type(e).__name__}: {' '.join(str(e).split())}"
-    seen = gather((fingerprint, payload), stage="checkpoint")
+    seen = gather((fingerprint, payload), stage="journal")
     if len({fp for fp, _ in seen}) > 1:
         raise DistributedError("the ranks computed different fingerprints for this run (another model, items or "
                                "setting on some rank); launch every rank with the same arguments.")
@@ -259,17 +259,17 @@ def open_checkpoint(path: Any, fingerprint: str, fields: tuple[str, ...] | None)
             err.phaselens_rank = 0  # type: ignore[attr-defined]
             raise err
         raise RankError(f"rank 0 of {w.size} failed: {done}", rank=0)
-    if ckpt is None:
-        ckpt = CellCheckpoint(None, fingerprint, fields)
-        ckpt.done = dict(done)
-    return ckpt
+    if journal is None:
+        journal = CellJournal(None, fingerprint, fields)
+        journal.done = dict(done)
+    return journal
 
 
 # ---- metadata -----------------------------------------------------------------------------------------------
 def sharded(fn: F) -> F:
     """Decorate an analysis: its result's ``metadata`` gets ``world_size`` and ``shards`` (one entry per
     :func:`shard_map` call: ``stage``, ``unit``, ``units``, ``by_rank`` (labels each rank computed) and
-    ``resumed`` (labels read from a checkpoint))."""
+    ``resumed`` (labels read from a journal))."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -331,4 +331,4 @@ def _leave() -> None:
 
 
 __all__ = ["World", "assignment", "block_labels", "gather", "is_main_process", "item_blocks", "local",
-           "init_from_env", "open_checkpoint", "process_world", "relayed", "shard_map", "sharded", "world"]
+           "init_from_env", "open_journal", "process_world", "relayed", "shard_map", "sharded", "world"]

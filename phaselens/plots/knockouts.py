@@ -22,8 +22,8 @@ from phaselens.plots.theme import (
 )
 
 if TYPE_CHECKING:  # annotations only: plots read the result types (a layer below), without importing pandas or scipy
-    from phaselens.results.attribution_estimate import AttributionMap
-    from phaselens.results.patch_recovery import PatchResult
+    from phaselens.results.attribution_estimate import PhaseAttribution
+    from phaselens.results.patch_recovery import PhasePatch
     from phaselens.results.phase_map import PhaseMap
 
 try:  # the threshold below which a relative change is undefined (a constant of the analysis, for the legend)
@@ -120,7 +120,7 @@ def layer_knockout_map(pm: PhaseMap, *, control: PhaseMap | None = None, names: 
     return fig
 
 
-def patch_heatmap(res: PatchResult, *, title: str | None = None) -> go.Figure:
+def patch_heatmap(res: PhasePatch, *, title: str | None = None) -> go.Figure:
     """Normalized recovery per head and residue from activation patching."""
     lab = res.recovery
     L, H, M = lab.values.shape
@@ -138,8 +138,8 @@ def patch_heatmap(res: PatchResult, *, title: str | None = None) -> go.Figure:
     return fig
 
 
-def attribution_heatmap(am: AttributionMap, *, title: str | None = None) -> go.Figure:
-    """Estimated change of the logit difference per head and residue (an ``AttributionMap``)."""
+def attribution_heatmap(am: PhaseAttribution, *, title: str | None = None) -> go.Figure:
+    """Estimated change of the logit difference per head and residue (a ``PhaseAttribution``)."""
     lab = am.estimate
     L, H, M = lab.values.shape
     rho = "" if am.spearman is None else f" (Spearman with the exact map: {am.spearman:.2f})"

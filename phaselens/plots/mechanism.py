@@ -21,11 +21,11 @@ from phaselens.plots.theme import (
 )
 
 if TYPE_CHECKING:  # annotations only: plots read the result types (a layer below), without importing pandas or scipy
-    from phaselens.results.entry_reads_writes import Recording
-    from phaselens.results.gate_cycling import GateCyclingResult
+    from phaselens.results.entry_reads_writes import PhaseRecording
+    from phaselens.results.gate_cycling import PhaseGateCycling
 
 
-def read_side_attention(rec: Recording, quantity: str = "key_entries", *, title: str | None = None) -> go.Figure:
+def read_side_attention(rec: PhaseRecording, quantity: str = "key_entries", *, title: str | None = None) -> go.Figure:
     """Attention mass at the query on the entries holding the target key, layer facets of head x residue."""
     lab = rec.read[quantity]
     layers = [int(x) for x in lab.coords["layer"]]
@@ -44,7 +44,7 @@ def read_side_attention(rec: Recording, quantity: str = "key_entries", *, title:
     return fig
 
 
-def gate_profiles(rec: Recording, *, title: str | None = None) -> go.Figure:
+def gate_profiles(rec: PhaseRecording, *, title: str | None = None) -> go.Figure:
     """Mean gate weight E[alpha] per window offset relative to uniform pooling (1/W): one panel per (layer, path).
 
     Colour is log2(W * E[alpha]) on a diverging scale centred at uniform (white), labelled as multiples of
@@ -91,7 +91,7 @@ def gate_profiles(rec: Recording, *, title: str | None = None) -> go.Figure:
     return fig
 
 
-def gate_concentration(rec: Recording, *, title: str | None = None) -> go.Figure:
+def gate_concentration(rec: PhaseRecording, *, title: str | None = None) -> go.Figure:
     """Static exp(H(E[alpha])) against per-window E[exp(H(alpha))], one point per (layer, path, KV head)."""
     lab = rec.concentration
     fig = figure(title or "Gate concentration (1 = one offset, W = uniform)",
@@ -123,7 +123,7 @@ def r2_note(r2: float) -> str:
     return f"R^2 = {r2:.2f}: the cycled prediction explains {100 * r2:.0f}% of the variance of the observed accuracy"
 
 
-def gate_cycling_scatter(res: GateCyclingResult, *, title: str | None = None) -> go.Figure:
+def gate_cycling_scatter(res: PhaseGateCycling, *, title: str | None = None) -> go.Figure:
     """Observed A_delta(p) against predicted A_0((p - delta) mod S), with R^2 (boundary phase separate).
 
     R^2 = 1 - SS_res / SS_tot around the identity line; it is negative when the prediction is worse than

@@ -12,9 +12,9 @@ from phaselens.errors import InputError
 from phaselens.plots.theme import BOUNDARY, COMPRESSED, CONTROL, CYCLE_COLORS, TEMPLATE, figure, phase_label
 
 if TYPE_CHECKING:  # annotations only: plots read the result types (a layer below), without importing pandas or scipy
-    from phaselens.results.ablation_effects import AblationResult
+    from phaselens.results.ablation_effects import PhaseAblation
     from phaselens.results.phase_eval import PhaseEval
-    from phaselens.results.repair_rules import RepairTable
+    from phaselens.results.repair_rules import PhaseRepairTable
 
 
 def accuracy_by_residue(ev: PhaseEval, control: PhaseEval | None = None, *, title: str | None = None, name: str | None = None) -> go.Figure:
@@ -55,8 +55,8 @@ def accuracy_by_residue(ev: PhaseEval, control: PhaseEval | None = None, *, titl
     return fig
 
 
-def phase_rose(result: PhaseEval | AblationResult, *, title: str | None = None) -> go.Figure:
-    """Barpolar of accuracy (``PhaseEval``) or knockout damage (``AblationResult``) by phase."""
+def phase_rose(result: PhaseEval | PhaseAblation, *, title: str | None = None) -> go.Figure:
+    """Barpolar of accuracy (``PhaseEval``) or knockout damage (``PhaseAblation``) by phase."""
     if hasattr(result, "per_phase") and "rel_change" in result.per_phase().columns:
         ph = result.per_phase()
         r = -ph["rel_change"].fillna(0).clip(lower=0)
@@ -107,8 +107,8 @@ def periodicity_panel(ev: PhaseEval, *, title: str | None = None) -> go.Figure:
     return fig
 
 
-def repair_panel(table: RepairTable, key: tuple[str, str] | None = None, *, title: str | None = None) -> go.Figure:
-    """Accuracy by phase before and after phase repair (a ``RepairTable``), Wilson 95% bars."""
+def repair_panel(table: PhaseRepairTable, key: tuple[str, str] | None = None, *, title: str | None = None) -> go.Figure:
+    """Accuracy by phase before and after phase repair (a ``PhaseRepairTable``), Wilson 95% bars."""
     key = key or (("all", "max_conf") if ("all", "max_conf") in table.evals else table.best())
     before, after = table.base.per_phase(), table.evals[key].per_phase()
     S = table.stride

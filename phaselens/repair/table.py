@@ -27,7 +27,7 @@ from phaselens.core.checks import as_int, as_names
 from phaselens.errors import InputError, NotApplicableError
 from phaselens.repair.shifts import COMBINES, combine, default_pad_id, resolve_shifts, shifted_copies
 from phaselens.results.phase_eval import PhaseEval
-from phaselens.results.repair_rules import RepairTable
+from phaselens.results.repair_rules import PhaseRepairTable
 
 
 @torch.no_grad()
@@ -193,7 +193,7 @@ class Repair(Analysis[RepairState]):
         return [rule_metrics(block_copy_logits(run.model, batch, run.blocks[b], state.all_shifts, state.pad),
                              batch.answer[run.blocks[b]], batch.wrong[run.blocks[b]], state.rules) for b in idx]
 
-    def result(self, run: Run, state: RepairState, parts: list[tuple[np.ndarray, ...]]) -> RepairTable:
+    def result(self, run: Run, state: RepairState, parts: list[tuple[np.ndarray, ...]]) -> PhaseRepairTable:
         metrics = stack_metrics(parts, (*METRICS, "copy_correct"), axis=1)  # [1 + rules, N]; copies [K, N]
         copy_correct = metrics.pop("copy_correct")
         covered, o = run.covered(), run.options
@@ -217,7 +217,7 @@ class Repair(Analysis[RepairState]):
                 evals[(label, rule)] = ev
                 rows.append(_row(label, rule, len(ks), ev, any_right))
                 r += 1
-        return RepairTable(pd.DataFrame(rows), evals, run.stride, run.metadata(**note))
+        return PhaseRepairTable(pd.DataFrame(rows), evals, run.stride, run.metadata(**note))
 
 
 @public
@@ -231,17 +231,17 @@ def repair_table(
     pad_id: int | None = None,
     n_permutations: int = 2000,
     **options: Unpack[ResamplingOptions],
-) -> RepairTable:
+) -> PhaseRepairTable:
     """Measure phase repair: every shift set x combining rule against the unrepaired model, same items.
 
     Each shifted copy runs once; every rule combines the same per-copy answers, one block of ``batch_size``
     items at a time (only a block's ``[K, b, V]`` logits are held).
 
     Args:
-        task, n_per_residue, residues, seed, batch_size, stride, progress, checkpoint, n_bootstrap: the common
-            options (docs/api.md). A checkpoint holds the answer metrics of finished item blocks (every copy and
+        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+            options (docs/api.md). A journal holds the answer metrics of finished item blocks (every copy and
             rule); its fingerprint covers the model, the items, the shift sets, combining rules, pad token, seed
-            and batch size, so a checkpoint of another run is refused.
+            and batch size, so a journal of another run is refused.
         shift_sets: ``"all"``, ``"opposite"`` or explicit shifts, one entry per set to compare.
         combines: the combining rules to compare (:data:`~phaselens.repair.shifts.COMBINES`).
         pad_id: the single-token pad (default: the model's or the task's filler).

@@ -2,11 +2,11 @@
 save/load, metadata, repr) and storage.
 
 One module per result: :mod:`~phaselens.results.phase_eval` (``PhaseEval``), :mod:`~phaselens.results.phase_map`
-(``PhaseMap``), :mod:`~phaselens.results.ablation_effects` (``AblationResult``),
-:mod:`~phaselens.results.patch_recovery` (``PatchResult``), :mod:`~phaselens.results.attribution_estimate`
-(``AttributionMap``), :mod:`~phaselens.results.entry_reads_writes` (``Recording``),
-:mod:`~phaselens.results.gate_cycling` (``GateCyclingResult``), :mod:`~phaselens.results.repair_rules`
-(``RepairTable``). Analyses compute them; plots draw them (a layer above: a result's ``plot`` finds its figure
+(``PhaseMap``), :mod:`~phaselens.results.ablation_effects` (``PhaseAblation``),
+:mod:`~phaselens.results.patch_recovery` (``PhasePatch``), :mod:`~phaselens.results.attribution_estimate`
+(``PhaseAttribution``), :mod:`~phaselens.results.entry_reads_writes` (``PhaseRecording``),
+:mod:`~phaselens.results.gate_cycling` (``PhaseGateCycling``), :mod:`~phaselens.results.repair_rules`
+(``PhaseRepairTable``). Analyses compute them; plots draw them (a layer above: a result's ``plot`` finds its figure
 function by name); neither is imported here."""
 
 from phaselens.results.base import VOCABULARY, Result

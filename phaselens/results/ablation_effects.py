@@ -1,4 +1,4 @@
-"""The result of ``ablate``: clean against knocked-out accuracy for one set of heads (:class:`AblationResult`)."""
+"""The result of ``ablate``: clean against knocked-out accuracy for one set of heads (:class:`PhaseAblation`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from phaselens.stats.effects import EFFECT_COLUMNS, Effects
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class AblationResult(Result):
+class PhaseAblation(Result):
     """Clean against knocked-out accuracy for one set of heads.
 
     ``effects`` holds ``[1, residues]`` arrays and ``phase_effects`` ``[1, phases]`` (residues folded mod S, the
@@ -55,7 +55,7 @@ class AblationResult(Result):
     def summary(self) -> str:
         ph = self.per_phase()
         heads = ", ".join(map(str, self.heads[:6])) + ("..." if len(self.heads) > 6 else "")
-        lines = [f"AblationResult: knock out {heads} ({self.method}) on {len(self.items)} items, stride {self.stride}"]
+        lines = [f"PhaseAblation: knock out {heads} ({self.method}) on {len(self.items)} items, stride {self.stride}"]
         for row in ph.itertuples():
             rc = "undefined (clean acc < 2%)" if row.undefined else (
                 f"{row.rel_change:+.1f}% [{row.ci_low:+.1f}, {row.ci_high:+.1f}], p={row.pvalue:.2g}")

@@ -125,8 +125,8 @@ CHOICES: dict[str, dict[str, Choices]] = {
         "quantity": ("rel_change", "ko_acc", "ci_low", "ci_high", "pvalue", "delta_logit_diff", "undefined"),
         "by": ("rel_change", "delta_logit_diff"),
     },
-    "Recording": {"plot.kind": ("read", "write"), "plot.quantity": lambda r: tuple(r.read)},
-    "RepairTable": {"plot.key": lambda r: tuple(r.evals)},
+    "PhaseRecording": {"plot.kind": ("read", "write"), "plot.quantity": lambda r: tuple(r.read)},
+    "PhaseRepairTable": {"plot.key": lambda r: tuple(r.evals)},
 }
 
 

@@ -1,4 +1,4 @@
-"""The result of ``attribution_map``: the estimated change of the logit difference per layer, head and residue (:class:`AttributionMap`)."""
+"""The result of ``attribution_map``: the estimated change of the logit difference per layer, head and residue (:class:`PhaseAttribution`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from phaselens.stats.by_residue import residue_mean_ci
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class AttributionMap(Result):
+class PhaseAttribution(Result):
     """Estimated change of the logit difference per ``[layer, head, residue]`` (mean over items, t CI).
 
     ``spearman`` is the rank correlation with an exact :class:`~phaselens.results.phase_map.PhaseMap`'s
@@ -59,4 +59,4 @@ class AttributionMap(Result):
 
     def summary(self) -> str:
         rho = "n/a" if self.spearman is None else f"{self.spearman:.3f}"
-        return f"AttributionMap({self.method}; stride {self.stride}, residues mod {self.modulus}; Spearman vs exact: {rho})"
+        return f"PhaseAttribution({self.method}; stride {self.stride}, residues mod {self.modulus}; Spearman vs exact: {rho})"

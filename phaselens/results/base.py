@@ -1,7 +1,7 @@
 """What every result object shares: declared tidy frames, ``plot``, ``save``/``load``, ``metadata``, a repr.
 
-Every result (``PhaseEval``, ``Recording``, ``AblationResult``, ``PatchResult``, ``PhaseMap``,
-``AttributionMap``, ``GateCyclingResult``, ``RepairTable``) is a frozen dataclass that offers:
+Every result (``PhaseEval``, ``PhaseRecording``, ``PhaseAblation``, ``PhasePatch``, ``PhaseMap``,
+``PhaseAttribution``, ``PhaseGateCycling``, ``PhaseRepairTable``) is a frozen dataclass that offers:
 
 * ``to_frame(level=...)``: one tidy level (``LEVELS``; ``"residue"`` by default, ``"phase"``, and ``"item"``
   or others where they exist). ``COLUMNS[level]`` declares the columns a level always has; they come first,

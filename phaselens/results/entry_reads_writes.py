@@ -1,4 +1,4 @@
-"""The result of ``record``: what a model reads from compressed entries and how its compressors write them (:class:`Recording`)."""
+"""The result of ``record``: what a model reads from compressed entries and how its compressors write them (:class:`PhaseRecording`)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ READ_QUANTITIES = ("key_entries", "value_entries", "other_entries", "entries", "
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class Recording(Result):
+class PhaseRecording(Result):
     """What a model reads from compressed entries and how its compressors write them.
 
     Attributes:
@@ -91,7 +91,7 @@ class Recording(Result):
     def summary(self) -> str:
         lay = self.read["local"].coords["layer"].tolist()
         return (
-            f"Recording({self.n_items} items, layers {list(lay)}, stride {self.stride}, residues mod {self.modulus}; "
+            f"PhaseRecording({self.n_items} items, layers {list(lay)}, stride {self.stride}, residues mod {self.modulus}; "
             f"read: {', '.join(self.read)}; write: "
             f"{'gate weights, profiles, concentration' if self.gate_profile is not None else 'none (no compressed layers)'})"
         )

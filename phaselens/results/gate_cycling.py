@@ -1,4 +1,4 @@
-"""The result of ``gate_cycling_test``: observed against predicted per-phase accuracy under gate cycling (:class:`GateCyclingResult`)."""
+"""The result of ``gate_cycling_test``: observed against predicted per-phase accuracy under gate cycling (:class:`PhaseGateCycling`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from phaselens.results.base import Result
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class GateCyclingResult(Result):
+class PhaseGateCycling(Result):
     """Observed against predicted per-phase accuracy under gate cycling.
 
     Attributes:
@@ -62,11 +62,11 @@ class GateCyclingResult(Result):
     def summary(self) -> str:
         b = ", ".join(f"{d:+d}: {100 * a:.1f}%" for d, a in self.boundary.items())
         if not np.isfinite(self.r2):  # no variation to explain: the test says nothing either way
-            return (f"GateCyclingResult(stride {self.stride}: R^2 undefined without the boundary phase: the "
+            return (f"PhaseGateCycling(stride {self.stride}: R^2 undefined without the boundary phase: the "
                     "observed accuracy does not vary over the phases, so this test cannot tell whether the weak "
                     "phases move with the gates (use more items, or a harder task); boundary accuracy by delta "
                     f"{b})")
-        return (f"GateCyclingResult(stride {self.stride}: R^2 {self.r2:.2f} [95% CI {self.r2_ci[0]:.2f}, "
+        return (f"PhaseGateCycling(stride {self.stride}: R^2 {self.r2:.2f} [95% CI {self.r2_ci[0]:.2f}, "
                 f"{self.r2_ci[1]:.2f}] without the boundary phase ({self.r2_all:.2f} with it; below 0: the weak "
                 f"phases did not move with the gates); boundary accuracy by delta {b})")
 

@@ -1,4 +1,4 @@
-"""The result of ``patch``: normalized recovery per head and residue (:class:`PatchResult`)."""
+"""The result of ``patch``: normalized recovery per head and residue (:class:`PhasePatch`)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from phaselens.results.base import Result
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class PatchResult(Result):
+class PhasePatch(Result):
     """Normalized recovery per head and residue.
 
     Denoising: ``(M_patched - M_corrupt) / (M_clean - M_corrupt)``; noising:
@@ -70,7 +70,7 @@ class PatchResult(Result):
         v = self.recovery.values
         best = np.unravel_index(np.nanargmax(np.nan_to_num(v, nan=-np.inf)), v.shape) if np.isfinite(v).any() else None
         where = f"; largest: L{best[0]}H{best[1]} residue {best[2]} ({v[best]:.2f})" if best else ""
-        return f"PatchResult({self.direction}, {len(self.heads)} heads x {self.modulus} residues{where})"
+        return f"PhasePatch({self.direction}, {len(self.heads)} heads x {self.modulus} residues{where})"
 
     def plot(self, **kwargs: Any):
         return self._figure("patch_heatmap", **kwargs)

@@ -27,14 +27,14 @@ from phaselens.errors import InputError, ResultFileError
 
 # short name -> the module that defines it (the only modules a load ever imports)
 TYPES: dict[str, str] = {
-    "AblationResult": "phaselens.results.ablation_effects",
-    "AttributionMap": "phaselens.results.attribution_estimate",
-    "GateCyclingResult": "phaselens.results.gate_cycling",
+    "PhaseAblation": "phaselens.results.ablation_effects",
+    "PhaseAttribution": "phaselens.results.attribution_estimate",
+    "PhaseGateCycling": "phaselens.results.gate_cycling",
     "PhaseEval": "phaselens.results.phase_eval",
     "PhaseMap": "phaselens.results.phase_map",
-    "PatchResult": "phaselens.results.patch_recovery",
-    "Recording": "phaselens.results.entry_reads_writes",
-    "RepairTable": "phaselens.results.repair_rules",
+    "PhasePatch": "phaselens.results.patch_recovery",
+    "PhaseRecording": "phaselens.results.entry_reads_writes",
+    "PhaseRepairTable": "phaselens.results.repair_rules",
     "Head": "phaselens.core.heads",
     "Labelled": "phaselens.core.labelled",
     "PhaseBattery": "phaselens.stats.battery",

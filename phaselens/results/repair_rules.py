@@ -1,4 +1,4 @@
-"""The result of ``repair_table``: repaired against unrepaired accuracy per shift set and combining rule (:class:`RepairTable`)."""
+"""The result of ``repair_table``: repaired against unrepaired accuracy per shift set and combining rule (:class:`PhaseRepairTable`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from phaselens.results.phase_eval import PhaseEval
 
 
 @dataclass(frozen=True, repr=False, eq=False)
-class RepairTable(Result):
+class PhaseRepairTable(Result):
     """Repaired against unrepaired accuracy.
 
     Attributes:
@@ -63,7 +63,7 @@ class RepairTable(Result):
         return self._stack("phase")
 
     def summary(self) -> str:
-        lines = [f"RepairTable (stride {self.stride}; accuracies in %)"]
+        lines = [f"PhaseRepairTable (stride {self.stride}; accuracies in %)"]
         for r in self.rows.itertuples():
             lines.append(f"  {r.shifts:>8} {r.combine:>12} x{r.cost}: mean {100 * r.mean:.1f}, worst {100 * r.worst:.1f}, "
                          f"gap {100 * r.gap:.1f} [{100 * r.gap_ci_low:.1f}, {100 * r.gap_ci_high:.1f}], "

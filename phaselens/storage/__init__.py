@@ -1,2 +1,2 @@
-"""Files phaselens reads and writes: atomic writes, ownership (the manifest), journals, checksums, fingerprints
-and resumable results. Knows the contract, never a concrete model or analysis."""
+"""Files phaselens reads and writes: atomic writes, in-place updates, ownership (the manifest), result journals,
+checksums, fingerprints and readers. Knows the contract, never a concrete model or analysis."""

@@ -1,4 +1,4 @@
-"""Checksums of checkpoint payloads: every safetensors file phaselens writes records, in its own header, the
+"""Checksums of safetensors payloads: every safetensors file phaselens writes records, in its own header, the
 sha256 of each tensor it holds, and every reader checks them before a weight is used.
 
 safetensors checks that a file's header parses and that its data exactly covers the file, but not the data

@@ -1,6 +1,6 @@
 """Fingerprints: a sha256 over everything that determines a resumable computation's numbers.
 
-A checkpoint stores the fingerprint of what produced it, and a resume with another fingerprint is refused,
+A result journal stores the fingerprint of what produced it, and a resume with another fingerprint is refused,
 so results of two models (or calibrations, tasks, settings) are never mixed. :func:`model_fingerprint`
 covers every parameter and buffer (name, shape, dtype and content), the config, the default task and the
 adapter's ``analysis_metadata``. Up to ``full_limit`` bytes of tensors (1 GiB) every byte is hashed: 1.7 s

@@ -1,311 +1,186 @@
-"""Updating an existing output directory in place, file by file, through a committed journal.
+"""The result journal of a resumable analysis (``journal=``): finished units of work, kept in ONE file.
 
-The new files are written into a hidden stage inside the directory (``.phaselens-tmp-*``); the stage, with
-its journal (which files to put, with the sha256 each replaced file must still have, which stale files of
-this writer to remove, with theirs) and the directory's new manifest, is committed with one rename
-(``.phaselens-new-*``); then the files are moved into place one by one. A kill before the commit leaves the
-old version; a kill after it is rolled forward by :func:`recover_dir` (every loader and the next write call
-it), so the directory always reads as the old or the new complete version. The roll-forward first checks
-every staged file against the sha256 the stage's manifest recorded, so a file damaged on disk meanwhile is
-never put in place.
-
-Ownership is per file (:mod:`phaselens.storage.manifest`), also inside sub-folders: the roll-forward
-replaces or removes a file only if it still hashes to what the journal recorded, so a file a user put or
-edited there meanwhile is kept (and left out of the manifest).
+A journal is safetensors + JSON, never pickle, written atomically (:mod:`phaselens.storage.writing`) and
+stamped with a fingerprint of what produced it (:mod:`phaselens.storage.fingerprints`), so a resume from
+another model, calibration or setting raises :class:`~phaselens.errors.JournalError` instead of mixing results.
+A journal holds results, never weights: a *checkpoint* is a model's weights (docs/architecture.md, Words).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
-import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from phaselens.errors import OutputError
-from phaselens.storage import manifest as mf
-from phaselens.storage.temporaries import alive, clean_stale, remove, token  # noqa: F401 - re-exported
+import numpy as np
 
-STAGE = ".phaselens-tmp-"  # a stage being written (incomplete)
-COMMITTED = ".phaselens-new-"  # a complete stage whose files are being moved into place
-DONE = ".phaselens-done-"  # a stage whose files are all in place: only its deletion was left
-JOURNAL = ".phaselens-journal.json"
-TRASH = ".phaselens-trash"  # reserved (older versions moved replaced folders there)
-RESERVED = (mf.MANIFEST, JOURNAL, TRASH)
+from phaselens.errors import CheckpointError, JournalError, OutputError
+from phaselens.storage.checksums import stamped
+from phaselens.storage.oserrors import NAME_MAX, why_not_written
+from phaselens.storage.resumable import load_safetensors, safetensors_metadata
+from phaselens.storage.writing import atomic_write_file, nearest_existing, writable
 
-Fault = Callable[[str], None]
+CELLS_FORMAT = "phaselens.cells/1"
 
 
-def _no_fault(point: str) -> None:
-    pass
+def malformed_cells(done: Mapping[str, Any], fields: tuple[str, ...] | None,
+                    shapes: Mapping[str, Any] | None = None) -> str:
+    """What is wrong with a journal's arrays, or ``""``: every array numeric; with ``fields`` and the
+    ``shapes`` its writer recorded in the header (``field: [ndim, dtype, [size, or None where cells differ]]``),
+    each field's arrays have that number of axes, that dtype and those sizes."""
+    if fields is None:  # cells of named arrays (their shapes are the analysis's own): numeric, that is all
+        bad = [f"{c}/{k}" for c, arrays in done.items() for k, a in arrays.items() if a.dtype.kind not in "biuf"]
+        return f"{bad[0]} is not numeric" if bad else ""
+    for label, arrays in done.items():
+        if any(a.dtype.kind not in "biuf" for a in arrays):
+            return f"cell {label!r} holds a non-numeric array"
+        for f, a in zip(fields, arrays):
+            want = (shapes or {}).get(f)
+            if want is None:
+                continue
+            ndim, dtype, sizes = want
+            if a.ndim != ndim or str(a.dtype) != dtype or any(s is not None and s != n for s, n in zip(sizes, a.shape)):
+                shown = ", ".join("*" if s is None else str(s) for s in sizes)
+                return f"field {f!r} of cell {label!r} is {a.dtype} {a.shape}, where phaselens wrote {dtype} [{shown}]"
+    return ""
 
 
-@dataclass(frozen=True)
-class DirKind:
-    """A kind of output directory.
+def field_shapes(done: Mapping[str, tuple[np.ndarray, ...]], fields: tuple[str, ...]) -> dict[str, Any]:
+    """What :func:`malformed_cells` checks on load: per field, its number of axes, its dtype, and each axis's
+    size where every cell has the same (``None`` where they differ, e.g. the items of the last block)."""
+    out: dict[str, Any] = {}
+    for i, f in enumerate(fields):
+        arrays = [cell[i] for cell in done.values()]
+        first = arrays[0]
+        sizes = [n if all(a.ndim == first.ndim and a.shape[k] == n for a in arrays) else None
+                 for k, n in enumerate(first.shape)]
+        out[f] = [first.ndim, str(first.dtype), sizes]
+    return out
 
-    Attributes:
-        what: how messages name it (``"model checkpoint"``, ``"report"``); also the writer's name in the
-            manifest, so one kind never replaces another kind's files.
-        legacy: for a directory written before manifests existed (it has none): the top-level file names a
-            previous output of this kind provably wrote there (e.g. those its own index lists). Never folders.
+
+# ---- the journal ----------------------------------------------------------------------------------------
+def check_journal_path(path: Any) -> Path | None:
+    """Refuse a journal path that cannot be written, before any computation: not a path, a directory, or
+    under a file or an unwritable folder (missing folders are created when the first cell is written)."""
+    if path is None:
+        return None
+    if not isinstance(path, str | os.PathLike) or not str(path):
+        raise JournalError(f"journal must be a file path (a str or pathlib.Path), got {path!r}.")
+    p = Path(path)
+    try:
+        if any(len(part.encode()) > NAME_MAX for part in p.parts):
+            raise OSError(errno.ENAMETOOLONG, "File name too long", str(p))
+        if p.is_dir():
+            raise JournalError(f"journal={str(p)!r} is a directory; pass a file path such as "
+                               f"{str(p / 'map.journal')!r}.")
+        where = nearest_existing(p.parent)
+        if not where.is_dir():
+            raise JournalError(f"journal={str(p)!r} lies under the file {where}; pass a path in a folder.")
+        if not writable(where):
+            raise OutputError(f"journal={str(p)!r}: the folder {where} is not writable (permission denied); "
+                              "pass a path you can write to.")
+    except OSError as err:
+        shown = str(p) if len(str(p)) <= 100 else str(p)[:80] + "..."
+        raise OutputError(f"journal={shown!r}: {why_not_written(err, p)}") from None
+    return p
+
+
+class CellJournal:
+    """Finished cells of a long computation, each a tuple of arrays named ``fields`` (or, with ``fields=None``,
+    a dict of named arrays whose names may differ by cell), kept in ONE file.
+
+    The file at ``path`` (any name and suffix: nothing else is derived from it, so nothing can collide) is a
+    safetensors file whose header holds the manifest (format, fingerprint, fields, cell order). It is
+    rewritten atomically by :meth:`flush`. ``path=None`` keeps everything in memory.
+
+    Raises:
+        JournalError: ``path`` is a directory, a file phaselens did not write (it is never overwritten),
+            a damaged journal, or one written for a different computation (another fingerprint).
     """
 
-    what: str
-    legacy: Callable[[Path], frozenset[str]] | None = None
+    def __init__(self, path: str | os.PathLike | None, fingerprint: str, fields: tuple[str, ...] | None) -> None:
+        self.path = check_journal_path(path)
+        self.fingerprint = str(fingerprint)
+        self.fields = None if fields is None else tuple(fields)  # None: each cell is a dict of named arrays
+        self.done: dict[str, Any] = {}
+        if self.path is None:
+            return
+        if self.path.exists():
+            self._load()
 
-
-# ---- helpers ----------------------------------------------------------------------------------------------
-def fsync(path: Path, *, directory: bool = False) -> None:
-    """Flush ``path`` to disk so a power cut cannot reorder the data behind the rename (best effort)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(root: Path) -> None:
-    for folder, _, files in os.walk(root):
-        for f in files:
-            fsync(Path(folder) / f)
-    fsync(root, directory=True)
-
-
-def umask() -> int:
-    """The process's umask, read without changing it where the OS allows (Linux), else by the usual swap."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def normal_modes(root: Path) -> None:
-    """Give what a writer made under ``root`` the modes a plain ``open``/``mkdir`` would (some libraries, e.g.
-    safetensors, create files 0600)."""
-    mask = umask()
-    for folder, dirs, names in os.walk(root):
-        for d in dirs:
-            os.chmod(Path(folder) / d, 0o777 & ~mask)
-        for n in names:
-            os.chmod(Path(folder) / n, 0o666 & ~mask)
-
-
-def rel(path: Path, root: Path) -> str:
-    return os.path.relpath(path, root).replace(os.sep, "/")
-
-
-def stage_files(stage: Path) -> list[str]:
-    """Relative paths of the files a writer put in ``stage``; a nested writer's manifest is dropped (the
-    directory's own manifest lists everything)."""
-    out = []
-    for folder, _, names in os.walk(stage):
-        for n in names:
-            if n == mf.MANIFEST:
-                os.unlink(os.path.join(folder, n))
-            else:
-                out.append(rel(Path(folder) / n, stage))
-    return sorted(out)
-
-
-def stage_dirs(stage: Path) -> list[str]:
-    return sorted(rel(Path(f), stage) for f, _, _ in os.walk(stage) if Path(f) != stage)
-
-
-# ---- who owns what ----------------------------------------------------------------------------------------
-def entries(target: Path) -> list[str]:
-    """Every file (and symlink, and other non-folder) under ``target``, relative; phaselens's stages and its
-    manifest left out. Symlinked folders are entries, never followed."""
-    out = []
-    for folder, dirs, names in os.walk(target):
-        here = Path(folder)
-        if here == target:
-            dirs[:] = [d for d in dirs if not d.startswith((STAGE, COMMITTED, DONE))]
-            names = [n for n in names if n != mf.MANIFEST and not n.startswith((STAGE, COMMITTED, DONE))]
-        out += [rel(here / d, target) for d in dirs if os.path.islink(here / d)]
-        out += [rel(here / n, target) for n in names]
-    return sorted(out)
-
-
-def survey(target: Path, kind: DirKind) -> tuple[dict[str, mf.Record], list[str]]:
-    """``(owned, foreign)`` of an existing directory: the files this kind provably wrote (relative path ->
-    record) and, sorted, every other file."""
-    files, _, present = mf.read_manifest(target)
-    if present:
-        owned = {r: rec for r, rec in files.items() if rec["by"] == kind.what and mf.proven(target, r, rec)}
-    else:  # written before manifests: the kind's own index says which top-level files are its own
-        names = kind.legacy(target) if kind.legacy is not None else frozenset()
-        owned = {n: mf.file_record(target / n, kind.what) for n in names if mf.is_plain_file(target / n)}
-    return owned, [e for e in entries(target) if e not in owned]
-
-
-# ---- the in-place update ----------------------------------------------------------------------------------
-def write_in_place(target: Path, write: Callable[[Path], None], kind: DirKind, fault: Fault = _no_fault) -> None:
-    clean_stale(target, STAGE)
-    stage = target / f"{STAGE}{token()}"
-    os.mkdir(stage)
-    try:
-        write(stage)
-        names = stage_files(stage)
-        if any(n.split("/")[0] in RESERVED for n in names):
-            raise OutputError(f"a writer produced one of the reserved names {RESERVED}.")
-        owned, _ = survey(target, kind)
-        clash = [n for n in names if _blocked(target, n, owned)]
-        if clash:
-            raise OutputError(
-                f"{target / clash[0]} exists and was not written by phaselens (or was changed since); the "
-                f"{kind.what} needs that name. Move the file away or choose another directory (phaselens replaces "
-                "only its own files)."
+    def _load(self) -> None:
+        assert self.path is not None
+        fix = ("it is a damaged phaselens journal: delete it to start over (or pass another journal path; "
+               "phaselens never overwrites a file it did not write).")
+        try:
+            meta = safetensors_metadata(self.path, fix="")
+        except CheckpointError as err:  # not even a safetensors file: nothing proves phaselens wrote it
+            if "cannot be read" in str(err) or "is missing" in str(err) or "is a directory" in str(err):
+                raise JournalError(str(err)) from None
+            raise JournalError(
+                f"{self.path} exists but is not a phaselens journal (it is not a complete safetensors file); "
+                "phaselens never overwrites a file it did not write: pass another journal path, or, if it is a "
+                "phaselens journal damaged by a crash of the disk, delete it to start over.") from None
+        if meta.get("format") != CELLS_FORMAT:
+            raise JournalError(
+                f"{self.path} exists but is not a phaselens journal (format {meta.get('format')!r}); phaselens "
+                "never overwrites a file it did not write: pass another journal path."
             )
-        normal_modes(stage)
-        files, dirs, _ = mf.read_manifest(target)
-        keep = {r: rec for r, rec in files.items() if rec["by"] != kind.what}  # other writers' entries
-        new = {n: mf.file_record(stage / n, kind.what) for n in names}
-        made = {d: kind.what for d in stage_dirs(stage) if not (target / d).is_dir()}
-        ours = {d: w for d, w in dirs.items() if w == kind.what}
-        prune = sorted((d for d in ours if not any(n.startswith(d + "/") for n in names)), key=len, reverse=True)
-        new_dirs = {**{d: w for d, w in dirs.items() if d not in prune}, **made}
-        (stage / mf.MANIFEST).write_text(mf.manifest_text({**keep, **new}, new_dirs), encoding="utf-8")
-        os.chmod(stage / mf.MANIFEST, 0o666 & ~umask())
-        journal = {"put": {n: owned[n]["sha256"] if n in owned else None for n in names},
-                   "remove": {r: rec["sha256"] for r, rec in owned.items() if r not in new},
-                   "prune": prune}
-        (stage / JOURNAL).write_text(json.dumps(journal))
-        fsync_tree(stage)
-        fault("dir:written")
-        committed = target / f"{COMMITTED}{stage.name[len(STAGE):]}"
-        os.rename(stage, committed)  # the commit point: from here on the new version is the one
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
-    fsync(target, directory=True)
-    fault("dir:committed")
-    roll_forward(target, committed, fault)
-
-
-def _blocked(target: Path, name: str, owned: dict[str, mf.Record]) -> bool:
-    """Whether putting ``name`` would touch something not this kind's own: a foreign file at that path, or a
-    file or symlink (or a foreign file) where one of its folders goes."""
-    parts = name.split("/")
-    for i in range(1, len(parts)):
-        sub = "/".join(parts[:i])
-        p = target / sub
-        if os.path.islink(p):
-            return True  # never write through a symlink
-        if os.path.lexists(p) and not p.is_dir():
-            return sub not in owned  # a stale file of this kind gives way to the folder; a user's never
-    dst = target / name
-    return os.path.islink(dst) or dst.is_dir() or (os.path.lexists(dst) and name not in owned)
-
-
-def _matches(path: Path, sha: str | None) -> bool:
-    """Whether ``path`` is the file the journal expects (``sha`` None: nothing may be there)."""
-    if sha is None:
-        return not os.path.lexists(path)
-    try:
-        return mf.is_plain_file(path) and mf.sha256_file(path) == sha
-    except OSError:
-        return False
-
-
-def roll_forward(target: Path, committed: Path, fault: Fault = _no_fault) -> None:
-    """Move a committed stage's files into place; idempotent, so a rerun after a kill completes it.
-
-    A file is replaced or removed only while it still hashes to what the journal recorded; one a user put
-    or changed meanwhile is kept, and the new manifest then does not list the file phaselens did not place.
-    """
-    try:
-        journal = json.loads((committed / JOURNAL).read_text())
-        put, stale, prune = dict(journal["put"]), dict(journal["remove"]), list(journal.get("prune", []))
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise OutputError(
-            f"{committed} is an interrupted write whose journal cannot be read ({err}); delete that folder."
-        ) from None
-    staged, _, _ = mf.read_manifest(committed)  # each new file's sha256, recorded before the commit
-    damaged = [n for n in put if os.path.lexists(committed / n) and n in staged
-               and not mf.proven(committed, n, staged[n])]
-    if damaged:  # checked before anything moves: a damaged file is never put in place as phaselens's own
-        raise OutputError(f"{committed} is an interrupted write whose staged file(s) {damaged[:3]} no longer match "
-                          "the sha256 recorded when they were written (damaged on disk); delete that folder and "
-                          "write again.")
-    for name, sha in stale.items():
-        if _matches(target / name, sha):
-            (target / name).unlink()
-    skipped = []
-    for name, expect in put.items():
-        src, dst = committed / name, target / name
-        if not os.path.lexists(src):
-            continue  # moved before an interruption (or by a concurrent recovery)
-        if os.path.lexists(dst) and not (expect is not None and _matches(dst, expect)) \
-                and not _matches(dst, mf.sha256_file(src)):
-            skipped.append(name)  # a user's file took that path meanwhile: it stays
-            continue
         try:
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(src, dst)
-        except (NotADirectoryError, IsADirectoryError, FileExistsError):
-            skipped.append(name)
-            continue
-        except FileNotFoundError:
-            continue
-        fault("dir:moved")
-    for d in prune:  # folders this writer made that no longer hold its files: removed only when empty
+            man = json.loads(meta["manifest"])
+            cells, fp = list(man["cells"]), str(man["fingerprint"])
+            fields = None if man["fields"] is None else tuple(man["fields"])
+        except (KeyError, ValueError, TypeError) as err:
+            raise JournalError(f"{self.path} has a damaged manifest ({err}); {fix}") from None
+        if fp != self.fingerprint or fields != self.fields:
+            raise JournalError(
+                f"{self.path} holds a different computation (the model, its weights, the items, the calibration "
+                "or a setting differ); pass another journal path, or delete it to start over."
+            )
+        try:  # the shared reader raises CheckpointError for any stored file; here the file is a journal
+            arrays = load_safetensors(self.path, fix=fix, framework="np")
+        except CheckpointError as err:
+            raise JournalError(str(err)) from None
         try:
-            (target / d).rmdir()
-        except OSError:
-            pass
-    man = committed / mf.MANIFEST
-    if os.path.lexists(man):
-        files, dirs, _ = mf.read_manifest(committed)
-        if skipped:
-            man.write_text(mf.manifest_text({k: v for k, v in files.items() if k not in skipped},
-                                            {d: w for d, w in dirs.items() if (target / d).is_dir()}))
-        os.replace(man, target / mf.MANIFEST)
-        fault("dir:moved")
-    # renamed before deleting: a kill inside rmtree must not leave a "committed" stage without its journal
-    done = target / f"{DONE}{committed.name[len(COMMITTED):]}"
-    try:
-        os.rename(committed, done)
-    except FileNotFoundError:
-        return  # a concurrent recovery finished it
-    fsync(target, directory=True)
-    shutil.rmtree(done, ignore_errors=True)
+            if self.fields is None:
+                names: dict[str, dict[str, np.ndarray]] = {c: {} for c in cells}
+                for key, value in arrays.items():
+                    cell, _, name = key.partition("/")
+                    names.setdefault(cell, {})[name] = value
+                self.done = {c: names[c] for c in cells}
+            else:
+                self.done = {c: tuple(arrays[f"{c}/{f}"] for f in self.fields) for c in cells}
+        except KeyError as err:
+            raise JournalError(f"{self.path} lacks the arrays of cell {err}; {fix}") from None
+        bad = malformed_cells(self.done, self.fields, man.get("shapes"))
+        if bad:
+            raise JournalError(f"{self.path} is damaged: its arrays are malformed ({bad}); {fix}")
 
+    def add(self, label: str, *arrays: Any) -> None:
+        """Record a finished cell (one array per field, or one dict of named arrays); :meth:`flush` writes it."""
+        if self.fields is None:
+            if len(arrays) != 1 or not isinstance(arrays[0], dict):
+                raise ValueError("a cell of a journal without fields is one dict of named arrays.")
+            self.done[str(label)] = {str(k): np.asarray(v) for k, v in arrays[0].items()}
+            return
+        if len(arrays) != len(self.fields):
+            raise ValueError(f"a cell needs {len(self.fields)} arrays ({self.fields}), got {len(arrays)}.")
+        self.done[str(label)] = tuple(np.asarray(a) for a in arrays)
 
-def _mtime(path: Path) -> float:
-    try:
-        return path.stat().st_mtime
-    except OSError:
-        return 0.0
+    def flush(self) -> None:
+        """Write every finished cell to ``path`` (one atomic replace)."""
+        if self.path is None:
+            return
+        from safetensors.numpy import save_file
 
-
-def recover_dir(target: str | os.PathLike, fault: Fault = _no_fault) -> bool:
-    """Finish any committed write into ``target`` that a kill interrupted, and drop stages of dead writers.
-
-    Returns whether a write was completed. Loaders call this first, so they never see a half-moved version.
-    """
-    target = Path(target)
-    try:
-        names = os.listdir(target)
-    except OSError:
-        return False
-    pending = sorted((target / n for n in names if n.startswith(COMMITTED)), key=_mtime)
-    for committed in pending:
-        if committed.is_dir():
-            roll_forward(target, committed, fault)
-    for n in names:
-        if (n.startswith(STAGE) and not alive(n)) or n.startswith(DONE):
-            shutil.rmtree(target / n, ignore_errors=True)
-    return bool(pending)
+        tensors = {f"{c}/{f}": np.ascontiguousarray(a) for c, arrs in self.done.items()
+                   for f, a in (arrs.items() if self.fields is None else zip(self.fields, arrs))}
+        manifest = {"fingerprint": self.fingerprint, "fields": None if self.fields is None else list(self.fields),
+                    "cells": list(self.done)}
+        if self.fields is not None and self.done:  # what each field's arrays look like (a load checks it)
+            manifest["shapes"] = field_shapes(self.done, self.fields)
+        meta = stamped({"format": CELLS_FORMAT, "manifest": json.dumps(manifest)}, tensors)
+        atomic_write_file(self.path, lambda tmp: save_file(tensors, str(tmp), metadata=meta))

@@ -7,7 +7,7 @@ phaselens's own, and may be replaced or removed by the same writer, only while t
 bytes still hash to the recorded sha256. Everything else is the user's: a file the manifest does not list, one
 a user edited after phaselens wrote it, a file of another writer, whatever its name or extension.
 
-Files that carry their own manifest in a header (the checkpoints of the analyses, the training state) prove
+Files that carry their own manifest in a header (the journals of the analyses, the training state) prove
 themselves by it instead (see :func:`phaselens.storage.writing.write_owned_file`).
 
 The manifest is updated under an advisory lock of its folder (``flock``, where the OS has it) and replaced

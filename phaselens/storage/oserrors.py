@@ -1,6 +1,6 @@
 """What the operating system refused, said in words: one translation of ``OSError`` for every reader and writer.
 
-Writers (model save, report, checkpoints, caches, training state, command-line outputs) turn an ``OSError``
+Writers (model save, report, result journals, caches, training state, command-line outputs) turn an ``OSError``
 into an :class:`~phaselens.errors.OutputError`; readers into a
 :class:`~phaselens.errors.CheckpointError`. A file that cannot be *read* (permission, a directory in its
 place, an I/O error) is never called corrupt and never comes with the advice to delete it: only a file that

@@ -1,9 +1,9 @@
 """Atomic, non-destructive writes of the files and directories phaselens produces.
 
-One ownership rule holds for every writer (model checkpoints, the report, analysis checkpoints, caches,
+One ownership rule holds for every writer (model checkpoints, the report, result journals, caches,
 training state, command-line outputs): **a file is phaselens's only if phaselens's own record says it wrote
 it and nobody changed it since** (:mod:`phaselens.storage.manifest`: the folder's ``.phaselens-manifest.json``
-with each file's sha256, or, for checkpoint files, their own phaselens header). Never from a name or an
+with each file's sha256, or, for safetensors files, their own phaselens header). Never from a name or an
 extension.
 
 * **Nothing of the user's is removed or changed.** A directory that holds files phaselens did not write is
@@ -14,7 +14,7 @@ extension.
   is replaced only with ``overwrite=True`` (``--force``), the user naming that very file.
 * **A kill at any instant loses nothing.** A single file is written beside its target and renamed over it
   (``os.replace``). A new directory is written beside its target and renamed into place. An existing
-  directory is updated in place through a journal (:mod:`phaselens.storage.journal`); a kill before its
+  directory is updated in place through a commit record (:mod:`phaselens.storage.in_place`); a kill before its
   commit leaves the old version, a kill after it is rolled forward by :func:`recover_dir`, which every
   loader and the next write call.
 * **What the OS refuses is said in words**: a full disk, a permission, a name too long
@@ -34,10 +34,10 @@ from pathlib import Path
 
 from phaselens.errors import OutputError
 from phaselens.storage import manifest as mf
-from phaselens.storage.journal import (  # noqa: F401 - the names files.STAGE etc. are part of the API
+from phaselens.storage.in_place import (  # noqa: F401 - the names files.STAGE etc. are part of the API
     COMMITTED,
     DONE,
-    JOURNAL,
+    RECORD,
     STAGE,
     TRASH,
     DirKind,
@@ -51,8 +51,8 @@ from phaselens.storage.journal import (  # noqa: F401 - the names files.STAGE et
     token,
     umask,
 )
-from phaselens.storage.journal import recover_dir as _recover
-from phaselens.storage.journal import write_in_place as _write_in_place
+from phaselens.storage.in_place import recover_dir as _recover
+from phaselens.storage.in_place import write_in_place as _write_in_place
 from phaselens.storage.oserrors import writing
 
 MANIFEST = mf.MANIFEST
@@ -224,7 +224,7 @@ def atomic_write_dir(
     """Call ``write(stage)`` to write a complete output into an empty folder, then put it at ``target``.
 
     A missing ``target`` appears in one rename. An existing ``target`` may hold only a previous output of
-    ``kind`` unless ``overwrite=True``; its files are replaced through a committed journal, and previous
+    ``kind`` unless ``overwrite=True``; its files are replaced through a committed record, and previous
     files of ``kind`` that the new output lacks are removed. Files of the user's (anything the manifest does
     not prove to be this kind's) are never touched: one whose path the new output needs is refused even
     with ``overwrite``. The manifest of ``target`` lists every file written.
@@ -274,5 +274,5 @@ def _write_new(target: Path, write: Callable[[Path], None], kind: DirKind) -> No
 
 
 def recover_dir(target: str | os.PathLike) -> bool:
-    """Finish any committed write into ``target`` that a kill interrupted (see :mod:`phaselens.storage.journal`)."""
+    """Finish any committed write into ``target`` that a kill interrupted (see :mod:`phaselens.storage.in_place`)."""
     return _recover(target, _fault)

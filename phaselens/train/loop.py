@@ -53,7 +53,7 @@ def train(
         batch_fn: ``(batch_size, seed) -> (tokens [B, T], targets [B, T])``; ``targets[b, t]`` is the token
             to predict from position t, or -100 where no loss is taken. It must be deterministic in ``seed``.
             A callable with ``uses_step = True`` is called as ``(batch_size, seed, step)`` (curricula).
-        settings: optimiser, schedule and checkpointing.
+        settings: optimiser, schedule and checkpoints (``checkpoint_every``).
         run_dir: where checkpoints, ``log.json`` and ``metrics.jsonl`` live; an existing run with the same
             settings resumes.
         val_fn: optional validation accuracy, run every ``settings.eval_every`` steps (for the progress bar).

@@ -61,12 +61,12 @@ class Parallelism:
     Args:
         precision: ``"fp32"``, or ``"bf16"`` (compute in bf16 with fp32 master weights and fp32 gradient
             reduction; meant for GPUs).
-        activation_checkpointing: recompute each block's activations in the backward pass (less memory).
+        recompute_activations: recompute each block's activations in the backward pass (less memory).
         micro_batch: rows per forward on each rank (gradient accumulation); ``None``: the rank's whole share.
     """
 
     precision: Literal["fp32", "bf16"] = "fp32"
-    activation_checkpointing: bool = False
+    recompute_activations: bool = False
     micro_batch: int | None = None
 
     def __post_init__(self) -> None:
@@ -117,8 +117,8 @@ def all_sum(values: list[float], where: torch.device) -> list[float]:
 
 
 def _shard(model: CompressedTransformer, par: Parallelism, size: int, where: torch.device) -> None:
-    """Activation checkpointing of every block, then FSDP2 over the ranks (blocks first, then the root)."""
-    if par.activation_checkpointing:
+    """Activation recompute of every block, then FSDP2 over the ranks (blocks first, then the root)."""
+    if par.recompute_activations:
         from torch.distributed._composable import checkpoint
 
         for block in model.blocks:

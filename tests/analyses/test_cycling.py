@@ -175,11 +175,11 @@ def test_an_undefined_r2_states_no_finding():
     import pandas as pd
 
     from phaselens import plots
-    from phaselens.results.gate_cycling import GateCyclingResult
+    from phaselens.results.gate_cycling import PhaseGateCycling
 
     frame = pd.DataFrame({"delta": [1] * 4, "phase": range(4), "observed": [1.0] * 4, "predicted": [1.0] * 4,
                           "boundary": [False, False, False, True]})
-    res = GateCyclingResult(frame, float("nan"), float("nan"), {1: 1.0}, np.ones(4), 4)
+    res = PhaseGateCycling(frame, float("nan"), float("nan"), {1: 1.0}, np.ones(4), 4)
     text = res.summary()
     assert "undefined" in text and "cannot tell" in text and "did not move" not in text and "nan" not in text
     assert "cannot tell" in plots.r2_note(res.r2)

@@ -1,4 +1,4 @@
-"""specialization_map: engine equals full forwards, checkpoint and resume, the index's definition."""
+"""specialization_map: engine equals full forwards, journal and resume, the index's definition."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def test_suffix_engine_map_equals_full_forward_map(model, exact):
 
 
 def test_map_resumes_after_interruption_with_identical_results(model, tmp_path, monkeypatch):
-    ckpt = tmp_path / "map.npz"
+    journal = tmp_path / "map.npz"
     calls = {"n": 0}
     real = SuffixEngine.run
 
@@ -44,22 +44,22 @@ def test_map_resumes_after_interruption_with_identical_results(model, tmp_path, 
         return real(self, cells, **kw)
 
     monkeypatch.setattr(SuffixEngine, "run", flaky)
-    kw = dict(n_per_residue=6, progress=False, engine="suffix", n_bootstrap=50, rows_per_pass=96, checkpoint=ckpt)
+    kw = dict(n_per_residue=6, progress=False, engine="suffix", n_bootstrap=50, rows_per_pass=96, journal=journal)
     with pytest.raises(KeyboardInterrupt):
         phaselens.specialization_map(model, **kw)
-    assert ckpt.exists() and not ckpt.with_suffix(".json").exists()  # one file: the manifest is in its header
+    assert journal.exists() and not journal.with_suffix(".json").exists()  # one file: the manifest is in its header
     monkeypatch.setattr(SuffixEngine, "run", real)
     resumed = phaselens.specialization_map(model, **kw)
-    fresh = phaselens.specialization_map(model, **{**kw, "checkpoint": None})
+    fresh = phaselens.specialization_map(model, **{**kw, "journal": None})
     assert np.array_equal(resumed.correct_ko, fresh.correct_ko)
     assert np.allclose(resumed.effects.delta_logit_diff, fresh.effects.delta_logit_diff, equal_nan=True)
 
 
-def test_checkpoint_of_another_map_is_refused(model, tmp_path):
-    ckpt = tmp_path / "m.npz"
-    phaselens.specialization_map(model, n_per_residue=2, progress=False, n_bootstrap=0, checkpoint=ckpt)
-    with pytest.raises(phaselens.errors.CheckpointError, match="holds a different computation"):
-        phaselens.specialization_map(model, n_per_residue=3, progress=False, n_bootstrap=0, checkpoint=ckpt)
+def test_a_journal_of_another_map_is_refused(model, tmp_path):
+    journal = tmp_path / "m.npz"
+    phaselens.specialization_map(model, n_per_residue=2, progress=False, n_bootstrap=0, journal=journal)
+    with pytest.raises(phaselens.errors.JournalError, match="holds a different computation"):
+        phaselens.specialization_map(model, n_per_residue=3, progress=False, n_bootstrap=0, journal=journal)
 
 
 def test_specialization_index_definition(exact):

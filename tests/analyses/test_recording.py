@@ -41,7 +41,7 @@ def test_write_side_profiles_and_concentration(rec):
     res = r.gate_key.values  # [layer, kv_head, residue]
     folded = res.reshape(*res.shape[:2], -1, r.stride).mean(2)
     assert np.allclose(key.to_numpy().reshape(folded.shape), folded, equal_nan=True)
-    assert "Recording(" in repr(r)
+    assert "PhaseRecording(" in repr(r)
 
 
 @pytest.mark.parametrize("layout_name", ["w4s4-scalar", "w8s4-deepseek"])

@@ -139,7 +139,7 @@ def test_an_unknown_keyword_is_a_type_error(name):
 
 def test_common_is_built_from_the_arguments_by_keyword():
     args = {"n_per_residue": 3, "residues": [1], "seed": 2, "batch_size": 5, "stride": None, "progress": False,
-            "checkpoint": None, "method": "zero"}
+            "journal": None, "method": "zero"}
     assert Common.of(args) == Common(n_per_residue=3, residues=[1], seed=2, batch_size=5, progress=False,
                                      n_bootstrap=0)
     assert Common.of({**args, "n_bootstrap": 7, "phase": 1}).n_bootstrap == 7

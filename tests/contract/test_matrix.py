@@ -338,16 +338,16 @@ def check_report(k: Kind, tmp_path):
 
 
 def check_resume(k: Kind, tmp_path):
-    """A checkpoint resumes on the same model after it has run on a longer input (what runs observe, e.g. the
+    """A journal resumes on the same model after it has run on a longer input (what runs observe, e.g. the
     adapter's longest input, is not part of the model's fingerprint): every unit is read back, same items."""
-    path = tmp_path / "evaluate.ckpt"
-    first = phaselens.evaluate(k.arg, **k.opts, n_permutations=1, n_bootstrap=0, checkpoint=path)
+    path = tmp_path / "evaluate.journal"
+    first = phaselens.evaluate(k.arg, **k.opts, n_permutations=1, n_bootstrap=0, journal=path)
     b = k.batch()
     room = int(k.model.cfg.n_ctx) - max(getattr(k.model, "shifts", (0,)))  # an ensemble pads its copies
     longer = torch.cat([b.tokens, b.tokens], dim=1)[:2, :room]
     with torch.no_grad():
         k.model(longer)
-    again = phaselens.evaluate(k.arg, **k.opts, n_permutations=1, n_bootstrap=0, checkpoint=path)
+    again = phaselens.evaluate(k.arg, **k.opts, n_permutations=1, n_bootstrap=0, journal=path)
     (shard,) = again.metadata["shards"]
     assert shard["units"] >= 1 and len(shard["resumed"]) == shard["units"]
     cols = ["correct", "logit_diff"]

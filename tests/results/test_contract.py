@@ -13,13 +13,13 @@ from phaselens.results.base import VOCABULARY, Result
 SMALL = dict(n_per_residue=2, seed=0, progress=False)
 RUNS = {
     "PhaseEval": lambda m: phaselens.evaluate(m, **SMALL, n_permutations=20, n_bootstrap=20),
-    "Recording": lambda m: phaselens.record(m, **SMALL),
-    "AblationResult": lambda m: phaselens.ablate(m, "L0H1", **SMALL, n_bootstrap=20),
-    "PatchResult": lambda m: phaselens.patch(m, ["L0H1", "L1H0"], **SMALL, n_bootstrap=20),
+    "PhaseRecording": lambda m: phaselens.record(m, **SMALL),
+    "PhaseAblation": lambda m: phaselens.ablate(m, "L0H1", **SMALL, n_bootstrap=20),
+    "PhasePatch": lambda m: phaselens.patch(m, ["L0H1", "L1H0"], **SMALL, n_bootstrap=20),
     "PhaseMap": lambda m: phaselens.specialization_map(m, **SMALL, n_bootstrap=20),
-    "AttributionMap": lambda m: phaselens.attribution_map(m, **SMALL),
-    "GateCyclingResult": lambda m: phaselens.gate_cycling_test(m, **SMALL, deltas=(1,), n_bootstrap=20),
-    "RepairTable": lambda m: phaselens.repair_table(m, **SMALL, shift_sets=("opposite",), n_permutations=20,
+    "PhaseAttribution": lambda m: phaselens.attribution_map(m, **SMALL),
+    "PhaseGateCycling": lambda m: phaselens.gate_cycling_test(m, **SMALL, deltas=(1,), n_bootstrap=20),
+    "PhaseRepairTable": lambda m: phaselens.repair_table(m, **SMALL, shift_sets=("opposite",), n_permutations=20,
                                                     n_bootstrap=20),
 }
 
@@ -98,7 +98,7 @@ def test_loading_another_type_says_which(results, tmp_path):
 def test_one_name_per_concept_and_no_aliases(results):
     """phaselens has not been released: no renamed alias stays behind (issue 33)."""
     gone = {"PhaseMap": ("ko_correct", "clean_correct", "clean_logit_diff", "ko_logit_diff", "by_phase"),
-            "PatchResult": ("item_clean", "item_corrupt", "item_patched"), "Recording": ("items",)}
+            "PhasePatch": ("item_clean", "item_corrupt", "item_patched"), "PhaseRecording": ("items",)}
     for name, old in gone.items():
         for attr in old:
             assert not hasattr(results[name], attr), (name, attr)

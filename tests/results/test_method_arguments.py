@@ -32,13 +32,13 @@ from phaselens.results.base import Result
 Q = dict(n_per_residue=1, seed=0, progress=False)
 RUNS = {
     "PhaseEval": lambda m: phaselens.evaluate(m, **Q, n_bootstrap=0, n_permutations=1),
-    "Recording": lambda m: phaselens.record(m, **Q),
-    "AblationResult": lambda m: phaselens.ablate(m, "L1H0", method="zero", **Q, n_bootstrap=0),
-    "PatchResult": lambda m: phaselens.patch(m, "L1H0", **Q, n_bootstrap=0),
+    "PhaseRecording": lambda m: phaselens.record(m, **Q),
+    "PhaseAblation": lambda m: phaselens.ablate(m, "L1H0", method="zero", **Q, n_bootstrap=0),
+    "PhasePatch": lambda m: phaselens.patch(m, "L1H0", **Q, n_bootstrap=0),
     "PhaseMap": lambda m: phaselens.specialization_map(m, method="zero", **Q, n_bootstrap=0),
-    "AttributionMap": lambda m: phaselens.attribution_map(m, method="zero", **Q),
-    "GateCyclingResult": lambda m: phaselens.gate_cycling_test(m, deltas=(1,), **Q, n_bootstrap=0),
-    "RepairTable": lambda m: phaselens.repair_table(m, **Q, shift_sets=("opposite",), n_bootstrap=0,
+    "PhaseAttribution": lambda m: phaselens.attribution_map(m, method="zero", **Q),
+    "PhaseGateCycling": lambda m: phaselens.gate_cycling_test(m, deltas=(1,), **Q, n_bootstrap=0),
+    "PhaseRepairTable": lambda m: phaselens.repair_table(m, **Q, shift_sets=("opposite",), n_bootstrap=0,
                                                     n_permutations=1),
 }
 
@@ -161,7 +161,7 @@ def test_cases_cover_the_known_methods():
     found = {(t, m, p) for t, m, p, _ in CASES}
     for want in [("PhaseMap", "top_heads", "phase"), ("PhaseMap", "most_specialized", "k"),
                  ("PhaseMap", "bh_mask", "alpha"), ("PhaseMap", "values", "quantity"),
-                 ("Recording", "plot", "kind"), ("Recording", "plot", "quantity"), ("PhaseEval", "to_frame", "level")]:
+                 ("PhaseRecording", "plot", "kind"), ("PhaseRecording", "plot", "quantity"), ("PhaseEval", "to_frame", "level")]:
         assert want in found
 
 

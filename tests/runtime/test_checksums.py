@@ -14,10 +14,11 @@ from safetensors.torch import load_file, save_file
 
 import phaselens
 import phaselens.results
-from phaselens.errors import CheckpointError, OutputError
+from phaselens.errors import CheckpointError, JournalError, OutputError
 from phaselens.storage.checksums import KEY, stamped, tensor_sha256
+from phaselens.storage.journal import CellJournal
 from phaselens.storage.reading import TornLineWarning, read_jsonl
-from phaselens.storage.resumable import CellCheckpoint, load_safetensors, safetensors_metadata
+from phaselens.storage.resumable import load_safetensors, safetensors_metadata
 from tests.support.models import task_model
 
 
@@ -76,14 +77,14 @@ def test_a_damaged_saved_model_is_refused_on_load(tmp_path):
         phaselens.load(tmp_path / "m")
 
 
-def test_a_damaged_cell_checkpoint_is_refused_on_resume(tmp_path):
-    ck = CellCheckpoint(tmp_path / "map.ckpt", "fp", ("v",))
+def test_a_damaged_journal_is_refused_on_resume(tmp_path):
+    j = CellJournal(tmp_path / "map.journal", "fp", ("v",))
     for i in range(3):
-        ck.add(f"L{i}", np.full(50, float(i)))
-    ck.flush()
-    zero_tail(tmp_path / "map.ckpt", n=100)
-    with pytest.raises(CheckpointError, match=r"map.ckpt is damaged.*L2/v.*delete it to start over"):
-        CellCheckpoint(tmp_path / "map.ckpt", "fp", ("v",))
+        j.add(f"L{i}", np.full(50, float(i)))
+    j.flush()
+    zero_tail(tmp_path / "map.journal", n=100)
+    with pytest.raises(JournalError, match=r"map.journal is damaged.*L2/v.*delete it to start over"):
+        CellJournal(tmp_path / "map.journal", "fp", ("v",))
 
 
 def test_a_damaged_saved_result_is_refused_on_load(tmp_path):
@@ -95,7 +96,7 @@ def test_a_damaged_saved_result_is_refused_on_load(tmp_path):
 
 
 def test_an_interrupted_directory_write_never_puts_a_damaged_file_in_place(tmp_path, monkeypatch):
-    """A save committed and then killed before its files moved (the journal's roll-forward): a staged file
+    """A save committed and then killed before its files moved (the commit record's roll-forward): a staged file
     damaged meanwhile is refused by the next load, and the old version stays in place."""
     from phaselens.storage import writing as files
 

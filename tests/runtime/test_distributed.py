@@ -121,24 +121,24 @@ def test_outside_a_process_group_shard_map_is_a_plain_loop():
     assert calls == [[0, 1], [2, 3], [4]]
 
 
-def test_evaluate_checkpoint_resumes_item_blocks_and_refuses_another_run(model, tmp_path):
+def test_evaluate_journal_resumes_item_blocks_and_refuses_another_run(model, tmp_path):
     from phaselens.analyses.scoring import METRICS
-    from phaselens.errors import CheckpointError
-    from phaselens.parallel.distributed import open_checkpoint
+    from phaselens.errors import JournalError
+    from phaselens.parallel.distributed import open_journal
 
     kw = dict(n_per_residue=2, batch_size=14, n_permutations=20, n_bootstrap=20, progress=False)
     with one_thread():
         plain = phaselens.evaluate(model, **kw)
-        ckpt = tmp_path / "eval.ckpt"
-        first = phaselens.evaluate(model, **kw, checkpoint=ckpt)
+        journal = tmp_path / "eval.journal"
+        first = phaselens.evaluate(model, **kw, journal=journal)
         # keep 2 of the 4 blocks, as if the run had stopped after them
         fp = first.metadata["shards"][0]
-        store = open_checkpoint(ckpt, _fingerprint_of(ckpt), METRICS)
+        store = open_journal(journal, _fingerprint_of(journal), METRICS)
         store.done = {k: v for k, v in store.done.items() if k in ("items 0-13", "items 28-41")}
         store.flush()
-        again = phaselens.evaluate(model, **kw, checkpoint=ckpt)
-        with pytest.raises(CheckpointError, match="different computation"):
-            phaselens.evaluate(model, **{**kw, "batch_size": 16}, checkpoint=ckpt)
+        again = phaselens.evaluate(model, **kw, journal=journal)
+        with pytest.raises(JournalError, match="different computation"):
+            phaselens.evaluate(model, **{**kw, "batch_size": 16}, journal=journal)
     assert fp["by_rank"] == [["items 0-13", "items 14-27", "items 28-41", "items 42-47"]]
     (shard,) = again.metadata["shards"]
     assert shard["resumed"] == ["items 0-13", "items 28-41"] and shard["by_rank"] == [["items 14-27", "items 42-47"]]
@@ -197,16 +197,16 @@ def test_a_killed_rank_ends_the_run_and_one_process_resumes_it(model, tmp_path):
     assert codes[1] == -9  # SIGKILL at its third round
     _, info = rank_output(tmp_path, 0)
     assert info["error"]["type"] == "DistributedError" and "lost contact" in info["error"]["message"]
-    ckpt = tmp_path / "map.ckpt"
+    journal = tmp_path / "map.journal"
     # rounds 1 and 2 finished on both ranks before the kill: exactly their 4 cells, in a complete file
     from phaselens.storage.resumable import safetensors_metadata
 
-    manifest = json.loads(safetensors_metadata(ckpt, fix="")["manifest"])
+    manifest = json.loads(safetensors_metadata(journal, fix="")["manifest"])
     assert manifest["cells"] == ["L0H0", "L0H1", "L0H2", "L0H3"]
     files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["map.ckpt", "rank0.json", "rank0.npz"]  # no temporary or torn file
+    assert files == ["map.journal", "rank0.json", "rank0.npz"]  # no temporary or torn file
     with one_thread():
-        resumed = analyses(model, ("map",), checkpoint=str(ckpt))["map"]
+        resumed = analyses(model, ("map",), journal=str(journal))["map"]
     (shard,) = resumed.metadata["shards"]
     assert shard["resumed"] == ["L0H0", "L0H1", "L0H2", "L0H3"]
     assert shard["by_rank"] == [["L0", "L1H0", "L1H1", "L1H2", "L1H3", "L1"]]
@@ -286,10 +286,10 @@ def test_torchrun_cli_writes_once_and_equals_one_process(tmp_path):
     assert two.stdout == one.stdout  # rank 0 prints what one process prints; rank 1 prints nothing
     assert two.stderr.count("| 0/10 [") == 1 and "| 10/10 [" in two.stderr  # one bar, counting every rank's cells
     (tmp_path / "ckdir").mkdir()
-    # a directory is no checkpoint: every rank refuses it before any work (the runner checks the path first), and
+    # a directory is no journal: every rank refuses it before any work (the runner checks the path first), and
     # the job says so once, as rank 0, without a rank prefix (the error is not one rank's own)
     bad = subprocess.run([str(torchrun), "--nproc-per-node", "2", "--master-port", str(_free_port()), "-m",
-                          "phaselens", *args, "--checkpoint", str(tmp_path / "ckdir")], env=env,
+                          "phaselens", *args, "--journal", str(tmp_path / "ckdir")], env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0
     lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("error:")]

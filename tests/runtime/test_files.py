@@ -290,15 +290,15 @@ def test_a_folder_without_figures_of_its_own_is_never_emptied_by_name(tmp_path):
 
 def test_a_file_a_user_puts_during_an_interrupted_update_is_kept(tmp_path, kill_at):
     """Between the commit and the roll-forward (a kill, then a later recovery) the user puts a file where the
-    journal would place one, and edits a stale file it would remove: recovery keeps both, and the manifest
+    commit record would place one, and edits a stale file it would remove: recovery keeps both, and the manifest
     does not claim them."""
     out = tmp_path / "report"
     write_report(out, "<html>1</html>", [], [], {"run": 1}, static=True, static_note_fn=_two_pngs)
     kill_at("dir:committed")
     with pytest.raises(Killed):
         write_report(out, "<html>2</html>", [], [], {"run": 2}, static=False, static_note_fn=None, overwrite=True)
-    (out / "index.html").write_text("the user's page")  # a path the journal will put
-    (out / "figures" / "map.png").write_bytes(b"edited")  # a stale file the journal will remove
+    (out / "index.html").write_text("the user's page")  # a path the commit record will put
+    (out / "figures" / "map.png").write_bytes(b"edited")  # a stale file the commit record will remove
     assert recover_dir(out)
     assert (out / "index.html").read_text() == "the user's page" and (out / "figures" / "map.png").read_bytes() == b"edited"
     assert not (out / "figures" / "top.png").exists()  # its own stale file: removed

@@ -38,25 +38,25 @@ def digest(result: Any, prefix: str) -> dict[str, np.ndarray]:
         put("ko_logit_diff", result.logit_diff_ko)
         for f in ("ko_acc", "rel_change", "ci_low", "ci_high", "pvalue", "delta_logit_diff"):
             put(f, getattr(result.effects, f))
-    elif isinstance(result, phaselens.Recording):
+    elif isinstance(result, phaselens.PhaseRecording):
         for q, lab in result.read.items():
             put(f"read_{q}", lab.values)
         for name in ("gate_key", "gate_value", "gate_profile", "concentration"):
             lab = getattr(result, name)
             if lab is not None:
                 put(name, lab.values)
-    elif isinstance(result, phaselens.AblationResult):
+    elif isinstance(result, phaselens.PhaseAblation):
         for col in ("correct", "correct_ko", "logit_diff", "logit_diff_ko"):
             put(col, result.items[col].to_numpy())
         put("rel_change", result.effects.rel_change)
-    elif isinstance(result, phaselens.PatchResult):
+    elif isinstance(result, phaselens.PhasePatch):
         put("item_patched", result.logit_diff_patched)
         put("recovery", result.recovery.values)
         put("ci_low", result.recovery.ci_low)
-    elif isinstance(result, phaselens.AttributionMap):
+    elif isinstance(result, phaselens.PhaseAttribution):
         put("values", result.values)
         put("estimate", result.estimate.values)
-    elif isinstance(result, phaselens.RepairTable):
+    elif isinstance(result, phaselens.PhaseRepairTable):
         put("rows", result.rows[["mean", "worst", "gap", "any_copy_right"]].to_numpy(float))
         for (shifts, rule), ev in result.evals.items():
             put(f"{shifts}-{rule}-correct", ev.items["correct"].to_numpy())
@@ -65,7 +65,7 @@ def digest(result: Any, prefix: str) -> dict[str, np.ndarray]:
     return out
 
 
-def analyses(model: Any, which: tuple[str, ...], checkpoint: str | None = None) -> dict[str, Any]:
+def analyses(model: Any, which: tuple[str, ...], journal: str | None = None) -> dict[str, Any]:
     """Run the named analyses with small, fixed settings (the same in one process and across ranks)."""
     import phaselens
 
@@ -73,7 +73,7 @@ def analyses(model: Any, which: tuple[str, ...], checkpoint: str | None = None) 
         "evaluate": lambda: phaselens.evaluate(model, n_per_residue=2, batch_size=14, n_permutations=50,
                                                n_bootstrap=50, progress=False),
         "map": lambda: phaselens.specialization_map(model, **SMALL, n_bootstrap=20, progress=False,
-                                                    rows_per_pass=48, checkpoint=checkpoint),
+                                                    rows_per_pass=48, journal=journal),
         "map_layers": lambda: phaselens.specialization_map(model, **SMALL, n_bootstrap=20, progress=False,
                                                            kinds=("layer",), engine="full"),
         "record": lambda: phaselens.record(model, **SMALL, progress=False),
@@ -143,7 +143,7 @@ def main(scenario: str, out: Path) -> None:
         if scenario == "kill":
             if rank == 1:
                 _kill_on_call(rank, 3)
-            results = analyses(model, ("map",), checkpoint=str(out / "map.ckpt"))
+            results = analyses(model, ("map",), journal=str(out / "map.journal"))
         else:
             results = analyses(model, SCENARIOS[scenario])
         for name, res in results.items():

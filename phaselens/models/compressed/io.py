@@ -2,7 +2,7 @@
 records each tensor's sha256 (:mod:`phaselens.storage.checksums`), checked when the model is loaded.
 
 Writes go through :func:`phaselens.storage.writing.atomic_write_dir`: a new directory appears in one rename, an
-existing one is updated through a committed journal that
+existing one is updated through a committed record that
 :func:`~phaselens.models.compressed.loader.load_model` completes after a kill, and a
 directory holding files phaselens did not write is refused unless ``overwrite=True`` (which still replaces
 only the checkpoint's own files).

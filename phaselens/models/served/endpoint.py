@@ -192,7 +192,7 @@ class Endpoint:
         took = time.monotonic() - start
         raise ServerError(
             f"the server at {self.api} did not answer {method} {path} ({state['why']}) in {attempts} attempt(s) over "
-            f"{took:.0f} s; check that it is running (and restart it). With checkpoint=, rerunning resumes "
+            f"{took:.0f} s; check that it is running (and restart it). With journal=, rerunning resumes "
             "where this run stopped."
         )
 
@@ -201,7 +201,7 @@ class Endpoint:
         return (f"the server at {self.api} did not answer {method} {path} within timeout={self.timeout:g} s, the "
                 f"deadline of the whole request (every attempt, the waits between them and the reply's body): "
                 f"{doing} ({time.monotonic() - start:.1f} s in, attempt {state['attempt']}{before}). A slow or busy "
-                "server needs a larger timeout= (a 128K prefill behind a queue takes minutes); with checkpoint=, "
+                "server needs a larger timeout= (a 128K prefill behind a queue takes minutes); with journal=, "
                 "rerunning resumes where this run stopped.")
 
     def json(self, method: str, path: str, body: Any = None, *, root: bool = False,

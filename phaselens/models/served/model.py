@@ -73,7 +73,7 @@ class ServedModel:
 
     def identity(self) -> ModelIdentity:
         """The served model's name, the tokenizer's fingerprint and the geometry (not the address: a server
-        restarted on another port is the same model, and a checkpoint resumes on it)."""
+        restarted on another port is the same model, and a journal resumes on it)."""
         return ModelIdentity(type(self).__qualname__, {
             "served_model": self.served_name, "tokenizer": self._tokenizer_fp, "stride": self.spec.stride,
             "window": self.spec.window, "origin": self.spec.origin, "top_logprobs": self.dialect.top_logprobs,

@@ -43,7 +43,7 @@ def load_tokenizer(tokenizer: Any) -> Any:
 
 class Vocabulary:
     """What phaselens needs of the served model's tokenizer: encode, decode, the special prefix it adds (BOS),
-    its size and a fingerprint (results and checkpoints record which tokenizer made the ids).
+    its size and a fingerprint (results and journals record which tokenizer made the ids).
 
     Calls are serialized: the requests' threads share one tokenizer, and a transformers fast tokenizer used
     from two threads at once can fail ("Already borrowed")."""

@@ -49,8 +49,8 @@ def eval_cmd(
         metavar="S", help="Fold residues by this stride; required for a model without compressed layers "
                           "(the full-attention control: use the compressed model's stride, e.g. 4).")] = None,
     out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the per-item frame as CSV.")] = None,
-    checkpoint: Annotated[str | None, typer.Option(metavar="FILE",
-                                                   help="Resumable file of finished item blocks (rerun to resume).")] = None,
+    journal: Annotated[str | None, typer.Option(metavar="FILE",
+                                                help="The result journal: finished item blocks (rerun to resume).")] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
     tokenizer: TokenizerOpt = None,
@@ -71,7 +71,7 @@ def eval_cmd(
     Example: phaselens eval w8s4 --n-per-residue 256 --out w8s4.csv
 
     A served model: phaselens eval http://node:8000/v1 --tokenizer /data/DeepSeek-V4-Flash-Base --task niah-128k
-    --checkpoint flash.ckpt --out flash.csv
+    --journal flash.journal --out flash.csv
     """
     from phaselens.analyses.evaluation import evaluate
 
@@ -91,7 +91,7 @@ def eval_cmd(
         if items is None:  # a run folder or a transformers checkpoint: the fix in the command line's words
             require_default_task(m, model, "eval", task_option=True)
         ev = evaluate(m, items, n_per_residue=n, seed=seed, progress=progress, stride=fold,
-                                checkpoint=checkpoint)
+                                journal=journal)
     say(ev.summary())
     if path and main_rank():
         write_csv(ev.to_frame("item"), path, force=force)
@@ -153,8 +153,8 @@ def map_cmd(
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items (and of resample knockouts).")] = 0,
     stride: Annotated[int | None, typer.Option(
         metavar="S", help="Fold residues by this stride; required for a model without compressed layers.")] = None,
-    checkpoint: Annotated[str | None, typer.Option(metavar="FILE.npz",
-                                                   help="Resumable file of finished cells (rerun to resume).")] = None,
+    journal: Annotated[str | None, typer.Option(metavar="FILE",
+                                                help="The result journal: finished cells (rerun to resume).")] = None,
     out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the tidy map as CSV.")] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
     progress: Annotated[bool, typer.Option("--progress/--no-progress", help=PROGRESS_HELP)] = True,
@@ -163,7 +163,7 @@ def map_cmd(
 ) -> None:
     """Knock out every head, KV head and layer at the query; effects per residue, specialization index.
 
-    Example: phaselens map w8s4 --checkpoint runs/w8s4-map.npz --out w8s4-map.csv
+    Example: phaselens map w8s4 --journal runs/w8s4-map.journal --out w8s4-map.csv
     """
     from phaselens.analyses.maps import specialization_map
 
@@ -179,7 +179,7 @@ def map_cmd(
     with _label(model):
         m = require_default_task(_load_for_phases(model, stride), model, "map", task_option=False)
         pm = specialization_map(m, method=method, n_per_residue=n_per_residue, seed=seed,
-                                          kinds=kind_tuple, stride=stride, checkpoint=checkpoint, progress=progress)
+                                          kinds=kind_tuple, stride=stride, journal=journal, progress=progress)
     say(repr(pm))
     if "head" in kind_tuple:
         say(pm.specialization_index().to_string(index=False))

@@ -96,7 +96,7 @@ def as_phaselens_error(err: BaseException, options: Iterable[str] | None = None)
         return DistributedError(
             f"rank {rank} of {size}: another rank died or lost contact ({one_line(err)[:160]}); its own error is "
             "printed above, or it was killed (out of memory, preempted). Rerun the same command: the run resumes "
-            "from its last checkpoint.")
+            "from its --journal (or a training run from its last checkpoint).")
     if isinstance(err, MemoryError) or _out_of_memory(err):
         said = f" ({err})" if str(err) else ""
         sizes = [o for o in SIZE_OPTIONS if o in (options or ())]  # the running command's own options only

@@ -51,7 +51,7 @@ def train(
         f"{FAMILY_HELP} GPU counts to plan for, comma-separated (default: 1,8,64)."))] = None,
     mfu: Annotated[float, typer.Option("--mfu", metavar="U", min=0.01, max=1.0, help=(
         f"{FAMILY_HELP} Utilisation of the peak the plan's GPU-hours assume, on the FLOPs the GPU executes "
-        "(activation checkpointing's recompute included)."))] = 0.40,
+        "(activation recompute included)."))] = 0.40,
     peak_tflops: Annotated[float, typer.Option("--peak-tflops", metavar="T", min=1.0, help=(
         f"{FAMILY_HELP} Peak TFLOP/s per GPU the plan assumes (default: 989, dense bf16 H100/H200)."))] = 989.0,
     tokens: Annotated[float | None, typer.Option("--tokens", metavar="N", help=(
@@ -62,8 +62,8 @@ def train(
         f"{FAMILY_HELP} Sequences per forward on each rank (gradient accumulation)."))] = None,
     precision: Annotated[str | None, typer.Option("--precision", metavar="P", help=(
         f"{FAMILY_HELP} fp32 or bf16 (default: bf16 with CUDA, fp32 on CPU)."))] = None,
-    activation_checkpointing: Annotated[bool | None, typer.Option(
-        "--activation-checkpointing/--no-activation-checkpointing", help=(
+    recompute_activations: Annotated[bool | None, typer.Option(
+        "--recompute-activations/--no-recompute-activations", help=(
             f"{FAMILY_HELP} Recompute block activations in the backward (default: on with CUDA)."))] = None,
     seed: Annotated[int, typer.Option("--seed", metavar="N", min=0, help=(
         f"{FAMILY_HELP} Seed of the initial weights and the data."))] = 0,
@@ -114,7 +114,7 @@ def train(
             recipe=recipe, size="tiny" if size is None else size, out=out, runs=runs or "runs/family", steps=steps,
             tokens=tokens,
             batch_size=batch_size, seed=seed, vocab=vocab, kv_heads=kv_heads, precision=precision,
-            activation_checkpointing=activation_checkpointing, micro_batch=micro_batch, pretrain=tuple(pretrain or ()),
+            recompute_activations=recompute_activations, micro_batch=micro_batch, pretrain=tuple(pretrain or ()),
             pretrain_ratio=pretrain_ratio, pretrain_dtype=pretrain_dtype, eval_per_residue=eval_per_residue,
             time_limit=time_limit,
             threads=threads, plan=plan, gpus=gpu_list, mfu=mfu, peak_tflops=peak_tflops, force=force,
@@ -122,7 +122,7 @@ def train(
         return
     family_only = {"--size": size, "--plan": plan or None, "--gpus": gpus, "--tokens": tokens,
                    "--batch-size": batch_size, "--micro-batch": micro_batch, "--precision": precision,
-                   "--activation-checkpointing": activation_checkpointing, "--vocab": vocab, "--pretrain": pretrain,
+                   "--recompute-activations": recompute_activations, "--vocab": vocab, "--pretrain": pretrain,
                    "--kv-heads": kv_heads,
                    "--seed": seed or None, "--pretrain-ratio": pretrain_ratio or None, "--time-limit": time_limit,
                    "--eval-per-residue": None if eval_per_residue == 256 else eval_per_residue,

@@ -25,7 +25,7 @@ class FamilyArgs:
     vocab: int | None = None
     kv_heads: int | None = None
     precision: str | None = None
-    activation_checkpointing: bool | None = None
+    recompute_activations: bool | None = None
     micro_batch: int | None = None
     pretrain: tuple[str, ...] = ()
     pretrain_ratio: float = 0.0
@@ -129,7 +129,7 @@ def build_recipe(a: FamilyArgs) -> Any:
 
 
 def parallelism(a: FamilyArgs, recipe: Any = None, world: int = 1) -> Any:
-    """Defaults where they help: bf16 on GPUs, fp32 on CPUs; activation checkpointing on a GPU only when the
+    """Defaults where they help: bf16 on GPUs, fp32 on CPUs; activation recompute on a GPU only when the
     plan's memory without it (:func:`~phaselens.train.family.training_plan.plan_run` at this micro-batch and world size)
     exceeds 90% of the GPU's memory, never on CPUs."""
     import torch
@@ -138,7 +138,7 @@ def parallelism(a: FamilyArgs, recipe: Any = None, world: int = 1) -> Any:
 
     gpu = torch.cuda.is_available()
     precision = a.precision or ("bf16" if gpu else "fp32")
-    ac = a.activation_checkpointing
+    ac = a.recompute_activations
     if ac is None:
         ac = False
         if gpu and recipe is not None:
@@ -146,8 +146,8 @@ def parallelism(a: FamilyArgs, recipe: Any = None, world: int = 1) -> Any:
 
             total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
             ac = plan_run(recipe, gpus=world, micro_batch=a.micro_batch, precision=precision,
-                          activation_checkpointing=False, gpu_gib=total / GiB).needs_checkpointing
-    return Parallelism(precision=precision, activation_checkpointing=ac, micro_batch=a.micro_batch)
+                          recompute_activations=False, gpu_gib=total / GiB).needs_recompute
+    return Parallelism(precision=precision, recompute_activations=ac, micro_batch=a.micro_batch)
 
 
 DEFAULT_GPUS = (1, 8, 64)
@@ -167,13 +167,13 @@ def plan_text(a: FamilyArgs) -> str:
         gpus, left = tuple(ok) or (1,), tuple(g for g in DEFAULT_GPUS if g not in ok)
         if not ok:
             batch_split(batch, 1, a.micro_batch)  # refuses, naming the fix
-    def planned(g: int) -> Any:  # checkpointing as given, or as the run on an 80 GB GPU would choose it
+    def planned(g: int) -> Any:  # recompute as given, or as the run on an 80 GB GPU would choose it
         kw = dict(gpus=g, micro_batch=a.micro_batch, precision=a.precision or "bf16",
                   pretrain_ratio=a.pretrain_ratio, peak_tflops=a.peak_tflops, mfu=a.mfu)
-        ac = a.activation_checkpointing
+        ac = a.recompute_activations
         if ac is None:
-            ac = plan_run(recipe, activation_checkpointing=False, **kw).needs_checkpointing
-        return plan_run(recipe, activation_checkpointing=ac, **kw)
+            ac = plan_run(recipe, recompute_activations=False, **kw).needs_recompute
+        return plan_run(recipe, recompute_activations=ac, **kw)
 
     text = format_plans([planned(g) for g in gpus])
     if left:

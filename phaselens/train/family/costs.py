@@ -15,7 +15,7 @@
 ``torch.utils.flop_counter.FlopCounterMode`` measures matrix products only; the local window's scores are an
 elementwise product and sum in :mod:`phaselens.models.compressed.attention`, so it does not see them
 (:func:`flops_per_token` reports them apart as ``local_window``; ``tests/train/family/test_costs.py``).
-Activation checkpointing runs each block's forward again in the backward: ``recompute`` = (dense of the
+Activation recompute runs each block's forward again in the backward: ``recompute`` = (dense of the
 blocks + attention) / 3 per token, executed but not model FLOPs (it counts in GPU-hours, not in MFU).
 
 **Activations** held for the backward, counted from the tensors autograd saves
@@ -38,7 +38,7 @@ class StepFlops:
     attention: float
     local_window: float
     unembedding: float
-    recompute: float  # activation checkpointing's second forward of the blocks (0 without it)
+    recompute: float  # activation recompute's second forward of the blocks (0 without it)
 
     @property
     def model(self) -> float:
@@ -77,7 +77,7 @@ def _keys(cfg: Any, kind: str, seq: int) -> tuple[int, int]:
 
 
 def flops_per_token(cfg: Any, parameters: int, embedding: int, *, seq: int, trained: float,
-                    activation_checkpointing: bool = False) -> StepFlops:
+                    recompute_activations: bool = False) -> StepFlops:
     """FLOPs per processed token of a training step on rows of ``seq`` tokens with ``trained`` trained
     positions per row on average. ``parameters`` and ``embedding`` as counted on the (meta) model."""
     H, d = cfg.n_heads, cfg.d_head
@@ -88,8 +88,8 @@ def flops_per_token(cfg: Any, parameters: int, embedding: int, *, seq: int, trai
         other += 12 * H * d * k
     dense = 6.0 * (parameters - embedding)
     unembed = 6.0 * cfg.d_model * cfg.d_vocab * trained / seq
-    root_dense = 0.0  # the final norm's weight: outside the checkpointed blocks
-    recompute = (dense - root_dense + other + window) / 3 if activation_checkpointing else 0.0
+    root_dense = 0.0  # the final norm's weight: outside the recomputed blocks
+    recompute = (dense - root_dense + other + window) / 3 if recompute_activations else 0.0
     return StepFlops(dense, other, window, unembed, recompute)
 
 

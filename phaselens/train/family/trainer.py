@@ -13,7 +13,7 @@ seed of step ``s``, built on every rank); rank ``r`` trains rows ``r*B/N .. (r+1
 Each rank's loss is its share of the *global* mean (its summed cross-entropy over the global number of
 trained positions, times N to undo FSDP's gradient averaging), so the gradient is the single-process one up
 to floating-point reduction order. Options: bf16 mixed precision (FSDP's ``MixedPrecisionPolicy`` with fp32
-gradient reduction; autocast on one process) and activation checkpointing of every block
+gradient reduction; autocast on one process) and activation recompute of every block
 (``torch.distributed._composable.checkpoint``, which keeps module names, so hook names do not change).
 
 A run resumes from its last checkpoint (:mod:`phaselens.train.family.checkpoints`) bit-identically to an
@@ -79,7 +79,7 @@ def train_family(
         settings: optimiser and schedule; ``batch_size`` is the global batch in sequences.
         run_dir: checkpoints, ``log.json`` and ``metrics.jsonl``; an existing run with the same fingerprint
             resumes (on any world size and micro-batch).
-        parallel: precision, activation checkpointing, micro-batches.
+        parallel: precision, activation recompute, micro-batches.
         val: ``model -> (correct, n)`` on this rank's share of a fixed validation set, every
             ``settings.eval_every`` steps (summed over ranks).
         data_description: what identifies ``data`` beyond its batches (recorded in the fingerprint).

@@ -10,7 +10,7 @@ seconds (most of it importing torch). How each number is counted (:mod:`phaselen
   ``local_window + T // S`` in compressed ones) + the unembedding at the trained positions only, summed over
   the warm-up's and the task's rows (:func:`~phaselens.train.family.costs.flops_per_token`); checked against
   ``torch.utils.flop_counter.FlopCounterMode`` (``tests/train/family/test_costs.py``).
-- **GPU-hours**: the FLOPs the GPUs execute (model FLOPs plus activation checkpointing's second forward of
+- **GPU-hours**: the FLOPs the GPUs execute (model FLOPs plus activation recompute's second forward of
   every block) / (peak x utilisation) / 3600, at a stated peak (default 989 TFLOP/s: dense bf16 of an
   H100/H200 SXM) and utilisation of that peak (default 40%); the model-FLOPs utilisation (MFU) this implies
   is printed beside it.
@@ -21,10 +21,10 @@ seconds (most of it importing torch). How each number is counted (:mod:`phaselen
     prefetched next) in the compute dtype, and one block's unsharded gradient;
   - activations of one micro-batch of ``b`` rows of ``T`` tokens, counted from the tensors autograd saves
     (:func:`~phaselens.train.family.costs.activation_bytes`, within 1-3% of the measured saved tensors); with
-    activation checkpointing only each block's input is kept, plus one block's activations in the backward;
+    activation recompute only each block's input is kept, plus one block's activations in the backward;
   - logits: fp32 ``[rows_trained, vocab]`` three times (logits, their fp32 copy, the gradient), where
     ``rows_trained`` is the task's trained positions plus every position of pretraining rows.
-- **checkpointing needed**: whether the run without activation checkpointing exceeds ``gpu_gib`` (default
+- **recompute needed**: whether the run without activation recompute exceeds ``gpu_gib`` (default
   80 GB, an H100's 79.1 GiB usable as 0.9 of it); ``phaselens train`` on a GPU turns it on only then.
 """
 
@@ -61,24 +61,24 @@ class TrainPlan:
     gpus: int
     micro_batch: int
     precision: str
-    activation_checkpointing: bool
+    recompute_activations: bool
     peak_tflops: float
     mfu: float  # the utilisation of the peak on executed FLOPs (recompute included)
     memory: dict[str, int] = field(default_factory=dict)
     per_token: StepFlops | None = None  # FLOPs per token of a task step (after the warm-up)
-    executed_flops: float = 0.0  # model FLOPs plus activation checkpointing's recompute
-    memory_without_checkpointing: int = 0
+    executed_flops: float = 0.0  # model FLOPs plus activation recompute
+    memory_without_recompute: int = 0
     gpu_gib: float = GPU_GIB
-    largest_micro_batch_without_checkpointing: int = 0  # the most rows per forward that fit gpu_gib without it
+    largest_micro_batch_without_recompute: int = 0  # the most rows per forward that fit gpu_gib without it
 
     @property
     def memory_per_gpu(self) -> int:
         return sum(self.memory.values())
 
     @property
-    def needs_checkpointing(self) -> bool:
-        """Whether the run without activation checkpointing would exceed ``gpu_gib`` (90% of it usable)."""
-        return self.memory_without_checkpointing > 0.9 * self.gpu_gib * GiB
+    def needs_recompute(self) -> bool:
+        """Whether the run without activation recompute would exceed ``gpu_gib`` (90% of it usable)."""
+        return self.memory_without_recompute > 0.9 * self.gpu_gib * GiB
 
     @property
     def gpu_hours(self) -> float:
@@ -96,7 +96,7 @@ class TrainPlan:
         out = {k: getattr(self, k) for k in self.__dataclass_fields__}
         out["per_token"] = self.per_token.to_dict() if self.per_token else None
         return {**out, "memory_per_gpu": self.memory_per_gpu, "gpu_hours": self.gpu_hours,
-                "wall_hours": self.wall_hours, "needs_checkpointing": self.needs_checkpointing,
+                "wall_hours": self.wall_hours, "needs_recompute": self.needs_recompute,
                 "model_flops_utilisation": self.model_flops_utilisation}
 
     def __str__(self) -> str:
@@ -105,7 +105,7 @@ class TrainPlan:
         parts = (f" per task token {t.model:.3g} = 6(N-emb) {t.dense:.3g} + attention {t.attention + t.local_window:.3g}"
                  f" + unembedding {t.unembedding:.3g}" if t else "")
         recompute = (f" + recompute {self.executed_flops - self.flops:.3g}" if self.executed_flops > self.flops else "")
-        ac = "needed" if self.needs_checkpointing else "not needed"
+        ac = "needed" if self.needs_recompute else "not needed"
         return "\n".join([
             f"plan of {self.recipe} at size {self.size}",
             f"  parameters   {self.parameters:,} ({self.non_embedding:,} without the embedding)",
@@ -115,10 +115,10 @@ class TrainPlan:
             f"  GPU-hours    {self.gpu_hours:,.1f} at {self.mfu:.0%} of {self.peak_tflops:g} TFLOP/s per GPU, MFU "
             f"{self.model_flops_utilisation:.0%} ({self.wall_hours:,.1f} h on {self.gpus} GPU{'s' if self.gpus > 1 else ''})",
             f"  memory/GPU   {self.memory_per_gpu / GiB:.2f} GiB under FSDP over {self.gpus} GPU(s), micro-batch "
-            f"{self.micro_batch}, {self.precision}, activation checkpointing "
-            f"{'on' if self.activation_checkpointing else 'off'} (GiB: {mem}); without checkpointing "
-            f"{self.memory_without_checkpointing / GiB:.2f} GiB: checkpointing {ac} on a {self.gpu_gib * GiB / 1e9:.0f} GB GPU "
-            f"(without it, micro-batches of up to {self.largest_micro_batch_without_checkpointing} rows fit)",
+            f"{self.micro_batch}, {self.precision}, activation recompute "
+            f"{'on' if self.recompute_activations else 'off'} (GiB: {mem}); without recompute "
+            f"{self.memory_without_recompute / GiB:.2f} GiB: recompute {ac} on a {self.gpu_gib * GiB / 1e9:.0f} GB GPU "
+            f"(without it, micro-batches of up to {self.largest_micro_batch_without_recompute} rows fit)",
         ])
 
 
@@ -148,7 +148,7 @@ def _phases(recipe: FamilyRecipe, pretrain_ratio: float) -> list[tuple[int, int,
 
 
 def plan_run(recipe: FamilyRecipe, *, gpus: int = 1, micro_batch: int | None = None, precision: str = "bf16",
-             activation_checkpointing: bool = True, pretrain_ratio: float = 0.0, peak_tflops: float = PEAK_TFLOPS,
+             recompute_activations: bool = True, pretrain_ratio: float = 0.0, peak_tflops: float = PEAK_TFLOPS,
              mfu: float = MFU, gpu_gib: float = GPU_GIB) -> TrainPlan:
     """The :class:`TrainPlan` of ``recipe`` on ``gpus`` GPUs (FSDP), built without allocating the model."""
     model = _meta_model(recipe)
@@ -162,21 +162,21 @@ def plan_run(recipe: FamilyRecipe, *, gpus: int = 1, micro_batch: int | None = N
     per_token = None
     for steps, length, trained in _phases(recipe, pretrain_ratio):
         step = flops_per_token(cfg, n, emb, seq=length, trained=trained,
-                               activation_checkpointing=activation_checkpointing)
+                               recompute_activations=recompute_activations)
         flops += step.model * steps * s.batch_size * length
         executed += step.executed * steps * s.batch_size * length
         per_token = step
     cbytes = 2 if precision == "bf16" else 4
-    memory = _memory(model, recipe, gpus, b, cbytes, activation_checkpointing, pretrain_ratio)
+    memory = _memory(model, recipe, gpus, b, cbytes, recompute_activations, pretrain_ratio)
     without = sum(_memory(model, recipe, gpus, b, cbytes, False, pretrain_ratio).values())
     one, two = (sum(_memory(model, recipe, gpus, k, cbytes, False, pretrain_ratio).values()) for k in (1, 2))
     largest = int((0.9 * gpu_gib * GiB - (2 * one - two)) // (two - one))  # memory is linear in the rows
     return TrainPlan(recipe.name, recipe.size, n, n - emb, s.steps, s.batch_size, seq, recipe.tokens(), flops, gpus,
-                     b, precision, activation_checkpointing, peak_tflops, mfu, memory, per_token, executed,
+                     b, precision, recompute_activations, peak_tflops, mfu, memory, per_token, executed,
                      int(without), gpu_gib, max(largest, 0))
 
 
-def _memory(model: Any, recipe: FamilyRecipe, gpus: int, b: int, cbytes: int, checkpointing: bool,
+def _memory(model: Any, recipe: FamilyRecipe, gpus: int, b: int, cbytes: int, recompute: bool,
             pretrain_ratio: float) -> dict[str, int]:
     """Bytes per GPU by part for micro-batches of ``b`` rows (see the module docstring)."""
     cfg = recipe.config
@@ -194,7 +194,7 @@ def _memory(model: Any, recipe: FamilyRecipe, gpus: int, b: int, cbytes: int, ch
               for kind in layer_kinds(cfg)]
     resid = 4 if gpus == 1 else cbytes  # the residual stream: fp32 under autocast, bf16 under FSDP's policy
     kept = int(b * seq * cfg.n_layers * cfg.d_model * resid + max(blocks))
-    memory["activations"] = kept if checkpointing else sum(blocks)
+    memory["activations"] = kept if recompute else sum(blocks)
     memory["logits"] = int(3 * 4 * rows_trained * cfg.d_vocab)
     return memory
 
@@ -204,5 +204,5 @@ def format_plans(plans: list[TrainPlan]) -> str:
     return "\n\n".join(str(p) for p in plans) + (
         "\n\nN = parameters (the tied embedding once), D = processed tokens; FLOPs per token = 6 (N - embedding) + "
         "12 H d K per layer (K = keys per query: T in full layers, window + T/S in compressed ones) + the "
-        "unembedding at the trained positions; GPU-hours include activation checkpointing's recompute at the "
+        "unembedding at the trained positions; GPU-hours include activation recompute at the "
         "stated utilisation of the peak; memory per GPU is an estimate (phaselens.train.family.training_plan).")

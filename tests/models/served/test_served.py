@@ -203,9 +203,9 @@ def test_the_report_accepts_a_served_model(served, task, tmp_path):
 
 @pytest.mark.slow  # starts a second server to kill (about 15 s idle, 50 s on a loaded 2-core machine)
 def test_a_server_killed_mid_run_resumes_to_the_same_result(served, checkpoint, task, tmp_path):
-    """Kill a server for real (SIGKILL to its process group) once the checkpoint holds finished blocks: the run
+    """Kill a server for real (SIGKILL to its process group) once the journal holds finished blocks: the run
     stops with a ServerError naming the address; another server of the same weights (the session's, on another
-    port) resumes it from the checkpoint to the result of an uninterrupted run."""
+    port) resumes it from the journal to the result of an uninterrupted run."""
     import socket
     import threading
     import time
@@ -214,7 +214,7 @@ def test_a_server_killed_mid_run_resumes_to_the_same_result(served, checkpoint, 
 
     opts = dict(n_per_residue=8, batch_size=4, progress=False, n_permutations=50, n_bootstrap=0)
     whole = phaselens.evaluate(served, task, **opts)  # uninterrupted
-    ckpt = tmp_path / "run.ckpt"
+    journal = tmp_path / "run.journal"
     first = Server(checkpoint).start()
     errors: list[BaseException] = []
     try:
@@ -222,14 +222,14 @@ def test_a_server_killed_mid_run_resumes_to_the_same_result(served, checkpoint, 
 
         def run() -> None:
             try:
-                phaselens.evaluate(m, task, checkpoint=ckpt, **opts)
+                phaselens.evaluate(m, task, journal=journal, **opts)
             except BaseException as err:  # noqa: BLE001  (the test inspects it)
                 errors.append(err)
 
         worker = threading.Thread(target=run)
         worker.start()
         deadline = time.monotonic() + 120
-        while not ckpt.exists() and worker.is_alive() and time.monotonic() < deadline:
+        while not journal.exists() and worker.is_alive() and time.monotonic() < deadline:
             time.sleep(0.02)
         first.stop()
         assert not first.alive()
@@ -241,7 +241,7 @@ def test_a_server_killed_mid_run_resumes_to_the_same_result(served, checkpoint, 
     assert len(errors) == 1 and isinstance(errors[0], ServerError), errors
     assert first.url in str(errors[0])
 
-    again = phaselens.evaluate(served, task, checkpoint=ckpt, **opts)
+    again = phaselens.evaluate(served, task, journal=journal, **opts)
     (shard,) = again.metadata["shards"]
     assert 0 < len(shard["resumed"]) < shard["units"] == 16  # some blocks were done before the kill, not all
     cols = ["item_id", "residue", "correct", "predicted"]

@@ -1,6 +1,6 @@
 """The cost model against measurement: FLOPs against ``torch.utils.flop_counter.FlopCounterMode`` (the real
 training call at the tiny and small sizes, the meta-device model at 0.6b), activations against the tensors
-autograd saves, and what the plan makes of them (recompute in GPU-hours, when checkpointing is needed)."""
+autograd saves, and what the plan makes of them (recompute in GPU-hours, when recompute is needed)."""
 
 from __future__ import annotations
 
@@ -103,19 +103,19 @@ def test_activation_count_matches_the_saved_tensors(layout, size, bf16):
     assert count == pytest.approx(sum(seen.values()), rel=0.01)
 
 
-def test_the_plan_prices_the_recompute_and_says_when_checkpointing_is_needed():
+def test_the_plan_prices_the_recompute_and_says_when_it_is_needed():
     recipe = family_recipe("paper-w4s4", "0.6b", batch_size=64)
-    on = plan_run(recipe, gpus=1, micro_batch=32, activation_checkpointing=True)
-    off = plan_run(recipe, gpus=1, micro_batch=32, activation_checkpointing=False)
+    on = plan_run(recipe, gpus=1, micro_batch=32, recompute_activations=True)
+    off = plan_run(recipe, gpus=1, micro_batch=32, recompute_activations=False)
     assert on.flops == off.flops and off.executed_flops == off.flops
     t = on.per_token  # the recompute: one more forward of the blocks (a third of their fwd + bwd)
     assert t.recompute == pytest.approx((t.dense + t.attention + t.local_window) / 3)
     assert on.gpu_hours / off.gpu_hours == pytest.approx(on.executed_flops / on.flops)
     assert 1.30 < on.gpu_hours / off.gpu_hours < 1.34  # 256.0 against 192.4 GPU-hours
     assert on.model_flops_utilisation == pytest.approx(0.40 * on.flops / on.executed_flops)
-    # an 80 GB GPU at micro-batch 32 holds the run without checkpointing (44.1 GiB); at 64 it does not (78.4)
-    assert not off.needs_checkpointing and 40 < off.memory_per_gpu / GiB < 48
-    big = plan_run(recipe, gpus=1, micro_batch=64, activation_checkpointing=False)
-    assert big.needs_checkpointing and big.memory_per_gpu / GiB > 0.9 * 80e9 / GiB
-    assert off.largest_micro_batch_without_checkpointing == big.largest_micro_batch_without_checkpointing == 53
-    assert "checkpointing not needed on a 80 GB GPU" in str(off) and "checkpointing needed" in str(big)
+    # an 80 GB GPU at micro-batch 32 holds the run without recompute (44.1 GiB); at 64 it does not (78.4)
+    assert not off.needs_recompute and 40 < off.memory_per_gpu / GiB < 48
+    big = plan_run(recipe, gpus=1, micro_batch=64, recompute_activations=False)
+    assert big.needs_recompute and big.memory_per_gpu / GiB > 0.9 * 80e9 / GiB
+    assert off.largest_micro_batch_without_recompute == big.largest_micro_batch_without_recompute == 53
+    assert "recompute not needed on a 80 GB GPU" in str(off) and "recompute needed" in str(big)

@@ -119,7 +119,7 @@ def test_the_plan_prints_in_seconds_without_allocating_the_model():
     out = res.stdout
     assert "596,517,632" in out and "100,000,132,608" in out and "557,609 steps" in out
     # 2.74e9 FLOPs per task token (6 (N - embedding) + attention + the unembedding at 9 of 351 positions), the
-    # recompute of activation checkpointing in the GPU-hours (6 N D counted 3.58e20 without it)
+    # recompute of activation recompute in the GPU-hours (6 N D counted 3.58e20 without it)
     assert "2.74e+20 + recompute 9.05e+19" in out and "per task token 2.74e+09" in out
     assert "256.0 at 40% of 989 TFLOP/s per GPU, MFU 30%" in out and "32.0 h on 8 GPUs" in out
     rss_gb = int(out.split("maxrss_kb")[1].split()[0]) / 2**20
@@ -131,7 +131,7 @@ def test_plan_arithmetic():
     assert p.flops == pytest.approx(p.per_token.model * p.tokens, rel=0.02)  # the warm-up rows are shorter
     assert p.flops < 0.85 * 6 * p.parameters * p.tokens  # 6 N D counted the embedding at every token
     assert p.gpu_hours == pytest.approx(p.executed_flops / (1000e12 * 0.5) / 3600)
-    assert p.executed_flops > p.flops  # checkpointing (the plan's default) runs the blocks' forward twice
+    assert p.executed_flops > p.flops  # recompute (the plan's default) runs the blocks' forward twice
     assert p.wall_hours == pytest.approx(p.gpu_hours / 8)
     one = plan_run(family_recipe("paper-full", "0.6b"), gpus=1, micro_batch=64)
     assert one.memory["sharded state"] == 8 * p.memory["sharded state"]  # 16 bytes per parameter, split 8 ways

@@ -141,7 +141,7 @@ def test_a_run_with_other_settings_is_refused_and_other_micro_batches_resume(tmp
         train_family(CFG, DATA, settings(4), tmp_path, progress=False, parallel=Parallelism(precision="bf16"))
     # micro-batches and recomputation change rounding only: the run goes on (as on another GPU count)
     again = train_family(CFG, DATA, settings(4), tmp_path, progress=False,
-                         parallel=Parallelism(micro_batch=4, activation_checkpointing=True))
+                         parallel=Parallelism(micro_batch=4, recompute_activations=True))
     assert again.resumed_from == 2
 
 
@@ -192,14 +192,14 @@ def test_a_checkpoint_reshards_to_any_world_size_exactly(tmp_path, saved, resume
             assert got[k].dtype == want[r][k].dtype and torch.equal(got[k], want[r][k]), (k, r)
 
 
-def test_micro_batches_and_activation_checkpointing_train_the_same_model(tmp_path):
+def test_micro_batches_and_activation_recompute_train_the_same_model(tmp_path):
     """Gradient accumulation over micro-batches and recomputed activations change only rounding."""
     plain = train_family(CFG, DATA, settings(5), tmp_path / "a", progress=False)
     other = train_family(CFG, DATA, settings(5), tmp_path / "b", progress=False,
-                         parallel=Parallelism(activation_checkpointing=True, micro_batch=2))
+                         parallel=Parallelism(recompute_activations=True, micro_batch=2))
     for (name, x), y in zip(plain.model.state_dict().items(), other.model.state_dict().values()):
         assert torch.allclose(x, y, rtol=1e-4, atol=1e-6), name
-    # activation checkpointing keeps module names, so the hook names (and the exported weights) are unchanged
+    # activation recompute keeps module names, so the hook names (and the exported weights) are unchanged
     assert list(plain.model.state_dict()) == list(other.model.state_dict())
 
 
