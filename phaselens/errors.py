@@ -20,20 +20,25 @@ class ConfigError(PhaseLensError, ValueError):
     """A model or compressor configuration that cannot be built."""
 
 
-class CheckpointError(PhaseLensError):
+class StoredFileError(PhaseLensError):
+    """A file phaselens reads back that is missing, damaged or not the kind asked for. Catch this to handle all
+    three kinds at once: a checkpoint, a journal, a saved result."""
+
+
+class CheckpointError(StoredFileError):
     """A checkpoint (a model's weights, with its config: a zoo model, a released model's directory, a training
-    step) that is missing, incomplete, damaged or does not match its config; also a damaged file phaselens
-    stored (a saved result, a metrics log)."""
+    step with its metrics log) that is missing, incomplete, damaged or does not match its config."""
 
 
-class JournalError(PhaseLensError):
+class JournalError(StoredFileError):
     """A result journal (``journal=``, the file a resumable analysis writes its finished units to) that cannot
     be used: a path that is not a file path, a file phaselens did not write, a damaged journal, or one written
     by another run (another model, items or setting)."""
 
 
-class ResultFileError(CheckpointError):
-    """A saved result whose content phaselens will not rebuild: a type outside its closed registry of result
+class ResultFileError(StoredFileError):
+    """A saved result (``result.save(path)``) that is missing or damaged, or whose content phaselens will not
+    rebuild: a type outside its closed registry of result
     and value types, a field that type does not declare (or lacks, or holds a value of another type), or a
     damaged skeleton. Raised before any of the file's content is called."""
 

@@ -182,25 +182,36 @@ def _format(path: Path) -> str | None:
         return None
 
 
-def load_result(path: str | os.PathLike) -> Any:
-    """The result :func:`save_result` wrote to ``path``."""
+def _read(path: Path, fix: str, what: str) -> Any:
+    """The header metadata or the arrays of a result file; the shared reader's refusal (a checkpoint's error
+    class, since it reads weights too) is re-raised as the saved result's own."""
     from phaselens.storage.resumable import load_safetensors, safetensors_metadata
 
+    try:
+        if what == "metadata":
+            return safetensors_metadata(path, fix=fix)
+        return load_safetensors(path, fix=fix, framework="np")
+    except CheckpointError as err:
+        raise ResultFileError(str(err)) from None
+
+
+def load_result(path: str | os.PathLike) -> Any:
+    """The result :func:`save_result` wrote to ``path``."""
     path = Path(path)
     fix = "pass the path of a result saved with result.save(path)."
     if not path.is_file():
-        raise CheckpointError(f"{path} is not a file; {fix}")
-    meta = safetensors_metadata(path, fix=fix)
+        raise ResultFileError(f"{path} is not a file; {fix}")
+    meta = _read(path, fix, "metadata")
     if meta.get("format") in _EARLIER:
         raise ResultFileError(f"{path} was saved by a development version of phaselens whose files named code "
                               "to rebuild; it is not loaded (loading must never run code): run the analysis "
                               "again and save it with this version.")
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not a saved phaselens result (format {meta.get('format')!r}); {fix}")
+        raise ResultFileError(f"{path} is not a saved phaselens result (format {meta.get('format')!r}); {fix}")
     try:
         skeleton = json.loads(meta["skeleton"])
     except (KeyError, ValueError, RecursionError) as err:
         raise ResultFileError(f"{path} has a damaged header ({type(err).__name__}: {str(err)[:100]}); save the "
                               "result again.") from None
-    arrays = load_safetensors(path, fix=fix, framework="np")
+    arrays = _read(path, fix, "arrays")
     return decode(skeleton, arrays)

@@ -63,8 +63,8 @@ def field_shapes(done: Mapping[str, tuple[np.ndarray, ...]], fields: tuple[str, 
 
 # ---- the journal ----------------------------------------------------------------------------------------
 def check_journal_path(path: Any) -> Path | None:
-    """Refuse a journal path that cannot be written, before any computation: not a path, a directory, or
-    under a file or an unwritable folder (missing folders are created when the first cell is written)."""
+    """Refuse a journal path that cannot be written, before any computation: not a path, a directory, a
+    symbolic link (dangling or not) or another special file, or under a file or an unwritable folder (missing folders are created when the first cell is written)."""
     if path is None:
         return None
     if not isinstance(path, str | os.PathLike) or not str(path):
@@ -76,6 +76,9 @@ def check_journal_path(path: Any) -> Path | None:
         if p.is_dir():
             raise JournalError(f"journal={str(p)!r} is a directory; pass a file path such as "
                                f"{str(p / 'map.journal')!r}.")
+        if p.is_symlink() or (p.exists() and not p.is_file()):  # a journal is replaced whole: never a link's target
+            raise JournalError(f"journal={str(p)!r} is a symbolic link or a special file, not a file phaselens "
+                               "wrote; pass a path where phaselens may write its own file.")
         where = nearest_existing(p.parent)
         if not where.is_dir():
             raise JournalError(f"journal={str(p)!r} lies under the file {where}; pass a path in a folder.")

@@ -69,7 +69,7 @@ def _fault(point: str) -> None:
 def _refuse_unreplaceable(path: Path) -> None:
     if path.is_dir():
         raise OutputError(f"{path} is a directory, but a file goes there; pass a file path (e.g. {path / 'x'}).")
-    if False:  # a device node, a FIFO, a socket, a symlink
+    if os.path.islink(path) or (path.exists() and not path.is_file()):  # a device, a FIFO, a socket, a link
         raise OutputError(f"{path} is not a regular file ({_what(path)}); phaselens never replaces one, even with "
                           "--force / overwrite=True: pass the path of a regular file or a new one.")
 

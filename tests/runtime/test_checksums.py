@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 import phaselens
 import phaselens.results
-from phaselens.errors import CheckpointError, JournalError, OutputError
+from phaselens.errors import CheckpointError, JournalError, OutputError, ResultFileError
 from phaselens.storage.checksums import KEY, stamped, tensor_sha256
 from phaselens.storage.journal import CellJournal
 from phaselens.storage.reading import TornLineWarning, read_jsonl
@@ -91,7 +91,7 @@ def test_a_damaged_saved_result_is_refused_on_load(tmp_path):
     ev = phaselens.evaluate(task_model(), n_per_residue=4, progress=False, n_bootstrap=0)
     ev.save(tmp_path / "ev.phaselens")
     zero_tail(tmp_path / "ev.phaselens", n=1024)
-    with pytest.raises(CheckpointError, match="ev.phaselens is damaged"):
+    with pytest.raises(ResultFileError, match="ev.phaselens is damaged"):
         phaselens.results.load(tmp_path / "ev.phaselens")
 
 

@@ -148,6 +148,9 @@ def test_every_refusal_of_a_journal_is_a_journal_error_in_journal_words(tmp_path
     torn.write_bytes(raw[: len(raw) // 2])
     zeroed.write_bytes(raw[:-16] + bytes(16))  # size kept, the last tensor's bytes zeroed: only the checksum sees it
     np.savez(foreign, a=np.arange(3))
+    dangling, linked = tmp_path / "dangling.journal", tmp_path / "linked.journal"
+    dangling.symlink_to(tmp_path / "nowhere")
+    linked.symlink_to(good)
     planted = {
         "not a path": lambda: check_journal_path(5),
         "a directory": lambda: CellJournal(tmp_path, "fp", FIELDS),
@@ -155,9 +158,12 @@ def test_every_refusal_of_a_journal_is_a_journal_error_in_journal_words(tmp_path
         "torn": lambda: CellJournal(torn, "fp", FIELDS),
         "bytes changed on disk": lambda: CellJournal(zeroed, "fp", FIELDS),
         "another run": lambda: CellJournal(good, "fp-other", FIELDS),
+        "a dangling link": lambda: CellJournal(dangling, "fp", FIELDS),  # replacing it would drop the user's link
+        "a link to a journal": lambda: CellJournal(linked, "fp", FIELDS),
     }
     for what, open_it in planted.items():
         with pytest.raises(JournalError) as info:
             open_it()
         assert not isinstance(info.value, CheckpointError), what
         assert "checkpoint" not in str(info.value).lower(), (what, str(info.value))
+    assert dangling.is_symlink() and not (tmp_path / "nowhere").exists() and linked.is_symlink()
