@@ -20,7 +20,7 @@ compute something ill-defined for (see ``docs/deepseek_v41.md``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from phaselens.errors import CheckpointError, UnsupportedModelError
@@ -47,6 +47,10 @@ class LayerRole:
     @property
     def compressed(self) -> bool:
         return self.ratio > 0
+
+
+# how a ``text_config`` value becomes a field of :class:`V41Config`, by the field's annotation
+_READ = {"int": int, "float": float, "bool": bool, "str": str, "tuple[int, ...]": lambda v: tuple(int(x) for x in v or ())}
 
 
 @dataclass(frozen=True)
@@ -120,11 +124,7 @@ class V41Config:
                 "config.json of a DeepSeek-V4.1 checkpoint must hold the text model under 'text_config' "
                 "(a dict); this one has none."
             )
-        need = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
-                "qk_rope_head_dim", "q_lora_rank", "o_lora_rank", "o_groups", "sliding_window",
-                "compress_ratios", "kv_source_layer_ids", "index_source_layer_ids", "index_n_heads",
-                "index_head_dim", "index_topk", "moe_intermediate_size", "n_routed_experts",
-                "num_experts_per_tok"]
+        need = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
         missing = [k for k in need if k not in text]
         if missing:
             raise CheckpointError(f"config.json text_config lacks {missing}; the checkpoint is incomplete.")
@@ -144,59 +144,20 @@ class V41Config:
             raise CheckpointError(
                 f"compress_ratios has {len(ratios)} entries for {n} layers; it needs one per layer."
             )
-        cfg = cls(
-            vocab_size=int(text["vocab_size"]),
-            hidden_size=int(text["hidden_size"]),
-            num_hidden_layers=n,
-            num_attention_heads=int(text["num_attention_heads"]),
-            head_dim=int(text["head_dim"]),
-            qk_rope_head_dim=int(text["qk_rope_head_dim"]),
-            q_lora_rank=int(text["q_lora_rank"]),
-            o_lora_rank=int(text["o_lora_rank"]),
-            o_groups=int(text["o_groups"]),
-            sliding_window=int(text["sliding_window"]),
-            compress_ratios=ratios[:n],
-            kv_source_layer_ids=tuple(int(x) for x in text["kv_source_layer_ids"]),
-            index_source_layer_ids=tuple(int(x) for x in text["index_source_layer_ids"]),
-            index_n_heads=int(text["index_n_heads"]),
-            index_head_dim=int(text["index_head_dim"]),
-            index_topk=int(text["index_topk"]),
-            moe_intermediate_size=int(text["moe_intermediate_size"]),
-            n_routed_experts=int(text["n_routed_experts"]),
-            num_experts_per_tok=int(text["num_experts_per_tok"]),
-            n_shared_experts=int(text.get("n_shared_experts", 1)),
-            candidate_source_layer_id=int(text.get("candidate_source_layer_id", -1)),
-            candidate_topk_blocks=int(text.get("candidate_topk_blocks", 0)),
-            candidate_block_size=int(text.get("candidate_block_size", 0)),
-            rms_norm_eps=float(text.get("rms_norm_eps", 1e-20)),
-            rope_theta=float(text.get("rope_theta", 10000.0)),
-            compress_rope_theta=float(text.get("compress_rope_theta", 160000.0)),
-            rope_factor=float(rope.get("factor", 1.0)) if yarn else 1.0,
-            rope_original_max_position=int(rope.get("original_max_position_embeddings", 0)) if yarn else 0,
-            beta_fast=float(rope.get("beta_fast", 32)),
-            beta_slow=float(rope.get("beta_slow", 1)),
-            max_position_embeddings=int(text.get("max_position_embeddings", 1 << 20)),
-            scoring_func=str(text.get("scoring_func", "sqrtsoftplus")),
-            norm_topk_prob=bool(text.get("norm_topk_prob", True)),
-            routed_scaling_factor=float(text.get("routed_scaling_factor", 1.0)),
-            gate_temp=float(text.get("gate_temp", 1.0)),
-            swiglu_limit=float(text.get("swiglu_limit", 0.0)),
-            hc_mult=int(text.get("hc_mult", 4)),
-            hc_sinkhorn_iters=int(text.get("hc_sinkhorn_iters", 20)),
-            hc_eps=float(text.get("hc_eps", 1e-6)),
-            engram_layer_ids=tuple(int(x) for x in text.get("engram_layer_ids", ()) or ()),
-            engram_num_embeddings=tuple(int(x) for x in text.get("engram_num_embeddings", ()) or ()),
-            engram_max_ngram_size=int(text.get("engram_max_ngram_size", 1)),
-            engram_vocab_size=int(text.get("engram_vocab_size", 0)),
-            engram_n_heads=int(text.get("engram_n_heads", 0)),
-            engram_head_dim=int(text.get("engram_head_dim", 0)),
-            engram_pad_id=int(text.get("engram_pad_token_id", text.get("engram_pad_id", 2))),
-            engram_compressed_vocab_size=int(text.get("engram_compressed_vocab_size", 0)),
-            num_nextn_predict_layers=int(text.get("num_nextn_predict_layers", 0)),
-            weight_block_size=(int(block[0]), int(block[-1])),
-            name=name,
-            extra={"text_config": text, "quantization_config": quant},
-        )
+        # every field named as in text_config, absent ones at their defaults; then those read from elsewhere
+        values = {f.name: _READ[f.type](text[f.name]) for f in fields(cls) if f.type in _READ and f.name in text}
+        cfg = cls(**{
+            **values,
+            "compress_ratios": ratios[:n],
+            "rope_factor": float(rope.get("factor", 1.0)) if yarn else 1.0,
+            "rope_original_max_position": int(rope.get("original_max_position_embeddings", 0)) if yarn else 0,
+            "beta_fast": float(rope.get("beta_fast", 32)),
+            "beta_slow": float(rope.get("beta_slow", 1)),
+            "engram_pad_id": int(text.get("engram_pad_token_id", text.get("engram_pad_id", 2))),
+            "weight_block_size": (int(block[0]), int(block[-1])),
+            "name": name,
+            "extra": {"text_config": text, "quantization_config": quant},
+        })
         cfg.topology()  # validate now: a bad config fails at load, not mid-forward
         return cfg
 
