@@ -89,12 +89,14 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
                                self.config.mlp == "swiglu")
 
     # ---- TransformerLens-shaped weights, stacked (blocks[l].attn.W_* are the per-layer views) ------------
-    W_Q = stacked("attn.W_Q", "[n_layers, n_heads, d_model, d_head]", "Applied to the RMS-normed residual, before "
-                  "RoPE; with ``cfg.qk_norm`` the per-head RMSNorm ``q_norm`` follows, so ``hook_q`` is not ``x @ W_Q``.")
-    W_K = stacked("attn.W_K", "[n_layers, n_heads, d_model, d_head]", "KV heads repeated over their query heads "
-                  "(GQA, KV-major as TransformerLens repeats them), before RoPE; W_KV on tied K=V layers.")
-    W_V = stacked("attn.W_V", "[n_layers, n_heads, d_model, d_head]", "KV heads repeated to ``n_heads``; W_KV on "
-                  "tied K=V layers, where RoPE is undone at z.")
+    W_Q = stacked("attn.W_Q", "[n_layers, n_heads, d_model, d_head]",
+                  "Applied to the RMS-normed residual, before RoPE; with ``cfg.qk_norm`` the per-head "
+                  "RMSNorm ``q_norm`` follows, so ``hook_q`` is not ``x @ W_Q``.")
+    W_K = stacked("attn.W_K", "[n_layers, n_heads, d_model, d_head]",
+                  "KV heads repeated over their query heads (GQA, KV-major as TransformerLens repeats them), "
+                  "before RoPE; W_KV on tied K=V layers.")
+    W_V = stacked("attn.W_V", "[n_layers, n_heads, d_model, d_head]",
+                  "KV heads repeated to ``n_heads``; W_KV on tied K=V layers, where RoPE is undone at z.")
     W_O = stacked("attn.W_O", "[n_layers, n_heads, d_head, d_model]",
                   '``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l])`` (no bias).')
     W_in = stacked("mlp.W_in", "[n_layers, d_model, d_mlp]")

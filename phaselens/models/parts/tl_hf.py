@@ -28,8 +28,8 @@ def _bias(module: nn.Module | None) -> Tensor | None:
 
 
 def _head_view(role: int, shape: str, *, widened: bool = False, bias: bool = False) -> property:
-    """The weight (``bias``: the bias) of q (``role`` 0), k (1) or v (2) per head, ``shape``; ``widened``: the KV
-    heads repeated over their query heads (a copy under GQA)."""
+    """The weight (``bias``: the bias) of q (``role`` 0), k (1) or v (2) per head, ``shape``; ``widened``: the
+    KV heads repeated over their query heads (a copy under GQA)."""
 
     def get(self: HFAttentionWeights) -> Tensor | None:
         t = self._head_bias(role) if bias else self._heads(role)
@@ -112,8 +112,8 @@ _MOE = ("its MLP is not one dense layer (a mixture of experts, or a layout phase
 
 
 def _mlp_view(role: str, shape: str, *, bias: bool = False) -> property:
-    """The weight ``[in, out]`` (``bias``: the bias) of an MLP's ``"in"``, ``"gate"`` or ``"out"`` module, ``shape``;
-    ``None`` where the MLP has no such module (no gate) or it has no bias."""
+    """The weight ``[in, out]`` (``bias``: the bias) of an MLP's ``"in"``, ``"gate"`` or ``"out"`` module,
+    ``shape``; ``None`` where the MLP has no such module (no gate) or it has no bias."""
 
     def get(self: HFMLPWeights) -> Tensor | None:
         module = self._get(role).get(role)

@@ -140,8 +140,8 @@ def stack_blocks(blocks: Any, path: str) -> Tensor:
 
 
 def stacked(path: str, shape: str, note: str = "") -> property:
-    """A model-level property: ``blocks[l].<path>`` stacked over the layers (:func:`stack_blocks`), ``shape`` its
-    shape (``"[n_layers, n_heads, d_model, d_head]"``), ``note`` what else its docstring says."""
+    """A model-level property: ``blocks[l].<path>`` stacked over the layers (:func:`stack_blocks`), ``shape``
+    its shape (``"[n_layers, n_heads, d_model, d_head]"``), ``note`` what else its docstring says."""
     doc = f"``{shape}``: ``blocks[l].{path}`` stacked. {note}".rstrip()
     return property(lambda self: stack_blocks(self.blocks, path), doc=doc)
 
