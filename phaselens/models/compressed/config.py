@@ -74,8 +74,8 @@ class RopeSpec:
             raise ConfigError(f"RopeSpec.style must be 'interleaved' or 'half', got {self.style!r}.")
 
     def inv_freq(self, dims: int) -> Float[Tensor, " pairs"]:
-        """Inverse frequencies ``[dims // 2]`` (fp32) over ``dims`` channels, with the YaRN scaling if any (its
-        magnitude scale ``yarn.attention_factor`` is the caller's, at rotation)."""
+        """Inverse frequencies ``[dims // 2]`` (fp32) over ``dims`` channels, with the YaRN scaling if any
+        (its magnitude scale ``yarn.attention_factor`` is the caller's, at rotation)."""
         yarn = self.yarn
         if yarn is None:
             return inverse_frequencies(dims, self.theta)

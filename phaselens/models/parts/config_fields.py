@@ -1,5 +1,5 @@
-"""A ``config.json``'s fields checked by type and range, one phrase per bad field: what the DeepSeek-V4 and V4.1
-loaders (and ``phaselens plan``) refuse before anything is built or priced."""
+"""A ``config.json``'s fields checked by type and range, one phrase per bad field: what the DeepSeek-V4 and
+V4.1 loaders (and ``phaselens plan``) refuse before anything is built or priced."""
 
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ def field_type_problems(cfg: Mapping[str, Any], *, positive_int: tuple[str, ...]
                    non_negative_int: tuple[str, ...] = (), positive_float: tuple[str, ...] = (),
                    non_negative_float: tuple[str, ...] = (), bools: tuple[str, ...] = (),
                    prefix: str = "") -> list[str]:
-    """The fields of ``cfg`` (those it has) that are not what their group says, in the groups' order; ``prefix``
-    names where they sit (``"text_config."``)."""
+    """The fields of ``cfg`` (those it has) that are not what their group says, in the groups' order;
+    ``prefix`` names where they sit (``"text_config."``)."""
     rules = ((positive_int, lambda v: is_int(v) and v >= 1, "a positive integer"),
              (non_negative_int, lambda v: is_int(v) and v >= 0, "an integer >= 0"),
              (positive_float, lambda v: is_real(v) and v > 0, "a finite number > 0"),
@@ -43,7 +43,8 @@ def size_problems(cfg: Mapping[str, Any], sizes: tuple[str, ...], prefix: str = 
     out = [f"{prefix}{k}={cfg[k]:,} exceeds {MAX_DIM:,} (2^31 - 1), the largest dimension phaselens builds"
            for k in sizes if k != "max_position_embeddings" and is_int(cfg.get(k)) and cfg[k] > MAX_DIM]
     for k in lists:
-        big = [x for x in cfg.get(k) or [] if is_int(x) and x > MAX_DIM] if isinstance(cfg.get(k), list) else []
+        values = cfg.get(k) if isinstance(cfg.get(k), list) else []
+        big = [x for x in values if is_int(x) and x > MAX_DIM]
         if big:
             out.append(f"{prefix}{k} holds {big[0]:,}, more than {MAX_DIM:,} (2^31 - 1)")
     return out
@@ -60,7 +61,8 @@ def spans(layers: list[int]) -> str:
     return ", ".join(f"{a}..{b}" if b > a else f"{a}" for a, b in runs)
 
 
-def format_problems(quant: Mapping[str, Any], formats: tuple[tuple[str, tuple[Any, ...], Any], ...]) -> list[str]:
+def format_problems(quant: Mapping[str, Any], formats: tuple[tuple[str, tuple[Any, ...], Any], ...]
+                    ) -> list[str]:
     """``quantization_config``'s ``(key, known values, default)`` of ``formats`` that name a format phaselens
     does not read (never one it would plan or load as another)."""
     return [f"quantization_config.{key} must be one of {known} (what phaselens reads), got {quant.get(key)!r}"

@@ -142,8 +142,8 @@ class SlotEngine:
         raise NotImplementedError
 
     def row_bytes(self, layer: int) -> int:
-        """Memory of one row of a pass from ``layer``: :attr:`layer_row_bytes`, which a kind fills after its clean
-        step (empty, 0: no bound but ``rows_per_pass``)."""
+        """Memory of one row of a pass from ``layer``: :attr:`layer_row_bytes`, which a kind fills after its
+        clean step (empty, 0: no bound but ``rows_per_pass``)."""
         return self.layer_row_bytes[layer] if self.layer_row_bytes else 0
 
     # ---- shared --------------------------------------------------------------------------------------

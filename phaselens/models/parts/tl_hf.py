@@ -205,9 +205,7 @@ class HFSurface(TLModelWeights):
         return self._layout.embed.weight
 
     def _position_embedding(self) -> Tensor | None:
-        base = getattr(self.model, getattr(self.model, "base_model_prefix", "model"), None)
-        wpe = getattr(base, "wpe", None)
-        return wpe.weight if isinstance(wpe, nn.Embedding) else None
+        return None if self._layout.pos_embed is None else self._layout.pos_embed.weight
 
     @property
     def unembed(self) -> nn.Module:
@@ -221,6 +219,8 @@ class HFSurface(TLModelWeights):
     W_Q = stacked("attn.W_Q", "[n_layers, n_heads, d_model, d_head]")
     W_K = stacked("attn.W_K", "[n_layers, n_heads, d_model, d_head]")
     W_V = stacked("attn.W_V", "[n_layers, n_heads, d_model, d_head]")
+    W_O = stacked("attn.W_O", "[n_layers, n_heads, d_head, d_model]",
+                  '``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l])`` (+ bias).')
     W_in = stacked("mlp.W_in", "[n_layers, d_model, d_mlp]")
     W_out = stacked("mlp.W_out", "[n_layers, d_mlp, d_model]")
     W_gate = stacked("mlp.W_gate", "[n_layers, d_model, d_mlp]")
