@@ -35,9 +35,8 @@ from transformer_lens.hook_points import HookPoint
 
 from phaselens.models.deepseek_v41.layers import Linear, Numerics
 from phaselens.models.parts.dtypes import compute_dtype
-from phaselens.models.parts.packed import FP8_ROWS, as_bytes, dequantize, dequantize_rows
 
-SCALE_GROUP = FP8_ROWS.block[1]  # one UE8M0 scale per 32 table values
+SCALE_GROUP = 32  # one UE8M0 scale per 32 table values
 GATE_FLOOR = 1e-6  # |dot| is clamped to this before the square root (the sign is kept)
 
 
@@ -54,7 +53,7 @@ class EngramTable(nn.Module):
       (:func:`engram_traffic`); ``moved_bytes`` counts what this table has sent.
 
     Both paths give bit-identical values: FP8 and UE8M0 bytes are copied as they are, and the dequantization
-    (:func:`~phaselens.models.parts.packed.dequantize`, exact in bf16) is exact on any device.
+    (:func:`dequantize_rows`) is exact on any device.
     """
 
     host_resident: ClassVar[bool] = True  # device maps keep this module's tensors in host memory
@@ -71,9 +70,8 @@ class EngramTable(nn.Module):
         """The rows' values as bf16 (fp32 products of the stored values and their scales, read in bf16), on
         ``rows``' device."""
         if self.staged or rows.device != self.weight.device:
-            values, scales = self.gather(rows)
-            return dequantize(as_bytes(values), as_bytes(scales), FP8_ROWS, torch.bfloat16)
-        return dequantize_rows(as_bytes(self.weight), as_bytes(self.scale), FP8_ROWS, rows, torch.bfloat16)
+            return dequantize_rows(*self.gather(rows))
+        return dequantize_rows(self.weight[rows], self.scale[rows])
 
     def gather(self, rows: Int[Tensor, "*shape"]) -> tuple[Tensor, Tensor]:
         """The stored values ``[*shape, head_dim]`` (FP8) and scales ``[*shape, head_dim / 32]`` (UE8M0) of
@@ -90,6 +88,12 @@ class EngramTable(nn.Module):
             self.moved_bytes += buf.numel()
             out.append(buf.to(dest, non_blocking=pin).view(t.dtype).unflatten(0, rows.shape))
         return out[0], out[1]
+
+
+def dequantize_rows(values: Tensor, scales: Tensor) -> Tensor:
+    """FP8 ``values`` ``[..., head_dim]`` times their UE8M0 ``scales`` ``[..., head_dim / 32]``, in fp32, as bf16."""
+    grouped = values.float().unflatten(-1, (-1, SCALE_GROUP))
+    return (grouped * scales.float().unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
 
 
 @dataclass(frozen=True)
