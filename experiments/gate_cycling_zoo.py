@@ -71,8 +71,8 @@ def rope_anchor_shift(delta: int):
 
 
 def _shifted(comp, path, pooled, first_entry, delta):
-    from phaselens.models.compressed.rope import apply_rope
     from phaselens.models.parts.norms import rms_norm
+    from phaselens.models.parts.rope import apply_rope
 
     if comp.norm_weight is not None:
         pooled = rms_norm(pooled, comp.norm_weight[path], comp.spec.norm_eps)

@@ -17,7 +17,6 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
@@ -104,16 +103,6 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         if norm is None or eps is None:
             return None
         return ("LN" if isinstance(norm, nn.LayerNorm) else "RMS", float(eps))
-
-    @property
-    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
-        """Output weights per head: ``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l]) (+ bias)``."""
-        lay = self._layout
-        out = []
-        for proj in lay.out_proj:
-            w = proj.weight if not isinstance(proj, nn.Linear) else proj.weight.T  # GPT-2's Conv1D is [in, out]
-            out.append(w.reshape(lay.n_heads, lay.d_head, lay.d_model))
-        return torch.stack(out)
 
     @property
     def W_U(self) -> Float[Tensor, "d_model d_vocab"]:

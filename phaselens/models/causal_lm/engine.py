@@ -159,10 +159,8 @@ class CausalSuffixEngine(SlotEngine):
                 adapter.forward_hooked(prefix, {}, check=False)
             self.clean_step(None, self.layout.n_layers)
         L, H = self.layout.n_layers, self.layout.n_heads  # per row: the repeated cache, one [H, keys] fp32 score row
-        self._row_bytes = [ROWS.held(self.cache, i) // max(self.n, 1) + 4 * H * (self.q + 1) for i in range(L)]
-
-    def row_bytes(self, layer: int) -> int:
-        return self._row_bytes[layer]
+        self.layer_row_bytes = [ROWS.held(self.cache, i) // max(self.n, 1) + 4 * H * (self.q + 1)
+                                for i in range(L)]
 
     def run_layers(self, start: int, state: Tensor | None, copies: int, hooks: HookList,
                    record: list[Any] | None = None) -> Tensor:

@@ -21,7 +21,6 @@ from transformer_lens.hook_points import HookPoint
 
 from phaselens.models.compressed.compressor import Compressor, PoolerState
 from phaselens.models.compressed.config import CompressedConfig
-from phaselens.models.compressed.rope import rope_inv_freq
 from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.hooking import read_only
 from phaselens.models.parts.norms import rms_norm
@@ -112,7 +111,7 @@ class Attention(TLFlatAttention, nn.Module):
         self.rope_style = cfg.rope.style if cfg.rope is not None else "interleaved"
         if cfg.rope is not None:
             dims = d if cfg.rope.dims is None else cfg.rope.dims
-            self.register_buffer("inv_freq", rope_inv_freq(dims, cfg.rope), persistent=False)
+            self.register_buffer("inv_freq", cfg.rope.inv_freq(dims), persistent=False)
         else:
             self.register_buffer("inv_freq", torch.zeros(0), persistent=False)
         self.compressor: Compressor | None = None

@@ -28,9 +28,9 @@ from torch import Tensor, nn
 
 from phaselens.errors import CacheError
 from phaselens.models.compressed.config import CompressorSpec, RopeSpec, YarnSpec
-from phaselens.models.compressed.rope import apply_rope, rope_inv_freq
 from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.norms import rms_norm
+from phaselens.models.parts.rope import apply_rope
 
 
 @dataclass
@@ -256,7 +256,7 @@ class Compressor(nn.Module):
         self.attention_scaling = 1.0
         if rope is not None:
             dims = d_head if rope.dims is None else rope.dims
-            self.register_buffer("inv_freq", rope_inv_freq(dims, rope))
+            self.register_buffer("inv_freq", rope.inv_freq(dims))
             if rope.yarn is not None:
                 self.attention_scaling = rope.yarn.attention_factor
         else:

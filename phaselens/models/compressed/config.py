@@ -11,14 +11,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from jaxtyping import Float
+from torch import Tensor
+
 from phaselens.core.checks import MAX_SEED
 from phaselens.core.geometry import PhaseSpec
 from phaselens.errors import ConfigError
 from phaselens.models.compressed.json_fields import check_bool, check_number, fields_from_json
+from phaselens.models.parts.rope import RopeStyle, inverse_frequencies
 
 GateKind = Literal["scalar", "vector", "uniform"]
 Sharing = Literal["shared", "per_offset"]
-RopeStyle = Literal["interleaved", "half"]
 MlpKind = Literal["gelu", "swiglu"]
 
 # Fields added after checkpoints were first written: ``to_dict`` leaves them out at their default, so every
@@ -69,6 +72,15 @@ class RopeSpec:
             raise ConfigError(f"RopeSpec.yarn must be a YarnSpec or None, got {self.yarn!r}.")
         if self.style not in ("interleaved", "half"):
             raise ConfigError(f"RopeSpec.style must be 'interleaved' or 'half', got {self.style!r}.")
+
+    def inv_freq(self, dims: int) -> Float[Tensor, " pairs"]:
+        """Inverse frequencies ``[dims // 2]`` (fp32) over ``dims`` channels, with the YaRN scaling if any
+        (its magnitude scale ``yarn.attention_factor`` is the caller's, at rotation)."""
+        yarn = self.yarn
+        if yarn is None:
+            return inverse_frequencies(dims, self.theta)
+        return inverse_frequencies(dims, self.theta, factor=yarn.factor, original=yarn.original_max_position,
+                                   beta_fast=yarn.beta_fast, beta_slow=yarn.beta_slow)
 
     @classmethod
     def from_dict(cls, data: Any) -> RopeSpec:

@@ -15,6 +15,7 @@ fits, not a 358 GiB allocation or the OOM killer.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -27,13 +28,6 @@ if TYPE_CHECKING:  # the model and its attention are read by shape only: sizing 
     from phaselens.models.compressed.config import CompressedConfig
 
 RESIZABLE = ("d_model", "d_vocab", "d_mlp", "n_layers")  # the sizes a refusal suggests shrinking
-
-
-def _prod(shape: tuple[int, ...]) -> int:
-    out = 1
-    for s in shape:
-        out *= int(s)
-    return out
 
 
 def _rope_pairs(cfg: CompressedConfig, rope: Any) -> int:
@@ -141,7 +135,8 @@ def layer_shapes(attn: nn.Module, batch: int, max_len: int) -> dict[str, tuple[i
 def cache_bytes(model: nn.Module, batch: int, max_len: int) -> int:
     """Bytes a ``CompressedKVCache(model, batch, max_len)`` allocates (every layer's storage)."""
     size = model.unembed.weight.element_size()
-    return size * sum(_prod(s) for b in model.blocks for s in layer_shapes(b.attn, batch, max_len).values())
+    return size * sum(math.prod(map(int, s)) for b in model.blocks
+                      for s in layer_shapes(b.attn, batch, max_len).values())
 
 
 def check_cache(model: nn.Module, batch: int, max_len: int) -> None:

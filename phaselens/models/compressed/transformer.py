@@ -35,7 +35,7 @@ from phaselens.models.parts.hooking import ContextHooks, query_start
 from phaselens.models.parts.norms import RMSNorm
 from phaselens.models.parts.suffix_engine import query_engine
 from phaselens.models.parts.tl_split_qkv import FlatSplitQKV
-from phaselens.models.parts.tl_weights import TLModelWeights
+from phaselens.models.parts.tl_weights import TLModelWeights, stacked
 from phaselens.models.parts.tokens import check_tokens
 
 if TYPE_CHECKING:
@@ -89,35 +89,18 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
                                self.config.mlp == "swiglu")
 
     # ---- TransformerLens-shaped weights, stacked (blocks[l].attn.W_* are the per-layer views) ------------
-    def _per_head(self, name: str) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        """``[n_layers, n_heads, d_model, d_head]`` of W_Q / W_K / W_V, KV heads repeated over their query
-        heads (GQA, KV-major as TransformerLens repeats them); tied K=V layers give W_KV for both."""
-        return torch.stack([getattr(b.attn, f"W_{name}") for b in self.blocks])
-
-    @property
-    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        """Query weights as TransformerLens shapes them (applied to the RMS-normed residual, before RoPE; with
-        ``cfg.qk_norm`` the per-head RMSNorm ``q_norm`` follows them, so ``hook_q`` is not ``x @ W_Q`` then)."""
-        return self._per_head("Q")
-
-    @property
-    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        """Key weights, KV heads repeated to ``n_heads`` (before RoPE; W_KV on tied K=V layers)."""
-        return self._per_head("K")
-
-    @property
-    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        """Value weights, KV heads repeated to ``n_heads`` (W_KV on tied K=V layers, where RoPE is undone at z)."""
-        return self._per_head("V")
-
-    @property
-    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
-        """Output weights per head: ``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l])`` (no bias)."""
-        return self._per_head("O")
-
-    @property
-    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
-        return torch.stack([b.mlp.W_in for b in self.blocks])
+    W_Q = stacked("attn.W_Q", "[n_layers, n_heads, d_model, d_head]",
+                  "Applied to the RMS-normed residual, before RoPE; with ``cfg.qk_norm`` the per-head "
+                  "RMSNorm ``q_norm`` follows, so ``hook_q`` is not ``x @ W_Q``.")
+    W_K = stacked("attn.W_K", "[n_layers, n_heads, d_model, d_head]",
+                  "KV heads repeated over their query heads (GQA, KV-major as TransformerLens repeats them), "
+                  "before RoPE; W_KV on tied K=V layers.")
+    W_V = stacked("attn.W_V", "[n_layers, n_heads, d_model, d_head]",
+                  "KV heads repeated to ``n_heads``; W_KV on tied K=V layers, where RoPE is undone at z.")
+    W_O = stacked("attn.W_O", "[n_layers, n_heads, d_head, d_model]",
+                  '``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l])`` (no bias).')
+    W_in = stacked("mlp.W_in", "[n_layers, d_model, d_mlp]")
+    W_out = stacked("mlp.W_out", "[n_layers, d_mlp, d_model]")
 
     @property
     def W_gate(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
@@ -125,10 +108,6 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
         if self.config.mlp != "swiglu":
             raise AttributeError("W_gate exists only for a gated MLP (cfg.mlp='swiglu').")
         return torch.stack([b.mlp.W_gate for b in self.blocks])
-
-    @property
-    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
-        return torch.stack([b.mlp.W_out for b in self.blocks])
 
     @property
     def W_E(self) -> Float[Tensor, "d_vocab d_model"]:

@@ -10,12 +10,12 @@ config but not with the weights are caught after loading, by tensor name and sha
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Mapping
 from typing import Any
 
 from phaselens.core.checks import MAX_DIM
 from phaselens.errors import CheckpointError
+from phaselens.models.parts import config_fields as rules
 
 LAYER_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
 MLP_LAYER_TYPES = ("hash_moe", "moe")
@@ -32,37 +32,14 @@ NON_NEGATIVE_FLOAT = ("swiglu_limit",)
 BOOL = ("tie_word_embeddings", "norm_topk_prob", "attention_bias")
 
 
-def _int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
-
-
-def _real(v: Any) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-
-
 def problems(cfg: Mapping[str, Any]) -> list[str]:
     """What is wrong with a V4 config (a dict as ``config.json`` holds it), one phrase per field."""
-    out: list[str] = []
-    for k in POSITIVE_INT:
-        if k in cfg and not (_int(cfg[k]) and cfg[k] >= 1):
-            out.append(f"{k} must be a positive integer, got {cfg[k]!r}")
-    for k in NON_NEGATIVE_INT:
-        if k in cfg and not (_int(cfg[k]) and cfg[k] >= 0):
-            out.append(f"{k} must be an integer >= 0, got {cfg[k]!r}")
-    for k in (*POSITIVE_INT, *NON_NEGATIVE_INT):  # bounded before anything is built (positions: priced as numbers)
-        if k != "max_position_embeddings" and _int(cfg.get(k)) and cfg[k] > MAX_DIM:
-            out.append(f"{k}={cfg[k]:,} exceeds {MAX_DIM:,} (2^31 - 1), the largest dimension phaselens builds")
-    for k in POSITIVE_FLOAT:
-        if k in cfg and not (_real(cfg[k]) and cfg[k] > 0):  # null too: transformers refuses it
-            out.append(f"{k} must be a finite number > 0, got {cfg[k]!r}")
-    for k in NON_NEGATIVE_FLOAT:
-        if k in cfg and not (_real(cfg[k]) and cfg[k] >= 0):
-            out.append(f"{k} must be a finite number >= 0, got {cfg[k]!r}")
-    for k in BOOL:
-        if k in cfg and not isinstance(cfg[k], bool):
-            out.append(f"{k} must be true or false, got {cfg[k]!r}")
+    out = rules.field_type_problems(cfg, positive_int=POSITIVE_INT, non_negative_int=NON_NEGATIVE_INT)
+    out += rules.size_problems(cfg, (*POSITIVE_INT, *NON_NEGATIVE_INT))
+    out += rules.field_type_problems(cfg, positive_float=POSITIVE_FLOAT,
+                                     non_negative_float=NON_NEGATIVE_FLOAT, bools=BOOL)
     prf = cfg.get("partial_rotary_factor")
-    if prf is not None and not (_real(prf) and 0 < prf <= 1):
+    if prf is not None and not (rules.is_real(prf) and 0 < prf <= 1):
         out.append(f"partial_rotary_factor must be a number in (0, 1], got {prf!r}")
     if "hidden_act" in cfg:
         from transformers.activations import ACT2FN
@@ -81,13 +58,13 @@ def problems(cfg: Mapping[str, Any]) -> list[str]:
     out += _rope(cfg.get(rope_key), rope_key)
     if not out:  # sizes that must agree with each other
         heads, groups = cfg.get("num_attention_heads"), cfg.get("o_groups")
-        if _int(heads) and _int(groups) and heads % groups:
+        if rules.is_int(heads) and rules.is_int(groups) and heads % groups:
             out.append(f"o_groups={groups} must divide num_attention_heads={heads}")
         k, e = cfg.get("num_experts_per_tok"), cfg.get("n_routed_experts")
-        if _int(k) and _int(e) and k > e:
+        if rules.is_int(k) and rules.is_int(e) and k > e:
             out.append(f"num_experts_per_tok={k} exceeds n_routed_experts={e}")
         d = cfg.get("head_dim")
-        if _int(d) and prf is not None and (d * prf) % 2:
+        if rules.is_int(d) and prf is not None and (d * prf) % 2:
             out.append(f"head_dim x partial_rotary_factor = {d * prf:g} rotary channels must be an even integer")
     return out or _transformers_refuses(cfg)
 
@@ -136,10 +113,11 @@ def _schedules(cfg: Mapping[str, Any]) -> list[str]:
         bad = sorted({str(v) for v in value if v not in allowed})
         if bad:
             out.append(f"{key} holds {bad}; each entry must be one of {allowed}")
-        elif _int(n) and len(value) != n:  # transformers needs exactly one per layer
+        elif rules.is_int(n) and len(value) != n:  # transformers needs exactly one per layer
             out.append(f"{key} lists {len(value)} layers but num_hidden_layers is {n}; give one entry per layer")
     ratios = cfg.get("compress_ratios")
-    if ratios is not None and not (isinstance(ratios, list) and all(_int(r) and r in (0, 4, 128) for r in ratios)):
+    if ratios is not None and not (isinstance(ratios, list)
+                                   and all(rules.is_int(r) and r in (0, 4, 128) for r in ratios)):
         out.append(f"compress_ratios must be a list of 0, 4 or 128 per layer, got {ratios!r}")
     return out
 
@@ -150,6 +128,8 @@ FP8_FORMATS = ("e4m3",)
 SCALE_FORMATS = ("ue8m0", "float")
 EXPERT_DTYPES = ("fp4", "fp8")
 ACTIVATION_SCHEMES = ("dynamic", "static")
+FORMATS = (("quant_method", QUANT_METHODS, None), ("fmt", FP8_FORMATS, "e4m3"),  # (key, known, default)
+           ("scale_fmt", SCALE_FORMATS, "float"), ("activation_scheme", ACTIVATION_SCHEMES, "dynamic"))
 
 
 def _quantization(cfg: Mapping[str, Any]) -> list[str]:
@@ -163,18 +143,16 @@ def _quantization(cfg: Mapping[str, Any]) -> list[str]:
     if quant is not None and not isinstance(quant, Mapping):
         return [f"quantization_config must be a JSON object or absent, got {quant!r}"]
     quant = quant or {}
-    for key, known, default in (("quant_method", QUANT_METHODS, None), ("fmt", FP8_FORMATS, "e4m3"),
-                                ("scale_fmt", SCALE_FORMATS, "float"),
-                                ("activation_scheme", ACTIVATION_SCHEMES, "dynamic")):
-        if quant and quant.get(key, default) not in known:
-            out.append(f"quantization_config.{key} must be one of {known} (what phaselens reads), got "
-                       f"{quant.get(key)!r}")
+    if quant:
+        out += rules.format_problems(quant, FORMATS)
     key = "quantization_config.expert_dtype" if "expert_dtype" in quant else "expert_dtype"
     experts = quant.get("expert_dtype", experts)
     if experts is not None and experts not in EXPERT_DTYPES:
         out.append(f"{key} must be one of {EXPERT_DTYPES}, got {experts!r}")
     block = quant.get("weight_block_size", [128, 128])
-    if quant and not (isinstance(block, list | tuple) and len(block) == 2 and all(_int(b) and b >= 1 for b in block)):
+    whole = (isinstance(block, list | tuple) and len(block) == 2
+             and all(rules.is_int(b) and b >= 1 for b in block))
+    if quant and not whole:
         out.append(f"quantization_config.weight_block_size must be a list of two positive integers, got {block!r}")
     return out
 
@@ -204,7 +182,7 @@ def _rates(rates: Any) -> list[str]:
     for k, v in rates.items():
         if k not in LAYER_TYPES[1:]:
             out.append(f"compress_rates has the unknown key {k!r}; keys are {LAYER_TYPES[1:]}")
-        elif not (_int(v) and 2 <= v <= MAX_DIM):
+        elif not (rules.is_int(v) and 2 <= v <= MAX_DIM):
             out.append(f"compress_rates[{k!r}] must be an integer >= 2 (tokens per compressed entry) and at most "
                        f"{MAX_DIM:,}, got {v!r}")
     return out

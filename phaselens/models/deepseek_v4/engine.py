@@ -137,10 +137,7 @@ class V4SuffixEngine(SlotEngine):
             }
             hidden = embeds.unsqueeze(2).expand(-1, -1, int(self.hf.config.hc_mult), -1).contiguous()
             self.clean_step(hidden, len(inner.layers))
-        self._row_bytes = [self._bytes_per_row(layer) for layer in range(len(inner.layers))]
-
-    def row_bytes(self, layer: int) -> int:
-        return self._row_bytes[layer]
+        self.layer_row_bytes = [self._bytes_per_row(layer) for layer in range(len(inner.layers))]
 
     def run_layers(self, start: int, hidden: Tensor, copies: int, hooks: HookList,
                    record: list[Any] | None = None) -> Tensor:

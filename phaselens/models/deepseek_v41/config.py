@@ -20,11 +20,12 @@ compute something ill-defined for (see ``docs/deepseek_v41.md``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from phaselens.errors import CheckpointError, UnsupportedModelError
-from phaselens.models.deepseek_v41.bounds import size_problems, spans
+from phaselens.models.parts import config_fields as rules
+from phaselens.models.parts.config_fields import spans
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,11 @@ class LayerRole:
     @property
     def compressed(self) -> bool:
         return self.ratio > 0
+
+
+# how a ``text_config`` value becomes a field of :class:`V41Config`, by the field's annotation
+_READ = {"int": int, "float": float, "bool": bool, "str": str,
+         "tuple[int, ...]": lambda v: tuple(int(x) for x in v or ())}
 
 
 @dataclass(frozen=True)
@@ -120,11 +126,7 @@ class V41Config:
                 "config.json of a DeepSeek-V4.1 checkpoint must hold the text model under 'text_config' "
                 "(a dict); this one has none."
             )
-        need = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim",
-                "qk_rope_head_dim", "q_lora_rank", "o_lora_rank", "o_groups", "sliding_window",
-                "compress_ratios", "kv_source_layer_ids", "index_source_layer_ids", "index_n_heads",
-                "index_head_dim", "index_topk", "moe_intermediate_size", "n_routed_experts",
-                "num_experts_per_tok"]
+        need = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
         missing = [k for k in need if k not in text]
         if missing:
             raise CheckpointError(f"config.json text_config lacks {missing}; the checkpoint is incomplete.")
@@ -144,59 +146,21 @@ class V41Config:
             raise CheckpointError(
                 f"compress_ratios has {len(ratios)} entries for {n} layers; it needs one per layer."
             )
-        cfg = cls(
-            vocab_size=int(text["vocab_size"]),
-            hidden_size=int(text["hidden_size"]),
-            num_hidden_layers=n,
-            num_attention_heads=int(text["num_attention_heads"]),
-            head_dim=int(text["head_dim"]),
-            qk_rope_head_dim=int(text["qk_rope_head_dim"]),
-            q_lora_rank=int(text["q_lora_rank"]),
-            o_lora_rank=int(text["o_lora_rank"]),
-            o_groups=int(text["o_groups"]),
-            sliding_window=int(text["sliding_window"]),
-            compress_ratios=ratios[:n],
-            kv_source_layer_ids=tuple(int(x) for x in text["kv_source_layer_ids"]),
-            index_source_layer_ids=tuple(int(x) for x in text["index_source_layer_ids"]),
-            index_n_heads=int(text["index_n_heads"]),
-            index_head_dim=int(text["index_head_dim"]),
-            index_topk=int(text["index_topk"]),
-            moe_intermediate_size=int(text["moe_intermediate_size"]),
-            n_routed_experts=int(text["n_routed_experts"]),
-            num_experts_per_tok=int(text["num_experts_per_tok"]),
-            n_shared_experts=int(text.get("n_shared_experts", 1)),
-            candidate_source_layer_id=int(text.get("candidate_source_layer_id", -1)),
-            candidate_topk_blocks=int(text.get("candidate_topk_blocks", 0)),
-            candidate_block_size=int(text.get("candidate_block_size", 0)),
-            rms_norm_eps=float(text.get("rms_norm_eps", 1e-20)),
-            rope_theta=float(text.get("rope_theta", 10000.0)),
-            compress_rope_theta=float(text.get("compress_rope_theta", 160000.0)),
-            rope_factor=float(rope.get("factor", 1.0)) if yarn else 1.0,
-            rope_original_max_position=int(rope.get("original_max_position_embeddings", 0)) if yarn else 0,
-            beta_fast=float(rope.get("beta_fast", 32)),
-            beta_slow=float(rope.get("beta_slow", 1)),
-            max_position_embeddings=int(text.get("max_position_embeddings", 1 << 20)),
-            scoring_func=str(text.get("scoring_func", "sqrtsoftplus")),
-            norm_topk_prob=bool(text.get("norm_topk_prob", True)),
-            routed_scaling_factor=float(text.get("routed_scaling_factor", 1.0)),
-            gate_temp=float(text.get("gate_temp", 1.0)),
-            swiglu_limit=float(text.get("swiglu_limit", 0.0)),
-            hc_mult=int(text.get("hc_mult", 4)),
-            hc_sinkhorn_iters=int(text.get("hc_sinkhorn_iters", 20)),
-            hc_eps=float(text.get("hc_eps", 1e-6)),
-            engram_layer_ids=tuple(int(x) for x in text.get("engram_layer_ids", ()) or ()),
-            engram_num_embeddings=tuple(int(x) for x in text.get("engram_num_embeddings", ()) or ()),
-            engram_max_ngram_size=int(text.get("engram_max_ngram_size", 1)),
-            engram_vocab_size=int(text.get("engram_vocab_size", 0)),
-            engram_n_heads=int(text.get("engram_n_heads", 0)),
-            engram_head_dim=int(text.get("engram_head_dim", 0)),
-            engram_pad_id=int(text.get("engram_pad_token_id", text.get("engram_pad_id", 2))),
-            engram_compressed_vocab_size=int(text.get("engram_compressed_vocab_size", 0)),
-            num_nextn_predict_layers=int(text.get("num_nextn_predict_layers", 0)),
-            weight_block_size=(int(block[0]), int(block[-1])),
-            name=name,
-            extra={"text_config": text, "quantization_config": quant},
-        )
+        # every field named as in text_config, absent ones at their defaults; then those read from elsewhere
+        read = [f for f in fields(cls) if f.type in _READ and f.name in text]
+        values = {f.name: _READ[f.type](text[f.name]) for f in read}
+        cfg = cls(**{
+            **values,
+            "compress_ratios": ratios[:n],
+            "rope_factor": float(rope.get("factor", 1.0)) if yarn else 1.0,
+            "rope_original_max_position": int(rope.get("original_max_position_embeddings", 0)) if yarn else 0,
+            "beta_fast": float(rope.get("beta_fast", 32)),
+            "beta_slow": float(rope.get("beta_slow", 1)),
+            "engram_pad_id": int(text.get("engram_pad_token_id", text.get("engram_pad_id", 2))),
+            "weight_block_size": (int(block[0]), int(block[-1])),
+            "name": name,
+            "extra": {"text_config": text, "quantization_config": quant},
+        })
         cfg.topology()  # validate now: a bad config fails at load, not mid-forward
         return cfg
 
@@ -284,14 +248,6 @@ SCALE_FORMATS = ("ue8m0",)
 EXPERT_DTYPES = ("fp4", "fp8")
 
 
-def _int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _real(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and v == v and abs(v) != float("inf")
-
-
 def _quant_raw(raw: dict[str, Any]) -> Any:
     """``quantization_config`` as the file holds it: at the top level, else in ``text_config``."""
     text = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else {}
@@ -308,29 +264,25 @@ def quantization(raw: dict[str, Any]) -> dict[str, Any]:
 def field_problems(raw: dict[str, Any]) -> list[str]:
     """What is wrong with the fields of a V4.1 ``config.json`` (a dict), one phrase per field."""
     text: dict[str, Any] = raw.get("text_config") or {}
-    out: list[str] = []
-    rules = ((POSITIVE_INT, lambda v: _int(v) and v >= 1, "a positive integer"),
-             (NON_NEGATIVE_INT, lambda v: _int(v) and v >= 0, "an integer >= 0"),
-             (POSITIVE_FLOAT, lambda v: _real(v) and v > 0, "a finite number > 0"),
-             (NON_NEGATIVE_FLOAT, lambda v: _real(v) and v >= 0, "a finite number >= 0"))
-    for names, ok, what in rules:
-        out += [f"text_config.{k} must be {what}, got {text[k]!r}" for k in names if k in text and not ok(text[k])]
+    out = rules.field_type_problems(text, positive_int=POSITIVE_INT, non_negative_int=NON_NEGATIVE_INT,
+                                    positive_float=POSITIVE_FLOAT, non_negative_float=NON_NEGATIVE_FLOAT,
+                                    prefix="text_config.")
     c = text.get("candidate_source_layer_id", -1)
-    if not (_int(c) and c >= -1):
+    if not (rules.is_int(c) and c >= -1):
         out.append(f"text_config.candidate_source_layer_id must be a layer index or -1 (off), got {c!r}")
-    if "norm_topk_prob" in text and not isinstance(text["norm_topk_prob"], bool):
-        out.append(f"text_config.norm_topk_prob must be true or false, got {text['norm_topk_prob']!r}")
+    out += rules.field_type_problems(text, bools=("norm_topk_prob",), prefix="text_config.")
     for k, known in (("scoring_func", SCORING), ("hidden_act", ("silu",)), ("topk_method", ("noaux_tc",))):
         if text.get(k, known[0]) not in known:  # what the V4.1 code computes, never silently another
             out.append(f"text_config.{k} must be one of {known}, got {text[k]!r}")
     for k in INT_LISTS:
         v = text.get(k, [])
-        if not (isinstance(v, list) and all(_int(x) and x >= 0 for x in v)):
+        if not (isinstance(v, list) and all(rules.is_int(x) and x >= 0 for x in v)):
             out.append(f"text_config.{k} must be a list of integers >= 0, got {v!r}")
     sizes = text.get("engram_num_embeddings", [])
-    if not (isinstance(sizes, list) and all(_int(x) and x >= 1 for x in sizes)):
+    if not (isinstance(sizes, list) and all(rules.is_int(x) and x >= 1 for x in sizes)):
         out.append(f"text_config.engram_num_embeddings must be a list of positive integers, got {sizes!r}")
-    out += size_problems(text, (*POSITIVE_INT, *NON_NEGATIVE_INT))
+    out += rules.size_problems(text, (*POSITIVE_INT, *NON_NEGATIVE_INT), "text_config.",
+                         ("engram_num_embeddings", "compress_ratios"))
     out += _rope_problems(text.get("rope_scaling") or text.get("rope_parameters"))
     out += _quant_problems(raw, text)
     if out:
@@ -352,9 +304,10 @@ def _rope_problems(rope: Any) -> list[str]:
     if not isinstance(rope, dict):
         return [f"text_config.rope_scaling must be a JSON object or null, got {rope!r}"]
     out = [f"text_config.rope_scaling.{k} must be a finite number > 0, got {rope[k]!r}"
-           for k in ("factor", "beta_fast", "beta_slow") if k in rope and not (_real(rope[k]) and rope[k] > 0)]
+           for k in ("factor", "beta_fast", "beta_slow")
+           if k in rope and not (rules.is_real(rope[k]) and rope[k] > 0)]
     m = rope.get("original_max_position_embeddings", 1)
-    if not (_int(m) and m >= 1):
+    if not (rules.is_int(m) and m >= 1):
         out.append(f"text_config.rope_scaling.original_max_position_embeddings must be a positive integer, got {m!r}")
     return out
 
@@ -366,17 +319,14 @@ def _quant_problems(raw: dict[str, Any], text: dict[str, Any]) -> list[str]:
         return []
     if not isinstance(quant, dict):
         return [f"quantization_config must be a JSON object, got {quant!r}"]
-    out = []
-    for key, known, default in (("quant_method", QUANT_METHODS, None), ("fmt", FP8_FORMATS, "e4m3"),
-                                ("scale_fmt", SCALE_FORMATS, "ue8m0")):
-        if quant.get(key, default) not in known:
-            out.append(f"quantization_config.{key} must be one of {known} (what phaselens reads), got "
-                       f"{quant.get(key)!r}")
+    out = rules.format_problems(quant, (("quant_method", QUANT_METHODS, None), ("fmt", FP8_FORMATS, "e4m3"),
+                                  ("scale_fmt", SCALE_FORMATS, "ue8m0")))
     experts = quant.get("expert_dtype", text.get("expert_dtype", "fp4"))
     if experts not in EXPERT_DTYPES:
         out.append(f"quantization_config.expert_dtype must be one of {EXPERT_DTYPES}, got {experts!r}")
     block = quant.get("weight_block_size", [32, 32])
-    if not (isinstance(block, list) and len(block) in (1, 2) and all(_int(b) and b >= 1 for b in block)):
+    if not (isinstance(block, list) and len(block) in (1, 2) and all(rules.is_int(b) and b >= 1
+                                                                      for b in block)):
         out.append(f"quantization_config.weight_block_size must be a list of two positive integers, got {block!r}")
     return out
 

@@ -89,7 +89,7 @@ class V41SuffixEngine(SlotEngine):
             pre[..., 0] = 1.0  # one-hot: the first block's attention reads stream 0
             self.clean_step((x, pre), len(model.blocks))
         self.prefix_fragile = prefix.flags
-        self._row_bytes = [self._bytes_per_row(layer) for layer in range(len(model.blocks))]
+        self.layer_row_bytes = [self._bytes_per_row(layer) for layer in range(len(model.blocks))]
 
     # ---- the kind's part of SlotEngine ----------------------------------------------------------------
     def run_layers(self, start: int, state: tuple[Tensor, Tensor], copies: int, hooks: HookList,
@@ -112,9 +112,6 @@ class V41SuffixEngine(SlotEngine):
             self.clean_runtime = rt
         final = model.norm(hc_pre(x, pre))
         return model.head(final.to(model.head.weight.dtype))[:, 0]
-
-    def row_bytes(self, layer: int) -> int:
-        return self._row_bytes[layer]
 
     # ---- the prefix and the clean shared state, repeated for a pass ------------------------------------
     def _pass_cache(self, start: int, copies: int) -> V41Cache:

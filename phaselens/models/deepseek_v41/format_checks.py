@@ -35,6 +35,7 @@ from torch import nn
 
 from phaselens.errors import CheckpointError
 from phaselens.models.deepseek_v41.weights import Stored, target, wanted
+from phaselens.models.parts.dtypes import dtype_name
 from phaselens.models.parts.packed import FP4_ROWS, PackedFormat, stored_kind
 
 FP8 = (torch.float8_e4m3fn,)
@@ -61,10 +62,6 @@ class Need:
     dtypes: tuple[torch.dtype, ...]
     shape: tuple[int, ...]
     fix: str = FIX_SHAPE
-
-
-def _name(d: torch.dtype) -> str:
-    return str(d).removeprefix("torch.")
 
 
 def _blocks(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
@@ -154,11 +151,11 @@ def problems(index: dict[str, Stored], need: dict[str, Need]) -> list[str]:
         st = index[name]
         if st.dtype in n.dtypes and st.shape == n.shape:
             continue
-        holds = f"{st.name} (in {st.shard.name}) holds {_name(st.dtype)} {list(st.shape)}"
+        holds = f"{st.name} (in {st.shard.name}) holds {dtype_name(st.dtype)} {list(st.shape)}"
         if not n.dtypes:
             out.append(f"{holds}: {n.role}. Fix: {n.fix}.")
             continue
-        needed = " or ".join(_name(d) for d in n.dtypes)
+        needed = " or ".join(dtype_name(d) for d in n.dtypes)
         fix = n.fix if st.dtype in n.dtypes else FIX_DTYPE
         out.append(f"{holds}, but {n.role} must be {needed} {list(n.shape)}. Fix: {fix}.")
     return out
@@ -173,7 +170,7 @@ def _mixed(index: dict[str, Stored], need: dict[str, Need]) -> list[str]:
         st = index[name]
         kind = None if name.endswith(".scale") else stored_kind(st.dtype)
         key = re.sub(r"\.experts\.\d+\.", ".experts.*.", name)
-        by_key.setdefault(key, {}).setdefault(kind or _name(st.dtype), st.name)
+        by_key.setdefault(key, {}).setdefault(kind or dtype_name(st.dtype), st.name)
     return [f"{' but '.join(f'{n} holds {form}' for form, n in seen.items())}: the routed experts' {key} are "
             f"stacked in one format. Fix: {FIX_DTYPE}." for key, seen in by_key.items() if len(seen) > 1]
 

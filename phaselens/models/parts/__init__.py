@@ -8,7 +8,8 @@
 * numerics: :mod:`.formats` (FP8 / FP4 values and round trips), :mod:`.packed` (weights in their stored FP8 / FP4
   layouts), :mod:`.rope` (RoPE / YaRN), :mod:`.norms` (RMSNorm), :mod:`.dtypes` (the compute dtype),
   :mod:`.chunks` (prefill pieces and the query piece), :mod:`.index_topk` (a sparse indexer's top-k notice);
-* :mod:`.tokens` (checked token ids) and :mod:`.wrappers` (views of models other libraries rewired).
+* :mod:`.tokens` (checked token ids), :mod:`.config_fields` (a ``config.json``'s fields checked by type and
+  range) and :mod:`.wrappers` (views of models other libraries rewired).
 
 Nothing is re-exported here: import from the defining module.
 """

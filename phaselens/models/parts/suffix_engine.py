@@ -123,6 +123,7 @@ class SlotEngine:
     # a kind whose model reports its discrete steps' rounding margins (phaselens.core.margins) sets
     # this: then every pass records them, and ``last_fragile`` says which cells' rows a rounding could flip
     measures_margins: bool = False
+    layer_row_bytes: Sequence[int] = ()  # per layer, the bytes of one row of a pass from it (row_bytes)
 
     def __init__(self, n: int, query_pos: int, *, rows_per_pass: int = 4096, pass_bytes: int = PASS_BYTES) -> None:
         self.n, self.q = int(n), int(query_pos)
@@ -141,8 +142,9 @@ class SlotEngine:
         raise NotImplementedError
 
     def row_bytes(self, layer: int) -> int:
-        """Memory of one row of a pass from ``layer`` (0: no bound but ``rows_per_pass``)."""
-        return 0
+        """Memory of one row of a pass from ``layer``: :attr:`layer_row_bytes`, which a kind fills after its
+        clean step (empty, 0: no bound but ``rows_per_pass``)."""
+        return self.layer_row_bytes[layer] if self.layer_row_bytes else 0
 
     # ---- shared --------------------------------------------------------------------------------------
     def clean_step(self, state: Any, n_layers: int) -> None:

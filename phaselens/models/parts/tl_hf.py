@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from phaselens.errors import InputError
 from phaselens.models.parts.tl_split_qkv import SplitQKV
-from phaselens.models.parts.tl_weights import SurfaceError, TLModelWeights, stack_blocks, widen
+from phaselens.models.parts.tl_weights import SurfaceError, TLModelWeights, stacked, widen
 
 
 # ---- transformers models: views of nn.Linear / Conv1D weights ------------------------------------------------
@@ -25,6 +25,17 @@ def _io(module: nn.Module) -> Tensor:
 def _bias(module: nn.Module | None) -> Tensor | None:
     b = getattr(module, "bias", None)
     return b if isinstance(b, Tensor) else None
+
+
+def _head_view(role: int, shape: str, *, widened: bool = False, bias: bool = False) -> property:
+    """The weight (``bias``: the bias) of q (``role`` 0), k (1) or v (2) per head, ``shape``; ``widened``: the
+    KV heads repeated over their query heads (a copy under GQA)."""
+
+    def get(self: HFAttentionWeights) -> Tensor | None:
+        t = self._head_bias(role) if bias else self._heads(role)
+        return t if t is None or not widened else widen(t, self._lay.n_heads)
+
+    return property(get, doc=f"``{shape}``")
 
 
 class HFAttentionWeights:
@@ -59,44 +70,19 @@ class HFAttentionWeights:
         _, b = self._parts(role)
         return None if b is None else b.view(-1, self._lay.d_head)
 
-    @property
-    def W_Q(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        return self._heads(0)
-
-    @property
-    def W_K_kv(self) -> Float[Tensor, "n_kv d_model d_head"]:
-        return self._heads(1)
-
-    @property
-    def W_V_kv(self) -> Float[Tensor, "n_kv d_model d_head"]:
-        return self._heads(2)
-
-    @property
-    def W_K(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        return widen(self._heads(1), self._lay.n_heads)
-
-    @property
-    def W_V(self) -> Float[Tensor, "n_heads d_model d_head"]:
-        return widen(self._heads(2), self._lay.n_heads)
+    W_Q = _head_view(0, "[n_heads, d_model, d_head]")
+    W_K_kv = _head_view(1, "[n_kv, d_model, d_head]")
+    W_V_kv = _head_view(2, "[n_kv, d_model, d_head]")
+    W_K = _head_view(1, "[n_heads, d_model, d_head]", widened=True)
+    W_V = _head_view(2, "[n_heads, d_model, d_head]", widened=True)
+    b_Q = _head_view(0, "[n_heads, d_head] or None", bias=True)
+    b_K = _head_view(1, "[n_heads, d_head] or None", widened=True, bias=True)
+    b_V = _head_view(2, "[n_heads, d_head] or None", widened=True, bias=True)
 
     @property
     def W_O(self) -> Float[Tensor, "n_heads d_head d_model"]:
         lay = self._lay
         return _io(lay.out_proj[self._l]).view(lay.n_heads, lay.d_head, lay.d_model)
-
-    @property
-    def b_Q(self) -> Tensor | None:
-        return self._head_bias(0)
-
-    @property
-    def b_K(self) -> Tensor | None:
-        b = self._head_bias(1)
-        return None if b is None else widen(b, self._lay.n_heads)
-
-    @property
-    def b_V(self) -> Tensor | None:
-        b = self._head_bias(2)
-        return None if b is None else widen(b, self._lay.n_heads)
 
     @property
     def b_O(self) -> Tensor | None:
@@ -125,6 +111,17 @@ _MOE = ("its MLP is not one dense layer (a mixture of experts, or a layout phase
         "Use blocks.{l}.hook_mlp_out (the layer's output) or the experts' own modules (adapter.model).")
 
 
+def _mlp_view(role: str, shape: str, *, bias: bool = False) -> property:
+    """The weight ``[in, out]`` (``bias``: the bias) of an MLP's ``"in"``, ``"gate"`` or ``"out"`` module,
+    ``shape``; ``None`` where the MLP has no such module (no gate) or it has no bias."""
+
+    def get(self: HFMLPWeights) -> Tensor | None:
+        module = self._get(role).get(role)
+        return None if module is None else _bias(module) if bias else _io(module)
+
+    return property(get, doc=f"``{shape}``")
+
+
 class HFMLPWeights:
     """TransformerLens's names over one transformers MLP: ``W_in`` (Llama: ``up_proj``), ``W_gate``, ``W_out``
     ``[d_mlp, D]``, ``b_in``, ``b_out`` (views). A mixture of experts raises :class:`SurfaceError`."""
@@ -138,26 +135,11 @@ class HFMLPWeights:
             raise SurfaceError(f"blocks[{self._l}].mlp: " + _MOE.replace("{l}", str(self._l)))
         return self._parts
 
-    @property
-    def W_in(self) -> Float[Tensor, "d_model d_mlp"]:
-        return _io(self._get("in")["in"])
-
-    @property
-    def W_gate(self) -> Float[Tensor, "d_model d_mlp"] | None:
-        gate = self._get("gate").get("gate")
-        return None if gate is None else _io(gate)
-
-    @property
-    def W_out(self) -> Float[Tensor, "d_mlp d_model"]:
-        return _io(self._get("out")["out"])
-
-    @property
-    def b_in(self) -> Tensor | None:
-        return _bias(self._get("in")["in"])
-
-    @property
-    def b_out(self) -> Tensor | None:
-        return _bias(self._get("out")["out"])
+    W_in = _mlp_view("in", "[d_model, d_mlp]")
+    W_gate = _mlp_view("gate", "[d_model, d_mlp] or None")
+    W_out = _mlp_view("out", "[d_mlp, d_model]")
+    b_in = _mlp_view("in", "[d_mlp] or None", bias=True)
+    b_out = _mlp_view("out", "[d_model] or None", bias=True)
 
     def __repr__(self) -> str:
         return f"blocks[{self._l}].mlp (TransformerLens names)"
@@ -223,9 +205,7 @@ class HFSurface(TLModelWeights):
         return self._layout.embed.weight
 
     def _position_embedding(self) -> Tensor | None:
-        base = getattr(self.model, getattr(self.model, "base_model_prefix", "model"), None)
-        wpe = getattr(base, "wpe", None)
-        return wpe.weight if isinstance(wpe, nn.Embedding) else None
+        return None if self._layout.pos_embed is None else self._layout.pos_embed.weight
 
     @property
     def unembed(self) -> nn.Module:
@@ -236,29 +216,14 @@ class HFSurface(TLModelWeights):
     def _unembed_bias(self) -> Tensor | None:
         return _bias(self.model.get_output_embeddings())
 
-    @property
-    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        return stack_blocks(self.blocks, "attn.W_Q")
-
-    @property
-    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        return stack_blocks(self.blocks, "attn.W_K")
-
-    @property
-    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
-        return stack_blocks(self.blocks, "attn.W_V")
-
-    @property
-    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
-        return stack_blocks(self.blocks, "mlp.W_in")
-
-    @property
-    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
-        return stack_blocks(self.blocks, "mlp.W_out")
-
-    @property
-    def W_gate(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
-        return stack_blocks(self.blocks, "mlp.W_gate")
+    W_Q = stacked("attn.W_Q", "[n_layers, n_heads, d_model, d_head]")
+    W_K = stacked("attn.W_K", "[n_layers, n_heads, d_model, d_head]")
+    W_V = stacked("attn.W_V", "[n_layers, n_heads, d_model, d_head]")
+    W_O = stacked("attn.W_O", "[n_layers, n_heads, d_head, d_model]",
+                  '``hook_attn_out = einsum("bnhd,hdm->bnm", hook_z, W_O[l])`` (+ bias).')
+    W_in = stacked("mlp.W_in", "[n_layers, d_model, d_mlp]")
+    W_out = stacked("mlp.W_out", "[n_layers, d_mlp, d_model]")
+    W_gate = stacked("mlp.W_gate", "[n_layers, d_model, d_mlp]")
 
     # ---- torch module habits, passed to the wrapped model ------------------------------------------------
     def eval(self) -> Any:

@@ -139,6 +139,13 @@ def stack_blocks(blocks: Any, path: str) -> Tensor:
     return torch.stack(values)
 
 
+def stacked(path: str, shape: str, note: str = "") -> property:
+    """A model-level property: ``blocks[l].<path>`` stacked over the layers (:func:`stack_blocks`), ``shape``
+    its shape (``"[n_layers, n_heads, d_model, d_head]"``), ``note`` what else its docstring says."""
+    doc = f"``{shape}``: ``blocks[l].{path}`` stacked. {note}".rstrip()
+    return property(lambda self: stack_blocks(self.blocks, path), doc=doc)
+
+
 _ROTARY = ("this model has no learned position embedding: positions enter through rotary embeddings inside "
            "attention (cfg.positional_embedding_type == 'rotary'), so no position term is added to the residual.")
 
@@ -187,17 +194,9 @@ class TLModelWeights(ExplainedAttributes):
     def _unembed_bias(self) -> Tensor | None:
         return None
 
-    @property
-    def b_O(self) -> Float[Tensor, "n_layers d_model"]:
-        return stack_blocks(self.blocks, "attn.b_O")  # type: ignore[attr-defined]
-
-    @property
-    def b_in(self) -> Float[Tensor, "n_layers d_mlp"]:
-        return stack_blocks(self.blocks, "mlp.b_in")  # type: ignore[attr-defined]
-
-    @property
-    def b_out(self) -> Float[Tensor, "n_layers d_model"]:
-        return stack_blocks(self.blocks, "mlp.b_out")  # type: ignore[attr-defined]
+    b_O = stacked("attn.b_O", "[n_layers, d_model]")
+    b_in = stacked("mlp.b_in", "[n_layers, d_mlp]")
+    b_out = stacked("mlp.b_out", "[n_layers, d_model]")
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
                          ) -> Float[Tensor, " d_model"]:

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from phaselens.models import Compressor
-from phaselens.models.compressed.rope import rope_inv_freq
 from tests.support.deepseek import tiny_v4_model
 
 
@@ -60,9 +59,9 @@ def test_from_hf_copies_frequencies_and_our_yarn_agrees(v4):
     theirs = hf.rotary_emb.compress_inv_freq
     assert torch.equal(ours.inv_freq, theirs)  # copied, not recomputed
     assert ours.spec.rope.yarn is not None and ours.spec.rope.yarn.factor == 16.0
-    recomputed = rope_inv_freq(16, ours.spec.rope)  # our own YaRN from the spec
+    recomputed = ours.spec.rope.inv_freq(16)  # our own YaRN from the spec
     assert torch.allclose(recomputed, theirs, rtol=1e-6)
-    plain = rope_inv_freq(16, ours.spec.rope.__class__(dims=16, theta=160000.0))
+    plain = ours.spec.rope.__class__(dims=16, theta=160000.0).inv_freq(16)
     assert not torch.allclose(plain, theirs)  # YaRN really changes the frequencies
 
 
