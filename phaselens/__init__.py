@@ -25,7 +25,7 @@ _EXPORTS: dict[str, tuple[str, ...]] = {
     "phaselens.analyses.maps": ("specialization_map",),
     "phaselens.analyses.ablation": ("ablate",),
     "phaselens.analyses.patching": ("patch",),
-    "phaselens.analyses.knockouts": ("Knockout", "knockout"),
+    "phaselens.analyses.knockout_evaluation": ("knockout",),
     "phaselens.analyses.recording": ("record",),
     "phaselens.analyses.attribution": ("attribution_map",),
     "phaselens.analyses.cycling": ("gate_cycling_test",),
@@ -61,7 +61,7 @@ if TYPE_CHECKING:  # what static tools and IDEs see; at run time names resolve i
     from phaselens.analyses.attribution import attribution_map
     from phaselens.analyses.cycling import gate_cycling_test
     from phaselens.analyses.evaluation import evaluate
-    from phaselens.analyses.knockouts import Knockout, knockout
+    from phaselens.analyses.knockout_evaluation import knockout
     from phaselens.analyses.maps import specialization_map
     from phaselens.analyses.patching import patch
     from phaselens.analyses.recording import record
@@ -95,6 +95,7 @@ _ELSEWHERE = {
     "phaselens.core.labelled": ("Labelled",),
     "phaselens.repair.ensemble": ("PhaseEnsemble",),
     "phaselens.analyses.cycling": ("cycle_gates",),
+    "phaselens.analyses": ("Knockout", "knocked_out"),
 }
 
 
@@ -126,7 +127,6 @@ __all__ = [
     "specialization_map",
     "ablate",
     "patch",
-    "Knockout",
     "knockout",
     "record",
     "attribution_map",

@@ -2,8 +2,8 @@
 
 Each ``phaselens.ablate(...)`` call in the README, docs/*.md and the notebooks runs here exactly as written,
 with its stated settings (the notebooks at the sizes their own test uses), on the zoo model its page loads;
-every head a page knocks out with ``phaselens.knockout(model, ...)`` is ablated too. Each must cost at least
-25% of the clean accuracy at its worst phase, with a CI that excludes 0: retraining a zoo model, or editing
+every head a page knocks out with ``phaselens.knockout(model, ...)`` or ``phaselens.analyses.knocked_out(model,
+...)`` is ablated too. Each must cost at least 25% of the clean accuracy at its worst phase, with a CI that excludes 0: retraining a zoo model, or editing
 a page, cannot silently turn an example into a null.
 """
 
@@ -54,8 +54,8 @@ def _examples() -> list[tuple[str, str, str, str]]:
             continue  # no zoo model on this page (e.g. real DeepSeek-V4 weights): nothing to run here
         page = str(path.relative_to(ROOT))
         found += [(page, zoo[1], "ablate", call) for call in _calls(text, "ablate") if "(model," in call]
-        for call in _calls(text, "knockout"):
-            heads = re.match(r"phaselens\.knockout\(model,\s*(['\"][^'\"]+['\"])", call)
+        for call in _calls(text, "knockout") + _calls(text, r"analyses\.knocked_out"):
+            heads = re.match(r"phaselens\.(?:knockout|analyses\.knocked_out)\(model,\s*(['\"][^'\"]+['\"])", call)
             ablated = [c for pg, _, kind, c in found if pg == page and kind == "ablate"]
             if heads and not any(heads[1][1:-1] in c for c in ablated) and (page, zoo[1], "heads", heads[1]) \
                     not in found:  # a head the page also ablates is checked by that call

@@ -95,7 +95,7 @@ QE = dict(Q, n_bootstrap=0, n_permutations=1)
 
 
 def _with_knockout(w, **kw):
-    with phaselens.knockout(w.m, "L1H0", "zero", **kw):
+    with phaselens.analyses.knocked_out(w.m, "L1H0", method="zero", **kw):
         w.m(w.tokens)
 
 
@@ -107,9 +107,9 @@ CASES = [
     ("seed=1.5", lambda w: phaselens.patch(w.m, heads="L1H0", **Q, seed=1.5), E.InputError, "must be an integer"),
     ("n_bootstrap=-1", lambda w: phaselens.specialization_map(w.m, **Q, n_bootstrap=-1), E.InputError, ">= 0"),
     ("n_permutations=0", lambda w: phaselens.repair_table(w.m, **Q, n_permutations=0), E.InputError, ">= 1"),
-    ("phase=1.5", lambda w: phaselens.ablate(w.m, "L1H0", 1.5, **Q), E.InputError, "phase must be an integer"),
+    ("phase=1.5", lambda w: phaselens.ablate(w.m, "L1H0", phase=1.5, **Q), E.InputError, "phase must be an integer"),
     ("phase=[]", lambda w: phaselens.patch(w.m, heads="L1H0", phase=[], **Q), E.ResidueError, "phase is empty"),
-    ("phase=np.int64(0)", lambda w: phaselens.ablate(w.m, "L1H0", np.int64(0), method="zero", **Q, n_bootstrap=0),
+    ("phase=np.int64(0)", lambda w: phaselens.ablate(w.m, "L1H0", phase=np.int64(0), method="zero", **Q, n_bootstrap=0),
      OK, ""),
     ("n_per_residue=np.int64(1)", lambda w: phaselens.record(w.m, n_per_residue=np.int64(1), progress=False), OK, ""),
     ("n_per_residue=0", lambda w: phaselens.attribution_map(w.m, n_per_residue=0), E.TaskError, "integer >= 1"),
@@ -172,9 +172,17 @@ CASES = [
     ("combines='vote'", lambda w: phaselens.repair_table(w.m, combines="vote", **Q), E.InputError,
      "combines=('vote',)"),
     # knockouts and the model itself
-    ("knockout positions=-1", lambda w: phaselens.knockout(w.m, "L1H0", "zero", -1), E.InputError, "from 0"),
+    ("knockout positions=-1", lambda w: phaselens.analyses.knocked_out(w.m, "L1H0", method="zero", positions=-1),
+     E.InputError, "from 0"),
     ("knockout slot past the input", lambda w: _with_knockout(w, positions=999), E.InputError, "outside"),
-    ("knockout method='max'", lambda w: phaselens.knockout(w.m, "L1H0", "max"), E.InputError, "'resample'"),
+    ("knockout method='max'", lambda w: phaselens.analyses.knocked_out(w.m, "L1H0", method="max"), E.InputError,
+     "'resample'"),
+    ("knockout analysis method='max'", lambda w: phaselens.knockout(w.m, "L1H0", method="max", **Q), E.InputError,
+     "'resample'"),
+    ("knockout analysis positions=-1", lambda w: phaselens.knockout(w.m, "L1H0", positions=-1, **Q), E.InputError,
+     "from 0"),
+    ("knockout analysis head out of range", lambda w: phaselens.knockout(w.m, "L9H0", **Q), E.HeadSpecError,
+     "layers are 0..1"),
     ("head out of range", lambda w: phaselens.ablate(w.m, "L9H0", **Q), E.HeadSpecError, "layers are 0..1"),
     ("cycle_gates(1.5)", lambda w: phaselens.analyses.cycling.cycle_gates(w.m, 1.5), E.InputError, "integer"),
     ("query_len=1.5", lambda w: w.m(w.tokens, logits="query", query_len=1.5), E.InputError, "integer"),
@@ -236,7 +244,7 @@ CASES = [
     ("top_heads(phase=99)", lambda w: _small_map(w).top_heads(99), E.ResidueError, "0..3"),
     ("top_heads(k=-1)", lambda w: _small_map(w).top_heads(0, k=-1), E.InputError, "positive"),
     ("bh_mask(alpha=2)", lambda w: _small_map(w).bh_mask(alpha=2), E.InputError, "between 0 and 1"),
-    ("head spec 'L1H0.5'", lambda w: phaselens.ablate(w.m, "L1H0.5", None, **Q), E.HeadSpecError,
+    ("head spec 'L1H0.5'", lambda w: phaselens.ablate(w.m, "L1H0.5", **Q), E.HeadSpecError,
      "the head number is '0.5'"),
     # 4. sizes priced before allocating; a hook's return checked where it replaces the value
     ("CompressedConfig(d_model=10**7)", lambda w: phaselens.models.CompressedTransformer(

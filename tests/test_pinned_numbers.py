@@ -170,5 +170,23 @@ def test_pinned_file_covers_every_public_analysis():
                "ensemble_evaluate", "map_full", "map_auto"}
     assert covered <= set(pinned)
     analyses = {"evaluate", "record", "ablate", "patch", "specialization_map", "attribution_map",
-                "gate_cycling_test", "repair_table", "phase_ensemble"}
+                "gate_cycling_test", "repair_table", "phase_ensemble", "knockout"}  # knockout: pinned below
     assert analyses <= set(phaselens.__all__)
+    from phaselens.planning.plans import public_analyses
+
+    assert set(public_analyses()) <= analyses
+
+
+def test_knockout_gives_ablates_pinned_knocked_out_numbers():
+    """``knockout`` is pinned through ``ablate``'s pinned run (the same items, calibration and hooks): every
+    item's knocked-out answer and logit difference, and the knocked-out accuracy per residue and phase."""
+    pinned = json.loads(PIN.read_text())["ablate"]
+    ev = phaselens.knockout(phaselens.load("zoo:w8s4"), "L0H3", phase=3, n_per_residue=8, seed=0, n_bootstrap=0,
+                            n_permutations=1, progress=False)
+    rtol, atol = TOLERANCE["numbers"]
+    items = ev.items
+    assert items["item_id"].tolist() == pinned["item"]["item_id"]
+    np.testing.assert_allclose(items["correct"].astype(float), pinned["item"]["correct_ko"], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(items["logit_diff"], pinned["item"]["logit_diff_ko"], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(ev.per_residue()["acc"], pinned["residue"]["ko_acc"], rtol=rtol, atol=atol)
+    np.testing.assert_allclose(ev.per_phase()["acc"], pinned["phase"]["ko_acc"], rtol=rtol, atol=atol)

@@ -123,7 +123,7 @@ NOTEBOOKS = {
                       "      f\"mean logit difference {items['logit_diff'].mean():+.3f} (answer minus wrong)\")"),
         new_code_cell("rec = phaselens.record(adapter, n_per_residue=2, progress=PROGRESS)\nrec"),
         new_code_cell("tokens = task.build(adapter.analysis_spec, n_per_residue=1).tokens[:2]\n"
-                      "with phaselens.knockout(adapter, 'L1H0', method='zero'):  # at the last position\n"
+                      "with phaselens.analyses.knocked_out(adapter, 'L1H0', method='zero'):  # at the last position\n"
                       "    out = adapter(tokens)\n"
                       "change = (out - adapter(tokens))[:, -1].abs().max().item()\n"
                       "print(f'zeroing L1H0 moves the last position\\'s logits by up to {change:.3g}')\n"

@@ -1,15 +1,14 @@
-"""``phaselens.ablate(model, heads, phase)``: accuracy with and without a knockout, per residue and phase."""
+"""``phaselens.ablate(model, heads, task, phase=...)``: accuracy with and without a knockout, per residue and phase."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Unpack
 
 import numpy as np
 
 from phaselens.analyses.knockout_runs import KO_FIELDS, ablate_block, knockout_cell
-from phaselens.analyses.knockouts import Knockout, calibration_items, knockout
+from phaselens.analyses.knockouts import Knockout, calibration_items, knocked_out
 from phaselens.analyses.runner import Analysis, Common, ResamplingOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import METRICS, items_from_metrics, stack_metrics
 from phaselens.analyses.units import Units
@@ -44,6 +43,7 @@ class Ablation(Analysis[AblationState]):
     used: str = "auto"
 
     def check(self, model: PhaseModel, options: Common) -> Ablation:
+        parse_heads(self.heads, model.dims)  # a bad head spec before any item is built
         return replace(self, used=choose_engine(model, self.engine))  # refused before the calibration runs
 
     def units(self, model: PhaseModel, items: Any, options: Common) -> Units:
@@ -59,7 +59,7 @@ class Ablation(Analysis[AblationState]):
         return Units(item_passes=1, cells={"knockout": 1}, calibration_items=cal)
 
     def prepare(self, run: Run) -> AblationState:
-        ko = knockout(run.model, self.heads, method=self.method, calibration=self.calibration, task=run.task,
+        ko = knocked_out(run.model, self.heads, method=self.method, calibration=self.calibration, task=run.task,
                       seed=run.options.seed)
         used = self.used
         if used == "suffix" and self.engine == "auto" and len({h.layer for h in ko.heads}) > 1:
@@ -103,10 +103,8 @@ class Ablation(Analysis[AblationState]):
 def ablate(
     model: PhaseModel,
     heads: Any,
-    phase: int | Sequence[int] | None = None,
-    *,
     task: Any = None,
-    n_per_residue: int = 128,
+    *,
     method: str = "mean",
     calibration: Any = None,
     engine: str = "auto",
@@ -117,8 +115,7 @@ def ablate(
     Args:
         model: a phaselens model (or adapter, or phase ensemble).
         heads: ``(layer, head)``, ``"L2H3"``, ``"L2"``, ``"L2KV0"``, or a list of these.
-        phase: phases (residue mod S) to evaluate: an int, a list, or ``None`` for all (or pass ``residues``).
-        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+        task, phase, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
             options (docs/api.md). A journal holds finished blocks of ``batch_size`` items (clean and knocked
             out); its fingerprint covers the model, the items, the heads, method, calibration, seed, batch size
             and engine, so a journal of another run is refused.

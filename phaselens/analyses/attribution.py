@@ -146,7 +146,6 @@ def attribution_map(
     model: PhaseModel,
     task: Any = None,
     *,
-    n_per_residue: int = 64,
     method: str = "mean",
     calibration: Any = None,
     exact: Any = None,
@@ -159,7 +158,7 @@ def attribution_map(
     copies' first-order terms).
 
     Args:
-        task, n_per_residue, residues, seed, batch_size, stride, progress, journal: the common options
+        task, phase, n_per_residue, residues, seed, batch_size, stride, progress, journal: the common options
             (docs/api.md); a journal holds each finished block's estimates.
         method: ``"mean"`` or ``"zero"`` replacement (as in :func:`phaselens.specialization_map`).
         calibration: the calibration items for ``"mean"`` (default: the task's own, another seed).

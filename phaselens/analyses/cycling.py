@@ -274,7 +274,6 @@ def gate_cycling_test(
     model: PhaseModel,
     task: Any = None,
     *,
-    n_per_residue: int = 128,
     deltas: Sequence[int] = (-3, -2, -1, 1, 2, 3),
     **options: Unpack[ResamplingOptions],
 ) -> PhaseGateCycling:
@@ -284,7 +283,7 @@ def gate_cycling_test(
     (:func:`r2_bootstrap_ci`, ``n_bootstrap`` replicates; 0 skips them).
 
     Args:
-        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+        task, phase, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
             options (docs/api.md); a journal holds each finished model's answers.
         deltas: the shifts to roll the gates by (each nonzero mod S, once).
 

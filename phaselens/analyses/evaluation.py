@@ -10,18 +10,10 @@ import numpy as np
 import pandas as pd
 
 from phaselens.analyses.items import check_options
-from phaselens.analyses.runner import (
-    Analysis,
-    Common,
-    NoState,
-    ResamplingOptions,
-    Run,
-    arguments_of,
-    public,
-    run,
-)
+from phaselens.analyses.runner import Analysis, Common, ResamplingOptions, Run, arguments_of, public, run
 from phaselens.analyses.scoring import (
     METRICS,
+    Forward,
     block_answers,
     block_metrics,
     items_from_metrics,
@@ -34,8 +26,11 @@ from phaselens.stats import phase_battery_items
 
 
 @dataclass(frozen=True)
-class Evaluation(Analysis[NoState]):
-    """Answer metrics of every item (one forward per block of items), then the statistics battery."""
+class Evaluation(Analysis[Any]):
+    """Answer metrics of every item (one forward per block of items), then the statistics battery.
+
+    A subclass evaluates another model made of this one (``knockout``: with heads knocked out) by declaring its
+    :meth:`forward` and the metadata it adds (:meth:`note`); everything else is the evaluation's."""
 
     name = "evaluate"
     stage = "evaluate"
@@ -51,17 +46,25 @@ class Evaluation(Analysis[NoState]):
     def fields(self, run: Run) -> tuple[str, ...]:
         return METRICS
 
-    def compute(self, run: Run, state: NoState, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
+    def forward(self, run: Run, state: Any) -> Forward:
+        """What answers a block of items: the model as it is."""
+        return plain_forward(run.model)
+
+    def note(self, run: Run, state: Any) -> dict[str, Any]:
+        """What the result's metadata says besides the call (nothing, for the model as it is)."""
+        return {}
+
+    def compute(self, run: Run, state: Any, idx: list[int]) -> list[tuple[np.ndarray, ...]]:
         if is_black_box(run.model):
             return [block_answers(run.model, run.batch, run.blocks[b], progress=run.options.progress) for b in idx]
-        forward = plain_forward(run.model)
+        forward = self.forward(run, state)
         return [block_metrics(forward, run.batch, run.blocks[b]) for b in idx]
 
-    def result(self, run: Run, state: NoState, parts: list[tuple[np.ndarray, ...]]) -> PhaseEval:
+    def result(self, run: Run, state: Any, parts: list[tuple[np.ndarray, ...]]) -> PhaseEval:
         metrics = stack_metrics(parts)
         tested, note = scored_metrics(run.model, metrics)
         items = items_from_metrics(run.batch, metrics)
-        return eval_from_items(items, run.stride, run.modulus, metadata=run.metadata(**note),
+        return eval_from_items(items, run.stride, run.modulus, metadata=run.metadata(**note, **self.note(run, state)),
                                n_permutations=self.n_permutations, n_bootstrap=run.options.n_bootstrap,
                                seed=run.options.seed, residues=run.covered(), metrics=tested)
 
@@ -89,7 +92,6 @@ def evaluate(
     model: PhaseModel,
     task: Any = None,
     *,
-    n_per_residue: int = 256,
     n_permutations: int = 2000,
     **options: Unpack[ResamplingOptions],
 ) -> PhaseEval:
@@ -98,7 +100,7 @@ def evaluate(
     Args:
         model: anything satisfying :class:`~phaselens.contract.protocol.PhaseModel`.
         task: a phase-controlled task or a prepared ``TaskBatch``; ``None`` uses ``model.default_task``.
-        n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+        phase, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
             options (:class:`~phaselens.analyses.runner.Common`; docs/api.md). A journal holds finished blocks
             of ``batch_size`` items; a rerun (with any number of processes) resumes, and a journal of another
             run is refused.

@@ -60,9 +60,12 @@ def check_task(task: Any) -> Any:
         raise TaskError(f"task is the class {task.__name__}, not a task; make one: task={task.__name__}(...).")
     if task is None or callable(getattr(task, "build", None)) or is_batch(task):
         return task
+    phases = isinstance(task, numbers.Integral) or (isinstance(task, list | tuple) and task
+                                                    and all(isinstance(t, numbers.Integral) for t in task))
+    hint = f" To select phases, pass them by keyword: phase={task!r}." if phases else ""
     raise TaskError(
         f"task must be a phaselens task (e.g. phaselens.tasks.KVRecall(...)) or a TaskBatch, got "
-        f"{type(task).__name__} {task!r:.60}; pass None to use the model's default task."
+        f"{type(task).__name__} {task!r:.60}; pass None to use the model's default task.{hint}"
     )
 
 

@@ -1,10 +1,11 @@
 """Head knockouts at the input of the output projection (per-head ``z``).
 
-A :class:`Knockout` is a pure hook factory: ``ko.fwd_hooks(positions)`` returns the ``(name, fn)`` pairs
-that knock its heads out at ``positions`` of one call; nothing about a call is stored on it. The ``with``
-block is sugar for interactive use::
+A :class:`Knockout` (:func:`knocked_out`) is a pure hook factory: ``ko.fwd_hooks(positions)`` returns the
+``(name, fn)`` pairs that knock its heads out at ``positions`` of one call, on any input; nothing about a call is
+stored on it. The ``with`` block is sugar for interactive use::
 
-    ko = phaselens.knockout(model, ["L1H2", "L0KV1"], method="mean", positions="last")
+    from phaselens.analyses import knocked_out
+    ko = knocked_out(model, ["L1H2", "L0KV1"], method="mean", positions="last")
     with ko:
         logits = model(tokens)                     # knocked out at the last position of every row
     logits = model.run_with_hooks(tokens, fwd_hooks=ko.fwd_hooks(query_pos))   # at explicit slots [B]
@@ -12,6 +13,9 @@ block is sugar for interactive use::
 Methods: ``"zero"``; ``"mean"`` (the mean ``z`` of each head over a disjoint calibration set, at the same
 position, as the paper does); ``"resample"`` (``z`` of a random calibration item). Hooks are removed in
 ``finally``, whatever raises inside the block.
+
+The analysis ``phaselens.analyses.knocked_out(model, heads, task)`` evaluates the task's items with the heads knocked out
+(a ``PhaseEval``: :mod:`phaselens.analyses.knockout_evaluation`).
 """
 
 from __future__ import annotations
@@ -178,7 +182,7 @@ class Knockout:
             items: ``[batch]`` global item indices (``resample`` draws by item).
         """
         pos = self.positions if positions is None else positions
-        pos = _check_positions(pos)
+        pos = check_positions(pos)
         return [(z_name(layer), self._hook(layer, hs, pos, items)) for layer, hs in by_layer(self.heads).items()]
 
     def _hook(self, layer: int, heads: list[int], pos: Any, items: Tensor | None):
@@ -228,7 +232,7 @@ def resample_index(n_cal: int, n_items: int, seed: int) -> Tensor:
     return torch.randint(0, n_cal, (n_items,), generator=torch.Generator().manual_seed(seed))
 
 
-def _check_positions(pos: Any) -> Any:
+def check_positions(pos: Any) -> Any:
     if isinstance(pos, str):
         if pos == "query":
             raise InputError("positions='query' is gone: it meant the last position of each row. Pass 'last' "
@@ -250,17 +254,19 @@ def _check_positions(pos: Any) -> Any:
     return t.long()
 
 
-def knockout(
+def knocked_out(
     model: PhaseModel,
     heads: Any,
+    *,
     method: Method = "mean",
     positions: Any = "last",
     calibration: Any = None,
-    *,
     task: Any = None,
     seed: int = 0,
 ) -> Knockout:
-    """A :class:`Knockout` of ``heads``; use it as a ``with`` block or ask it for ``fwd_hooks(positions)``.
+    """A :class:`Knockout` of ``heads`` over any input: use it as a ``with`` block (the model's calls inside it
+    run with the heads knocked out) or ask it for ``fwd_hooks(positions)``. To evaluate a task with the heads
+    knocked out, call the analysis ``phaselens.analyses.knocked_out(model, heads, task)`` instead.
 
     Args:
         model: a phaselens model (hook names ``blocks.{l}.attn.hook_z``).
@@ -269,15 +275,16 @@ def knockout(
         positions: where the ``with`` block knocks out: ``"last"`` (each row's last position), ``"all"``, an
             int slot or a ``[batch]`` tensor of slots.
         calibration: for ``mean`` / ``resample``: a TaskBatch, a ``[N, T]`` token tensor, or a
-            :class:`Calibration`; default: items of the model's task built with a disjoint seed.
+            :class:`Calibration`; default: items of ``task`` (the model's task) built with a disjoint seed.
+        seed: the draws of ``resample``.
     """
     from phaselens.contract.protocol import check_model, refuse_black_box
     from phaselens.core.checks import MAX_SEED, as_int
 
     check_model(model)
-    refuse_black_box(model, "knockout")
+    refuse_black_box(model, "knocked_out")
     method = check_method(method)
     seed = as_int("seed", seed, minimum=0, maximum=MAX_SEED)
     parsed = parse_heads(heads, model.dims)
     cal = None if method == "zero" else calibrate(model, calibration, sorted(by_layer(parsed)), task=task)
-    return Knockout(model, parsed, method, _check_positions(positions), cal, seed)
+    return Knockout(model, parsed, method, check_positions(positions), cal, seed)

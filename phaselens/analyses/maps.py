@@ -163,7 +163,6 @@ def specialization_map(
     model: PhaseModel,
     task: Any = None,
     *,
-    n_per_residue: int = 64,
     method: str = "mean",
     kinds: tuple[str, ...] = KINDS,
     calibration: Any = None,
@@ -175,7 +174,7 @@ def specialization_map(
 
     Args:
         model: a phaselens model (our model, the DeepSeek-V4 adapter, or a phase ensemble).
-        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+        task, phase, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
             options (docs/api.md). A journal holds finished cells (one safetensors file, its manifest in the
             header); its fingerprint covers every parameter of the model, its ``analysis_metadata``, the items,
             the calibration and every setting that changes the numbers, so a journal of another map is

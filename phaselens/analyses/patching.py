@@ -228,10 +228,8 @@ class Patching(Analysis[PatchState]):
 def patch(
     model: PhaseModel,
     heads: Any = None,
-    phase: Any = None,
-    *,
     task: Any = None,
-    n_per_residue: int = 64,
+    *,
     direction: Literal["denoise", "noise"] = "denoise",
     site: str = "z",
     eps: float = EPS_DENOM,
@@ -242,8 +240,7 @@ def patch(
 
     Args:
         heads: which heads (default: all); any head spec ``parse_heads`` accepts.
-        phase: which phases' items (default all; or pass ``residues``).
-        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+        task, phase, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
             options (docs/api.md). A journal holds finished cells (heads); its fingerprint covers the model,
             the clean and corrupted items, the heads, direction, site, seed, batch size and engine, so a
             journal of another run is refused.

@@ -160,8 +160,6 @@ def _record_block(run: Run, fr: pd.DataFrame, sl: slice) -> _Accumulator:
 def record(
     model: PhaseModel,
     task: Any = None,
-    *,
-    n_per_residue: int = 64,
     **options: Unpack[CommonOptions],
 ) -> PhaseRecording:
     """Record read-side attention and write-side gates at each item's query position.
@@ -169,7 +167,7 @@ def record(
     Args:
         model: a phaselens model.
         task: a task (``None``: the model's default task) or a prepared TaskBatch.
-        n_per_residue, residues, seed, batch_size, stride, progress, journal: the common options
+        phase, n_per_residue, residues, seed, batch_size, stride, progress, journal: the common options
             (docs/api.md); a journal holds each finished block's recorded values.
 
     Example:

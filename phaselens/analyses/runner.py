@@ -63,6 +63,12 @@ from phaselens.storage.journal import check_journal_path
 from phaselens.tasks.batch import TaskBatch
 
 N_BOOTSTRAP = 1000  # the one default number of bootstrap resamples (every analysis that resamples)
+# The one default number of items per residue, for every analysis: 128 items give a 95% Wilson interval of at most
+# +-8.5 points on a residue's accuracy, and a phase pools M/S residues (+-4.3 points at M/S = 4, the zoo's 24/4
+# gives +-3.5), small enough to see a weak phase; an analysis that costs more per item asks for fewer
+# explicitly (docs/api.md, "Common options").
+N_PER_RESIDUE = 128
+LEADING = ("phase", "n_per_residue")  # the common keywords a signature shows first, before the analysis's own
 F = TypeVar("F", bound=Callable[..., Any])
 A = TypeVar("A", bound="Analysis")
 S = TypeVar("S")
@@ -71,10 +77,12 @@ S = TypeVar("S")
 class CommonOptions(TypedDict, total=False):
     """The common keywords, written once (docs/api.md, "Common options"; their meaning and defaults:
     :class:`Common`). A public analysis takes them as ``**options: Unpack[CommonOptions]`` (or
-    :class:`ResamplingOptions`) beside its own ``n_per_residue`` (whose default differs), and :func:`public`
-    spells them out in its signature, each with its type and default, so ``help()`` and
-    ``inspect.signature`` show every keyword and an unknown one is a TypeError."""
+    :class:`ResamplingOptions`), and :func:`public` spells them out in its signature, each with its type and
+    default (``phase`` and ``n_per_residue`` first, before the analysis's own keywords; the others after them),
+    so ``help()`` and ``inspect.signature`` show every keyword and an unknown one is a TypeError."""
 
+    phase: int | Sequence[int] | None
+    n_per_residue: int
     residues: Sequence[int] | None
     seed: int
     batch_size: int
@@ -94,8 +102,12 @@ class Common:
     """The options every analysis shares, with one meaning everywhere (docs/api.md, "Common options").
 
     Attributes:
-        n_per_residue: items per residue (ignored when the task is a prepared ``TaskBatch``).
-        residues: residues to cover (default all of ``0..M-1``); ``phase`` selects the residues of some phases.
+        n_per_residue: items per residue (ignored when the task is a prepared ``TaskBatch``); default
+            :data:`N_PER_RESIDUE` for every analysis.
+        residues: residues to cover (default all of ``0..M-1``).
+        phase: the phases to cover, an int in ``0..S-1`` or a list of them: the same items as ``residues=`` the
+            residues ``r`` with ``r % S`` in ``phase`` (``S``: the analysis stride); a phase outside ``0..S-1``
+            is a ResidueError, and ``phase`` with ``residues`` an InputError (say one of them).
         seed: item sampling seed (also seeds resampling).
         batch_size: items per forward.
         stride: fold residues by this stride instead of the model's analysis stride.
@@ -104,9 +116,9 @@ class Common:
         n_bootstrap: bootstrap resamples for intervals (where the analysis resamples; 0 skips them).
     """
 
-    n_per_residue: int
+    n_per_residue: int = N_PER_RESIDUE
     residues: Sequence[int] | None = None
-    phase: Any = None
+    phase: int | Sequence[int] | None = None
     seed: int = 0
     batch_size: int = 64
     stride: int | None = None
@@ -126,7 +138,8 @@ class Common:
         check_options(n_per_residue=self.n_per_residue, seed=self.seed, batch_size=self.batch_size,
                       stride=self.stride, n_bootstrap=self.n_bootstrap, progress=self.progress)
         if self.phase is not None and self.residues is not None:
-            raise InputError("pass residues or phase, not both.")
+            raise InputError(f"pass residues or phase, not both (got residues={self.residues!r}, phase={self.phase!r}): "
+                             "phase=p means the residues r with r % S == p, so say one of them.")
         check_journal_path(self.journal)
 
 
@@ -314,8 +327,9 @@ def public(fn: F) -> F:
 
 
 def spelled_out(fn: Callable[..., Any]) -> inspect.Signature:
-    """``fn``'s signature with its ``**options: Unpack[...]`` written out as keyword-only parameters (after
-    ``n_per_residue`` where it has one), each with its annotation and its default from :class:`Common`."""
+    """``fn``'s signature with its ``**options: Unpack[...]`` written out as keyword-only parameters, each with its
+    annotation and its default from :class:`Common`: ``fn(model, [heads,] task=None, *, phase=None,
+    n_per_residue=N_PER_RESIDUE, <its own keywords>, <the other common options>)``."""
     sig = inspect.signature(fn)
     params = list(sig.parameters.values())
     if not params or params[-1].kind is not inspect.Parameter.VAR_KEYWORD:
@@ -328,8 +342,14 @@ def spelled_out(fn: Callable[..., Any]) -> inspect.Signature:
     common = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=defaults[name], annotation=hint)
               for name, hint in typing.get_type_hints(keywords).items()]
     own = params[:-1]
-    at = next((i + 1 for i, p in enumerate(own) if p.name == "n_per_residue"), len(own))
-    return sig.replace(parameters=[*own[:at], *common, *own[at:]])
+    twice = sorted({p.name for p in own} & {p.name for p in common})
+    if twice:  # a programming error in the analysis, raised when it is decorated
+        raise TypeError(f"{fn.__name__} declares {', '.join(twice)}, which **options: Unpack[...] already spells out "
+                        "(with the one default of every analysis); remove them from its signature.")
+    at = next((i for i, p in enumerate(own) if p.kind is inspect.Parameter.KEYWORD_ONLY), len(own))
+    lead = [p for p in common if p.name in LEADING]
+    rest = [p for p in common if p.name not in LEADING]
+    return sig.replace(parameters=[*own[:at], *lead, *own[at:], *rest])
 
 
 def arguments_of(fn: Callable[..., Any], values: dict[str, Any]) -> dict[str, Any]:
@@ -349,5 +369,5 @@ def arguments_of(fn: Callable[..., Any], values: dict[str, Any]) -> dict[str, An
     return out
 
 
-__all__ = ["Analysis", "Common", "CommonOptions", "N_BOOTSTRAP", "NoState", "ResamplingOptions", "Run",
+__all__ = ["Analysis", "Common", "CommonOptions", "N_BOOTSTRAP", "N_PER_RESIDUE", "NoState", "ResamplingOptions", "Run",
            "arguments_of", "checked", "public", "run", "spelled_out"]

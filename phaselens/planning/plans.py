@@ -22,6 +22,7 @@ import inspect
 import os
 import pkgutil
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 from phaselens.analyses.runner import Analysis, Common, arguments_of, checked
@@ -36,15 +37,29 @@ from phaselens.runtime.request_plan import RequestPlan, plan_requests
 SERVED_OPTIONS = ("prefill_tokens_per_s", "sample")  # plan_requests' own keywords (a served model's plan)
 
 
+PACKAGES = ("phaselens.analyses", "phaselens.repair")  # where analyses live (repair_table with phase repair)
+
+
+def analysis_modules() -> list[ModuleType]:
+    """Every module of the packages that hold analyses (:data:`PACKAGES`), imported: the one place analyses are
+    discovered (:func:`analyses`, :func:`public_analyses`, and the tests that walk every analysis)."""
+    return [importlib.import_module(f"{package}.{info.name}") for package in PACKAGES
+            for info in pkgutil.iter_modules(importlib.import_module(package).__path__)]
+
+
 def analyses() -> dict[str, type[Analysis]]:
     """Every analysis by its public name (``specialization_map`` -> ``Map``): the subclasses of
-    :class:`~phaselens.analyses.runner.Analysis` that the modules of ``phaselens.analyses`` and ``phaselens.repair`` define."""
-    packages = ("phaselens.analyses", "phaselens.repair")  # repair_table lives with phase repair
-    for package in packages:
-        for info in pkgutil.iter_modules(importlib.import_module(package).__path__):
-            importlib.import_module(f"{package}.{info.name}")
-    return {cls.name: cls for cls in _subclasses()
-            if cls.__module__.startswith(tuple(f"{p}." for p in packages)) and isinstance(getattr(cls, "name", None), str)}
+    :class:`~phaselens.analyses.runner.Analysis` that the modules of :data:`PACKAGES` define."""
+    analysis_modules()
+    return dict(sorted((cls.name, cls) for cls in _subclasses()
+                       if cls.__module__.startswith(tuple(f"{p}." for p in PACKAGES))
+                       and isinstance(getattr(cls, "name", None), str)))
+
+
+def public_analyses() -> dict[str, Callable[..., Any]]:
+    """Every analysis's public function by name (``"ablate"`` -> ``phaselens.ablate``), in :func:`analyses`'s
+    order: the functions a notebook calls, each of one signature style (docs/api.md, "One design")."""
+    return {name: getattr(importlib.import_module(cls.__module__), name) for name, cls in analyses().items()}
 
 
 def _subclasses() -> list[type[Analysis]]:
@@ -68,8 +83,7 @@ def resolve(analysis: str | Callable[..., Any]) -> tuple[str, Callable[..., Any]
     if name not in known:
         raise InputError(f"phaselens.plan: {analysis!r} is not an analysis; give one of {', '.join(sorted(known))} "
                          "(its name, or the function itself, e.g. phaselens.plan(model, phaselens.evaluate)).")
-    cls = known[name]
-    return name, getattr(importlib.import_module(cls.__module__), name), cls
+    return name, public_analyses()[name], known[name]
 
 
 def plan(model: Any, analysis: str | Callable[..., Any], task: Any = None, **options: Any) -> Plan | ModelPlan | RequestPlan:
@@ -119,4 +133,4 @@ def _plan_checkpoint(source: str, analysis: Any, task: Any, options: dict[str, A
     return plan_model(source, **options)
 
 
-__all__ = ["analyses", "plan", "resolve"]
+__all__ = ["PACKAGES", "analyses", "analysis_modules", "plan", "public_analyses", "resolve"]

@@ -156,7 +156,7 @@ class PhaseEnsemble:
         return f"PhaseEnsemble({self.name}, cost {self.cost}x forward)"
 
 
-def phase_ensemble(model: PhaseModel, shifts: Any = "all", combine: str = "max_conf", pad_id: int | None = None, *,
+def phase_ensemble(model: PhaseModel, *, shifts: Any = "all", combine: str = "max_conf", pad_id: int | None = None,
                    tokenizer: Any = None, pad_unit: str | None = None, insert_at: int = 1) -> PhaseEnsemble:
     """Wrap ``model`` so that every input runs as shifted copies combined by ``combine``.
 

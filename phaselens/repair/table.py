@@ -225,7 +225,6 @@ def repair_table(
     model: PhaseModel,
     task: Any = None,
     *,
-    n_per_residue: int = 256,
     shift_sets: Sequence[Any] = ("all", "opposite"),
     combines: Sequence[str] = COMBINES,
     pad_id: int | None = None,
@@ -238,7 +237,7 @@ def repair_table(
     items at a time (only a block's ``[K, b, V]`` logits are held).
 
     Args:
-        task, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
+        task, phase, n_per_residue, residues, seed, batch_size, stride, progress, journal, n_bootstrap: the common
             options (docs/api.md). A journal holds the answer metrics of finished item blocks (every copy and
             rule); its fingerprint covers the model, the items, the shift sets, combining rules, pad token, seed
             and batch size, so a journal of another run is refused.

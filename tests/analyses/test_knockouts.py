@@ -39,7 +39,7 @@ def test_zero_knockout_equals_manual_hook(model):
         return z
 
     ref = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_z", manual)])
-    with phaselens.knockout(model, ["L1H1", "L1H2"], method="zero"):
+    with phaselens.analyses.knocked_out(model, ["L1H1", "L1H2"], method="zero"):
         out = model(tokens)
     assert torch.equal(out, ref)
     assert not torch.allclose(out, model(tokens))
@@ -58,7 +58,7 @@ def test_mean_knockout_uses_disjoint_calibration_mean(model):
         return z
 
     ref = model.run_with_hooks(batch.tokens, fwd_hooks=[("blocks.0.attn.hook_z", manual)])
-    with phaselens.knockout(model, "L0H3", method="mean", calibration=cal):
+    with phaselens.analyses.knocked_out(model, "L0H3", method="mean", calibration=cal):
         out = model(batch.tokens)
     assert torch.allclose(out, ref, atol=1e-6)
 
@@ -66,7 +66,7 @@ def test_mean_knockout_uses_disjoint_calibration_mean(model):
 def test_per_row_positions(model):
     tokens = torch.randint(0, 100, (3, 20))
     pos = torch.tensor([5, 10, 19])
-    with phaselens.knockout(model, "L0H0", method="zero", positions=pos):
+    with phaselens.analyses.knocked_out(model, "L0H0", method="zero", positions=pos):
         out = model(tokens)
     base = model(tokens)
     for b, p in enumerate(pos.tolist()):
@@ -88,7 +88,7 @@ def test_no_hooks_leak_after_errors(model, where):
     before = _all_hooks(model)
     exc = {"keyboard-interrupt": KeyboardInterrupt, "hook": phaselens.errors.InputError}.get(where, RuntimeError)
     with pytest.raises(exc):
-        with phaselens.knockout(model, "L0H0", method="zero", positions="all" if where != "hook" else torch.tensor([999, 999])):
+        with phaselens.analyses.knocked_out(model, "L0H0", method="zero", positions="all" if where != "hook" else torch.tensor([999, 999])):
             if where == "hook":
                 model(tokens)  # the hook raises on the bad positions value
             model(tokens)
@@ -103,7 +103,7 @@ def test_nnsight_zeroing_matches_knockout_zero(model):
     from nnsight import NNsight
 
     tokens = torch.randint(0, 100, (2, 20))
-    with phaselens.knockout(model, "L1H2", method="zero"):
+    with phaselens.analyses.knocked_out(model, "L1H2", method="zero"):
         expected = model(tokens)
     wrapped = NNsight(model)
     with wrapped.trace(tokens):

@@ -135,7 +135,7 @@ def test_knockout_through_the_wrapper_hits_each_copys_query():
     fixed = phaselens.phase_ensemble(model, shifts=(0, 2), combine="mean_logprob")
     tokens = model.default_task.build(model.analysis_spec, n_per_residue=1).tokens[:3]
     T = tokens.shape[1]
-    with phaselens.knockout(fixed, "L1H1", method="zero"):
+    with phaselens.analyses.knocked_out(fixed, "L1H1", method="zero"):
         got = fixed(tokens)
 
     def manual(z, hook):

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import importlib
 import inspect
-import pkgutil
 import textwrap
 import typing
 
@@ -17,22 +15,16 @@ import pytest
 import phaselens
 import phaselens.analyses
 from phaselens.analyses import runner
-from phaselens.analyses.runner import Analysis, Common, CommonOptions, ResamplingOptions
+from phaselens.analyses.runner import N_PER_RESIDUE, Analysis, Common, CommonOptions, ResamplingOptions
+from phaselens.planning.plans import analyses, public_analyses
+from phaselens.results.base import Result
 
-PUBLIC = ("evaluate", "specialization_map", "ablate", "patch", "attribution_map", "record", "gate_cycling_test",
-          "repair_table")
+PUBLIC = tuple(public_analyses())  # every analysis, from the one place phaselens discovers them
+HEAD_ANALYSES = ("ablate", "knockout", "patch")  # the analyses that take heads, second
 
 
 def _analyses() -> list[type]:
-    for pkg in ("analyses", "repair"):
-        for mod in pkgutil.iter_modules(importlib.import_module(f"phaselens.{pkg}").__path__):
-            importlib.import_module(f"phaselens.{pkg}.{mod.name}")
-    out, todo = [], list(Analysis.__subclasses__())
-    while todo:
-        cls = todo.pop()
-        out.append(cls)
-        todo += cls.__subclasses__()
-    return [c for c in out if c.__module__.startswith("phaselens.")]
+    return list(analyses().values())
 
 
 def _self_assignments(cls: type) -> list[str]:
@@ -73,7 +65,7 @@ def violations(cls: type) -> list[str]:
 def test_every_analysis_is_stateless():
     classes = _analyses()
     assert {c.__name__ for c in classes} >= {"Evaluation", "Map", "Ablation", "Patching", "Attribution", "Record",
-                                             "GateCycling", "Repair"}
+                                             "GateCycling", "Repair", "KnockoutEvaluation"}
     assert [v for c in classes for v in violations(c)] == []
 
 
@@ -134,7 +126,102 @@ def test_public_signatures_spell_out_the_common_keywords(name):
 @pytest.mark.parametrize("name", PUBLIC)
 def test_an_unknown_keyword_is_a_type_error(name):
     with pytest.raises(TypeError, match="n_per_residu"):
-        getattr(phaselens, name)(object(), *(["L0H0"] if name == "ablate" else []), n_per_residu=2)
+        getattr(phaselens, name)(object(), *(["L0H0"] if name in HEAD_ANALYSES else []), n_per_residu=2)
+
+
+# ---- one signature style (issue 45, item 6) ------------------------------------------------------------------
+def style_violations(name: str, fn) -> list[str]:
+    """How ``fn``'s signature breaks ``fn(model, [heads,] task=None, *, phase=None, n_per_residue=N_PER_RESIDUE,
+    <own options>, **common) -> <a Result>`` (empty: it follows it)."""
+    out = []
+    params = list(inspect.signature(fn).parameters.values())
+    positional = [p.name for p in params if p.kind is not p.KEYWORD_ONLY]
+    want = ["model", "heads", "task"] if name in HEAD_ANALYSES else ["model", "task"]
+    if positional != want:
+        out.append(f"{name}: positional parameters {positional}, not {want} (everything else keyword-only)")
+    by = {p.name: p for p in params}
+    if "task" in by and by["task"].default is not None:
+        out.append(f"{name}: task defaults to {by['task'].default!r}, not None (the model's default task)")
+    keywords = [p.name for p in params if p.kind is p.KEYWORD_ONLY]
+    if keywords[:2] != ["phase", "n_per_residue"]:
+        out.append(f"{name}: the keywords start {keywords[:2]}, not ['phase', 'n_per_residue']")
+    if "phase" in by and by["phase"].default is not None:
+        out.append(f"{name}: phase defaults to {by['phase'].default!r}, not None (every phase)")
+    if "n_per_residue" in by and by["n_per_residue"].default != N_PER_RESIDUE:
+        out.append(f"{name}: n_per_residue defaults to {by['n_per_residue'].default!r}, not N_PER_RESIDUE")
+    ret = typing.get_type_hints(inspect.unwrap(fn)).get("return")
+    if not (isinstance(ret, type) and issubclass(ret, Result)):
+        out.append(f"{name}: returns {ret!r}, not a Result type")
+    return out
+
+
+def test_the_analyses_are_the_top_levels():
+    """The one discovery (phaselens.planning.plans) finds every analysis phaselens exports, and only those."""
+    assert set(PUBLIC) == {"evaluate", "record", "ablate", "patch", "knockout", "specialization_map",
+                           "attribution_map", "gate_cycling_test", "repair_table"}
+    assert set(PUBLIC) <= set(phaselens.__all__)
+    assert all(getattr(phaselens, name) is fn for name, fn in public_analyses().items())
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_analysis_has_the_one_signature_style(name):
+    assert style_violations(name, public_analyses()[name]) == []
+
+
+def test_the_style_check_finds_planted_signatures():
+    """Each way of breaking the style is reported (so the test above can fail)."""
+
+    def phase_positional(model, heads, phase=None, *, task=None, n_per_residue=N_PER_RESIDUE) -> Result: ...
+
+    def other_default(model, task=None, *, phase=None, n_per_residue=256) -> Result: ...
+
+    def no_phase(model, task=None, *, n_per_residue=N_PER_RESIDUE, seed=0) -> Result: ...
+
+    def not_a_result(model, task=None, *, phase=None, n_per_residue=N_PER_RESIDUE) -> dict: ...
+
+    assert any("positional parameters ['model', 'heads', 'phase']" in v
+               for v in style_violations("ablate", phase_positional))
+    assert any("not N_PER_RESIDUE" in v for v in style_violations("evaluate", other_default))
+    assert any("not ['phase', 'n_per_residue']" in v for v in style_violations("evaluate", no_phase))
+    assert any("not a Result type" in v for v in style_violations("evaluate", not_a_result))
+
+
+def test_a_signature_that_repeats_a_common_keyword_is_refused():
+    from phaselens.analyses.runner import spelled_out
+
+    def twice(model, task=None, *, n_per_residue: int = 64, **options: typing.Unpack[CommonOptions]) -> Result: ...
+
+    with pytest.raises(TypeError, match="declares n_per_residue, which"):
+        spelled_out(twice)
+
+
+def test_phase_and_task_are_not_positional_past_their_place():
+    """``phase`` is keyword-only everywhere: given third to a head analysis it is the task (refused, with the
+    fix), and anything past ``task`` is Python's TypeError."""
+    model = phaselens.load("zoo:w8s4")
+    with pytest.raises(phaselens.errors.TaskError, match=r"pass them by keyword: phase=3"):
+        phaselens.ablate(model, "L0H0", 3, n_per_residue=1, progress=False)
+    with pytest.raises(TypeError, match="positional"):
+        phaselens.ablate(model, "L0H0", None, 3)
+    with pytest.raises(TypeError, match="multiple values for argument 'task'"):
+        phaselens.patch(model, "L0H0", None, task=None)
+    with pytest.raises(TypeError, match="positional"):
+        phaselens.evaluate(model, None, 3)
+    with pytest.raises(TypeError, match="positional"):
+        phaselens.phase_ensemble(model, "all")
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_phase_means_the_same_everywhere(name):
+    """``phase=p`` is ``residues=`` the residues of phase p, in every analysis; both at once is one InputError,
+    a phase outside 0..S-1 one ResidueError, before any forward."""
+    model = phaselens.load("zoo:w8s4")
+    fn = public_analyses()[name]
+    heads = ["L0H0"] if name in HEAD_ANALYSES else []
+    with pytest.raises(phaselens.errors.InputError, match="residues or phase, not both"):
+        fn(model, *heads, phase=1, residues=[1], n_per_residue=1, progress=False)
+    with pytest.raises(phaselens.errors.ResidueError, match=r"outside 0\.\.3"):
+        fn(model, *heads, phase=4, n_per_residue=1, progress=False)
 
 
 def test_common_is_built_from_the_arguments_by_keyword():
@@ -160,3 +247,13 @@ def test_checks_run_once_with_one_error_type(monkeypatch):
     with pytest.raises(phaselens.errors.InputError, match="seed"):
         phaselens.evaluate(model, n_per_residue=1, seed=-1, progress=False)
     assert len(calls) == 2
+
+
+def test_phase_selects_the_residues_of_those_phases():
+    model = phaselens.load("zoo:w8s4")
+    kw = dict(n_per_residue=2, progress=False, n_bootstrap=0, n_permutations=1)
+    by_phase = phaselens.evaluate(model, phase=[1, 3], **kw).items
+    M, S = 24, 4
+    by_residue = phaselens.evaluate(model, residues=[r for r in range(M) if r % S in (1, 3)], **kw).items
+    assert sorted(set(by_phase["residue"])) == [r for r in range(M) if r % S in (1, 3)]
+    assert by_phase["correct"].tolist() == by_residue["correct"].tolist()

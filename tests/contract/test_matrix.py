@@ -194,7 +194,7 @@ def check_knockout(k: Kind):
     b = k.batch()
     tokens = b.tokens[:2]
     T = tokens.shape[1]
-    with phaselens.knockout(k.model, "L1H0", method="zero"), torch.no_grad():  # "last": each row's last slot
+    with phaselens.analyses.knocked_out(k.model, "L1H0", method="zero"), torch.no_grad():  # "last": each row's last slot
         got = k.model(tokens, logits="query", query_len=1)[:, -1].float()
     ref = k.query_logits(tokens, torch.full((2,), T - 1), zero_heads(1, [0]))
     assert close(got, ref)
@@ -300,7 +300,7 @@ def check_cycling(k: Kind):
         for name, p in rolled.named_parameters():
             if name.endswith("position_bias"):
                 p.copy_(torch.roll(p, 1, dims=1))
-    ref = rolled if k.shifts is None else phaselens.phase_ensemble(rolled, k.shifts)
+    ref = rolled if k.shifts is None else phaselens.phase_ensemble(rolled, shifts=k.shifts)
     ev = phaselens.evaluate(ref, **k.opts, n_permutations=1, n_bootstrap=0)
     assert close(res.evals[1].items["logit_diff"].to_numpy(), ev.items["logit_diff"].to_numpy())
 

@@ -61,7 +61,7 @@ def _knockout(m):
     import pandas as pd
 
     batch = m.default_task.build(m.dims.analysis_spec, n_per_residue=1)
-    with phaselens.knockout(m, "L1H0", method="zero", positions="last"):
+    with phaselens.analyses.knocked_out(m, "L1H0", method="zero", positions="last"):
         logits = m(batch.tokens)
     return pd.DataFrame({"logit": logits[:, -1].sum(-1).detach().numpy()})
 

@@ -8,8 +8,6 @@ recording), every slot engine's prefill and clean step, every cell pass.
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import pkgutil
 import warnings
 
 import pytest
@@ -19,6 +17,7 @@ import phaselens.analyses
 from phaselens.models.compressed.engine import SuffixEngine
 from phaselens.models.deepseek_v4.engine import V4SuffixEngine
 from phaselens.planning import Plan
+from phaselens.planning.plans import analysis_modules, public_analyses
 from phaselens.tasks import KVRecall
 from tests.support.deepseek import one_thread, tiny_v4_model  # noqa: F401  (one_thread: fixture)
 
@@ -39,9 +38,7 @@ class Counted:
                 return fn(m, tokens, query_pos, fwd_hooks)
             return counted
 
-        modules = [importlib.import_module(f"phaselens.{pkg}.{m.name}") for pkg in ("analyses", "repair")
-                   for m in pkgutil.iter_modules(importlib.import_module(f"phaselens.{pkg}").__path__)]
-        for module in modules:
+        for module in analysis_modules():
             if hasattr(module, "model_logits"):
                 monkeypatch.setattr(module, "model_logits", forwards(module.model_logits))
         for cls in (SuffixEngine, V4SuffixEngine):  # the shared SlotEngine's _pass, counted per kind
@@ -91,7 +88,15 @@ CASES = {
     "gate-cycling": (_zoo, "gate_cycling_test", dict(deltas=(1, 2), batch_size=5)),
     "repair": (_zoo, "repair_table", dict(shift_sets=("all",), batch_size=5)),
     "ablate-v4-suffix": (lambda: _v4(chunk=8), "ablate", dict(heads="L1H0", method="zero", batch_size=3)),
+    "knockout-mean": (_zoo, "knockout", dict(heads="L1H0", method="mean", batch_size=5, n_permutations=1)),
+    "knockout-resample": (_zoo, "knockout", dict(heads=["L0H1", "L1H0"], method="resample", batch_size=7,
+                                                 n_permutations=1)),
 }
+
+
+def test_every_analysis_is_planned_here():
+    """The cases cover every analysis phaselens has (the one discovery: phaselens.planning.plans)."""
+    assert {name for _, name, _ in CASES.values()} | {"specialization_map"} == set(public_analyses())
 
 
 def _check(monkeypatch, model, name, opts):
@@ -149,8 +154,7 @@ def test_no_analysis_takes_a_plan_flag():
     """A plan is its own call: no analysis returns a result or a plan depending on a flag."""
     import inspect
 
-    for name in ("evaluate", "record", "ablate", "patch", "specialization_map", "attribution_map",
-                 "gate_cycling_test", "repair_table"):
+    for name in public_analyses():
         assert "plan" not in inspect.signature(getattr(phaselens, name)).parameters, name
     with pytest.raises(TypeError, match="plan"):
         phaselens.specialization_map(_zoo(), plan=True, n_per_residue=1)

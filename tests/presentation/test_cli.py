@@ -205,3 +205,24 @@ def test_map_plan_prints_the_dry_run_without_running():
         assert word in res.stdout
     plan = phaselens.plan(phaselens.load("zoo:w4s4"), "specialization_map", n_per_residue=4, kinds=("head",))
     assert res.stdout.strip() == repr(plan)
+
+
+def test_every_analysis_command_defaults_to_the_one_n_per_residue():
+    """eval, record and map without --n-per-residue run the analyses' one default (and say it in --help); a served
+    preset keeps the paper's own count."""
+    import inspect
+    import typing
+
+    from phaselens.analyses.runner import N_PER_RESIDUE
+    from phaselens.presentation.cli import analysis_commands as cmds
+    from phaselens.presentation.cli.common import NPerResidueOpt
+    from phaselens.presentation.cli.served_options import Served
+    from phaselens.tasks.presets import PRESET_ITEMS
+
+    for fn in (cmds.eval_cmd, cmds.record_cmd, cmds.map_cmd):
+        assert typing.get_type_hints(fn, include_extras=True)["n_per_residue"] == NPerResidueOpt, fn.__name__
+        assert inspect.signature(fn).parameters["n_per_residue"].default is None, fn.__name__
+    assert f"default {N_PER_RESIDUE}," in typing.get_args(NPerResidueOpt)[1].help
+    assert cmds.n_items(None) == N_PER_RESIDUE and cmds.n_items(7) == 7
+    assert Served().items(None, "w8s4") == N_PER_RESIDUE
+    assert Served(task="fp8-probe").items(None, "w8s4") == PRESET_ITEMS["fp8-probe"] != N_PER_RESIDUE

@@ -10,10 +10,8 @@ argument, and with the valid boundary values, which must still work. The names a
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import math
-import pkgutil
 import re
 from collections.abc import Iterator
 from types import SimpleNamespace
@@ -26,6 +24,7 @@ import phaselens
 import phaselens.analyses
 from phaselens.core.heads import Head, parse_heads
 from phaselens.errors import HeadSpecError, PhaseLensError, ResidueError
+from phaselens.planning.plans import analysis_modules
 from phaselens.results import arguments
 from phaselens.results.base import Result
 
@@ -101,9 +100,7 @@ def subclasses(cls: type) -> Iterator[type]:
         yield from subclasses(sub)
 
 
-for _pkg in ("analyses", "repair"):  # every result type defined (imports are lazy)
-    for _mod in pkgutil.iter_modules(importlib.import_module(f"phaselens.{_pkg}").__path__):
-        importlib.import_module(f"phaselens.{_pkg}.{_mod.name}")
+analysis_modules()  # every result type defined (imports are lazy)
 RESULT_TYPES = {c.__name__: c for c in subclasses(Result)}
 
 

@@ -65,7 +65,7 @@ def test_nan_from_an_intervention_blames_the_hooks_not_the_model():
 
     with pytest.raises(NonFiniteError, match=r"under this analysis's hooks: the first non-finite output is layer 1"):
         model_logits(model, tokens.tokens, tokens.query_pos, [("blocks.1.attn.hook_z", nan_z)])
-    with phaselens.knockout(model, "L1H0", method="zero", positions=tokens.query_pos):  # hooks of a context
+    with phaselens.analyses.knocked_out(model, "L1H0", method="zero", positions=tokens.query_pos):  # hooks of a context
         out = model_logits(model, tokens.tokens, tokens.query_pos)  # finite: no error
     assert bool(torch.isfinite(out).all())
 

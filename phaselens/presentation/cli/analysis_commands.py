@@ -10,6 +10,7 @@ from phaselens.presentation.cli.common import (
     FORCE_FILE_HELP,
     MODEL_HELP,
     PROGRESS_HELP,
+    NPerResidueOpt,
     _Command,
     _label,
     _load,
@@ -41,9 +42,7 @@ from phaselens.presentation.cli.served_options import (
 def eval_cmd(
     model: Annotated[str, typer.Argument(help=MODEL_HELP + " Or a served model: http://HOST:PORT/v1.",
                                          metavar="MODEL")],
-    n_per_residue: Annotated[int | None, typer.Option(
-        "--n-per-residue", metavar="N", help="Items per residue (more: narrower CIs, slower; default 256, or the "
-                                             "preset's: 4 for fp8-probe).")] = None,
+    n_per_residue: NPerResidueOpt = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items and of the battery's resampling.")] = 0,
     stride: Annotated[int | None, typer.Option(
         metavar="S", help="Fold residues by this stride; required for a model without compressed layers "
@@ -101,8 +100,7 @@ def eval_cmd(
 @friendly_errors
 def record_cmd(
     model: Annotated[str, typer.Argument(help=MODEL_HELP, metavar="MODEL")],
-    n_per_residue: Annotated[int, typer.Option("--n-per-residue", metavar="N",
-                                               help="Items per residue to average attention and gates over.")] = 64,
+    n_per_residue: NPerResidueOpt = None,
     seed: Annotated[int, typer.Option(metavar="N", help="Seed of the items.")] = 0,
     out: Annotated[str | None, typer.Option("--out", metavar="FILE.csv", help="Write the tidy recording as CSV.")] = None,
     force: Annotated[bool, typer.Option("--force", help=FORCE_FILE_HELP)] = False,
@@ -117,10 +115,17 @@ def record_cmd(
     path = check_out(out, kind="file", force=force)
     with _label(model):
         m = require_default_task(_load(model), model, "record", task_option=False)
-        rec = record(m, n_per_residue=n_per_residue, seed=seed, progress=progress)
+        rec = record(m, n_per_residue=n_items(n_per_residue), seed=seed, progress=progress)
     say(repr(rec))
     if path and main_rank():
         write_csv(rec.to_frame(), path, force=force)
+
+
+def n_items(n_per_residue: int | None) -> int:
+    """``--n-per-residue``, or the analyses' one default."""
+    from phaselens.analyses.runner import N_PER_RESIDUE
+
+    return N_PER_RESIDUE if n_per_residue is None else n_per_residue
 
 
 def opts_tokenizer(opts: Served) -> object:
@@ -145,8 +150,7 @@ def _parse_kinds(text: str) -> tuple[str, ...]:
 @friendly_errors
 def map_cmd(
     model: Annotated[str, typer.Argument(help=MODEL_HELP, metavar="MODEL")],
-    n_per_residue: Annotated[int, typer.Option("--n-per-residue", metavar="N",
-                                               help="Items per residue for every knockout cell.")] = 64,
+    n_per_residue: NPerResidueOpt = None,
     method: Annotated[str, typer.Option(metavar="NAME", help="Replacement of a head's output: mean, zero or resample.")] = "mean",
     kinds: Annotated[str, typer.Option(metavar="LIST", help="Cells to map, comma-separated: head, kv_head, layer.")]
     = ",".join(KINDS),
@@ -172,13 +176,13 @@ def map_cmd(
         m = require_default_task(_load_for_phases(model, stride), model, "map", task_option=False)
         from phaselens.planning.plans import plan as plan_of
 
-        say(repr(plan_of(m, specialization_map, method=method, n_per_residue=n_per_residue, seed=seed,
+        say(repr(plan_of(m, specialization_map, method=method, n_per_residue=n_items(n_per_residue), seed=seed,
                          kinds=kind_tuple, stride=stride)))
         return
     path = check_out(out, kind="file", force=force)
     with _label(model):
         m = require_default_task(_load_for_phases(model, stride), model, "map", task_option=False)
-        pm = specialization_map(m, method=method, n_per_residue=n_per_residue, seed=seed,
+        pm = specialization_map(m, method=method, n_per_residue=n_items(n_per_residue), seed=seed,
                                           kinds=kind_tuple, stride=stride, journal=journal, progress=progress)
     say(repr(pm))
     if "head" in kind_tuple:

@@ -71,6 +71,10 @@ FORCE_HELP = ("Write into a directory that holds other files too, replacing only
               "(without it such a directory is refused).")
 FORCE_FILE_HELP = ("Replace the --out file even if phaselens cannot show it wrote it (without it, only a file "
                    "phaselens wrote there and nobody changed is replaced).")
+# --n-per-residue of every analysis command: None means the analyses' one default (analyses.runner.N_PER_RESIDUE)
+NPerResidueOpt = Annotated[int | None, typer.Option(
+    "--n-per-residue", metavar="N", help="Items per residue (more: narrower CIs, slower; default 128, the one "
+                                         "default of every analysis, or a --task preset's own).")]
 
 
 def one_line(err: BaseException) -> str:

@@ -71,13 +71,14 @@ class Served:
         return preset(name, tokenizer, **kwargs)
 
     def items(self, n_per_residue: int | None, model: str) -> int:
-        """``--n-per-residue``, or the preset's (the paper's) number."""
+        """``--n-per-residue``, or the preset's (the paper's) number, or the analyses' one default."""
+        from phaselens.analyses.runner import N_PER_RESIDUE
         from phaselens.tasks.presets import PRESET_ITEMS
 
         if n_per_residue is not None:
             return n_per_residue
         name = self.task or ("niah-128k" if is_url(model) else None)
-        return PRESET_ITEMS.get(name, 256) if name else 256
+        return PRESET_ITEMS.get(name, N_PER_RESIDUE) if name else N_PER_RESIDUE
 
 
 def price(model: str, opts: Served, *, n_per_residue: int, seed: int, stride: int | None, rate: float) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from phaselens.analyses.knockouts import knockout
+from phaselens.analyses.knockouts import knocked_out
 from phaselens.models.deepseek_v4 import from_transformers
 from tests.support.deepseek import (
     one_thread,  # noqa: F401  (autouse fixture)
@@ -80,7 +80,7 @@ def test_knockout_parity_nnsight_vs_torch_hooks(adapters, data, heads, method):
         clean = adapters["torch"](tokens)
         assert torch.equal(adapters["nnsight"](tokens), clean)
         for backend, adapter in adapters.items():
-            with knockout(adapter, heads, method=method, calibration=calibration, seed=5):
+            with knocked_out(adapter, heads, method=method, calibration=calibration, seed=5):
                 logits[backend] = adapter(tokens)
     assert torch.equal(logits["torch"], logits["nnsight"])
     assert (logits["torch"] - clean)[:, -1].abs().max() > 1e-3  # the query position changed
@@ -105,7 +105,7 @@ def test_knockout_is_at_z_before_the_output_projection(adapters, data):
             ref = model(tokens).logits
     finally:
         handle.remove()
-    with torch.no_grad(), knockout(a, "L1H3", method="zero"):
+    with torch.no_grad(), knocked_out(a, "L1H3", method="zero"):
         ours = a(tokens)
     assert torch.equal(ours, ref)
 
@@ -213,12 +213,12 @@ def test_an_envoy_passed_in_is_used_and_left_to_its_owner(data):
     tokens, _ = data
     model = tiny_v4_model(seed=1)
     plain = from_transformers(model)
-    with torch.no_grad(), knockout(plain, "L1H2", method="zero"):
+    with torch.no_grad(), knocked_out(plain, "L1H2", method="zero"):
         ref = plain(tokens)
     envoy = nnsight.NNsight(model)
     wrapped = {id(m): set(m.__dict__) for m in model.modules()}
     a = from_transformers(envoy, backend="nnsight")
     assert a.model is model
-    with torch.no_grad(), knockout(a, "L1H2", method="zero"):
+    with torch.no_grad(), knocked_out(a, "L1H2", method="zero"):
         assert torch.equal(a(tokens), ref)
     assert {id(m): set(m.__dict__) for m in model.modules()} == wrapped

@@ -281,7 +281,7 @@ def test_swapped_modules_survive_the_nnsight_backend(bf16_dir):
     outs = []
     for backend in ("torch", "nnsight"):
         adapter = from_transformers(model, quantize="fp8", backend=backend)
-        with phaselens.knockout(adapter, "L1H0", method="zero"), torch.no_grad():
+        with phaselens.analyses.knocked_out(adapter, "L1H0", method="zero"), torch.no_grad():
             outs.append(adapter(tokens))
         # 24 compressor / RoPE swaps, 2 scorers, 7 per layer (layer, attention, query norm, MoE, router,
         # experts, shared expert), the head; 4 window-KV norms for fp8

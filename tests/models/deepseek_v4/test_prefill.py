@@ -10,7 +10,7 @@ import textwrap
 import pytest
 import torch
 
-from phaselens.analyses.knockouts import knockout
+from phaselens.analyses.knockouts import knocked_out
 from phaselens.models.deepseek_v4 import from_transformers
 from tests.support.deepseek import (
     VOCAB,
@@ -111,7 +111,7 @@ def test_a_single_query_token_after_the_cache(adapter, tokens):
 def test_knockout_under_chunked_prefill(adapter, tokens):
     with torch.no_grad():
         clean = adapter(tokens, chunk=8)
-        with knockout(adapter, ["L1H0", "L3"], method="zero"):
+        with knocked_out(adapter, ["L1H0", "L3"], method="zero"):
             chunked = adapter(tokens, chunk=8)
             full = adapter(tokens)
     assert (chunked - full).abs().max() <= 1e-5

@@ -59,7 +59,7 @@ def zero_l3_knockout(model, task):
 
 def test_ablate_matches_manual_knockout(setup):
     model, task = setup
-    ab = phaselens.ablate(model, "L3", None, task=task, method="zero", n_per_residue=1, progress=False, n_bootstrap=20)
+    ab = phaselens.ablate(model, "L3", task, method="zero", n_per_residue=1, progress=False, n_bootstrap=20)
     residue, delta = zero_l3_knockout(model, task)
     res = ab.per_residue().set_index("residue")["delta_logit_diff"]
     np.testing.assert_allclose(res.loc[residue].to_numpy(), delta, atol=1e-4)

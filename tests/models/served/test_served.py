@@ -128,7 +128,7 @@ def test_repair_table_combines_the_served_copies(served, local, task):
 
 
 @pytest.mark.parametrize("what", ["record", "ablate", "patch", "map", "attribution", "cycling", "knockout",
-                                  "forward"])
+                                  "knocked_out", "forward"])
 def test_hook_based_analyses_refuse_in_one_line(served, what):
     calls = {
         "record": lambda: phaselens.record(served, progress=False),
@@ -137,7 +137,8 @@ def test_hook_based_analyses_refuse_in_one_line(served, what):
         "map": lambda: phaselens.specialization_map(served, progress=False),
         "attribution": lambda: phaselens.attribution_map(served, progress=False),
         "cycling": lambda: phaselens.gate_cycling_test(served, deltas=(1,), progress=False),
-        "knockout": lambda: phaselens.knockout(served, "L0H0").__enter__(),
+        "knockout": lambda: phaselens.knockout(served, "L0H0", progress=False),
+        "knocked_out": lambda: phaselens.analyses.knocked_out(served, "L0H0").__enter__(),
         "forward": lambda: served(torch.zeros(1, 4, dtype=torch.long)),
     }
     with pytest.raises(NotApplicableError) as err:
