@@ -36,8 +36,8 @@ uncached forward's, so near-tied picks may differ (``docs/deepseek_v4.md`` gives
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
@@ -48,9 +48,9 @@ from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.protocol import HookFn
 from phaselens.models.deepseek_v4.prefill import run_prefix
 from phaselens.models.deepseek_v4.reference_ops import (
-    CORE_AWARE,
     ReferenceAttention,
     attention_for,
+    eager_attention,
     reference_attention,
 )
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
@@ -65,17 +65,14 @@ ROWS = CacheRows(tensor_dicts=("buffer_kv", "buffer_gate", "compressed_kv", "ove
                  "differently. Use engine='full'.")
 
 
-@contextmanager
-def query_attention() -> Iterator[None]:
+def query_attention() -> AbstractContextManager[None]:
     """While active, DeepSeek-V4's eager attention runs over the one shared key/value head without
     repeating it per query head (the same formula as transformers' ``eager_attention_forward``); calls with
     several key/value heads, dropout or training mode go to the function it replaced."""
-    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
 
-    previous = hf.eager_attention_forward
-
-    def shared_head(module: Any, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
-                    scaling: float, dropout: float = 0.0, **kwargs: Any) -> tuple[Tensor, Tensor]:
+    def shared_head(previous: Callable[..., Any], module: Any, query: Tensor, key: Tensor, value: Tensor,
+                    attention_mask: Tensor | None, scaling: float, dropout: float = 0.0,
+                    **kwargs: Any) -> tuple[Tensor, Tensor]:
         if key.shape[1] != 1 or value.shape[1] != 1 or dropout or module.training:
             return attention_for(module, previous)(module, query, key, value, attention_mask, scaling, dropout,
                                                    **kwargs)
@@ -92,12 +89,7 @@ def query_attention() -> Iterator[None]:
         out = torch.matmul(probs.reshape(B, H * n, -1), value[:, 0]).view(B, H, n, -1)
         return out.transpose(1, 2).contiguous(), probs
 
-    setattr(shared_head, CORE_AWARE, True)
-    hf.eager_attention_forward = shared_head
-    try:
-        yield
-    finally:
-        hf.eager_attention_forward = previous
+    return eager_attention(shared_head)
 
 
 class V4SuffixEngine(SlotEngine):

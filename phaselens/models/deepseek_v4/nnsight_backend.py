@@ -30,21 +30,8 @@ from torch import nn
 from phaselens.contract.hooknames import HookPoint
 from phaselens.contract.protocol import HookFn
 from phaselens.errors import InputError
-from phaselens.models.deepseek_v4.sites import MODULE_SITES, site_order
+from phaselens.models.deepseek_v4.sites import MODULE_SITES, module_view, site_order
 from phaselens.models.deepseek_v4.torch_hooks import RunInfo
-
-_PATHS = {
-    "embed": ("model.embed_tokens", "output"),
-    "resid_pre": ("model.layers.{l}", "input"),
-    "q": ("model.layers.{l}.self_attn.q_b_norm", "output"),
-    "kv": ("model.layers.{l}.self_attn.kv_norm", "output"),
-    "indexer_topk": ("model.layers.{l}.self_attn.compressor.indexer", "output"),
-    "z": ("model.layers.{l}.self_attn.o_a_proj", "input"),
-    "attn_out": ("model.layers.{l}.self_attn", "output"),
-    "resid_mid": ("model.layers.{l}.ffn_hc", "input"),
-    "mlp_out": ("model.layers.{l}.mlp", "output"),
-    "resid_post": ("model.layers.{l}", "output"),
-}
 
 
 def run_traced(
@@ -86,34 +73,15 @@ def run_traced(
 
 def _intervene(envoy: Any, point: HookPoint, fns: list[HookFn], run: RunInfo, n_heads: int) -> None:
     """Read one site inside the trace, run the hooks on our view of it, write back a replacement."""
-    path, handle = _PATHS[point.site]
+    path, handle = MODULE_SITES[point.site]
     target = envoy
     for part in path.format(l=point.layer).split("."):  # paths start at the root (the causal-LM module)
         target = target[int(part)] if part.isdigit() else getattr(target, part)
-    if handle == "input":
-        x = target.input
-        view = x.reshape(*x.shape[:2], n_heads, -1) if point.site == "z" else x
-        value, replaced = run.hooks(point, fns, view)
-        if replaced:
-            target.input = value.reshape(x.shape)
-        return
-    out = target.output
-    if point.site == "attn_out":
-        value, replaced = run.hooks(point, fns, out[0])
-        if replaced:
-            target.output = (value, *out[1:])
-    elif point.site == "q":
-        value, replaced = run.hooks(point, fns, out.transpose(1, 2))
-        if replaced:
-            target.output = value.transpose(1, 2)
-    elif point.site == "kv":
-        value, replaced = run.hooks(point, fns, out.unsqueeze(2))
-        if replaced:
-            target.output = value.squeeze(2)
-    else:
-        value, replaced = run.hooks(point, fns, out)
-        if replaced:
-            target.output = value
+    get, put = module_view(point.site, n_heads)
+    x = target.input if handle == "input" else target.output
+    value, replaced = run.hooks(point, fns, get(x))
+    if replaced:
+        setattr(target, handle, put(x, value))
 
 
 def strip(model: nn.Module, before: dict[int, set[str]]) -> None:

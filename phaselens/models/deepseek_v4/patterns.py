@@ -14,8 +14,8 @@ Each call runs the function the layer's numerics say (:func:`~.reference_ops.att
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,31 +23,20 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from phaselens.models.deepseek_v4.reference_ops import CORE_AWARE, attention_for
+from phaselens.models.deepseek_v4.reference_ops import attention_for, eager_attention
 
 Tap = Callable[[Any, Tensor, Tensor, Tensor | None, float], None]
 
 
-@contextmanager
-def attention_tap(taps: dict[int, Tap]) -> Iterator[None]:
+def attention_tap(taps: dict[int, Tap]) -> AbstractContextManager[None]:
     """While active, call ``taps[id(module)](module, query, key, mask, scaling)`` after each tapped attention.
 
     ``query`` is ``[B, H, n, d]`` after RoPE, ``key`` ``[B, 1, K, d]`` (raw keys then entries), ``mask`` the
     additive mask ``[B, 1, n, K]`` (or ``None``) exactly as the eager function received them.
     """
-    from transformers.models.deepseek_v4 import modeling_deepseek_v4 as hf
 
-    previous = hf.eager_attention_forward
-
-    def tapped(
-        module: Any,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        attention_mask: Tensor | None,
-        *args: Any,
-        **kwargs: Any,
-    ):
+    def tapped(previous: Callable[..., Any], module: Any, query: Tensor, key: Tensor, value: Tensor,
+               attention_mask: Tensor | None, *args: Any, **kwargs: Any):
         out = attention_for(module, previous)(module, query, key, value, attention_mask, *args, **kwargs)
         tap = taps.get(id(module))
         if tap is not None:
@@ -55,12 +44,7 @@ def attention_tap(taps: dict[int, Tap]) -> Iterator[None]:
             tap(module, query, key, attention_mask, float(scaling))
         return out
 
-    setattr(tapped, CORE_AWARE, True)
-    hf.eager_attention_forward = tapped
-    try:
-        yield
-    finally:
-        hf.eager_attention_forward = previous
+    return eager_attention(tapped)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ function a layer's attention runs, so they compute the same numbers.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
 from typing import Any
 
 import torch
@@ -104,6 +106,21 @@ def hf_module() -> Any:
     return modeling_deepseek_v4
 
 
+@contextmanager
+def eager_attention(replacement: Callable[..., Any]) -> Iterator[None]:
+    """While active, transformers' DeepSeek-V4 attention calls ``replacement(previous, module, *args, **kwargs)``
+    as its ``eager_attention_forward`` (``previous``: the function replaced, put back in ``finally``)."""
+    hf = hf_module()
+    previous = hf.eager_attention_forward
+    installed = partial(replacement, previous)
+    setattr(installed, CORE_AWARE, True)  # it decides itself what each module runs
+    hf.eager_attention_forward = installed
+    try:
+        yield
+    finally:
+        hf.eager_attention_forward = previous
+
+
 class ReferenceAttention:
     """For transformers' ``DeepseekV4Attention``: its attention core is :func:`reference_attention`.
 
@@ -113,19 +130,14 @@ class ReferenceAttention:
     """
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        hf = hf_module()
-        previous = hf.eager_attention_forward
-        if getattr(previous, CORE_AWARE, False):
+        if getattr(hf_module().eager_attention_forward, CORE_AWARE, False):
+            return super().forward(*args, **kwargs)
+        with eager_attention(_dispatch):
             return super().forward(*args, **kwargs)
 
-        def dispatch(module: Any, *a: Any, **k: Any) -> Any:
-            return attention_for(module, previous)(module, *a, **k)
 
-        hf.eager_attention_forward = dispatch
-        try:
-            return super().forward(*args, **kwargs)
-        finally:
-            hf.eager_attention_forward = previous
+def _dispatch(previous: Callable[..., Any], module: Any, *args: Any, **kwargs: Any) -> Any:
+    return attention_for(module, previous)(module, *args, **kwargs)
 
 
 class ReferenceQueryNorm:

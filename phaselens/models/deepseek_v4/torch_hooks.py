@@ -34,7 +34,7 @@ from phaselens.contract.hooknames import HookPoint
 from phaselens.contract.protocol import HookFn, hook_context
 from phaselens.models.deepseek_v4 import gates
 from phaselens.models.deepseek_v4.patterns import attention_tap, split
-from phaselens.models.deepseek_v4.sites import COMPRESSOR_SITES, PATTERN_SITES
+from phaselens.models.deepseek_v4.sites import COMPRESSOR_SITES, MODULE_SITES, PATTERN_SITES, module_view
 from phaselens.models.parts.hook_sites import call_hooks
 
 
@@ -118,71 +118,27 @@ class CompressorTap:
         return full, bias
 
 
-def _forward_hook(
-    point: HookPoint, fns: list[HookFn], run: RunInfo, get: Callable, put: Callable
-) -> Callable:
-    """A forward hook that shows ``get(output)`` to ``fns`` and writes the result back with ``put``."""
-
-    def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
-        value, _ = run.hooks(point, fns, get(out))
-        return put(out, value)
-
-    return hook
-
-
 def _module_site(model: nn.Module, point: HookPoint, fns: list[HookFn], run: RunInfo, n_heads: int) -> Any:
-    """Register the torch hook of one module site; return its handle."""
-    if point.site == "embed":
-        return model.get_input_embeddings().register_forward_hook(
-            _forward_hook(point, fns, run, _same, _second)
-        )
-    layer = model.model.layers[point.layer]
-    attn = layer.self_attn
-    site = point.site
-    if site == "resid_mid":  # the streams after attention are the input of the MLP's hyper-connection
+    """Register the torch hook of one module site (:data:`.sites.MODULE_SITES`); return its handle."""
+    path, handle = MODULE_SITES[point.site]
+    module = model.get_submodule(path.format(l=point.layer))
+    get, put = module_view(point.site, n_heads)
+    if handle == "output":
 
-        def pre_mid(_m: nn.Module, args: tuple) -> tuple:
-            value, _ = run.hooks(point, fns, args[0])
-            return (value, *args[1:])
+        def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
+            value, _ = run.hooks(point, fns, get(out))
+            return put(out, value)
 
-        return layer.ffn_hc.register_forward_pre_hook(pre_mid)
-    if site == "resid_pre":
+        return module.register_forward_hook(hook)
 
-        def pre(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-            if args:
-                value, _ = run.hooks(point, fns, args[0])
-                return (value, *args[1:]), kwargs
-            value, _ = run.hooks(point, fns, kwargs["hidden_states"])
-            return args, {**kwargs, "hidden_states": value}
+    def pre(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        x = args[0] if args else kwargs["hidden_states"]
+        value, _ = run.hooks(point, fns, get(x))
+        if args:
+            return (put(x, value), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": put(x, value)}
 
-        return layer.register_forward_pre_hook(pre, with_kwargs=True)
-    if site == "z":
-
-        def pre_z(_m: nn.Module, args: tuple) -> tuple:
-            x = args[0]  # [B, n, groups, heads_per_group * d]: heads are contiguous within a group
-            B, n = x.shape[:2]
-            z, _ = run.hooks(point, fns, x.reshape(B, n, n_heads, -1))
-            return (z.reshape(x.shape), *args[1:])
-
-        return attn.o_a_proj.register_forward_pre_hook(pre_z)
-    sites: dict[str, tuple[nn.Module, Callable, Callable]] = {
-        "resid_post": (layer, _same, _second),
-        "mlp_out": (layer.mlp, _same, _second),
-        "attn_out": (attn, lambda out: out[0], lambda out, v: (v, *out[1:])),
-        "q": (attn.q_b_norm, lambda out: out.transpose(1, 2), lambda out, v: v.transpose(1, 2)),
-        "kv": (attn.kv_norm, lambda out: out.unsqueeze(2), lambda out, v: v.squeeze(2)),
-        "indexer_topk": (getattr(attn.compressor, "indexer", None), _same, _second),
-    }
-    module, get, put = sites[site]
-    return module.register_forward_hook(_forward_hook(point, fns, run, get, put))
-
-
-def _same(x: Any) -> Any:
-    return x
-
-
-def _second(_out: Any, value: Any) -> Any:
-    return value
+    return module.register_forward_pre_hook(pre, with_kwargs=True)
 
 
 @contextmanager
