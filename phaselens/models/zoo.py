@@ -11,13 +11,13 @@ its ids exactly.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from phaselens.errors import ZooError
+from phaselens.storage.manifest import sha256_file
 
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"  # the trained models ship as package data
 DEFAULT_MODEL = "w8s4"
@@ -45,14 +45,6 @@ class ZooEntry:
         if not isinstance(card, dict):
             raise ZooError(f"zoo model {self.name!r}: card.json holds a {type(card).__name__}, not an object; {fix}")
         return card
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def file_digests(path: Path) -> dict[str, str]:

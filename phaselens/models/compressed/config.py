@@ -7,7 +7,6 @@ so a checkpoint written by a newer phaselens never loads silently wrong.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -290,10 +289,6 @@ class CompressedConfig:
     attn_only = False
     positional_embedding_type = "rotary"
 
-    @property
-    def is_compressed(self) -> bool:
-        return self.compression is not None
-
     def layer_is_compressed(self, layer: int) -> bool:
         if self.compression is None:
             return False
@@ -320,9 +315,6 @@ class CompressedConfig:
             data["compressed_layers"] = list(data["compressed_layers"])
         return data
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
     @classmethod
     def from_dict(cls, data: Any) -> CompressedConfig:
         data = fields_from_json(cls, data)
@@ -333,15 +325,3 @@ class CompressedConfig:
         if isinstance(data.get("compressed_layers"), list):
             data["compressed_layers"] = tuple(data["compressed_layers"])
         return cls(**data)
-
-    @classmethod
-    def from_json(cls, text: str) -> CompressedConfig:
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise ConfigError(f"a CompressedConfig JSON text is invalid ({err}).") from None
-        return cls.from_dict(data)
-
-    def full_attention_control(self) -> CompressedConfig:
-        """The same model with every layer on full causal attention."""
-        return dataclasses.replace(self, compression=None, compressed_layers=None)
