@@ -81,13 +81,6 @@ class RopeSpec:
         return inverse_frequencies(dims, self.theta, factor=yarn.factor, original=yarn.original_max_position,
                                    beta_fast=yarn.beta_fast, beta_slow=yarn.beta_slow)
 
-    @classmethod
-    def from_dict(cls, data: Any) -> RopeSpec:
-        data = fields_from_json(cls, data)
-        if isinstance(data.get("yarn"), dict):
-            data["yarn"] = YarnSpec(**fields_from_json(YarnSpec, data["yarn"]))
-        return cls(**data)
-
 
 @dataclass(frozen=True)
 class CompressorSpec:
@@ -159,13 +152,6 @@ class CompressorSpec:
     def blocks_per_window(self) -> int:
         assert self.window is not None
         return self.window // self.stride
-
-    @classmethod
-    def from_dict(cls, data: Any) -> CompressorSpec:
-        data = fields_from_json(cls, data)
-        if isinstance(data.get("rope"), dict):
-            data["rope"] = RopeSpec.from_dict(data["rope"])
-        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -317,11 +303,5 @@ class CompressedConfig:
 
     @classmethod
     def from_dict(cls, data: Any) -> CompressedConfig:
-        data = fields_from_json(cls, data)
-        if isinstance(data.get("compression"), dict):
-            data["compression"] = CompressorSpec.from_dict(data["compression"])
-        if isinstance(data.get("rope"), dict):
-            data["rope"] = RopeSpec.from_dict(data["rope"])
-        if isinstance(data.get("compressed_layers"), list):
-            data["compressed_layers"] = tuple(data["compressed_layers"])
-        return cls(**data)
+        """The config ``to_dict`` wrote (nested specs included), every field checked against its type first."""
+        return cls(**fields_from_json(cls, data))
