@@ -72,9 +72,11 @@ class RopeSpec:
         if self.style not in ("interleaved", "half"):
             raise ConfigError(f"RopeSpec.style must be 'interleaved' or 'half', got {self.style!r}.")
 
-    def inv_freq(self, dims: int) -> Float[Tensor, " pairs"]:
-        """Inverse frequencies ``[dims // 2]`` (fp32) over ``dims`` channels, with the YaRN scaling if any
-        (its magnitude scale ``yarn.attention_factor`` is the caller's, at rotation)."""
+    def inv_freq(self, d_head: int) -> Float[Tensor, " pairs"]:
+        """Inverse frequencies ``[dims // 2]`` (fp32) over the ``dims`` rotated channels of a ``d_head`` head
+        (all of them when ``dims`` is None), with the YaRN scaling if any (its magnitude scale
+        ``yarn.attention_factor`` is the caller's, at rotation)."""
+        dims = d_head if self.dims is None else self.dims
         yarn = self.yarn
         if yarn is None:
             return inverse_frequencies(dims, self.theta)
