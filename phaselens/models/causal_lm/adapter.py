@@ -227,10 +227,12 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         ``analysis_spec`` and ``analysis_metadata`` are ``stride`` / ``window`` (default: the stride) / ``origin``
         (default: this adapter's); itself when they are this adapter's (docs/concepts.md, "Strides: one rule")."""
         from phaselens.contract.strides import check_stride
-        from phaselens.models.causal_lm.construct import spec_of
+        from phaselens.errors import PhaseGeometryError
 
-        origin = self._spec.origin if origin is None else origin
-        spec = spec_of(check_stride(stride, ()), window, origin, self.name)
+        try:
+            spec = PhaseSpec(check_stride(stride, ()), window, self._spec.origin if origin is None else origin)
+        except PhaseGeometryError as err:
+            raise PhaseGeometryError(f"{self.name}: {err}") from None
         if spec == self._spec:
             return self
         metadata = {**self._metadata, "analysis_stride": spec.stride, "analysis_window": spec.window,
