@@ -11,13 +11,13 @@ its ids exactly.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from phaselens.errors import ZooError
+from phaselens.errors import CheckpointError, ZooError
+from phaselens.storage.manifest import sha256_file
+from phaselens.storage.resumable import read_json
 
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"  # the trained models ship as package data
 DEFAULT_MODEL = "w8s4"
@@ -35,24 +35,10 @@ class ZooEntry:
     @property
     def card(self) -> dict[str, Any]:
         """The model's card; a missing or unreadable one is a :class:`ZooError`."""
-        fix = "reinstall phaselens, or rebuild the model with `make zoo`."
         try:
-            card = json.loads((self.path / "card.json").read_text())
-        except FileNotFoundError:
-            raise ZooError(f"zoo model {self.name!r} has no card.json; {fix}") from None
-        except (OSError, ValueError) as err:
-            raise ZooError(f"zoo model {self.name!r}: card.json is not valid JSON ({err}); {fix}") from None
-        if not isinstance(card, dict):
-            raise ZooError(f"zoo model {self.name!r}: card.json holds a {type(card).__name__}, not an object; {fix}")
-        return card
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+            return read_json(self.path / "card.json", fix="reinstall phaselens, or rebuild the model with `make zoo`.")
+        except CheckpointError as err:
+            raise ZooError(f"zoo model {self.name!r}: {err}") from None
 
 
 def file_digests(path: Path) -> dict[str, str]:

@@ -13,7 +13,6 @@ hooks), also when a hook raises.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -24,6 +23,7 @@ from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.memory import MemoryEstimate
 from phaselens.contract.protocol import HookFn
+from phaselens.core.checks import as_int
 from phaselens.core.geometry import PhaseSpec
 from phaselens.errors import InputError
 from phaselens.models.causal_lm.attention import attn_implementation, borrowed
@@ -162,9 +162,7 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         T = tokens.shape[1]
         kwargs: dict[str, Any] = {"input_ids": tokens, "use_cache": False}
         if logits == "query" and query_len is not None:
-            if isinstance(query_len, bool) or not isinstance(query_len, numbers.Integral) or not 1 <= query_len <= T:
-                raise InputError(f"query_len must be an int in 1..{T}, got {query_len!r}.")
-            kwargs["logits_to_keep"] = int(query_len)
+            kwargs["logits_to_keep"] = as_int("query_len", query_len, minimum=1, maximum=T)
         return self.forward_hooked(kwargs, self._merged_hooks()).logits
 
     forward = __call__

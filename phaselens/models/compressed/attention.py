@@ -109,11 +109,8 @@ class Attention(TLFlatAttention, nn.Module):
         self.q_norm = nn.Parameter(torch.ones(d)) if cfg.qk_norm else None
         self.k_norm = nn.Parameter(torch.ones(d)) if cfg.qk_norm else None
         self.rope_style = cfg.rope.style if cfg.rope is not None else "interleaved"
-        if cfg.rope is not None:
-            dims = d if cfg.rope.dims is None else cfg.rope.dims
-            self.register_buffer("inv_freq", cfg.rope.inv_freq(dims), persistent=False)
-        else:
-            self.register_buffer("inv_freq", torch.zeros(0), persistent=False)
+        inv_freq = torch.zeros(0) if cfg.rope is None else cfg.rope.inv_freq(d)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.compressor: Compressor | None = None
         if self.kind == "compressed":
             assert cfg.compression is not None

@@ -253,14 +253,9 @@ class Compressor(nn.Module):
         )
         rope = model_rope if spec.rope == "inherit" else (spec.rope if isinstance(spec.rope, RopeSpec) else None)
         self.rope_spec = rope
-        self.attention_scaling = 1.0
-        if rope is not None:
-            dims = d_head if rope.dims is None else rope.dims
-            self.register_buffer("inv_freq", rope.inv_freq(dims))
-            if rope.yarn is not None:
-                self.attention_scaling = rope.yarn.attention_factor
-        else:
-            self.register_buffer("inv_freq", torch.zeros(0))
+        self.register_buffer("inv_freq", torch.zeros(0) if rope is None else rope.inv_freq(d_head))
+        yarn = None if rope is None else rope.yarn
+        self.attention_scaling = 1.0 if yarn is None else yarn.attention_factor
 
     @property
     def stride(self) -> int:

@@ -7,7 +7,6 @@ so a checkpoint written by a newer phaselens never loads silently wrong.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -73,21 +72,16 @@ class RopeSpec:
         if self.style not in ("interleaved", "half"):
             raise ConfigError(f"RopeSpec.style must be 'interleaved' or 'half', got {self.style!r}.")
 
-    def inv_freq(self, dims: int) -> Float[Tensor, " pairs"]:
-        """Inverse frequencies ``[dims // 2]`` (fp32) over ``dims`` channels, with the YaRN scaling if any
-        (its magnitude scale ``yarn.attention_factor`` is the caller's, at rotation)."""
+    def inv_freq(self, d_head: int) -> Float[Tensor, " pairs"]:
+        """Inverse frequencies ``[dims // 2]`` (fp32) over the ``dims`` rotated channels of a ``d_head`` head
+        (all of them when ``dims`` is None), with the YaRN scaling if any (its magnitude scale
+        ``yarn.attention_factor`` is the caller's, at rotation)."""
+        dims = d_head if self.dims is None else self.dims
         yarn = self.yarn
         if yarn is None:
             return inverse_frequencies(dims, self.theta)
         return inverse_frequencies(dims, self.theta, factor=yarn.factor, original=yarn.original_max_position,
                                    beta_fast=yarn.beta_fast, beta_slow=yarn.beta_slow)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> RopeSpec:
-        data = fields_from_json(cls, data)
-        if isinstance(data.get("yarn"), dict):
-            data["yarn"] = YarnSpec(**fields_from_json(YarnSpec, data["yarn"]))
-        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -160,13 +154,6 @@ class CompressorSpec:
     def blocks_per_window(self) -> int:
         assert self.window is not None
         return self.window // self.stride
-
-    @classmethod
-    def from_dict(cls, data: Any) -> CompressorSpec:
-        data = fields_from_json(cls, data)
-        if isinstance(data.get("rope"), dict):
-            data["rope"] = RopeSpec.from_dict(data["rope"])
-        return cls(**data)
 
 
 @dataclass(frozen=True)
@@ -290,10 +277,6 @@ class CompressedConfig:
     attn_only = False
     positional_embedding_type = "rotary"
 
-    @property
-    def is_compressed(self) -> bool:
-        return self.compression is not None
-
     def layer_is_compressed(self, layer: int) -> bool:
         if self.compression is None:
             return False
@@ -320,28 +303,7 @@ class CompressedConfig:
             data["compressed_layers"] = list(data["compressed_layers"])
         return data
 
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
-
     @classmethod
     def from_dict(cls, data: Any) -> CompressedConfig:
-        data = fields_from_json(cls, data)
-        if isinstance(data.get("compression"), dict):
-            data["compression"] = CompressorSpec.from_dict(data["compression"])
-        if isinstance(data.get("rope"), dict):
-            data["rope"] = RopeSpec.from_dict(data["rope"])
-        if isinstance(data.get("compressed_layers"), list):
-            data["compressed_layers"] = tuple(data["compressed_layers"])
-        return cls(**data)
-
-    @classmethod
-    def from_json(cls, text: str) -> CompressedConfig:
-        try:
-            data = json.loads(text)
-        except ValueError as err:
-            raise ConfigError(f"a CompressedConfig JSON text is invalid ({err}).") from None
-        return cls.from_dict(data)
-
-    def full_attention_control(self) -> CompressedConfig:
-        """The same model with every layer on full causal attention."""
-        return dataclasses.replace(self, compression=None, compressed_layers=None)
+        """The config ``to_dict`` wrote (nested specs included), every field checked against its type first."""
+        return cls(**fields_from_json(cls, data))

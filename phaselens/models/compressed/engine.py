@@ -25,10 +25,6 @@ from phaselens.models.parts.hooking import query_start
 from phaselens.models.parts.suffix_engine import HookList, SlotEngine
 
 
-def _state_tensors(st: PoolerState) -> tuple[Tensor | None, ...]:
-    return (st.cur_payload, st.prev_payload, st.cur_logit, st.prev_logit)
-
-
 class FrozenPast:
     """A read-only view of one layer's prefix cache, repeated ``copies`` times along the batch.
 
@@ -49,7 +45,7 @@ class FrozenPast:
         # head-major [copies * B, Hkv, E, d], as the cache stores them
         self._entries = {p: self._rep(s[:, :, : layer.n_entries[p]]) for p, s in layer.entry_store.items()}
         self._states = {
-            p: PoolerState(*(self._rep(t) if t is not None else None for t in _state_tensors(st)))
+            p: PoolerState(*(self._rep(t) if t is not None else None for t in vars(st).values()))
             for p, st in layer.states.items()
         }
 

@@ -35,7 +35,8 @@ def check_keys(cls: type, data: Any) -> None:
 def fields_from_json(cls: type, data: Any) -> dict[str, Any]:
     """``data`` (parsed JSON) checked against ``cls``'s field types before anything is built from it: keys as
     :func:`check_keys`, then each value's JSON type (a number for a float, whole numbers for ints, ...).
-    Returns a copy with JSON numbers made floats where a float is meant."""
+    Returns a copy with JSON numbers made floats where a float is meant, lists tuples, and JSON objects the
+    dataclass their field holds (read the same way)."""
     check_keys(cls, data)
     hints = typing.get_type_hints(cls)
     out = dict(data)
@@ -45,6 +46,11 @@ def fields_from_json(cls: type, data: Any) -> dict[str, Any]:
             raise ConfigError(f"{cls.__name__}.{name} must be {describe_type(tp)}, got {value!r:.80}; fix the config.")
         if float in type_options(tp) and isinstance(value, int) and not isinstance(value, bool):
             out[name] = float(value)
+        elif isinstance(value, list):  # only a tuple field takes a list (json_fits)
+            out[name] = tuple(value)
+        elif isinstance(value, dict):  # only a dataclass field takes an object (json_fits)
+            nested = next(opt for opt in type_options(tp) if dataclasses.is_dataclass(opt))
+            out[name] = nested(**fields_from_json(nested, value))
     return out
 
 

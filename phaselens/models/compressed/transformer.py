@@ -259,9 +259,7 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
         if logits == "query":
             if return_type != "logits":
                 raise InputError("logits='query' returns logits only; use return_type='logits'.")
-            q = n if query_len is None else as_int("query_len", query_len)
-            if not 1 <= q <= n:
-                raise InputError(f"query_len must lie in 1..{n} (the call's length), got {query_len}.")
+            q = n if query_len is None else as_int("query_len", query_len, minimum=1, maximum=n)
             resid = resid[:, n - q :]
         if return_type is None:
             return None

@@ -48,7 +48,9 @@ def dispatch(send: Callable[[int], Any], n: int, *, concurrency: int, lead: np.n
             first.append(i)
         else:
             followers.setdefault(j, []).append(i)
-    bar = _bar(n, progress, stage, model)
+    from phaselens.parallel.progress import progress_bar
+
+    bar = progress_bar(stage=stage, unit="req", total=n, model=model) if progress else None
     start, done_tokens = time.monotonic(), 0
     pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="phaselens-served")
     running: dict[Future, int] = {}
@@ -72,11 +74,3 @@ def dispatch(send: Callable[[int], Any], n: int, *, concurrency: int, lead: np.n
         if bar is not None:
             bar.close()
     return results
-
-
-def _bar(n: int, enabled: bool, stage: str, model: Any) -> Any:
-    if not enabled:
-        return None
-    from phaselens.parallel.progress import progress_bar
-
-    return progress_bar(stage=stage, unit="req", total=n, model=model)

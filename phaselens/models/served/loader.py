@@ -13,20 +13,19 @@ At load, before any item runs:
 
 from __future__ import annotations
 
-import math
-import numbers
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from phaselens.core.checks import as_float, as_int
 from phaselens.core.geometry import PhaseSpec
 from phaselens.errors import InputError, ServerError, TokenizerMismatchError
 from phaselens.models.served.endpoint import Endpoint
 from phaselens.models.served.model import ServedModel, mismatch_message
-from phaselens.models.served.protocols import DIALECTS, Dialect
-from phaselens.models.served.replies import validated
+from phaselens.models.served.protocols import Dialect
+from phaselens.models.served.replies import DIALECTS, validated
 from phaselens.models.served.vocabulary import Vocabulary, load_tokenizer, server_vocabulary
 from phaselens.storage.reading import peek_json
 
@@ -250,20 +249,15 @@ def _options(**given: Any) -> dict[str, Any]:
     ask for prompts of at most -10 tokens)."""
     out = dict(given)
     for name, (kind, low, high, what) in NUMERIC.items():
-        value = given[name]
-        if value is None and name in ("stride", "window", "concurrency", "n_ctx"):  # None: found at load
+        if given[name] is None and name in ("stride", "window", "concurrency", "n_ctx"):  # found at load
             continue
-        real = isinstance(value, numbers.Real) and not isinstance(value, bool | np.bool_)
+        label = f"{name} ({what})"
         if kind == "int":
-            ok = real and isinstance(value, numbers.Integral) and low <= value and (high is None or value <= high)
-            need = f"a whole number in {low}..{high}" if high is not None else f"a whole number >= {low}"
-        else:
-            ok = real and math.isfinite(value) and (value > low if name == "timeout" else value >= low) \
-                and value <= high
-            need = f"a finite number of seconds {'> 0' if name == 'timeout' else '>= 0'} and <= {high:g}"
-        if not ok:
-            raise InputError(f"{name} ({what}) must be {need}, got {value!r}.")
-        out[name] = int(value) if kind == "int" else float(value)
+            out[name] = as_int(label, given[name], minimum=low, maximum=high)
+            continue
+        out[name] = as_float(label, given[name], positive=name == "timeout")
+        if not low <= out[name] <= high:
+            raise InputError(f"{label} must be in {low:g}..{high:g} seconds, got {given[name]!r}.")
     if given["protocol"] != "auto" and given["protocol"] not in DIALECTS:
         raise InputError(f"protocol must be 'auto' or one of {DIALECTS}, got {given['protocol']!r}.")
     for name in ("warm_prefix", "progress"):

@@ -26,7 +26,6 @@ from typing import Any
 from phaselens.models.served.replies import refuse, validated
 
 NAN = float("nan")
-DIALECTS = ("vllm", "sglang", "openai-ids", "openai-text")
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ LABELS = {
     "tokenize": "/tokenize (vLLM, SGLang)",
     "detokenize": "/detokenize (vLLM, SGLang)",
 }
+DIALECTS = ("vllm", "sglang", "openai-ids", "openai-text")  # the ones a reply is scored from
 LOGPROB_SLACK = 1e-4  # a log-probability a hair above 0 is rounding (fp16 logits); more is not a probability
 
 
@@ -121,14 +122,11 @@ def refuse(server: str, dialect: str, path: str, problem: str, spec: Spec | None
     """Raise the :class:`ServerError` of a reply phaselens cannot read exactly."""
     want = f" where {spec.what} belongs" if spec is not None and spec.what else ""
     label = LABELS.get(dialect, dialect)
-    answer = dialect in _COMPLETION_LIKE
+    answer = dialect in DIALECTS
     fix = ("check that the server speaks this dialect and is a version docs/served.md names"
            + (", or pass protocol= to choose another dialect" if answer else ""))
     raise ServerError(f"{server} sent a reply phaselens cannot read exactly ({label}): {path} {problem}{want}. "
                       f"{'No answer is scored from it' if answer else 'Nothing is guessed from it'}; {fix}.")
-
-
-_COMPLETION_LIKE = ("vllm", "sglang", "openai-ids", "openai-text")
 
 
 def _all_ids(value: list, spec: Spec) -> bool:
