@@ -199,6 +199,10 @@ def check_knockout(k: Kind):
     ref = k.query_logits(tokens, torch.full((2,), T - 1), zero_heads(1, [0]))
     assert close(got, ref)
     assert (got - k.query_logits(tokens, torch.full((2,), T - 1))).abs().max() > 1e-6  # it did something
+    ev = phaselens.knockout(k.arg, "L1H1", method="zero", n_bootstrap=0, n_permutations=99, **k.opts)  # the analysis
+    m = scored(k.query_logits(b.tokens, b.query_pos, zero_heads(1, [1])), b.answer, b.wrong)
+    assert_flags_agree(ev.items["correct"].to_numpy(), m["correct"], m["margin"], what=f"{k.name} knockout correct")
+    assert close(ev.items["logit_diff"].to_numpy(), m["logit_diff"])
 
 
 def check_ablate(k: Kind):

@@ -17,6 +17,15 @@ from tests.support.models import task_model
 FIELDS = ("correct", "logit_diff")
 
 
+def written(path):
+    """A complete journal of :func:`cells` at ``path``; its bytes."""
+    journal = CellJournal(path, "fp", FIELDS)
+    for label, arrays in cells().items():
+        journal.add(label, *arrays)
+    journal.flush()
+    return path.read_bytes()
+
+
 def cells(n_cells=3, n=5, seed=0):
     rng = np.random.default_rng(seed)
     return {f"L{i}H0": (rng.random(n) < 0.5, rng.normal(size=n).astype(np.float32)) for i in range(n_cells)}
@@ -78,11 +87,7 @@ def test_a_users_file_is_never_overwritten(tmp_path):
 @pytest.mark.parametrize("damage", ["truncate", "random", "empty"])
 def test_damaged_journals_name_the_fix(tmp_path, damage):
     path = tmp_path / "map.journal"
-    ck = CellJournal(path, "fp", FIELDS)
-    for label, arrays in cells().items():
-        ck.add(label, *arrays)
-    ck.flush()
-    raw = path.read_bytes()
+    raw = written(path)
     path.write_bytes({"truncate": raw[: len(raw) // 2], "random": np.random.default_rng(0).bytes(len(raw)),
                       "empty": b""}[damage])
     with pytest.raises(JournalError, match="delete it to start over"):
@@ -139,11 +144,7 @@ def test_every_refusal_of_a_journal_is_a_journal_error_in_journal_words(tmp_path
 
     assert not issubclass(JournalError, CheckpointError) and not issubclass(CheckpointError, JournalError)
     good = tmp_path / "good.journal"
-    j = CellJournal(good, "fp", FIELDS)
-    for label, arrays in cells().items():
-        j.add(label, *arrays)
-    j.flush()
-    raw = good.read_bytes()
+    raw = written(good)
     torn, zeroed, foreign = tmp_path / "torn.journal", tmp_path / "zeroed.journal", tmp_path / "foreign.npz"
     torn.write_bytes(raw[: len(raw) // 2])
     zeroed.write_bytes(raw[:-16] + bytes(16))  # size kept, the last tensor's bytes zeroed: only the checksum sees it
