@@ -19,6 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 import phaselens
+from phaselens.analyses.cycling import cycle_gates
 from phaselens.errors import BatchIndexError, ConfigError, InputError, NoDefaultTaskError, ZooError
 from phaselens.models.compressed.config import CompressedConfig
 from phaselens.presentation.cli import app
@@ -38,7 +39,7 @@ def model():
 def test_cycle_gates_takes_any_integer_shift_exactly(model, delta):
     """Rolling by delta is rolling by delta mod S: the copy equals the one cycled by the residue."""
     S = model.analysis_spec.stride
-    got, want = phaselens.analyses.cycling.cycle_gates(model, delta), phaselens.analyses.cycling.cycle_gates(model, delta % S)
+    got, want = cycle_gates(model, delta), cycle_gates(model, delta % S)
     a, b = got.state_dict(), want.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
