@@ -22,7 +22,7 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from phaselens.errors import InputError, ServerError
@@ -52,8 +52,7 @@ class Traffic:
     seconds: float = 0.0  # wall time spent inside answer_queries calls
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("requests", "prompt_tokens", "cached_tokens", "cached_reported",
-                                             "retries")}
+        out = asdict(self)
         out["seconds"] = round(self.seconds, 3)
         out["prompt_tokens_per_s"] = round(self.prompt_tokens / self.seconds, 1) if self.seconds > 0 else None
         return out

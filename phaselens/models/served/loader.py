@@ -177,7 +177,8 @@ def _context(endpoint: Endpoint, card: dict[str, Any], tokenizer: Any, n_ctx: in
                              f"{limit}, so prompts of at most {limit - 1} tokens (the answer takes a slot); pass "
                              f"n_ctx={limit - 1} or less, or leave it out.")
         return n_ctx
-    limit = limit or _config_value(tokenizer, "max_position_embeddings")
+    cfg = _config(tokenizer) or {}
+    limit = limit or cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
     if isinstance(limit, bool) or not isinstance(limit, int):
         return 0
     return max(limit - 1, 0)
@@ -219,11 +220,6 @@ def _config(tokenizer: Any) -> dict[str, Any] | None:
     path = path if path.is_dir() else path.parent
     raw = peek_json(path / "config.json")
     return raw if isinstance(raw, dict) else None
-
-
-def _config_value(tokenizer: Any, key: str) -> Any:
-    cfg = _config(tokenizer) or {}
-    return cfg.get(key) or (cfg.get("text_config") or {}).get(key)
 
 
 #: The loader's numeric options: (kind, smallest, largest, what it is). Bounds keep every later computation

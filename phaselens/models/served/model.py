@@ -188,24 +188,7 @@ class ServedModel:
             raise TokenizerMismatchError(mismatch_message(self.endpoint.api, counted, len(ids), self.vocab.prefix,
                                                           self.dialect.takes_ids))
 
-    # ---- pricing and display ------------------------------------------------------------------------
-    def plan(self, task: Any = None, *, n_per_residue: int = 256, residues: Any = None, seed: int = 0,
-             prefill_tokens_per_s: float = 10_000.0, copies: int = 1, sample: int = 2) -> Any:
-        """What evaluating ``task`` (default: ``default_task``) on this server costs before it runs:
-        requests, prompt tokens, what a prefix cache can skip, and the time at ``prefill_tokens_per_s``
-        (:func:`phaselens.runtime.request_plan.plan_requests`; ``copies``: forwards per item, e.g. S for
-        ``repair_table`` over every shift)."""
-        from phaselens.runtime.request_plan import plan_requests
-
-        task = self.default_task if task is None else task
-        if task is None:
-            from phaselens.errors import NoDefaultTaskError
-
-            raise NoDefaultTaskError(f"{self.served_name} has no default_task; pass a task to plan().")
-        return plan_requests(task, self.spec, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                             prefill_tokens_per_s=prefill_tokens_per_s, copies=copies, sample=sample,
-                             model=self.served_name)
-
+    # ---- connections and display --------------------------------------------------------------------
     def close(self) -> None:
         """Close the HTTP connections (the server keeps running)."""
         self.endpoint.close()
