@@ -76,16 +76,18 @@ def check(value: Any, spec: Spec, *, dialect: str, server: str = "the server", p
             return value
         refuse(server, dialect, path, "is null", spec)
     kind = spec.kind
-    if kind == "object":
+    if kind in ("object", "map"):
         if not isinstance(value, dict):
             refuse(server, dialect, path, f"is {_show(value)}, not an object", spec)
-        for name, (sub, required) in spec.fields.items():
+        for name, (sub, required) in spec.fields.items():  # an object's named fields (a map has none)
             where = name if path == "the reply" else f"{path}.{name}"
             if name not in value:
                 if required:
                     refuse(server, dialect, where, "is missing", sub)
                 continue
             check(value[name], sub, dialect=dialect, server=server, path=where)
+        for key, item in value.items() if kind == "map" else ():  # a map's values, every one the same spec
+            check(item, spec.items or ANY, dialect=dialect, server=server, path=f"{path}[{key!r}]")
     elif kind in ("list", "tuple"):
         if not isinstance(value, list):
             refuse(server, dialect, path, f"is {_show(value)}, not a list", spec)
@@ -97,11 +99,6 @@ def check(value: Any, spec: Spec, *, dialect: str, server: str = "the server", p
         for i, (item, sub) in enumerate(zip(value, subs)):
             if sub is not None:
                 check(item, sub, dialect=dialect, server=server, path=f"{path}[{i}]")
-    elif kind == "map":
-        if not isinstance(value, dict):
-            refuse(server, dialect, path, f"is {_show(value)}, not an object", spec)
-        for key, item in value.items():
-            check(item, spec.items or ANY, dialect=dialect, server=server, path=f"{path}[{key!r}]")
     elif kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             refuse(server, dialect, path, f"is {_show(value)}, not an integer", spec)
