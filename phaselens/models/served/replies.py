@@ -137,17 +137,13 @@ def _show(value: Any) -> str:
 
 
 # ---- the dialects' schemas ------------------------------------------------------------------------------------
-def _usage(required: bool) -> tuple[Spec, bool]:
-    count = integer(0, what="the prompt's token count (an integer >= 0), which proves the prompt's phases")
-    cached = obj(nullable=True, cached_tokens=(integer(0, nullable=True, what="a token count"), False))
-    usage = obj(nullable=not required, what="the token counts", prompt_tokens=(count, required),
-                prompt_tokens_details=(cached, False))
-    return usage, required
-
-
 def _completion(dialect: str) -> Spec:
     """An OpenAI ``/v1/completions`` reply (vLLM's adds ``token_ids`` and ``prompt_token_ids``)."""
-    by_id = dialect == "vllm"
+    by_id, counted = dialect == "vllm", dialect == "openai-text"  # a text dialect needs the prompt's count
+    count = integer(0, what="the prompt's token count (an integer >= 0), which proves the prompt's phases")
+    cached = obj(nullable=True, cached_tokens=(integer(0, nullable=True, what="a token count"), False))
+    usage = obj(nullable=not counted, what="the token counts", prompt_tokens=(count, counted),
+                prompt_tokens_details=(cached, False))
     top = Spec("map", items=Spec("logprob", what="a log-probability (a number <= 0)"), nullable=True)
     logprobs = obj(nullable=True, what="the log-probabilities",
                    tokens=(seq(TEXT, nullable=True, what="the generated tokens"), False),
@@ -163,7 +159,7 @@ def _completion(dialect: str) -> Spec:
     )
     return obj(what="a completion (a JSON object)",
                choices=(seq(choice, min_len=1, what="one choice (the request asked for one)"), True),
-               usage=_usage(dialect == "openai-text"))
+               usage=(usage, counted))
 
 
 SGLANG = obj(
