@@ -211,10 +211,14 @@ class Endpoint:
         if resp.status_code >= 400:
             raise ServerError(f"the server at {self.api} refused {what or method + ' ' + path}: HTTP "
                               f"{resp.status_code} {_detail(resp)[:500]}")
+        return self.decoded(resp, f"{method} {path}")
+
+    def decoded(self, resp: Any, asked: str) -> Any:
+        """The JSON body of ``resp``; a body that is not JSON is a :class:`ServerError` naming what was ``asked``."""
         try:
             return resp.json()
         except ValueError:
-            raise ServerError(f"the server at {self.api} answered {method} {path} with something that is not JSON: "
+            raise ServerError(f"the server at {self.api} answered {asked} with something that is not JSON: "
                               f"{resp.text[:200]!r}") from None
 
     def _wait(self, attempt: int, retry_after: str | None) -> float:

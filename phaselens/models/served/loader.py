@@ -21,7 +21,7 @@ import numpy as np
 
 from phaselens.core.checks import as_float, as_int
 from phaselens.core.geometry import PhaseSpec
-from phaselens.errors import InputError, ServerError, TokenizerMismatchError
+from phaselens.errors import InputError, TokenizerMismatchError
 from phaselens.models.served.endpoint import Endpoint
 from phaselens.models.served.model import ServedModel, mismatch_message
 from phaselens.models.served.protocols import Dialect
@@ -109,8 +109,8 @@ def _dialect(endpoint: Endpoint, name: str, vocab: Vocabulary, card: dict[str, A
                                                      "temperature": 0.0})
     counted = None
     if resp.status_code < 400:  # taken: the reply must read as a completion
-        counted = (validated(_json(resp, endpoint), "openai-ids", f"the server at {endpoint.api}").get("usage")
-                   or {}).get("prompt_tokens")
+        data = validated(endpoint.decoded(resp, "a probe prompt"), "openai-ids", f"the server at {endpoint.api}")
+        counted = (data.get("usage") or {}).get("prompt_tokens")
     if counted == len(ids):
         checks["protocol"] = "openai-ids: a token-id prompt was taken with the right usage.prompt_tokens"
         return Dialect("openai-ids", top)
@@ -153,17 +153,13 @@ def _compare_tokens(endpoint: Endpoint, name: str, vocab: Vocabulary, dialect: D
     checks["tokenizer"] = f"prompt token counts agree on {len(PROBES)} probe texts (then on every reply)"
 
 
-def _json(resp: Any, endpoint: Endpoint | None = None) -> Any:
-    """A probe's JSON body: ``{}`` when it is not JSON, unless ``endpoint`` is given (a reply that must be
-    read), which makes that a ``ServerError``."""
+def _json(resp: Any) -> Any:
+    """A probe's JSON object: ``{}`` when its body is not one."""
     try:
         out = resp.json()
     except ValueError:
-        if endpoint is not None:
-            raise ServerError(f"the server at {endpoint.api} answered a probe prompt with something that is not JSON: "
-                              f"{resp.text[:200]!r}") from None
         return {}
-    return out if endpoint is not None or isinstance(out, dict) else {}
+    return out if isinstance(out, dict) else {}
 
 
 def _context(endpoint: Endpoint, card: dict[str, Any], tokenizer: Any, n_ctx: int | None) -> int:
