@@ -40,14 +40,10 @@ def dispatch(send: Callable[[int], Any], n: int, *, concurrency: int, lead: np.n
     results: list[Any] = [None] * n
     if n == 0:
         return results
+    lead = np.arange(n) if lead is None else np.asarray(lead)
     followers: dict[int, list[int]] = {}
-    first = []
-    for i in range(n):
-        j = i if lead is None else int(lead[i])
-        if j == i:
-            first.append(i)
-        else:
-            followers.setdefault(j, []).append(i)
+    for i in np.flatnonzero(lead != np.arange(n)):
+        followers.setdefault(int(lead[i]), []).append(int(i))
     from phaselens.parallel.progress import progress_bar
 
     bar = progress_bar(stage=stage, unit="req", total=n, model=model) if progress else None
@@ -55,7 +51,7 @@ def dispatch(send: Callable[[int], Any], n: int, *, concurrency: int, lead: np.n
     pool = ThreadPoolExecutor(max_workers=max(1, int(concurrency)), thread_name_prefix="phaselens-served")
     running: dict[Future, int] = {}
     try:
-        for i in first:
+        for i in np.flatnonzero(lead == np.arange(n)).tolist():
             running[pool.submit(send, i)] = i
         while running:
             finished, _ = wait(list(running), return_when=FIRST_COMPLETED)

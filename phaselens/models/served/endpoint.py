@@ -22,7 +22,7 @@ import os
 import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from phaselens.errors import InputError, ServerError
@@ -52,8 +52,7 @@ class Traffic:
     seconds: float = 0.0  # wall time spent inside answer_queries calls
 
     def as_dict(self) -> dict[str, Any]:
-        out = {k: getattr(self, k) for k in ("requests", "prompt_tokens", "cached_tokens", "cached_reported",
-                                             "retries")}
+        out = asdict(self)
         out["seconds"] = round(self.seconds, 3)
         out["prompt_tokens_per_s"] = round(self.prompt_tokens / self.seconds, 1) if self.seconds > 0 else None
         return out
@@ -212,10 +211,14 @@ class Endpoint:
         if resp.status_code >= 400:
             raise ServerError(f"the server at {self.api} refused {what or method + ' ' + path}: HTTP "
                               f"{resp.status_code} {_detail(resp)[:500]}")
+        return self.decoded(resp, f"{method} {path}")
+
+    def decoded(self, resp: Any, asked: str) -> Any:
+        """The JSON body of ``resp``; a body that is not JSON is a :class:`ServerError` naming what was ``asked``."""
         try:
             return resp.json()
         except ValueError:
-            raise ServerError(f"the server at {self.api} answered {method} {path} with something that is not JSON: "
+            raise ServerError(f"the server at {self.api} answered {asked} with something that is not JSON: "
                               f"{resp.text[:200]!r}") from None
 
     def _wait(self, attempt: int, retry_after: str | None) -> float:

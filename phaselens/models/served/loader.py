@@ -21,7 +21,7 @@ import numpy as np
 
 from phaselens.core.checks import as_float, as_int
 from phaselens.core.geometry import PhaseSpec
-from phaselens.errors import InputError, ServerError, TokenizerMismatchError
+from phaselens.errors import InputError, TokenizerMismatchError
 from phaselens.models.served.endpoint import Endpoint
 from phaselens.models.served.model import ServedModel, mismatch_message
 from phaselens.models.served.protocols import Dialect
@@ -109,8 +109,8 @@ def _dialect(endpoint: Endpoint, name: str, vocab: Vocabulary, card: dict[str, A
                                                      "temperature": 0.0})
     counted = None
     if resp.status_code < 400:  # taken: the reply must read as a completion
-        counted = (validated(_json(resp, endpoint), "openai-ids", f"the server at {endpoint.api}").get("usage")
-                   or {}).get("prompt_tokens")
+        data = validated(endpoint.decoded(resp, "a probe prompt"), "openai-ids", f"the server at {endpoint.api}")
+        counted = (data.get("usage") or {}).get("prompt_tokens")
     if counted == len(ids):
         checks["protocol"] = "openai-ids: a token-id prompt was taken with the right usage.prompt_tokens"
         return Dialect("openai-ids", top)
@@ -153,17 +153,13 @@ def _compare_tokens(endpoint: Endpoint, name: str, vocab: Vocabulary, dialect: D
     checks["tokenizer"] = f"prompt token counts agree on {len(PROBES)} probe texts (then on every reply)"
 
 
-def _json(resp: Any, endpoint: Endpoint | None = None) -> Any:
-    """A probe's JSON body: ``{}`` when it is not JSON, unless ``endpoint`` is given (a reply that must be
-    read), which makes that a ``ServerError``."""
+def _json(resp: Any) -> Any:
+    """A probe's JSON object: ``{}`` when its body is not one."""
     try:
         out = resp.json()
     except ValueError:
-        if endpoint is not None:
-            raise ServerError(f"the server at {endpoint.api} answered a probe prompt with something that is not JSON: "
-                              f"{resp.text[:200]!r}") from None
         return {}
-    return out if endpoint is not None or isinstance(out, dict) else {}
+    return out if isinstance(out, dict) else {}
 
 
 def _context(endpoint: Endpoint, card: dict[str, Any], tokenizer: Any, n_ctx: int | None) -> int:
@@ -177,7 +173,8 @@ def _context(endpoint: Endpoint, card: dict[str, Any], tokenizer: Any, n_ctx: in
                              f"{limit}, so prompts of at most {limit - 1} tokens (the answer takes a slot); pass "
                              f"n_ctx={limit - 1} or less, or leave it out.")
         return n_ctx
-    limit = limit or _config_value(tokenizer, "max_position_embeddings")
+    cfg = _config(tokenizer) or {}
+    limit = limit or cfg.get("max_position_embeddings") or (cfg.get("text_config") or {}).get("max_position_embeddings")
     if isinstance(limit, bool) or not isinstance(limit, int):
         return 0
     return max(limit - 1, 0)
@@ -219,11 +216,6 @@ def _config(tokenizer: Any) -> dict[str, Any] | None:
     path = path if path.is_dir() else path.parent
     raw = peek_json(path / "config.json")
     return raw if isinstance(raw, dict) else None
-
-
-def _config_value(tokenizer: Any, key: str) -> Any:
-    cfg = _config(tokenizer) or {}
-    return cfg.get(key) or (cfg.get("text_config") or {}).get(key)
 
 
 #: The loader's numeric options: (kind, smallest, largest, what it is). Bounds keep every later computation

@@ -36,6 +36,7 @@ class ServedModel:
         served_name: the model's name on the server (``/v1/models``).
         vocab: the tokenizer that makes the server's ids (:class:`~phaselens.models.served.vocabulary.Vocabulary`).
         dialect: how requests are asked (:class:`~phaselens.models.served.protocols.Dialect`).
+        analysis_spec: the phase geometry (:class:`~phaselens.core.geometry.PhaseSpec`).
         concurrency: requests in flight at once.
         warm_prefix: hold a prompt back until the one it shares a long prefix with is answered (a
             prefix-caching server then prefills the shared part once).
@@ -47,7 +48,7 @@ class ServedModel:
                  n_ctx: int = 0, concurrency: int = 8, warm_prefix: bool = True, default_task: Any = None,
                  progress: bool = True, checks: dict[str, Any] | None = None) -> None:
         self.endpoint, self.served_name, self.vocab, self.dialect = endpoint, served_name, vocab, dialect
-        self.spec, self.n_ctx, self.concurrency = spec, int(n_ctx or 0), int(concurrency)
+        self.analysis_spec, self.n_ctx, self.concurrency = spec, int(n_ctx or 0), int(concurrency)
         self.warm_prefix, self.default_task, self.progress = bool(warm_prefix), default_task, bool(progress)
         self.checks = dict(checks or {})
         self._tokenizer_fp = vocab.fingerprint()
@@ -62,21 +63,18 @@ class ServedModel:
         return self.vocab.tokenizer
 
     @property
-    def analysis_spec(self) -> PhaseSpec:
-        return self.spec
-
-    @property
     def dims(self) -> ModelDims:
         """No layers phaselens can see (``black_box``); the phase geometry, vocabulary and context are known."""
         return ModelDims(n_layers=0, n_heads=1, n_key_value_heads=1, d_head=1, d_vocab=self.vocab.size,
-                         n_ctx=self.n_ctx, phase_specs=(), analysis_spec=self.spec, black_box=True)
+                         n_ctx=self.n_ctx, phase_specs=(), analysis_spec=self.analysis_spec, black_box=True)
 
     def identity(self) -> ModelIdentity:
         """The served model's name, the tokenizer's fingerprint and the geometry (not the address: a server
         restarted on another port is the same model, and a journal resumes on it)."""
+        s = self.analysis_spec
         return ModelIdentity(type(self).__qualname__, {
-            "served_model": self.served_name, "tokenizer": self._tokenizer_fp, "stride": self.spec.stride,
-            "window": self.spec.window, "origin": self.spec.origin, "top_logprobs": self.dialect.top_logprobs,
+            "served_model": self.served_name, "tokenizer": self._tokenizer_fp, "stride": s.stride,
+            "window": s.window, "origin": s.origin, "top_logprobs": self.dialect.top_logprobs,
         }, None)
 
     @property
@@ -188,24 +186,7 @@ class ServedModel:
             raise TokenizerMismatchError(mismatch_message(self.endpoint.api, counted, len(ids), self.vocab.prefix,
                                                           self.dialect.takes_ids))
 
-    # ---- pricing and display ------------------------------------------------------------------------
-    def plan(self, task: Any = None, *, n_per_residue: int = 256, residues: Any = None, seed: int = 0,
-             prefill_tokens_per_s: float = 10_000.0, copies: int = 1, sample: int = 2) -> Any:
-        """What evaluating ``task`` (default: ``default_task``) on this server costs before it runs:
-        requests, prompt tokens, what a prefix cache can skip, and the time at ``prefill_tokens_per_s``
-        (:func:`phaselens.runtime.request_plan.plan_requests`; ``copies``: forwards per item, e.g. S for
-        ``repair_table`` over every shift)."""
-        from phaselens.runtime.request_plan import plan_requests
-
-        task = self.default_task if task is None else task
-        if task is None:
-            from phaselens.errors import NoDefaultTaskError
-
-            raise NoDefaultTaskError(f"{self.served_name} has no default_task; pass a task to plan().")
-        return plan_requests(task, self.spec, n_per_residue=n_per_residue, residues=residues, seed=seed,
-                             prefill_tokens_per_s=prefill_tokens_per_s, copies=copies, sample=sample,
-                             model=self.served_name)
-
+    # ---- connections and display --------------------------------------------------------------------
     def close(self) -> None:
         """Close the HTTP connections (the server keeps running)."""
         self.endpoint.close()
@@ -213,7 +194,7 @@ class ServedModel:
     def __repr__(self) -> str:
         t = self.endpoint.traffic
         return (f"ServedModel({self.served_name!r} at {self.endpoint.api}, {self.dialect.name}: prompts as "
-                f"{'token ids' if self.dialect.takes_ids else 'text'}, stride {self.spec.stride}, concurrency "
+                f"{'token ids' if self.dialect.takes_ids else 'text'}, stride {self.analysis_spec.stride}, concurrency "
                 f"{self.concurrency}; {t.requests} requests, {t.prompt_tokens:,} prompt tokens so far)")
 
 

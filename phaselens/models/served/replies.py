@@ -76,16 +76,18 @@ def check(value: Any, spec: Spec, *, dialect: str, server: str = "the server", p
             return value
         refuse(server, dialect, path, "is null", spec)
     kind = spec.kind
-    if kind == "object":
+    if kind in ("object", "map"):
         if not isinstance(value, dict):
             refuse(server, dialect, path, f"is {_show(value)}, not an object", spec)
-        for name, (sub, required) in spec.fields.items():
+        for name, (sub, required) in spec.fields.items():  # an object's named fields (a map has none)
             where = name if path == "the reply" else f"{path}.{name}"
             if name not in value:
                 if required:
                     refuse(server, dialect, where, "is missing", sub)
                 continue
             check(value[name], sub, dialect=dialect, server=server, path=where)
+        for key, item in value.items() if kind == "map" else ():  # a map's values, every one the same spec
+            check(item, spec.items or ANY, dialect=dialect, server=server, path=f"{path}[{key!r}]")
     elif kind in ("list", "tuple"):
         if not isinstance(value, list):
             refuse(server, dialect, path, f"is {_show(value)}, not a list", spec)
@@ -97,11 +99,6 @@ def check(value: Any, spec: Spec, *, dialect: str, server: str = "the server", p
         for i, (item, sub) in enumerate(zip(value, subs)):
             if sub is not None:
                 check(item, sub, dialect=dialect, server=server, path=f"{path}[{i}]")
-    elif kind == "map":
-        if not isinstance(value, dict):
-            refuse(server, dialect, path, f"is {_show(value)}, not an object", spec)
-        for key, item in value.items():
-            check(item, spec.items or ANY, dialect=dialect, server=server, path=f"{path}[{key!r}]")
     elif kind == "int":
         if isinstance(value, bool) or not isinstance(value, int):
             refuse(server, dialect, path, f"is {_show(value)}, not an integer", spec)
@@ -140,17 +137,13 @@ def _show(value: Any) -> str:
 
 
 # ---- the dialects' schemas ------------------------------------------------------------------------------------
-def _usage(required: bool) -> tuple[Spec, bool]:
-    count = integer(0, what="the prompt's token count (an integer >= 0), which proves the prompt's phases")
-    cached = obj(nullable=True, cached_tokens=(integer(0, nullable=True, what="a token count"), False))
-    usage = obj(nullable=not required, what="the token counts", prompt_tokens=(count, required),
-                prompt_tokens_details=(cached, False))
-    return usage, required
-
-
 def _completion(dialect: str) -> Spec:
     """An OpenAI ``/v1/completions`` reply (vLLM's adds ``token_ids`` and ``prompt_token_ids``)."""
-    by_id = dialect == "vllm"
+    by_id, counted = dialect == "vllm", dialect == "openai-text"  # a text dialect needs the prompt's count
+    count = integer(0, what="the prompt's token count (an integer >= 0), which proves the prompt's phases")
+    cached = obj(nullable=True, cached_tokens=(integer(0, nullable=True, what="a token count"), False))
+    usage = obj(nullable=not counted, what="the token counts", prompt_tokens=(count, counted),
+                prompt_tokens_details=(cached, False))
     top = Spec("map", items=Spec("logprob", what="a log-probability (a number <= 0)"), nullable=True)
     logprobs = obj(nullable=True, what="the log-probabilities",
                    tokens=(seq(TEXT, nullable=True, what="the generated tokens"), False),
@@ -166,7 +159,7 @@ def _completion(dialect: str) -> Spec:
     )
     return obj(what="a completion (a JSON object)",
                choices=(seq(choice, min_len=1, what="one choice (the request asked for one)"), True),
-               usage=_usage(dialect == "openai-text"))
+               usage=(usage, counted))
 
 
 SGLANG = obj(

@@ -139,6 +139,31 @@ def test_the_loaders_probes_and_lists_are_checked_too(srv, tok):
         phaselens.load(srv.url, stride=4, protocol="vllm", progress=False, retries=0)
 
 
+
+def _html(handler, path):
+    """A completion answered with a page that is not JSON (a proxy's error page, served with status 200)."""
+    if path != "/v1/completions":
+        return False
+    page = b"<html>502 Bad Gateway</html>"
+    handler.send_response(200)
+    handler.send_header("Content-Length", str(len(page)))
+    handler.end_headers()
+    handler.wfile.write(page)
+    return True
+
+
+def test_a_body_that_is_not_json_is_a_server_error_quoting_it(srv, tok):
+    """The loader's dialect probe and every completion read their body through one check (Endpoint.decoded)."""
+    srv.fault = _html
+    with pytest.raises(ServerError, match=r"answered a probe prompt with something that is not JSON: '<html>502"):
+        load(srv, tok, "auto")
+    srv.fault = None
+    m = load(srv, tok, "openai-ids")
+    srv.fault = _html
+    with pytest.raises(ServerError, match=r"answered POST /completions with something that is not JSON: '<html>"):
+        evaluate(m, tok)
+
+
 VALID = {
     "vllm": {"choices": [{"text": " cat", "token_ids": [5], "prompt_token_ids": [1, 2],
                           "logprobs": {"tokens": ["token_id:5"], "token_logprobs": [-0.5],

@@ -82,6 +82,19 @@ def test_served_answers_equal_in_process_answers_item_by_item(served, local, tas
     assert np.allclose(ev2.per_residue()["acc"], ref2.per_residue()["acc"])
 
 
+def test_phaselens_plan_prices_the_served_requests(served, task):
+    """The one planning call prices a served model's requests from the items alone: one prompt per item for
+    ``evaluate``, one per shifted copy for ``repair_table``, at the stated prefill rate; nothing is sent."""
+    sent = served.endpoint.traffic.requests
+    plan = phaselens.plan(served, "evaluate", task, n_per_residue=N, prefill_tokens_per_s=1000.0)
+    assert plan.model == served.name and plan.requests == 8 * N and plan.copies == 1
+    assert plan.prompt_tokens >= plan.requests * plan.seq_len // 2 > 0
+    assert plan.seconds == pytest.approx(plan.prefill_tokens / 1000.0)
+    shifted = phaselens.plan(served, "repair_table", task, n_per_residue=N, pad_id=task.filler_ids[0])
+    assert shifted.copies == 4 and shifted.requests == 8 * N * 4
+    assert served.endpoint.traffic.requests == sent
+
+
 def as_text_reads(vocab, ids):
     """What a text-only server's reply can name: a token whose text encodes back to it alone, else -1 (a lone
     byte of a multi-byte character decodes to U+FFFD, which names no token)."""
