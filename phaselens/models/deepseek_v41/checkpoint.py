@@ -164,12 +164,10 @@ def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n
     """The model on the meta device, in its packed layout when ``weights="packed"``, and the checkpoint's
     header index (``None`` without shards, unless ``need_weights``)."""
     dtype = check_dtype(dtype)
-    if engram not in ("run", "drop"):
-        raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
-    if weights not in ("packed", "dequantized"):
-        raise InputError(f"weights must be 'packed' or 'dequantized', got {weights!r}.")
-    if kernels not in ("auto", "torch"):
-        raise InputError(f"kernels must be 'auto' or 'torch', got {kernels!r}.")
+    for arg, value, known in (("engram", engram, ("run", "drop")), ("weights", weights, ("packed", "dequantized")),
+                              ("kernels", kernels, ("auto", "torch"))):
+        if value not in known:
+            raise InputError(f"{arg} must be {known[0]!r} or {known[1]!r}, got {value!r}.")
     raw = read_json(root / "config.json", fix="restore config.json from the checkpoint's source.")
     digest = hashlib.sha256((root / "config.json").read_bytes()).hexdigest()
     # the config's hash: two analyses of differently edited configs never pass for the same model
