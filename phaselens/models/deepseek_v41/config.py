@@ -261,21 +261,14 @@ def field_problems(raw: dict[str, Any]) -> list[str]:
     text: dict[str, Any] = raw.get("text_config") or {}
     out = rules.field_type_problems(text, positive_int=POSITIVE_INT, non_negative_int=NON_NEGATIVE_INT,
                                     positive_float=POSITIVE_FLOAT, non_negative_float=NON_NEGATIVE_FLOAT,
-                                    prefix="text_config.")
+                                    bools=("norm_topk_prob",), non_negative_int_lists=INT_LISTS,
+                                    positive_int_lists=("engram_num_embeddings",), prefix="text_config.")
     c = text.get("candidate_source_layer_id", -1)
     if not (rules.is_int(c) and c >= -1):
         out.append(f"text_config.candidate_source_layer_id must be a layer index or -1 (off), got {c!r}")
-    out += rules.field_type_problems(text, bools=("norm_topk_prob",), prefix="text_config.")
     for k, known in (("scoring_func", rules.SCORING), ("hidden_act", ("silu",)), ("topk_method", ("noaux_tc",))):
         if text.get(k, known[0]) not in known:  # what the V4.1 code computes, never silently another
             out.append(f"text_config.{k} must be one of {known}, got {text[k]!r}")
-    for k in INT_LISTS:
-        v = text.get(k, [])
-        if not (isinstance(v, list) and all(rules.is_int(x) and x >= 0 for x in v)):
-            out.append(f"text_config.{k} must be a list of integers >= 0, got {v!r}")
-    sizes = text.get("engram_num_embeddings", [])
-    if not (isinstance(sizes, list) and all(rules.is_int(x) and x >= 1 for x in sizes)):
-        out.append(f"text_config.engram_num_embeddings must be a list of positive integers, got {sizes!r}")
     out += rules.size_problems(text, (*POSITIVE_INT, *NON_NEGATIVE_INT), "text_config.",
                          ("engram_num_embeddings", "compress_ratios"))
     out += _rope_problems(text.get("rope_scaling") or text.get("rope_parameters"))

@@ -29,6 +29,7 @@ def is_real(v: Any) -> bool:
 def field_type_problems(cfg: Mapping[str, Any], *, positive_int: tuple[str, ...] = (),
                    non_negative_int: tuple[str, ...] = (), positive_float: tuple[str, ...] = (),
                    non_negative_float: tuple[str, ...] = (), bools: tuple[str, ...] = (),
+                   non_negative_int_lists: tuple[str, ...] = (), positive_int_lists: tuple[str, ...] = (),
                    prefix: str = "") -> list[str]:
     """The fields of ``cfg`` (those it has) that are not what their group says, in the groups' order;
     ``prefix`` names where they sit (``"text_config."``)."""
@@ -36,7 +37,11 @@ def field_type_problems(cfg: Mapping[str, Any], *, positive_int: tuple[str, ...]
              (non_negative_int, lambda v: is_int(v) and v >= 0, "an integer >= 0"),
              (positive_float, lambda v: is_real(v) and v > 0, "a finite number > 0"),
              (non_negative_float, lambda v: is_real(v) and v >= 0, "a finite number >= 0"),
-             (bools, lambda v: isinstance(v, bool), "true or false"))
+             (bools, lambda v: isinstance(v, bool), "true or false"),
+             (non_negative_int_lists, lambda v: isinstance(v, list) and all(is_int(x) and x >= 0 for x in v),
+              "a list of integers >= 0"),
+             (positive_int_lists, lambda v: isinstance(v, list) and all(is_int(x) and x >= 1 for x in v),
+              "a list of positive integers"))
     return [f"{prefix}{k} must be {what}, got {cfg[k]!r}"
             for names, ok, what in rules for k in names if k in cfg and not ok(cfg[k])]
 
