@@ -10,7 +10,6 @@ import functools
 import inspect
 import os
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -115,7 +114,10 @@ def load_hf(
             f"{root} holds a {raw.get('model_type')!r} checkpoint; load_hf supports DeepSeek-V4 "
             "('deepseek_v4')."
         )
-    _check_weights(root)
+    # pickled-only checkpoints and damaged shards are refused before transformers reads anything: every shard
+    # (those the index names, else every *.safetensors file) must be complete, checked from its header
+    for shard in sorted(set(shard_map(root).values())):
+        safetensors_metadata(shard, fix="the download is incomplete or damaged: download this shard again.")
     check_v4_config(raw, where=f"{root / 'config.json'}", overrides=kwargs)  # the config's own fields, as plan
     n_layers = raw.get("num_hidden_layers")
     given = layer_types  # the argument; the config's layer_types was checked with the other fields
@@ -158,12 +160,3 @@ def load_hf(
         model = model.to(device)
     return from_transformers(model, **adapter_kw)
 
-
-def _check_weights(root: Path) -> None:
-    """Refuse pickled-only checkpoints and damaged shards before transformers reads anything.
-
-    Every shard (those the index names, else every ``*.safetensors`` file) must be complete: safetensors checks
-    the header and that the data covers the file exactly, without reading the data.
-    """
-    for shard in sorted(set(shard_map(root).values())):
-        safetensors_metadata(shard, fix="the download is incomplete or damaged: download this shard again.")
