@@ -16,7 +16,7 @@ from torch import Tensor
 from phaselens.core.checks import MAX_SEED
 from phaselens.core.geometry import PhaseSpec
 from phaselens.errors import ConfigError
-from phaselens.models.compressed.json_fields import check_bool, check_number, fields_from_json
+from phaselens.models.compressed.json_fields import check_number, check_types, fields_from_json
 from phaselens.models.parts.rope import RopeStyle, inverse_frequencies
 
 GateKind = Literal["scalar", "vector", "uniform"]
@@ -64,13 +64,8 @@ class RopeSpec:
     style: RopeStyle = "interleaved"
 
     def __post_init__(self) -> None:
-        if self.dims is not None and (not isinstance(self.dims, int) or isinstance(self.dims, bool)):
-            raise ConfigError(f"RopeSpec.dims must be an even int or None, got {self.dims!r}.")
+        check_types(self)
         check_number("RopeSpec", "theta", self.theta)
-        if self.yarn is not None and not isinstance(self.yarn, YarnSpec):
-            raise ConfigError(f"RopeSpec.yarn must be a YarnSpec or None, got {self.yarn!r}.")
-        if self.style not in ("interleaved", "half"):
-            raise ConfigError(f"RopeSpec.style must be 'interleaved' or 'half', got {self.style!r}.")
 
     def inv_freq(self, d_head: int) -> Float[Tensor, " pairs"]:
         """Inverse frequencies ``[dims // 2]`` (fp32) over the ``dims`` rotated channels of a ``d_head`` head
@@ -120,17 +115,10 @@ class CompressorSpec:
     norm_eps: float = 1e-6
 
     def __post_init__(self) -> None:
-        for name in ("position_bias", "tied_kv", "norm", "overlap_split"):
-            check_bool("CompressorSpec", name, getattr(self, name))
-        check_number("CompressorSpec", "norm_eps", self.norm_eps)
         spec = PhaseSpec(self.stride, self.window)  # validates stride and window
+        check_types(self)
+        check_number("CompressorSpec", "norm_eps", self.norm_eps)
         object.__setattr__(self, "window", spec.window)
-        if self.gate not in ("scalar", "vector", "uniform"):
-            raise ConfigError(f"gate must be 'scalar', 'vector' or 'uniform', got {self.gate!r}.")
-        if self.gate_params not in ("shared", "per_offset"):
-            raise ConfigError(f"gate_params must be 'shared' or 'per_offset', got {self.gate_params!r}.")
-        if self.payload not in ("shared", "per_offset", "attention"):
-            raise ConfigError(f"payload must be 'shared', 'per_offset' or 'attention', got {self.payload!r}.")
         if self.payload == "attention" and self.overlap_split:
             raise ConfigError("payload='attention' pools the layer's own keys and values, which have no channel groups "
                               "for overlap_split; use overlap_split=False (plain overlapping windows) or payload='shared'.")
@@ -143,8 +131,6 @@ class CompressorSpec:
             raise ConfigError(
                 "uniform gates have no parameters: use position_bias=False and gate_params='shared' with gate='uniform'."
             )
-        if not (self.rope in ("inherit", "none") or isinstance(self.rope, RopeSpec)):
-            raise ConfigError(f"rope must be 'inherit', 'none' or a RopeSpec, got {self.rope!r}.")
 
     @property
     def phase_spec(self) -> PhaseSpec:
@@ -211,26 +197,14 @@ class CompressedConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:  # True is an int, not a count
                 raise ConfigError(f"{name} must be a positive int, got {value!r}.")
-        for name in ("sink", "qk_norm", "mlp_bias", "tie_embeddings"):
-            check_bool("CompressedConfig", name, getattr(self, name))
-        if self.mlp not in ("gelu", "swiglu"):
-            raise ConfigError(f"mlp must be 'gelu' or 'swiglu', got {self.mlp!r}.")
-        check_number("CompressedConfig", "norm_eps", self.norm_eps)
-        check_number("CompressedConfig", "init_std", self.init_std, positive=False)
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed <= MAX_SEED:
-            raise ConfigError(f"seed must be an int in 0..{MAX_SEED:,} (2^63 - 1: torch's generators take 64 bits), "
-                              f"got {self.seed!r}.")
         if self.n_kv_heads is not None and (not isinstance(self.n_kv_heads, int) or isinstance(self.n_kv_heads, bool)):
             raise ConfigError(f"n_kv_heads must be a positive int or None, got {self.n_kv_heads!r}.")
-        if self.compression is not None and not isinstance(self.compression, CompressorSpec):
-            raise ConfigError(f"compression must be a CompressorSpec or None, got {self.compression!r:.80}.")
-        if self.rope is not None and not isinstance(self.rope, RopeSpec):
-            raise ConfigError(f"rope must be a RopeSpec or None, got {self.rope!r:.80}.")
-        if self.compressed_layers is not None and not (
-            isinstance(self.compressed_layers, tuple | list)
-            and all(isinstance(i, int) and not isinstance(i, bool) for i in self.compressed_layers)
-        ):
-            raise ConfigError(f"compressed_layers must be a list of layer indices or None, got {self.compressed_layers!r}.")
+        check_types(self)
+        check_number("CompressedConfig", "norm_eps", self.norm_eps)
+        check_number("CompressedConfig", "init_std", self.init_std, positive=False)
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ConfigError(f"seed must be an int in 0..{MAX_SEED:,} (2^63 - 1: torch's generators take 64 bits), "
+                              f"got {self.seed!r}.")
         if self.n_kv_heads is None:
             object.__setattr__(self, "n_kv_heads", self.n_heads)
         assert self.n_kv_heads is not None
@@ -245,8 +219,6 @@ class CompressedConfig:
             if bad:
                 raise ConfigError(f"compressed_layers {bad} are outside 0..{self.n_layers - 1}.")
             object.__setattr__(self, "compressed_layers", layers)
-        if self.uncompressed_attention not in ("full", "local"):
-            raise ConfigError(f"uncompressed_attention must be 'full' or 'local', got {self.uncompressed_attention!r}.")
         comp = self.compression
         if comp is not None and comp.tied_kv and isinstance(comp.rope, RopeSpec) and comp.rope != self.rope:
             raise ConfigError(

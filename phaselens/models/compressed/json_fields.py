@@ -1,11 +1,12 @@
 """Frozen dataclass configs read from JSON: unknown and missing keys refused, each value checked against its
-field's type before anything is built from it (:func:`fields_from_json`), and the checks of single numbers and
-flags that the configs' ``__post_init__`` share. Every error is a :class:`~phaselens.errors.ConfigError`
+field's type before anything is built from it (:func:`fields_from_json`), and the checks that the configs'
+``__post_init__`` share (every field's type, :func:`check_types`; a finite number, :func:`check_number`). Every error is a :class:`~phaselens.errors.ConfigError`
 saying which field was wrong and what it must be."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -38,7 +39,7 @@ def fields_from_json(cls: type, data: Any) -> dict[str, Any]:
     Returns a copy with JSON numbers made floats where a float is meant, lists tuples, and JSON objects the
     dataclass their field holds (read the same way)."""
     check_keys(cls, data)
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     out = dict(data)
     for name, value in data.items():
         tp = hints[name]
@@ -54,11 +55,26 @@ def fields_from_json(cls: type, data: Any) -> dict[str, Any]:
     return out
 
 
+@functools.cache  # annotations are evaluated once per config class, not at every construction
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def check_types(config: Any) -> None:
+    """Every field of the frozen dataclass ``config`` against its annotation (as :func:`json_fits` reads it, a
+    nested config its own instance, never a dict): what the configs' ``__post_init__`` check first."""
+    for f in dataclasses.fields(config):
+        value, tp = getattr(config, f.name), _hints(type(config))[f.name]
+        if not json_fits(value, tp, json=False):
+            raise ConfigError(f"{type(config).__name__}.{f.name} must be {describe_type(tp)}, got {value!r:.80}.")
+
+
 def type_options(tp: Any) -> tuple[Any, ...]:
     return typing.get_args(tp) if typing.get_origin(tp) in (typing.Union, types.UnionType) else (tp,)
 
 
-def json_fits(value: Any, tp: Any) -> bool:
+def json_fits(value: Any, tp: Any, *, json: bool = True) -> bool:
+    """Whether ``value`` is one of ``tp``'s types (``json``: as parsed JSON holds it, a dataclass as a dict)."""
     for opt in type_options(tp):
         origin = typing.get_origin(opt)
         if opt is type(None) and value is None:
@@ -76,7 +92,7 @@ def json_fits(value: Any, tp: Any) -> bool:
         if origin is tuple and isinstance(value, list | tuple) and all(
                 isinstance(v, int) and not isinstance(v, bool) for v in value):
             return True
-        if dataclasses.is_dataclass(opt) and isinstance(value, dict | opt):
+        if dataclasses.is_dataclass(opt) and isinstance(value, dict | opt if json else opt):
             return True
     return False
 
@@ -103,9 +119,4 @@ def check_number(owner: str, name: str, value: Any, *, positive: bool = True) ->
         raise ConfigError(f"{owner}.{name} must be a finite{' positive' if positive else ''} number, got {value!r}.")
 
 
-def check_bool(owner: str, name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ConfigError(f"{owner}.{name} must be true or false, got {value!r}.")
-
-
-__all__ = ["check_bool", "check_keys", "check_number", "describe_type", "fields_from_json", "json_fits", "type_options"]
+__all__ = ["check_keys", "check_number", "check_types", "describe_type", "fields_from_json", "json_fits", "type_options"]

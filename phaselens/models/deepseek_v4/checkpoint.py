@@ -10,7 +10,6 @@ import functools
 import inspect
 import os
 import warnings
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,10 +19,9 @@ from phaselens.models.deepseek_v4.adapter import DeepSeekV4Adapter
 from phaselens.models.deepseek_v4.config_checks import check_v4_config
 from phaselens.models.deepseek_v4.construct import from_transformers
 from phaselens.models.deepseek_v4.notices import LayerTypesWarning
+from phaselens.models.parts.ckpt_shards import checkpoint_dir, shard_map
 from phaselens.models.parts.loading_info import check_loading_info, check_strict
 from phaselens.storage.resumable import read_json, safetensors_metadata
-
-PICKLED = ("*.bin", "*.pt", "*.pth", "*.ckpt", "*.pkl")
 
 # from_transformers's options; everything else goes to from_pretrained.
 _ADAPTER_KW = ("analysis_stride", "index_topk", "backend", "chunk", "numerics", "quantize")
@@ -95,12 +93,7 @@ def load_hf(
     """
     check_arguments(dtype, kwargs)
     check_strict(strict)
-    root = Path(path).expanduser()
-    if not root.is_dir() or not (root / "config.json").is_file():
-        raise CheckpointError(
-            f"no transformers checkpoint at {root} (a directory with config.json and weights is needed); "
-            "phaselens never downloads: fetch the weights first, then phaselens.load('hf:/that/directory')."
-        )
+    root = checkpoint_dir(path)
     if kwargs.get("attn_implementation", "eager") != "eager":
         raise UnsupportedModelError(
             f"attn_implementation={kwargs['attn_implementation']!r}: the adapter reads eager attention "
@@ -121,7 +114,10 @@ def load_hf(
             f"{root} holds a {raw.get('model_type')!r} checkpoint; load_hf supports DeepSeek-V4 "
             "('deepseek_v4')."
         )
-    _check_weights(root)
+    # pickled-only checkpoints and damaged shards are refused before transformers reads anything: every shard
+    # (those the index names, else every *.safetensors file) must be complete, checked from its header
+    for shard in sorted(set(shard_map(root).values())):
+        safetensors_metadata(shard, fix="the download is incomplete or damaged: download this shard again.")
     check_v4_config(raw, where=f"{root / 'config.json'}", overrides=kwargs)  # the config's own fields, as plan
     n_layers = raw.get("num_hidden_layers")
     given = layer_types  # the argument; the config's layer_types was checked with the other fields
@@ -164,30 +160,3 @@ def load_hf(
         model = model.to(device)
     return from_transformers(model, **adapter_kw)
 
-
-def _check_weights(root: Path) -> None:
-    """Refuse pickled-only checkpoints and damaged shards before transformers reads anything.
-
-    Every ``*.safetensors`` file (and every shard the index names) must be complete: safetensors checks the
-    header and that the data covers the file exactly, without reading the data.
-    """
-    shards = sorted(root.glob("*.safetensors"))
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        data = read_json(index, fix="restore the index from the checkpoint's source.")
-        names = sorted(set((data.get("weight_map") or {}).values())) if isinstance(data.get("weight_map"), dict) else []
-        missing = [n for n in names if not (root / n).is_file()]
-        if missing:
-            raise CheckpointError(f"{index} names shard(s) that are missing: {missing[:3]}; download them again.")
-        shards = sorted({*shards, *(root / n for n in names)})
-    if not shards:
-        pickled = sorted(p.name for pat in PICKLED for p in root.glob(pat))
-        raise UnsupportedModelError(
-            f"{root} has no *.safetensors weights"
-            + (f", only pickled ones ({', '.join(pickled[:3])})" if pickled else "")
-            + ": phaselens loads safetensors only, because unpickling can run arbitrary code. Convert the weights "
-            "once in a trusted environment (e.g. model.save_pretrained(dir, safe_serialization=True)) or download "
-            "the safetensors release."
-        )
-    for shard in shards:
-        safetensors_metadata(shard, fix="the download is incomplete or damaged: download this shard again.")

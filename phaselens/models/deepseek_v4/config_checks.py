@@ -19,7 +19,6 @@ from phaselens.models.parts import config_fields as rules
 
 LAYER_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention")
 MLP_LAYER_TYPES = ("hash_moe", "moe")
-SCORING = ("sqrtsoftplus", "softmax", "sigmoid")
 
 POSITIVE_INT = ("hidden_size", "num_hidden_layers", "num_attention_heads", "head_dim", "q_lora_rank", "o_groups",
                 "o_lora_rank", "n_routed_experts", "num_experts_per_tok", "moe_intermediate_size", "sliding_window",
@@ -46,8 +45,8 @@ def problems(cfg: Mapping[str, Any]) -> list[str]:
 
         if not isinstance(cfg["hidden_act"], str) or cfg["hidden_act"] not in ACT2FN:
             out.append(f"hidden_act must name an activation such as 'silu', got {cfg['hidden_act']!r}")
-    if "scoring_func" in cfg and cfg["scoring_func"] not in SCORING:
-        out.append(f"scoring_func must be one of {SCORING}, got {cfg['scoring_func']!r}")
+    if "scoring_func" in cfg and cfg["scoring_func"] not in rules.SCORING:
+        out.append(f"scoring_func must be one of {rules.SCORING}, got {cfg['scoring_func']!r}")
     for key in ("dtype", "torch_dtype"):
         if cfg.get(key) is not None and not _is_dtype(cfg[key]):
             out.append(f"{key} must name a torch dtype such as 'bfloat16', got {cfg[key]!r}")
@@ -122,39 +121,23 @@ def _schedules(cfg: Mapping[str, Any]) -> list[str]:
     return out
 
 
-# what phaselens (through transformers' finegrained-fp8 integration) reads of quantization_config
-QUANT_METHODS = ("fp8",)
-FP8_FORMATS = ("e4m3",)
+# what phaselens (through transformers' finegrained-fp8 integration) reads of quantization_config besides
+# FP8 E4M3 weights: (key, known values, default)
 SCALE_FORMATS = ("ue8m0", "float")
-EXPERT_DTYPES = ("fp4", "fp8")
 ACTIVATION_SCHEMES = ("dynamic", "static")
-FORMATS = (("quant_method", QUANT_METHODS, None), ("fmt", FP8_FORMATS, "e4m3"),  # (key, known, default)
-           ("scale_fmt", SCALE_FORMATS, "float"), ("activation_scheme", ACTIVATION_SCHEMES, "dynamic"))
+FORMATS = (("scale_fmt", SCALE_FORMATS, "float"), ("activation_scheme", ACTIVATION_SCHEMES, "dynamic"))
 
 
 def _quantization(cfg: Mapping[str, Any]) -> list[str]:
     """``quantization_config`` (and the top-level ``expert_dtype`` the V4 releases carry): a format phaselens
     reads, never one it would plan or load as another."""
     quant = cfg.get("quantization_config")
-    out = []
-    experts = cfg.get("expert_dtype")
     if hasattr(quant, "to_dict"):  # a transformers quantization config passed to load
         quant = quant.to_dict()
-    if quant is not None and not isinstance(quant, Mapping):
-        return [f"quantization_config must be a JSON object or absent, got {quant!r}"]
-    quant = quant or {}
-    if quant:
-        out += rules.format_problems(quant, FORMATS)
-    key = "quantization_config.expert_dtype" if "expert_dtype" in quant else "expert_dtype"
-    experts = quant.get("expert_dtype", experts)
-    if experts is not None and experts not in EXPERT_DTYPES:
-        out.append(f"{key} must be one of {EXPERT_DTYPES}, got {experts!r}")
-    block = quant.get("weight_block_size", [128, 128])
-    whole = (isinstance(block, list | tuple) and len(block) == 2
-             and all(rules.is_int(b) and b >= 1 for b in block))
-    if quant and not whole:
-        out.append(f"quantization_config.weight_block_size must be a list of two positive integers, got {block!r}")
-    return out
+    inner = isinstance(quant, Mapping) and "expert_dtype" in quant
+    experts = quant["expert_dtype"] if inner else cfg.get("expert_dtype")
+    return rules.quant_problems(quant, FORMATS, experts=experts, block_lengths=(2,),
+                                experts_key="quantization_config.expert_dtype" if inner else "expert_dtype")
 
 
 def _rope(rope: Any, key: str = "rope_parameters") -> list[str]:

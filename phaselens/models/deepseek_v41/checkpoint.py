@@ -27,11 +27,14 @@ from phaselens.models.deepseek_v41.model import DeepSeekV41
 from phaselens.models.deepseek_v41.notices import EngramDroppedWarning
 from phaselens.models.deepseek_v41.weights import (
     load_weights,
+    normalize,
     pack_as_released,
     pack_from_headers,
     read_index,
+    wanted,
 )
 from phaselens.models.numerics.sizing import addressable
+from phaselens.models.parts.ckpt_shards import checkpoint_dir, shard_map
 from phaselens.storage.reading import peek_json_object
 from phaselens.storage.resumable import check_tensor_names, read_json
 
@@ -116,12 +119,7 @@ def load_v41(
     Example:
         >>> model = phaselens.load("hf:/data/DeepSeek-V4.1-Flash", device="cuda")  # doctest: +SKIP
     """
-    root = Path(path).expanduser()
-    if not root.is_dir() or not (root / "config.json").is_file():
-        raise CheckpointError(
-            f"no checkpoint at {root} (a directory with config.json and *.safetensors is needed); phaselens "
-            "never downloads: fetch the weights first."
-        )
+    root = checkpoint_dir(path)
     model, index = _build(root, dtype=dtype, quantize=quantize, index_topk=index_topk,
                           analysis_stride=analysis_stride, engram=engram, n_layers=n_layers, weights=weights,
                           kernels=kernels, chunk=chunk, need_weights=True)
@@ -166,12 +164,10 @@ def _build(root: Path, *, dtype: torch.dtype | str, weights: str, engram: str, n
     """The model on the meta device, in its packed layout when ``weights="packed"``, and the checkpoint's
     header index (``None`` without shards, unless ``need_weights``)."""
     dtype = check_dtype(dtype)
-    if engram not in ("run", "drop"):
-        raise InputError(f"engram must be 'run' or 'drop', got {engram!r}.")
-    if weights not in ("packed", "dequantized"):
-        raise InputError(f"weights must be 'packed' or 'dequantized', got {weights!r}.")
-    if kernels not in ("auto", "torch"):
-        raise InputError(f"kernels must be 'auto' or 'torch', got {kernels!r}.")
+    for arg, value, known in (("engram", engram, ("run", "drop")), ("weights", weights, ("packed", "dequantized")),
+                              ("kernels", kernels, ("auto", "torch"))):
+        if value not in known:
+            raise InputError(f"{arg} must be {known[0]!r} or {known[1]!r}, got {value!r}.")
     raw = read_json(root / "config.json", fix="restore config.json from the checkpoint's source.")
     digest = hashlib.sha256((root / "config.json").read_bytes()).hexdigest()
     # the config's hash: two analyses of differently edited configs never pass for the same model
@@ -223,17 +219,8 @@ def check_v41_weights(model: DeepSeekV41, root: Path, config: V41Config, *, skip
     What the weights cannot show is not checked: a compress ratio's value above 1 (2 and 4 give the same
     tensors) and whether a layer that reuses another's KV is compressed at all (it owns no tensors of it).
     """
-    from phaselens.models.deepseek_v41.weights import SKIP_PREFIXES, normalize, shard_map
-
-    n = config.num_hidden_layers
     present = {normalize(k) for k in shard_map(root)}
-
-    def kept(name: str) -> bool:
-        layer = re.match(r"^layers\.(\d+)\.", name)
-        return not (name.startswith(SKIP_PREFIXES) or (skip_engram and ".engram." in name)
-                    or (layer is not None and int(layer[1]) >= n))
-
-    present = {p for p in present if kept(p)}
+    present = {p for p in present if wanted(p, skip_engram=skip_engram, n_layers=config.num_hidden_layers)}
     present -= {p for p in present if p.endswith(".scale") and p[: -len("scale")] + "weight" in present}
     _check_roles(config, present, root)
     expected: set[str] = set()

@@ -240,12 +240,7 @@ NON_NEGATIVE_INT = ("qk_rope_head_dim", "n_shared_experts", "candidate_topk_bloc
 POSITIVE_FLOAT = ("rms_norm_eps", "rope_theta", "compress_rope_theta", "routed_scaling_factor", "gate_temp", "hc_eps")
 NON_NEGATIVE_FLOAT = ("swiglu_limit",)
 INT_LISTS = ("compress_ratios", "kv_source_layer_ids", "index_source_layer_ids", "engram_layer_ids")
-SCORING = ("sqrtsoftplus", "softmax", "sigmoid")
-# what phaselens reads of quantization_config (DeepSeek's release: FP8 E4M3, UE8M0 scales, FP4 experts)
-QUANT_METHODS = ("fp8",)
-FP8_FORMATS = ("e4m3",)
-SCALE_FORMATS = ("ue8m0",)
-EXPERT_DTYPES = ("fp4", "fp8")
+SCALE_FORMATS = ("ue8m0",)  # DeepSeek's release: UE8M0 scales
 
 
 def _quant_raw(raw: dict[str, Any]) -> Any:
@@ -266,21 +261,14 @@ def field_problems(raw: dict[str, Any]) -> list[str]:
     text: dict[str, Any] = raw.get("text_config") or {}
     out = rules.field_type_problems(text, positive_int=POSITIVE_INT, non_negative_int=NON_NEGATIVE_INT,
                                     positive_float=POSITIVE_FLOAT, non_negative_float=NON_NEGATIVE_FLOAT,
-                                    prefix="text_config.")
+                                    bools=("norm_topk_prob",), non_negative_int_lists=INT_LISTS,
+                                    positive_int_lists=("engram_num_embeddings",), prefix="text_config.")
     c = text.get("candidate_source_layer_id", -1)
     if not (rules.is_int(c) and c >= -1):
         out.append(f"text_config.candidate_source_layer_id must be a layer index or -1 (off), got {c!r}")
-    out += rules.field_type_problems(text, bools=("norm_topk_prob",), prefix="text_config.")
-    for k, known in (("scoring_func", SCORING), ("hidden_act", ("silu",)), ("topk_method", ("noaux_tc",))):
+    for k, known in (("scoring_func", rules.SCORING), ("hidden_act", ("silu",)), ("topk_method", ("noaux_tc",))):
         if text.get(k, known[0]) not in known:  # what the V4.1 code computes, never silently another
             out.append(f"text_config.{k} must be one of {known}, got {text[k]!r}")
-    for k in INT_LISTS:
-        v = text.get(k, [])
-        if not (isinstance(v, list) and all(rules.is_int(x) and x >= 0 for x in v)):
-            out.append(f"text_config.{k} must be a list of integers >= 0, got {v!r}")
-    sizes = text.get("engram_num_embeddings", [])
-    if not (isinstance(sizes, list) and all(rules.is_int(x) and x >= 1 for x in sizes)):
-        out.append(f"text_config.engram_num_embeddings must be a list of positive integers, got {sizes!r}")
     out += rules.size_problems(text, (*POSITIVE_INT, *NON_NEGATIVE_INT), "text_config.",
                          ("engram_num_embeddings", "compress_ratios"))
     out += _rope_problems(text.get("rope_scaling") or text.get("rope_parameters"))
@@ -317,18 +305,9 @@ def _quant_problems(raw: dict[str, Any], text: dict[str, Any]) -> list[str]:
     quant = _quant_raw(raw)
     if quant is None or quant == {}:
         return []
-    if not isinstance(quant, dict):
-        return [f"quantization_config must be a JSON object, got {quant!r}"]
-    out = rules.format_problems(quant, (("quant_method", QUANT_METHODS, None), ("fmt", FP8_FORMATS, "e4m3"),
-                                  ("scale_fmt", SCALE_FORMATS, "ue8m0")))
-    experts = quant.get("expert_dtype", text.get("expert_dtype", "fp4"))
-    if experts not in EXPERT_DTYPES:
-        out.append(f"quantization_config.expert_dtype must be one of {EXPERT_DTYPES}, got {experts!r}")
-    block = quant.get("weight_block_size", [32, 32])
-    if not (isinstance(block, list) and len(block) in (1, 2) and all(rules.is_int(b) and b >= 1
-                                                                      for b in block)):
-        out.append(f"quantization_config.weight_block_size must be a list of two positive integers, got {block!r}")
-    return out
+    experts = quant.get("expert_dtype", text.get("expert_dtype", "fp4")) if isinstance(quant, dict) else None
+    return rules.quant_problems(quant, (("scale_fmt", SCALE_FORMATS, "ue8m0"),), experts=experts,
+                                experts_key="quantization_config.expert_dtype", block_lengths=(1, 2))
 
 
 def check_v41_fields(raw: dict[str, Any], *, name: str = "") -> None:

@@ -35,13 +35,12 @@ from torch import nn
 
 from phaselens.errors import CheckpointError
 from phaselens.models.deepseek_v41.weights import Stored, target, wanted
+from phaselens.models.parts import packed
 from phaselens.models.parts.dtypes import dtype_name
 from phaselens.models.parts.packed import FP4_ROWS, PackedFormat, stored_kind
 
-FP8 = (torch.float8_e4m3fn,)
-FP4 = tuple(d for d in (torch.int8, torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
-SCALES = (torch.float8_e8m0fnu, torch.float32)
-UE8M0 = (torch.float8_e8m0fnu,)
+FP8, FP4, UE8M0 = packed.FP8_DTYPES, packed.FP4_DTYPES, packed.UE8M0_DTYPES
+SCALES = (*UE8M0, torch.float32)
 DENSE = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
 
 FIX_DTYPE = ("the shard is damaged or was converted with other dtypes: download it again, or convert the release's "
@@ -64,17 +63,13 @@ class Need:
     fix: str = FIX_SHAPE
 
 
-def _blocks(shape: tuple[int, ...], block: tuple[int, int]) -> tuple[int, int]:
-    return PackedFormat("fp8", block).scale_shape(shape[0], shape[1])
-
-
 def _block_hint(shape: tuple[int, ...], scale: tuple[int, ...], block: tuple[int, int]) -> str | None:
     """The power-of-two blocks that ``scale`` fits on a ``shape`` weight, when they differ from the config's."""
     if len(scale) != 2 or min(scale) < 1:
         return None
     fit = tuple(-(-n // s) for n, s in zip(shape, scale))
     pow2 = all(b & (b - 1) == 0 for b in fit)
-    if not pow2 or fit == tuple(block) or _blocks(shape, fit) != tuple(scale):  # type: ignore[arg-type]
+    if not pow2 or fit == tuple(block) or PackedFormat("fp8", fit).scale_shape(*shape) != tuple(scale):  # type: ignore[arg-type]
         return None
     return (f"the scales fit {fit[0]}x{fit[1]} blocks, but config.json's quantization_config.weight_block_size is "
             f"{list(block)}: set it to {list(fit)} if the checkpoint was quantized so, else download the shard again")
@@ -131,7 +126,7 @@ def _pair(name: str, weight: Stored, scale: Stored, shape: tuple[int, ...],
         return {name: Need(f"a weight with a scale ({sname}), FP8 or packed FP4,", FP8 + FP4, shape,
                            FIX_EXTRA_SCALE.format(scale=sname))}
     if kind == "fp8":
-        want = _blocks(shape, block)
+        want = PackedFormat("fp8", block).scale_shape(*shape)
         fix = FIX_SHAPE
         if weight.shape == shape:
             fix = _block_hint(shape, scale.shape, block) or FIX_SHAPE

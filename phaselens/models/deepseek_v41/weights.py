@@ -32,9 +32,7 @@ A parameter a module keeps in FP8's own dtypes (Engram's tables: ``float8_e4m3fn
 
 from __future__ import annotations
 
-import json
 import re
-import struct
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -46,6 +44,7 @@ from torch import Tensor, nn
 
 from phaselens.errors import CheckpointError
 from phaselens.models.numerics.sizing import item_size
+from phaselens.models.parts.ckpt_shards import FIX_SHARD, header, shard_map
 from phaselens.models.parts.packed import (
     FP4_ROWS,
     PackedFormat,
@@ -54,7 +53,6 @@ from phaselens.models.parts.packed import (
     scale_bytes_dtype,
     stored_kind,
 )
-from phaselens.storage.resumable import read_json
 
 SKIP_PREFIXES = ("mtp.", "vision.", "aligner.", "image_")
 _NATIVE = (torch.float8_e4m3fn, torch.float8_e8m0fnu)
@@ -93,56 +91,6 @@ class Stored:
         return n * item_size(self.dtype)
 
 
-FIX_SHARD = "download this shard again (or convert it again from the release)"
-FIX_INDEX = ("restore model.safetensors.index.json from the checkpoint's source (download it again), or delete it: "
-             "the shards' own headers are then read")
-
-
-def _header(shard: Path) -> dict:
-    """The JSON header of a safetensors file: ``{name: {"dtype", "shape", "data_offsets"}}``."""
-    if not shard.is_file():  # a named pipe or a device is never opened
-        raise CheckpointError(f"{shard} is not a regular file; put the checkpoint's safetensors shards there.")
-    try:
-        with open(shard, "rb") as f:
-            (n,) = struct.unpack("<Q", f.read(8))
-            if n > 100_000_000:
-                raise ValueError(f"header length {n}")
-            header = json.loads(f.read(n))
-    except (OSError, ValueError, struct.error) as err:
-        raise CheckpointError(f"{shard} is not a readable safetensors file ({err}); {FIX_SHARD}.") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{shard}'s header is a JSON {type(header).__name__}, not an object; {FIX_SHARD}.")
-    return header
-
-
-def shard_map(root: Path) -> dict[str, Path]:
-    """``{original tensor name: shard file}`` from ``model.safetensors.index.json`` (or the shards' headers)."""
-    index = root / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = read_json(index, fix=FIX_INDEX + ".").get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has no 'weight_map' object; the index file is damaged: {FIX_INDEX}.")
-        bad = [f"{k!r}: {f!r}" for k, f in weight_map.items()
-               if not isinstance(f, str) or not f or Path(f).is_absolute() or ".." in Path(f).parts]
-        if bad:
-            raise CheckpointError(f"{index} maps tensors to {bad[:3]}, which are not shard file names inside {root}; "
-                                  f"the index file is damaged: {FIX_INDEX}.")
-        files = {name: root / f for name, f in weight_map.items()}
-        lost = sorted({str(f.name) for f in files.values() if not f.is_file()})
-        if lost:
-            raise CheckpointError(
-                f"{root} lacks shards {lost[:5]}{' (and more)' if len(lost) > 5 else ''} named in "
-                "model.safetensors.index.json; the download is incomplete. Download the missing shards into "
-                f"{root} (e.g. `huggingface-cli download REPO --local-dir {root}` fetches only what is missing); "
-                "phaselens never downloads."
-            )
-        return files
-    shards = sorted(root.glob("*.safetensors"))
-    if not shards:
-        raise CheckpointError(f"{root} has no *.safetensors weights; download the checkpoint's shards there.")
-    return {k: shard for shard in shards for k in _header(shard) if k != "__metadata__"}
-
-
 def _stored(name: str, info: object, shard: Path) -> Stored:
     """One header entry, checked: a known dtype and a shape of non-negative ints."""
     if not isinstance(info, dict):
@@ -168,7 +116,7 @@ def read_index(root: Path) -> dict[str, Stored]:
     files = shard_map(root)
     out: dict[str, Stored] = {}
     for shard in sorted(set(files.values())):
-        for name, info in _header(shard).items():
+        for name, info in header(shard).items():
             if name == "__metadata__" or files.get(name) != shard:
                 continue
             out[normalize(name)] = _stored(name, info, shard)

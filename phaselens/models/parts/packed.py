@@ -7,7 +7,7 @@ A packed weight is two tensors, both as a checkpoint stores them:
 * ``scale``: one power-of-two (UE8M0) scale per block of ``block = (rows, cols)`` logical values, ``[...,
   ceil(O/rows), ceil(I/cols)]``, kept as its ``uint8`` bytes (a float dtype if the checkpoint stores one).
 
-``w[i, j] = value[i, j] * scale[i // rows, j // cols]``. The layouts in use: :data:`FP8_BLOCKS` ``(32, 32)``
+``w[i, j] = value[i, j] * scale[i // rows, j // cols]``. The layouts in use: ``("fp8", (32, 32))``
 (DeepSeek-V4.1's FP8 projections; V4's checkpoints name their own block), :data:`FP4_ROWS` ``(1, 32)`` (the
 routed experts of both) and :data:`FP8_ROWS` ``(1, 32)`` (V4.1's Engram tables, read with
 :func:`dequantize_rows`).
@@ -47,24 +47,22 @@ class PackedFormat:
         bo, bi = self.block
         return (-(-rows // bo), -(-cols // bi))
 
-    def logical_cols(self, stored_cols: int) -> int:
-        return stored_cols if self.kind == "fp8" else 2 * stored_cols
 
-
-FP8_BLOCKS = PackedFormat("fp8", (32, 32))
 FP4_ROWS = PackedFormat("fp4", (1, 32))
 FP8_ROWS = PackedFormat("fp8", (1, 32))
 
-_FP8_NAMES = {torch.float8_e4m3fn}
-_SCALE_BYTES = {torch.float8_e8m0fnu}
+# the dtypes a checkpoint stores packed values and UE8M0 scales in
+FP8_DTYPES = (torch.float8_e4m3fn,)
+FP4_DTYPES = tuple(d for d in (torch.int8, torch.uint8, getattr(torch, "float4_e2m1fn_x2", None)) if d is not None)
+UE8M0_DTYPES = (torch.float8_e8m0fnu,)
 
 
 def stored_kind(dtype: torch.dtype) -> Literal["fp8", "fp4"] | None:
     """``"fp8"`` for ``float8_e4m3fn``, ``"fp4"`` for packed bytes (``int8`` / ``uint8`` /
     ``float4_e2m1fn_x2``), ``None`` for a dtype that holds plain numbers."""
-    if dtype in _FP8_NAMES:
+    if dtype in FP8_DTYPES:
         return "fp8"
-    if dtype in (torch.int8, torch.uint8) or str(dtype) == "torch.float4_e2m1fn_x2":
+    if dtype in FP4_DTYPES:
         return "fp4"
     return None
 
@@ -72,16 +70,14 @@ def stored_kind(dtype: torch.dtype) -> Literal["fp8", "fp4"] | None:
 def as_bytes(t: Tensor) -> Tensor:
     """A stored FP8 / FP4 value tensor or a UE8M0 scale as its ``uint8`` bytes (a view, no copy); other
     scales (float) unchanged."""
-    if t.dtype in _FP8_NAMES or t.dtype in _SCALE_BYTES or t.element_size() == 1 and not t.is_floating_point():
-        return t.view(torch.uint8)
-    if str(t.dtype) == "torch.float4_e2m1fn_x2":
+    if t.dtype in (*FP8_DTYPES, *FP4_DTYPES, *UE8M0_DTYPES) or t.element_size() == 1 and not t.is_floating_point():
         return t.view(torch.uint8)
     return t
 
 
 def scale_bytes_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a stored scale is kept in (``uint8`` for UE8M0, else its own)."""
-    return torch.uint8 if dtype in _SCALE_BYTES else dtype
+    return torch.uint8 if dtype in UE8M0_DTYPES else dtype
 
 
 def scale_values(scale: Tensor) -> Tensor:
