@@ -348,20 +348,14 @@ def _quantize(
     notes = []
     if quantize == "fp8":
         for module in [*(a.kv_norm for a in layers), *(m.kv_norm for m in compressors)]:
-            if isinstance(module, ReferenceNorm):
-                module._phaselens_fp8_dims = nope
-            else:
-                _swap(module, ReferenceNorm, _phaselens_fp8_dims=nope)
+            _swap(module, ReferenceNorm, _phaselens_fp8_dims=nope)  # keeps a cast set by _precision
         notes.append(
             f"quantize=fp8: FP8 e4m3 (blocks of {FP8_BLOCK}, power-of-two scales) on the {nope} non-RoPE dims of "
             f"the window KV in {len(layers)} layers and of the compressed entries in {len(compressors)} layers "
             "(as an FP8 KV cache stores them)"
         )
     for indexer in indexers:
-        if isinstance(indexer.scorer, ReferenceScorer):
-            indexer.scorer._phaselens_round = True
-        else:
-            _swap(indexer.scorer, ReferenceScorer, _phaselens_round=True)
+        _swap(indexer.scorer, ReferenceScorer, _phaselens_round=True)
     notes.append(
         f"quantize={quantize}: Hadamard rotation + FP4 e2m1 (blocks of {FP4_BLOCK}, power-of-two scales) on "
         f"the indexer queries and keys in {len(indexers)} layers"

@@ -229,9 +229,6 @@ class ReferenceMoe:
     def forward(self, hidden_states: Tensor, input_ids: Tensor | None = None) -> Tensor:
         B, S, D = hidden_states.shape
         flat = hidden_states.reshape(-1, D)
-        if self.is_hash:
-            _, weights, indices = self.gate(hidden_states, input_ids)
-        else:
-            _, weights, indices = self.gate(hidden_states)
+        _, weights, indices = self.gate(hidden_states, input_ids)  # a ReferenceRouter: hash or not
         routed = self.experts(flat, indices, weights).float()
         return (routed + self.shared_experts(flat).float()).view(B, S, D).to(hidden_states.dtype)
