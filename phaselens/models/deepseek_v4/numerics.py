@@ -50,6 +50,7 @@ from phaselens.models.deepseek_v4.config import rope_dims
 from phaselens.models.deepseek_v4.geometry import LayerGeometry
 from phaselens.models.deepseek_v4.packed_modules import dense_weight, weight_dtype
 from phaselens.models.deepseek_v4.quantization import FP4_BLOCK, FP8_BLOCK, fp8_simulate, indexer_simulate
+from phaselens.models.parts.numerics_deepseek import index_scores
 
 Numerics = Literal["reference", "transformers"]
 Quantize = Literal["fp8", "published"] | None
@@ -145,8 +146,7 @@ class ReferenceScorer:
         if not self._phaselens_model_dtype:
             return super().forward(q, compressed_kv, hidden_states)
         weights = self.weights_proj(hidden_states) * (self.softmax_scale * self.weights_scaling)  # [B, S, H]
-        scores = torch.einsum("bshd,btd->bsht", q, compressed_kv.to(q.dtype))
-        return (scores.relu() * weights.unsqueeze(-1)).sum(dim=2)
+        return index_scores(q, compressed_kv, weights)
 
 
 _DERIVED: dict[tuple[type, type], type] = {}

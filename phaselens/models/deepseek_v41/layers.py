@@ -153,12 +153,3 @@ def hc_mixes(
 def hc_pre(x: Float[Tensor, "batch pos hc d"], pre: Float[Tensor, "batch pos hc"]) -> Float[Tensor, "batch pos d"]:
     """Collapse the streams into one sublayer input, weighted by ``pre`` (in fp32, cast back)."""
     return torch.einsum("bnh,bnhd->bnd", pre, x.to(pre.dtype)).to(x.dtype)
-
-
-def hc_post(
-    out: Float[Tensor, "batch pos d"], residual: Float[Tensor, "batch pos hc d"], post: Tensor, comb: Tensor
-) -> Float[Tensor, "batch pos hc d"]:
-    """Expand a sublayer output back to the streams: ``post_j out + sum_i comb_ij residual_i``."""
-    ct = post.dtype
-    y = post.unsqueeze(-1) * out.to(ct).unsqueeze(-2) + torch.einsum("bnij,bnid->bnjd", comb, residual.to(ct))
-    return y.to(out.dtype)

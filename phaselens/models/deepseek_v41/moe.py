@@ -19,15 +19,8 @@ from phaselens.models.deepseek_v41.layers import Linear, Numerics
 from phaselens.models.numerics.sizing import item_size
 from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.formats import fp8_round_trip
+from phaselens.models.parts.numerics_deepseek import swiglu
 from phaselens.models.parts.packed import PackedFormat, dequantize
-
-
-def swiglu(gate: Tensor, up: Tensor, limit: float) -> Tensor:
-    """``silu(gate) * up`` in fp32 with the reference's clamps (no clamp when ``limit <= 0``)."""
-    if limit > 0:
-        up = up.clamp(-limit, limit)
-        gate = gate.clamp(max=limit)
-    return F.silu(gate) * up
 
 
 class SharedExpert(nn.Module):
@@ -150,6 +143,10 @@ class RoutedExperts(nn.Module):
         return True
 
 
+# the gate's score function per ``scoring_func`` (the config admits only these)
+SCORES = {"softmax": lambda s: s.softmax(-1), "sigmoid": torch.sigmoid, "sqrtsoftplus": lambda s: F.softplus(s).sqrt()}
+
+
 class Gate(nn.Module):
     def __init__(self, cfg: V41Config, dtype: torch.dtype) -> None:
         super().__init__()
@@ -161,13 +158,7 @@ class Gate(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``x`` ``[N, D]`` -> ``(weights [N, k] fp32, indices [N, k])``."""
         ct = compute_dtype(x.dtype)
-        s = F.linear(x.to(ct), self.weight.to(ct)) / self.temp
-        if self.func == "softmax":
-            s = s.softmax(-1)
-        elif self.func == "sigmoid":
-            s = s.sigmoid()
-        else:
-            s = F.softplus(s).sqrt()
+        s = SCORES[self.func](F.linear(x.to(ct), self.weight.to(ct)) / self.temp)
         biased = s + self.bias.to(ct)
         indices = biased.topk(self.topk, dim=-1).indices
         if margins.active() is not None:
