@@ -36,12 +36,6 @@ class Compressor(nn.Module):
             self.wgate = Linear(d_model, d, numerics, quantized=False, dtype=wdt)
         self.norm = RMSNorm(d, eps, dtype)
 
-    def project(self, x: Float[Tensor, "batch pos d_model"]) -> tuple[Tensor, Tensor | None]:
-        """Payload and gate logits of new tokens (fp32 when ``ratio > 1``)."""
-        if self.ratio == 1:
-            return self.wkv(x), None
-        return self.wkv(x), self.wgate(x)
-
 
 class Indexer(nn.Module):
     """Query side at every index source (``wq_b``, ``weights_proj``); key side (``wk``, ``k_norm``) only at KV
