@@ -48,6 +48,15 @@ class Numerics:
         return self.quantize == "fp8"
 
 
+def packed_parameters(fmt: PackedFormat, lead: tuple[int, ...], rows: int, cols: int, scale_dtype: torch.dtype,
+                      device: torch.device) -> tuple[nn.Parameter, nn.Parameter]:
+    """Empty ``(values, scales)`` of ``lead`` weights ``[rows, cols]`` packed in ``fmt`` (uint8 values, scales
+    in ``scale_dtype``, no gradient), to be filled."""
+    return tuple(nn.Parameter(torch.empty(*lead, *shape, dtype=dtype, device=device), requires_grad=False)
+                 for shape, dtype in ((fmt.values_shape(rows, cols), torch.uint8),
+                                      (fmt.scale_shape(rows, cols), scale_dtype)))
+
+
 class Linear(nn.Module):
     """``y = x W^T`` in the model dtype. ``quantized`` marks layers whose GEMM the reference runs in FP8/FP4: it
     quantizes their input to FP8 (groups of 32), which ``Numerics(quantize="fp8")`` simulates.
@@ -69,11 +78,7 @@ class Linear(nn.Module):
 
     def set_packed(self, fmt: PackedFormat, scale_dtype: torch.dtype = torch.uint8) -> None:
         """Hold the weight packed in ``fmt`` (empty tensors on the weight's device, to be filled)."""
-        device = self.weight.device
-        self.weight = nn.Parameter(torch.empty(fmt.values_shape(*self.shape), dtype=torch.uint8, device=device),
-                                   requires_grad=False)
-        self.scale = nn.Parameter(torch.empty(fmt.scale_shape(*self.shape), dtype=scale_dtype, device=device),
-                                  requires_grad=False)
+        self.weight, self.scale = packed_parameters(fmt, (), *self.shape, scale_dtype, self.weight.device)
         self.fmt = fmt
 
     def dense_weight(self) -> Tensor:

@@ -45,7 +45,6 @@ import torch
 from torch import Tensor, nn
 
 from phaselens.errors import CheckpointError
-from phaselens.models.numerics.sizing import item_size
 from phaselens.models.parts.packed import (
     FP4_ROWS,
     PackedFormat,
@@ -90,7 +89,7 @@ class Stored:
         n = 1
         for s in self.shape:
             n *= s
-        return n * item_size(self.dtype)
+        return n * self.dtype.itemsize
 
 
 FIX_SHARD = "download this shard again (or convert it again from the release)"
