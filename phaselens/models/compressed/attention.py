@@ -144,8 +144,6 @@ class Attention(TLFlatAttention, nn.Module):
         return self.compressor.spec.phase_spec if self.compressor is not None else None
 
     def _rope(self, x: Tensor, pos: Tensor, inverse: bool = False) -> Tensor:
-        if not self.inv_freq.numel():
-            return x
         return apply_rope(x, pos, self.inv_freq, inverse=inverse, style=self.rope_style)
 
     def _norm(self, x: Tensor, weight: Tensor | None) -> Tensor:
