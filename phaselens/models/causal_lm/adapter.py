@@ -29,7 +29,7 @@ from phaselens.errors import InputError
 from phaselens.models.causal_lm.attention import attn_implementation, borrowed
 from phaselens.models.causal_lm.layout import Layout, model_layout
 from phaselens.models.causal_lm.sites import Run, causal_hook_points, check_fired, installed, no_entries
-from phaselens.models.numerics.sizing import held_bytes, item_size
+from phaselens.models.numerics.sizing import held_bytes
 from phaselens.models.parts.hooking import HookedAdapter
 from phaselens.models.parts.suffix_engine import QueryEngine, query_engine
 from phaselens.models.parts.tl_habits import TLConfig, tokenizer_from_dir
@@ -215,7 +215,7 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         prefix (the query engine's prefill; 0 for one uncached forward); the ``[B, H, n, keys]`` probabilities of
         eager attention (what pattern hooks make; SDPA holds less); the returned logits."""
         lay = self._layout
-        item = item_size(lay.embed.weight.dtype)
+        item = lay.embed.weight.dtype.itemsize
         T, n = int(tokens), int(query_len or tokens)
         cache = 2 * lay.n_layers * lay.n_kv_heads * lay.d_head * T * batch * item if query_len else 0
         rows = T if logits == "all" else n

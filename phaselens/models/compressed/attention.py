@@ -144,23 +144,14 @@ class Attention(TLFlatAttention, nn.Module):
         return self.compressor.spec.phase_spec if self.compressor is not None else None
 
     def _rope(self, x: Tensor, pos: Tensor, inverse: bool = False) -> Tensor:
-        if not self.inv_freq.numel():
-            return x
         return apply_rope(x, pos, self.inv_freq, inverse=inverse, style=self.rope_style)
 
     def _norm(self, x: Tensor, weight: Tensor | None) -> Tensor:
         return x if weight is None else rms_norm(x, weight, self.cfg.norm_eps)
 
-    def _gate_hook(self, path: str) -> HookPoint:
-        return self.hook_gate if path == "kv" else getattr(self, f"hook_gate_{path}")
-
-    def _entry_hook(self, path: str) -> HookPoint:
-        return self.hook_entry if path == "kv" else getattr(self, f"hook_entry_{path}")
-
-    def _sink_logits(self, B: int, n: int) -> Tensor | None:
-        if self.sink is None:
-            return None
-        return self.sink.view(1, -1, 1, 1).expand(B, -1, n, 1)
+    def _path_hook(self, name: str, path: str) -> HookPoint:
+        """``hook_{name}`` of the tied K = V path ``"kv"``, else ``hook_{name}_{path}``."""
+        return getattr(self, f"hook_{name}" if path == "kv" else f"hook_{name}_{path}")
 
     # ---- forward -------------------------------------------------------------------------------------
     def forward(self, x: Float[Tensor, "batch pos d_model"], past: Past) -> Float[Tensor, "batch pos d_model"]:
@@ -192,7 +183,7 @@ class Attention(TLFlatAttention, nn.Module):
         return z.reshape(B, n, H * d) @ self.flat("W_O")
 
     def _softmax(self, parts: list[Tensor], B: int, n: int) -> list[Tensor]:
-        sink = self._sink_logits(B, n)
+        sink = None if self.sink is None else self.sink.view(1, -1, 1, 1).expand(B, -1, n, 1)
         logits = torch.cat(parts + ([sink] if sink is not None else []), dim=-1)
         probs = logits.to(compute_dtype(logits.dtype)).softmax(dim=-1).to(logits.dtype)
         sizes = [p.shape[-1] for p in parts] + ([1] if sink is not None else [])
@@ -258,9 +249,9 @@ class Attention(TLFlatAttention, nn.Module):
             pooler = self.compressor.poolers[path]
             alpha, windows, state, first = pooler.gates(x, past.start, past.pooler_state(path),
                                                         own[path].flatten(-2))
-            alpha = self._gate_hook(path)(alpha)
+            alpha = self._path_hook("gate", path)(alpha)
             rows = self.compressor.finish(path, pooler.pool(alpha, windows), first)
-            rows = self._entry_hook(path)(rows)
+            rows = self._path_hook("entry", path)(rows)
             past.set_pooler_state(path, state)
             out[path] = past.entries(path, rows)
         if self.tied:

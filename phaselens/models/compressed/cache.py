@@ -81,13 +81,9 @@ class LayerCache:
         return self.states[path] if self.start > 0 else None
 
     def set_pooler_state(self, path: str, state: PoolerState) -> None:
-        mine = self.states[path]
-        mine.cur_payload.copy_(state.cur_payload)
-        mine.prev_payload.copy_(state.prev_payload)
-        if mine.cur_logit is not None:
-            assert state.cur_logit is not None and state.prev_logit is not None and mine.prev_logit is not None
-            mine.cur_logit.copy_(state.cur_logit)
-            mine.prev_logit.copy_(state.prev_logit)
+        for name, mine in vars(self.states[path]).items():
+            if mine is not None:  # the gate logits' storage exists only with a gate
+                mine.copy_(getattr(state, name))
 
     # ---- accounting ----------------------------------------------------------------------------------
     def live_tensors(self, length: int) -> dict[str, Tensor]:
@@ -109,9 +105,7 @@ class LayerCache:
     def all_tensors(self) -> list[Tensor]:
         out = [self.raw_k] + ([self.raw_v] if self.raw_v is not None else [])
         for path, store in self.entry_store.items():
-            st = self.states[path]
-            out += [store, st.cur_payload, st.prev_payload]
-            out += [t for t in (st.cur_logit, st.prev_logit) if t is not None]
+            out += [store, *(t for t in vars(self.states[path]).values() if t is not None)]
         return out
 
 

@@ -73,17 +73,12 @@ def layer_geometry(config: Any) -> list[LayerGeometry]:
     return out
 
 
-def compressed_strides(geometry: list[LayerGeometry]) -> list[int]:
-    """The distinct strides of the compressed layers, ascending."""
-    return sorted({g.spec.stride for g in geometry if g.spec is not None})
-
-
 def resolve_analysis_stride(geometry: list[LayerGeometry], stride: int | None) -> int:
     """The stride that defines phases: ``stride`` if given (one of the model's or a multiple of one: the one rule,
     :func:`phaselens.contract.strides.check_stride`), else the smallest."""
     from phaselens.contract.strides import check_stride
 
-    strides = compressed_strides(geometry)
+    strides = sorted({g.spec.stride for g in geometry if g.spec is not None})  # the compressed layers' strides
     if not strides:
         raise UnsupportedModelError("the model has no compressed layers, so there is no stride to analyse.")
     if stride is None:

@@ -30,7 +30,7 @@ from phaselens.models.deepseek_v4.config import unwrap
 from phaselens.models.deepseek_v4.geometry import LayerGeometry, layer_geometry
 from phaselens.models.deepseek_v4.numerics import Fp32Projection
 from phaselens.models.deepseek_v4.packed_modules import is_packed
-from phaselens.models.numerics.sizing import held_bytes, item_size
+from phaselens.models.numerics.sizing import held_bytes
 
 STREAM_COPIES = 6  # fp32 copies of the hyper-connection streams [B, n, hc, D] alive in one call
 
@@ -44,8 +44,8 @@ def layer_table(model: Any) -> LayerTable:
     """The :class:`LayerTable` of a :class:`DeepSeekV4Adapter` or a transformers ``DeepseekV4ForCausalLM``."""
     hf = hf_model(model)
     c = hf.config
-    item = item_size(hf.get_input_embeddings().weight.dtype)
-    head = 4 if isinstance(hf.lm_head, Fp32Projection) else item_size(hf.lm_head.weight.dtype)
+    item = hf.get_input_embeddings().weight.dtype.itemsize
+    head = 4 if isinstance(hf.lm_head, Fp32Projection) else hf.lm_head.weight.dtype.itemsize
     rows = tuple(_row(hf, g, item) for g in layer_geometry(c))
     return LayerTable(rows, held_bytes(hf), int(c.sliding_window), int(c.vocab_size), head, item, keys="cached",
                       per_token=STREAM_COPIES * int(c.hc_mult) * int(c.hidden_size) * 4)
@@ -68,8 +68,8 @@ def _row(hf: nn.Module, g: LayerGeometry, item: int) -> LayerRow:
 def _compressor(module: nn.Module, S: int, d: int, item: int, *, overlap: bool) -> list[Store]:
     """Entries ``[T // S, d]``, the open block's projections ``[T % S, C]`` (kv and gate, C = 2d with overlap)
     and, with overlap, the last block's half ``[S, d]`` (kv, and gate with the fp32 bias added)."""
-    proj = 4 if isinstance(module.kv_proj, Fp32Projection) else item if is_packed(module.kv_proj) else item_size(
-        module.kv_proj.weight.dtype)
+    proj = 4 if isinstance(module.kv_proj, Fp32Projection) else item if is_packed(module.kv_proj) else (
+        module.kv_proj.weight.dtype.itemsize)
     out = [Store("entries", d, item, ratio=S), Store("open", (2 if overlap else 1) * d, proj, copies=2, ratio=S)]
     if overlap:
         out += [Store("block", d, proj, ratio=S), Store("block", d, 4, ratio=S)]

@@ -50,6 +50,7 @@ from phaselens.models.deepseek_v4.config import rope_dims
 from phaselens.models.deepseek_v4.geometry import LayerGeometry
 from phaselens.models.deepseek_v4.packed_modules import dense_weight, weight_dtype
 from phaselens.models.deepseek_v4.quantization import FP4_BLOCK, FP8_BLOCK, fp8_simulate, indexer_simulate
+from phaselens.models.parts.numerics_deepseek import index_scores
 
 Numerics = Literal["reference", "transformers"]
 Quantize = Literal["fp8", "published"] | None
@@ -145,8 +146,7 @@ class ReferenceScorer:
         if not self._phaselens_model_dtype:
             return super().forward(q, compressed_kv, hidden_states)
         weights = self.weights_proj(hidden_states) * (self.softmax_scale * self.weights_scaling)  # [B, S, H]
-        scores = torch.einsum("bshd,btd->bsht", q, compressed_kv.to(q.dtype))
-        return (scores.relu() * weights.unsqueeze(-1)).sum(dim=2)
+        return index_scores(q, compressed_kv, weights)
 
 
 _DERIVED: dict[tuple[type, type], type] = {}
@@ -348,20 +348,14 @@ def _quantize(
     notes = []
     if quantize == "fp8":
         for module in [*(a.kv_norm for a in layers), *(m.kv_norm for m in compressors)]:
-            if isinstance(module, ReferenceNorm):
-                module._phaselens_fp8_dims = nope
-            else:
-                _swap(module, ReferenceNorm, _phaselens_fp8_dims=nope)
+            _swap(module, ReferenceNorm, _phaselens_fp8_dims=nope)  # keeps a cast set by _precision
         notes.append(
             f"quantize=fp8: FP8 e4m3 (blocks of {FP8_BLOCK}, power-of-two scales) on the {nope} non-RoPE dims of "
             f"the window KV in {len(layers)} layers and of the compressed entries in {len(compressors)} layers "
             "(as an FP8 KV cache stores them)"
         )
     for indexer in indexers:
-        if isinstance(indexer.scorer, ReferenceScorer):
-            indexer.scorer._phaselens_round = True
-        else:
-            _swap(indexer.scorer, ReferenceScorer, _phaselens_round=True)
+        _swap(indexer.scorer, ReferenceScorer, _phaselens_round=True)
     notes.append(
         f"quantize={quantize}: Hadamard rotation + FP4 e2m1 (blocks of {FP4_BLOCK}, power-of-two scales) on "
         f"the indexer queries and keys in {len(indexers)} layers"

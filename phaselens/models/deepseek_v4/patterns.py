@@ -59,7 +59,6 @@ class Split:
     local: Float[Tensor, "batch head query window"]
     entry: Float[Tensor, "batch head query entry"]
     sink: Float[Tensor, "batch head query"]
-    raw_mass: Float[Tensor, "batch head query"]  # all probability on raw keys (equals local.sum(-1))
 
 
 def split(
@@ -98,4 +97,4 @@ def split(
     valid = (col >= 0) & (col < n_raw) & (slot >= 0)
     index = col.clamp(0, max(n_raw - 1, 0)).expand(B, H, n, window)
     local = torch.gather(raw, -1, index) * valid
-    return Split(local, entry, sink, raw.sum(-1))
+    return Split(local, entry, sink)

@@ -35,6 +35,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from phaselens.models.deepseek_v4.packed_modules import expert_weight
+from phaselens.models.parts.numerics_deepseek import mix_streams, swiglu
 
 # Set on the adapter's own replacements of transformers' ``eager_attention_forward`` (the pattern tap, the
 # query engine): they call :func:`attention_for` themselves, so ReferenceAttention leaves them in place.
@@ -147,17 +148,9 @@ class ReferenceQueryNorm:
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.variance_epsilon)
 
 
-def mix_streams(
-    out: Float[Tensor, "B S D"], streams: Float[Tensor, "B S hc D"], post: Tensor, comb: Tensor
-) -> Float[Tensor, "B S hc D"]:
-    """``post_k * out + sum_j comb[j, k] * streams_j`` in fp32, rounded once to ``out``'s dtype (the
-    reference's ``hc_post``); ``post`` ``[B, S, hc]``, ``comb`` ``[B, S, hc, hc]``."""
-    mixed = post.float().unsqueeze(-1) * out.float().unsqueeze(-2)
-    return (mixed + torch.matmul(comb.float().transpose(-1, -2), streams.float())).to(out.dtype)
-
-
 class ReferenceDecoderLayer:
-    """For ``DeepseekV4DecoderLayer``: the same submodules in the same order, mixed by :func:`mix_streams`."""
+    """For ``DeepseekV4DecoderLayer``: the same submodules in the same order, mixed by
+    :func:`~phaselens.models.parts.numerics_deepseek.mix_streams` (fp32)."""
 
     def forward(self, hidden_states: Tensor, input_ids: Tensor | None = None, **kwargs: Any) -> Tensor:
         post, comb, collapsed = self.attn_hc(hidden_states)
@@ -185,15 +178,6 @@ class ReferenceRouter:
         return logits, weights * self.routed_scaling_factor, indices
 
 
-def _swiglu(gate: Tensor, up: Tensor, act: Callable[[Tensor], Tensor], limit: float) -> Tensor:
-    """fp32 SwiGLU of the bf16 projections; clamped at ``limit`` (up both ways, gate from above) if > 0."""
-    gate, up = gate.float(), up.float()
-    if limit > 0:
-        up = up.clamp(min=-limit, max=limit)
-        gate = gate.clamp(max=limit)
-    return act(gate) * up
-
-
 class ReferenceExperts:
     """For ``DeepseekV4Experts``: per expert (in index order) ``w2((weight * swiglu(w1 x, w3 x)).to(bf16))``,
     summed into an fp32 ``[N, D]`` (what :class:`ReferenceMoe` expects; not rounded here)."""
@@ -207,7 +191,7 @@ class ReferenceExperts:
             token, slot = torch.where(top_k_index == e)
             x = hidden_states[token]
             w = expert_weight(self, "gate_up_proj", e, x.dtype)  # decoded when FP8Experts keeps it packed
-            h = _swiglu(F.linear(x, w[:inter]), F.linear(x, w[inter:]), self.act_fn, float(self.limit))
+            h = swiglu(F.linear(x, w[:inter]).float(), F.linear(x, w[inter:]).float(), float(self.limit), self.act_fn)
             h = top_k_weights[token, slot, None].float() * h
             out.index_add_(0, token, F.linear(h.to(x.dtype), expert_weight(self, "down_proj", e, x.dtype)).float())
         return out
@@ -218,7 +202,7 @@ class ReferenceSharedExpert:
     expert without ``swiglu_limit``), down projection in the model dtype."""
 
     def forward(self, x: Tensor) -> Tensor:
-        h = _swiglu(self.gate_proj(x), self.up_proj(x), self.act_fn, 0.0)
+        h = swiglu(self.gate_proj(x).float(), self.up_proj(x).float(), 0.0, self.act_fn)
         return self.down_proj(h.to(x.dtype))
 
 
@@ -229,9 +213,6 @@ class ReferenceMoe:
     def forward(self, hidden_states: Tensor, input_ids: Tensor | None = None) -> Tensor:
         B, S, D = hidden_states.shape
         flat = hidden_states.reshape(-1, D)
-        if self.is_hash:
-            _, weights, indices = self.gate(hidden_states, input_ids)
-        else:
-            _, weights, indices = self.gate(hidden_states)
+        _, weights, indices = self.gate(hidden_states, input_ids)  # a ReferenceRouter: hash or not
         routed = self.experts(flat, indices, weights).float()
         return (routed + self.shared_experts(flat).float()).view(B, S, D).to(hidden_states.dtype)

@@ -161,14 +161,15 @@ class V41Attention(FactoredAttentionNames, nn.Module):
         old = cache.sources.get(self.layer)
         B, n, _ = x.shape
         if r == 1:
-            payload, _ = comp.project(x)
+            payload = comp.wkv(x)
             payload = self.hook_payload(payload[:, :, None, None, :]).flatten(2)
             latent = comp.norm(payload)
             first = start
             pend_kv = pend_score = payload.new_zeros(B, 0, payload.shape[-1])
         else:
             ct = compute_dtype(x.dtype)
-            kv_new, score_new = comp.project(x.to(ct))
+            xf = x.to(ct)  # the pooling projections are fp32 (Compressor)
+            kv_new, score_new = comp.wkv(xf), comp.wgate(xf)
             if old is not None:
                 kv_new = torch.cat([old.pending_kv, kv_new], dim=1)
                 score_new = torch.cat([old.pending_score, score_new], dim=1)

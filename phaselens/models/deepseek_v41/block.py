@@ -17,10 +17,11 @@ from phaselens.models.deepseek_v41.cache import StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.config import LayerRole, V41Config
 from phaselens.models.deepseek_v41.engram import Engram
 from phaselens.models.deepseek_v41.engram_hash import EngramLayout
-from phaselens.models.deepseek_v41.layers import Numerics, hc_mixes, hc_post, hc_pre
+from phaselens.models.deepseek_v41.layers import Numerics, hc_mixes, hc_pre
 from phaselens.models.deepseek_v41.moe import MoE
 from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.norms import RMSNorm
+from phaselens.models.parts.numerics_deepseek import mix_streams
 from phaselens.models.parts.tl_factored import FactoredBlockNames
 
 
@@ -59,9 +60,9 @@ class Block(FactoredBlockNames, nn.Module):
         x = self.hook_resid_pre(x)
         a_pre, a_post, a_comb = hc_mixes(x, self.hc_attn_fn, self.hc_attn_scale, self.hc_attn_base, **self.hc_kw)
         out = self.hook_attn_out(self.attn(self.attn_norm(hc_pre(x, pre)), start, cache, rt))
-        x = self.hook_resid_mid(hc_post(out, x, a_post, a_comb))
+        x = self.hook_resid_mid(mix_streams(out, x, a_post, a_comb))
         f_pre, f_post, f_comb = hc_mixes(x, self.hc_ffn_fn, self.hc_ffn_scale, self.hc_ffn_base, **self.hc_kw)
         out = self.hook_mlp_out(self.ffn(self.ffn_norm(hc_pre(x, a_pre))))
-        return self.hook_resid_post(hc_post(out, x, f_post, f_comb)), f_pre
+        return self.hook_resid_post(mix_streams(out, x, f_post, f_comb)), f_pre
 
 __all__ = ["Block"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from phaselens.errors import CacheError
@@ -102,7 +101,3 @@ class StackRuntime:
     candidates: Tensor | None = None
     topk_binding: set[int] = field(default_factory=set)
     candidate_binding: set[int] = field(default_factory=set)
-
-    @staticmethod
-    def empty_like(x: Tensor, d: int) -> Tensor:
-        return torch.zeros(x.shape[0], 0, d, dtype=x.dtype, device=x.device)

@@ -20,6 +20,7 @@ from phaselens.core import margins
 from phaselens.models.deepseek_v41.layers import Linear, Numerics
 from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.norms import RMSNorm
+from phaselens.models.parts.numerics_deepseek import index_scores
 
 
 class Compressor(nn.Module):
@@ -34,12 +35,6 @@ class Compressor(nn.Module):
         if ratio > 1:
             self.wgate = Linear(d_model, d, numerics, quantized=False, dtype=wdt)
         self.norm = RMSNorm(d, eps, dtype)
-
-    def project(self, x: Float[Tensor, "batch pos d_model"]) -> tuple[Tensor, Tensor | None]:
-        """Payload and gate logits of new tokens (fp32 when ``ratio > 1``)."""
-        if self.ratio == 1:
-            return self.wkv(x), None
-        return self.wkv(x), self.wgate(x)
 
 
 class Indexer(nn.Module):
@@ -62,9 +57,7 @@ class Indexer(nn.Module):
     ) -> Float[Tensor, "batch pos entry"]:
         """``sum_h w_h(x) relu(q_h . k_e)`` with ``w = weights_proj(x) / sqrt(d_index * H_index)``, computed in
         the model dtype as the reference does."""
-        w = self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5)
-        s = torch.einsum("bnhd,bed->bnhe", q, keys.to(q.dtype)).relu()
-        return (s * w.unsqueeze(-1)).sum(2)
+        return index_scores(q, keys, self.weights_proj(x) * (self.head_dim**-0.5 * self.n_heads**-0.5))
 
 
 def visible(positions: Tensor, n_entries: int, ratio: int) -> Bool[Tensor, "pos entry"]:

@@ -35,6 +35,7 @@ from transformer_lens.hook_points import HookPoint
 
 from phaselens.models.deepseek_v41.layers import Linear, Numerics
 from phaselens.models.parts.dtypes import compute_dtype
+from phaselens.models.parts.packed import FP8_ROWS, as_bytes, dequantize
 
 SCALE_GROUP = 32  # one UE8M0 scale per 32 table values
 GATE_FLOOR = 1e-6  # |dot| is clamped to this before the square root (the sign is kept)
@@ -53,7 +54,7 @@ class EngramTable(nn.Module):
       (:func:`engram_traffic`); ``moved_bytes`` counts what this table has sent.
 
     Both paths give bit-identical values: FP8 and UE8M0 bytes are copied as they are, and the dequantization
-    (:func:`dequantize_rows`) is exact on any device.
+    (:func:`~phaselens.models.parts.packed.dequantize`, blocks of one row and 32 values) is exact on any device.
     """
 
     host_resident: ClassVar[bool] = True  # device maps keep this module's tensors in host memory
@@ -67,11 +68,12 @@ class EngramTable(nn.Module):
         self.moved_bytes = 0
 
     def forward(self, rows: Int[Tensor, "*shape"]) -> Float[Tensor, "*shape head_dim"]:
-        """The rows' values as bf16 (fp32 products of the stored values and their scales, read in bf16), on
+        """The rows' values as bf16 (the stored values times their scales: exact products in bf16), on
         ``rows``' device."""
         if self.staged or rows.device != self.weight.device:
-            return dequantize_rows(*self.gather(rows))
-        return dequantize_rows(self.weight[rows], self.scale[rows])
+            values, scales = self.gather(rows)
+            return dequantize(as_bytes(values), scales, FP8_ROWS, torch.bfloat16)
+        return dequantize(as_bytes(self.weight[rows]), self.scale[rows], FP8_ROWS, torch.bfloat16)
 
     def gather(self, rows: Int[Tensor, "*shape"]) -> tuple[Tensor, Tensor]:
         """The stored values ``[*shape, head_dim]`` (FP8) and scales ``[*shape, head_dim / 32]`` (UE8M0) of
@@ -88,12 +90,6 @@ class EngramTable(nn.Module):
             self.moved_bytes += buf.numel()
             out.append(buf.to(dest, non_blocking=pin).view(t.dtype).unflatten(0, rows.shape))
         return out[0], out[1]
-
-
-def dequantize_rows(values: Tensor, scales: Tensor) -> Tensor:
-    """FP8 ``values`` ``[..., head_dim]`` times their UE8M0 ``scales`` ``[..., head_dim / 32]``, in fp32, as bf16."""
-    grouped = values.float().unflatten(-1, (-1, SCALE_GROUP))
-    return (grouped * scales.float().unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
 
 
 @dataclass(frozen=True)

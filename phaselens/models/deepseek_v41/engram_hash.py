@@ -33,34 +33,12 @@ from torch import Tensor, nn
 from phaselens.errors import CheckpointError, InputError, UnsupportedModelError
 
 ENGRAM_RNG_STRIDE = 10007  # the per-layer seed is 10007 * layer id
-_MR_BASES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)  # deterministic Miller-Rabin below 3.3e24
-
-
-def is_prime(n: int) -> bool:
-    """Whether ``n`` is prime (deterministic Miller-Rabin; exact for every int64)."""
-    if n < 2:
-        return False
-    for p in _MR_BASES:
-        if n % p == 0:
-            return n == p
-    d, r = n - 1, 0
-    while d % 2 == 0:
-        d, r = d // 2, r + 1
-    for a in _MR_BASES:
-        x = pow(a, d, n)
-        if x in (1, n - 1):
-            continue
-        for _ in range(r - 1):
-            x = x * x % n
-            if x == n - 1:
-                break
-        else:
-            return False
-    return True
 
 
 def engram_primes(n_layers: int, max_ngram: int, n_heads: int, vocab_size: int) -> list[list[list[int]]]:
     """The bucket moduli ``[layer][n-gram size - 2][head]``, drawn in order and never reused."""
+    from sympy import nextprime  # a dependency of torch; imported here as it costs 0.2 s
+
     seen: set[int] = set()
     out: list[list[list[int]]] = []
     for _ in range(n_layers):
@@ -68,9 +46,9 @@ def engram_primes(n_layers: int, max_ngram: int, n_heads: int, vocab_size: int) 
         for _ in range(max_ngram - 1):
             current, heads = vocab_size - 1, []
             for _ in range(n_heads):
-                current += 1
-                while not is_prime(current) or current in seen:
-                    current += 1
+                current = nextprime(current)
+                while current in seen:
+                    current = nextprime(current)
                 seen.add(current)
                 heads.append(current)
             layer.append(heads)

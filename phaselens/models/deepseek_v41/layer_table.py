@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phaselens.contract.layer_table import LayerRow, LayerTable, Store, Work
-from phaselens.models.numerics.sizing import held_bytes, item_size
+from phaselens.models.numerics.sizing import held_bytes
 
 STREAM_COPIES = 6  # fp32 copies of the hyper-connection streams [B, n, hc, D] alive in one call
 STREAM_PASSES = 24  # fp32 passes over the [B, n, hc, D] streams per layer (mixes, Sinkhorn inputs, pre, post)
@@ -74,18 +74,18 @@ def block_bytes(block: Any) -> BlockBytes:
             n = m.shapes["w1"][0]
             ex_held += own // n
             if m.fmt is not None:
-                ex_dense += sum(math.prod(s[1:]) for s in m.shapes.values()) * item_size(m.dtype)
+                ex_dense += sum(math.prod(s[1:]) for s in m.shapes.values()) * m.dtype.itemsize
             continue
         held += own
         if getattr(m, "fmt", None) is not None:
-            dense += math.prod(m.shape) * item_size(m.dtype)
+            dense += math.prod(m.shape) * m.dtype.itemsize
     return BlockBytes(held, dense, ex_held, ex_dense)
 
 
 def layer_table(model: Any) -> LayerTable:
     """The :class:`LayerTable` of a :class:`~phaselens.models.deepseek_v41.DeepSeekV41`."""
     c = model.config
-    item = item_size(model.embed.weight.dtype)
+    item = model.embed.weight.dtype.itemsize
     layout = getattr(model, "engram_layout", None)
     per_token = c.head_dim * c.sliding_window * 4 + STREAM_COPIES * c.hc_mult * c.hidden_size * 4
     if layout is not None:

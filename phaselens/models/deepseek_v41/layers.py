@@ -48,6 +48,15 @@ class Numerics:
         return self.quantize == "fp8"
 
 
+def packed_parameters(fmt: PackedFormat, lead: tuple[int, ...], rows: int, cols: int, scale_dtype: torch.dtype,
+                      device: torch.device) -> tuple[nn.Parameter, nn.Parameter]:
+    """Empty ``(values, scales)`` of ``lead`` weights ``[rows, cols]`` packed in ``fmt`` (uint8 values, scales
+    in ``scale_dtype``, no gradient), to be filled."""
+    return tuple(nn.Parameter(torch.empty(*lead, *shape, dtype=dtype, device=device), requires_grad=False)
+                 for shape, dtype in ((fmt.values_shape(rows, cols), torch.uint8),
+                                      (fmt.scale_shape(rows, cols), scale_dtype)))
+
+
 class Linear(nn.Module):
     """``y = x W^T`` in the model dtype. ``quantized`` marks layers whose GEMM the reference runs in FP8/FP4: it
     quantizes their input to FP8 (groups of 32), which ``Numerics(quantize="fp8")`` simulates.
@@ -69,11 +78,7 @@ class Linear(nn.Module):
 
     def set_packed(self, fmt: PackedFormat, scale_dtype: torch.dtype = torch.uint8) -> None:
         """Hold the weight packed in ``fmt`` (empty tensors on the weight's device, to be filled)."""
-        device = self.weight.device
-        self.weight = nn.Parameter(torch.empty(fmt.values_shape(*self.shape), dtype=torch.uint8, device=device),
-                                   requires_grad=False)
-        self.scale = nn.Parameter(torch.empty(fmt.scale_shape(*self.shape), dtype=scale_dtype, device=device),
-                                  requires_grad=False)
+        self.weight, self.scale = packed_parameters(fmt, (), *self.shape, scale_dtype, self.weight.device)
         self.fmt = fmt
 
     def dense_weight(self) -> Tensor:
@@ -153,12 +158,3 @@ def hc_mixes(
 def hc_pre(x: Float[Tensor, "batch pos hc d"], pre: Float[Tensor, "batch pos hc"]) -> Float[Tensor, "batch pos d"]:
     """Collapse the streams into one sublayer input, weighted by ``pre`` (in fp32, cast back)."""
     return torch.einsum("bnh,bnhd->bnd", pre, x.to(pre.dtype)).to(x.dtype)
-
-
-def hc_post(
-    out: Float[Tensor, "batch pos d"], residual: Float[Tensor, "batch pos hc d"], post: Tensor, comb: Tensor
-) -> Float[Tensor, "batch pos hc d"]:
-    """Expand a sublayer output back to the streams: ``post_j out + sum_i comb_ij residual_i``."""
-    ct = post.dtype
-    y = post.unsqueeze(-1) * out.to(ct).unsqueeze(-2) + torch.einsum("bnij,bnid->bnjd", comb, residual.to(ct))
-    return y.to(out.dtype)

@@ -15,19 +15,11 @@ from torch import Tensor, nn
 from phaselens.core import margins
 from phaselens.models.deepseek_v41.config import V41Config
 from phaselens.models.deepseek_v41.kernels import CALLS, kernel_linear, wants_kernel
-from phaselens.models.deepseek_v41.layers import Linear, Numerics
-from phaselens.models.numerics.sizing import item_size
+from phaselens.models.deepseek_v41.layers import Linear, Numerics, packed_parameters
 from phaselens.models.parts.dtypes import compute_dtype
 from phaselens.models.parts.formats import fp8_round_trip
+from phaselens.models.parts.numerics_deepseek import swiglu
 from phaselens.models.parts.packed import PackedFormat, dequantize
-
-
-def swiglu(gate: Tensor, up: Tensor, limit: float) -> Tensor:
-    """``silu(gate) * up`` in fp32 with the reference's clamps (no clamp when ``limit <= 0``)."""
-    if limit > 0:
-        up = up.clamp(-limit, limit)
-        gate = gate.clamp(max=limit)
-    return F.silu(gate) * up
 
 
 class SharedExpert(nn.Module):
@@ -69,12 +61,9 @@ class RoutedExperts(nn.Module):
     def set_packed(self, fmt: PackedFormat, scale_dtype: torch.dtype = torch.uint8) -> None:
         """Hold the experts packed in ``fmt`` (empty tensors on the weights' device, to be filled)."""
         for name, (n, rows, cols) in self.shapes.items():
-            device = getattr(self, name).device
-            setattr(self, name, nn.Parameter(torch.empty(n, *fmt.values_shape(rows, cols), dtype=torch.uint8,
-                                                         device=device), requires_grad=False))
-            setattr(self, f"{name}_scale", nn.Parameter(torch.empty(n, *fmt.scale_shape(rows, cols),
-                                                                    dtype=scale_dtype, device=device),
-                                                        requires_grad=False))
+            values, scales = packed_parameters(fmt, (n,), rows, cols, scale_dtype, getattr(self, name).device)
+            setattr(self, name, values)
+            setattr(self, f"{name}_scale", scales)
         self.fmt = fmt
 
     def dense(self, name: str, experts: Tensor) -> Tensor:
@@ -91,7 +80,7 @@ class RoutedExperts(nn.Module):
     def _groups(self, experts: list[int]) -> list[list[int]]:
         """``experts`` cut into runs whose dequantized weights fit ``chunk_bytes``."""
         _, rows, cols = self.shapes["w1"]
-        per = 3 * rows * cols * item_size(self.dtype)
+        per = 3 * rows * cols * self.dtype.itemsize
         size = max(1, self.chunk_bytes // per)
         return [experts[i : i + size] for i in range(0, len(experts), size)]
 
@@ -150,6 +139,10 @@ class RoutedExperts(nn.Module):
         return True
 
 
+# the gate's score function per ``scoring_func`` (the config admits only these)
+SCORES = {"softmax": lambda s: s.softmax(-1), "sigmoid": torch.sigmoid, "sqrtsoftplus": lambda s: F.softplus(s).sqrt()}
+
+
 class Gate(nn.Module):
     def __init__(self, cfg: V41Config, dtype: torch.dtype) -> None:
         super().__init__()
@@ -161,13 +154,7 @@ class Gate(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """``x`` ``[N, D]`` -> ``(weights [N, k] fp32, indices [N, k])``."""
         ct = compute_dtype(x.dtype)
-        s = F.linear(x.to(ct), self.weight.to(ct)) / self.temp
-        if self.func == "softmax":
-            s = s.softmax(-1)
-        elif self.func == "sigmoid":
-            s = s.sigmoid()
-        else:
-            s = F.softplus(s).sqrt()
+        s = SCORES[self.func](F.linear(x.to(ct), self.weight.to(ct)) / self.temp)
         biased = s + self.bias.to(ct)
         indices = biased.topk(self.topk, dim=-1).indices
         if margins.active() is not None:

@@ -43,7 +43,6 @@ import torch
 from torch import Tensor, nn
 
 from phaselens.errors import CheckpointError
-from phaselens.models.numerics.sizing import item_size
 from phaselens.models.parts.ckpt_shards import FIX_SHARD, header, shard_map
 from phaselens.models.parts.packed import (
     FP4_ROWS,
@@ -88,7 +87,7 @@ class Stored:
         n = 1
         for s in self.shape:
             n *= s
-        return n * item_size(self.dtype)
+        return n * self.dtype.itemsize
 
 
 def _stored(name: str, info: object, shard: Path) -> Stored:

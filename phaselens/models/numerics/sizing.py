@@ -1,20 +1,14 @@
-"""Bytes, for memory estimates: of one element of a dtype, and of what a module holds; and building a model
-from a config whose sizes are too large for torch to address."""
+"""Bytes, for memory estimates: of what a module holds (one element of a dtype is ``dtype.itemsize``); and
+building a model from a config whose sizes are too large for torch to address."""
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
 
-import torch
 from torch import nn
 
 from phaselens.errors import CheckpointError
-
-
-def item_size(dtype: torch.dtype) -> int:
-    """Bytes of one element of ``dtype`` (``torch.float8_e4m3fn``: 1, ``torch.bfloat16``: 2, ...)."""
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def held_bytes(module: nn.Module) -> int:

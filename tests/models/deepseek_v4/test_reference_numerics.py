@@ -19,7 +19,8 @@ from phaselens.errors import ConfigError
 from phaselens.models.deepseek_v4 import IndexTopKWarning, from_transformers
 from phaselens.models.deepseek_v4.numerics import restore, swapped, unscaled_yarn
 from phaselens.models.deepseek_v4.quantization import fp8_simulate
-from phaselens.models.deepseek_v4.reference_ops import mix_streams, reference_attention
+from phaselens.models.deepseek_v4.reference_ops import reference_attention
+from phaselens.models.parts.numerics_deepseek import mix_streams
 from phaselens.storage.fingerprints import model_fingerprint
 from tests.support.deepseek import (
     FLASH_CONFIG,

@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from phaselens.models.numerics.sizing import held_bytes, item_size
+from phaselens.models.numerics.sizing import held_bytes
 
 
-def test_item_sizes():
-    assert [item_size(d) for d in (torch.float8_e4m3fn, torch.uint8, torch.bfloat16, torch.float32, torch.float64)] \
+def test_item_sizes_the_estimates_read_from_torch():
+    assert [d.itemsize for d in (torch.float8_e4m3fn, torch.uint8, torch.bfloat16, torch.float32, torch.float64)] \
         == [1, 1, 2, 4, 8]
 
 
