@@ -20,8 +20,6 @@ from phaselens.storage.manifest import sha256_file
 from phaselens.storage.resumable import read_json
 
 ZOO_DIR = Path(__file__).resolve().parents[1] / "zoo"  # the trained models ship as package data
-DEFAULT_MODEL = "w8s4"
-DEFAULT_CONTROL = "full"
 
 
 HASHED = {"weights_sha256": "model.safetensors", "config_sha256": "config.json"}  # card key -> file

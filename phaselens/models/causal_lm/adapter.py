@@ -19,20 +19,21 @@ from typing import Any, Literal
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from phaselens.contract.cells import PASS_BYTES
-from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
+from phaselens.contract.dims import ModelIdentity, config_dict
 from phaselens.contract.memory import MemoryEstimate
 from phaselens.contract.protocol import HookFn
 from phaselens.core.checks import as_int
 from phaselens.core.geometry import PhaseSpec
-from phaselens.errors import InputError
+from phaselens.errors import InputError, PhaseGeometryError
 from phaselens.models.causal_lm.attention import attn_implementation, borrowed
-from phaselens.models.causal_lm.layout import Layout, model_layout
-from phaselens.models.causal_lm.sites import Run, causal_hook_points, check_fired, installed, no_entries
+from phaselens.models.causal_lm.layout import Layout, base_module, model_layout
+from phaselens.models.causal_lm.sites import causal_hook_points, check_fired, installed, no_entries
 from phaselens.models.numerics.sizing import held_bytes
+from phaselens.models.parts.adapter_hooks import HookRun
 from phaselens.models.parts.hooking import HookedAdapter
-from phaselens.models.parts.suffix_engine import QueryEngine, query_engine
-from phaselens.models.parts.tl_habits import TLConfig, tokenizer_from_dir
+from phaselens.models.parts.kind_model import KindModel
+from phaselens.models.parts.suffix_engine import SlotEngine
+from phaselens.models.parts.tl_habits import TLConfig
 from phaselens.models.parts.tl_hf import HFSplitQKV, HFSurface
 from phaselens.models.parts.tokens import check_tokens
 
@@ -46,7 +47,26 @@ class CausalLMCfg(TLConfig):
     d_mlp: int | None = None
 
 
-class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
+def stride_required(what: str) -> InputError:
+    """The error for a model without compression and no ``stride=``: it names the option."""
+    return InputError(
+        f"{what} has no compressed layers, so phaselens cannot read a stride from it: pass the stride to analyse "
+        "its phases at, e.g. phaselens.load(model, stride=4) (window= and origin= too where they matter), or "
+        "stride=4 to the analysis (phaselens.evaluate(model, task, stride=4))."
+    )
+
+
+def spec_of(stride: Any, window: Any, origin: Any, what: str) -> PhaseSpec:
+    """The :class:`PhaseSpec` of ``stride=`` / ``window=`` / ``origin=`` (window defaults to the stride)."""
+    if stride is None:
+        raise stride_required(what)
+    try:
+        return PhaseSpec(stride, window, 0 if origin is None else origin)
+    except PhaseGeometryError as err:
+        raise PhaseGeometryError(f"{what}: {err}") from None
+
+
+class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter, KindModel):
     """A transformers causal LM with phaselens' hook names, geometry and interventions.
 
     Build it with :func:`~phaselens.models.causal_lm.from_transformers` (or ``phaselens.load``). ``spec`` is the
@@ -60,7 +80,6 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
 
     def __init__(self, model: nn.Module, spec: PhaseSpec, *, metadata: dict[str, Any]) -> None:
         self.model = model
-        self.default_task: Any = None
         self._layout: Layout = model_layout(model)
         self._spec = spec
         self._points = causal_hook_points(self._layout)
@@ -78,22 +97,17 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         lay, w = self._layout, self._layout.embed.weight
         norm = self.tl_norm
         kind = None if norm is None else norm[0]
-        learned = self._base_module("wpe") is not None
+        learned = base_module(self.model, "wpe") is not None
         return CausalLMCfg(n_layers=lay.n_layers, n_heads=lay.n_heads, n_key_value_heads=lay.n_kv_heads,
                            d_head=lay.d_head, d_model=lay.d_model, d_vocab=lay.d_vocab, n_ctx=lay.n_ctx, dtype=w.dtype,
                            device=w.device, normalization_type=kind, final_rms=kind == "RMS", attn_only=False,
                            positional_embedding_type="standard" if learned else "rotary", d_mlp=self._d_mlp())
 
     # ---- TransformerLens habits (phaselens.models.parts.tl_habits) ----------------------------------------
-    def _base_module(self, name: str) -> nn.Module | None:
-        base = getattr(self.model, getattr(self.model, "base_model_prefix", "model"), None)
-        found = getattr(base, name, None)
-        return found if isinstance(found, nn.Module) else None
-
     @property
     def ln_final(self) -> nn.Module | None:
         """The model's final norm (``model.model.norm``; GPT-2's ``transformer.ln_f``), ``[B, n, D]`` in and out."""
-        return self._base_module("norm") or self._base_module("ln_f")
+        return base_module(self.model, "norm") or base_module(self.model, "ln_f")
 
     @property
     def tl_norm(self) -> tuple[str, float] | None:
@@ -113,9 +127,6 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         w = getattr(norm, "weight", None)
         return self.W_U if w is None else self.W_U * w[:, None]
 
-    def _find_tokenizer(self) -> Any:
-        return tokenizer_from_dir(getattr(self.model.config, "_name_or_path", None))
-
     @property
     def phase_specs(self) -> list[PhaseSpec | None]:
         """``None`` per layer: no layer compresses."""
@@ -126,30 +137,12 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         """The geometry given at construction: phases are ``(slot - origin) mod stride``."""
         return self._spec
 
-    @property
-    def dims(self) -> ModelDims:
-        """Sizes and phase geometry as analyses read them (the model contract)."""
-        c = self.cfg
-        return ModelDims(n_layers=c.n_layers, n_heads=c.n_heads, n_key_value_heads=c.n_key_value_heads,
-                         d_head=c.d_head, d_vocab=c.d_vocab, n_ctx=c.n_ctx, phase_specs=tuple(self.phase_specs),
-                         analysis_spec=self._spec, dtype=c.dtype, device=c.device)
-
     def identity(self) -> ModelIdentity:
         """transformers' config, the geometry, and the model (fingerprints)."""
         s = self._spec
         config = {"config": config_dict(self.model.config), "stride": s.stride, "window": s.window,
                   "origin": s.origin}
         return ModelIdentity(type(self).__qualname__, config, self.model)
-
-    @property
-    def returns_query_logits(self) -> bool:
-        return False
-
-    @property
-    def analysis_metadata(self) -> dict[str, Any]:
-        """What a result must carry to be read correctly (a copy): the architecture, the given geometry, and
-        that every layer is full attention."""
-        return dict(self._metadata)
 
     # ---- forward -----------------------------------------------------------------------------------
     def __call__(self, tokens: Int[Tensor, "batch pos"], *, query_len: int | None = None,
@@ -158,7 +151,7 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         only those rows are unembedded)."""
         if logits not in ("all", "query"):
             raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
-        tokens = self.tokens(tokens)
+        tokens = self._check_tokens(tokens)
         T = tokens.shape[1]
         kwargs: dict[str, Any] = {"input_ids": tokens, "use_cache": False}
         if logits == "query" and query_len is not None:
@@ -167,7 +160,7 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
 
     forward = __call__
 
-    def tokens(self, tokens: Any) -> Tensor:
+    def _check_tokens(self, tokens: Any) -> Tensor:
         """``tokens`` as checked ``[B, T]`` ids on the model's device."""
         lay = self._layout
         return check_tokens(tokens, vocab=lay.d_vocab, device=lay.embed.weight.device, n_ctx=lay.n_ctx)
@@ -176,7 +169,7 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
                        model: nn.Module | None = None, check: bool = True) -> Any:
         """One call of the transformers model (or ``model``, a view of it) with ``resolved`` hooks; the user's
         object is restored afterwards whatever raises."""
-        run = Run(query_start)
+        run = HookRun(query_start)
         eager = any(self._points[n].site == "pattern" for n in resolved)
         with installed(self._layout, self._points, resolved, run) as taps, borrowed(self.model, eager=eager,
                                                                                     taps=taps):
@@ -186,10 +179,9 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         return out
 
     # ---- capabilities (see phaselens.contract.protocol.CAPABILITIES) ---------------------------------------
-    def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
-                     batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
-        """The ``query_engine`` capability: a :class:`~phaselens.models.parts.suffix_engine.QueryEngine` over the cached clean
-        prefix (the model's own ``DynamicCache``; see :mod:`.engine`)."""
+    def _slot_engine(self) -> type[SlotEngine]:
+        """The per-slot engine over the cached clean prefix (the model's own ``DynamicCache``; see :mod:`.engine`),
+        where :meth:`query_engine_support` says it can run."""
         from phaselens.models.causal_lm.engine import CausalSuffixEngine
 
         why = self.query_engine_support()
@@ -197,8 +189,7 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
             from phaselens.errors import EngineError
 
             raise EngineError(f"the query-suffix engine cannot run here: {why}; use engine='full'.")
-        return query_engine(self, CausalSuffixEngine, self.tokens(tokens), query_pos, hooks_active=bool(self._active),
-                            rows_per_pass=rows_per_pass, batch_size=batch_size, pass_bytes=pass_bytes)
+        return CausalSuffixEngine
 
     def query_engine_support(self) -> str | None:
         """The ``query_engine_support`` capability: why the query-suffix engine cannot run this architecture
@@ -227,12 +218,8 @@ class CausalLMAdapter(HFSplitQKV, HFSurface, HookedAdapter):
         ``analysis_spec`` and ``analysis_metadata`` are ``stride`` / ``window`` (default: the stride) / ``origin``
         (default: this adapter's); itself when they are this adapter's (docs/concepts.md, "Strides: one rule")."""
         from phaselens.contract.strides import check_stride
-        from phaselens.errors import PhaseGeometryError
 
-        try:
-            spec = PhaseSpec(check_stride(stride, ()), window, self._spec.origin if origin is None else origin)
-        except PhaseGeometryError as err:
-            raise PhaseGeometryError(f"{self.name}: {err}") from None
+        spec = spec_of(check_stride(stride, ()), window, self._spec.origin if origin is None else origin, self.name)
         if spec == self._spec:
             return self
         metadata = {**self._metadata, "analysis_stride": spec.stride, "analysis_window": spec.window,

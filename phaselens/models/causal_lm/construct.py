@@ -9,34 +9,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from phaselens.core.geometry import PhaseSpec
-from phaselens.errors import CheckpointError, InputError, PhaseGeometryError, UnsupportedModelError
-from phaselens.models.causal_lm.adapter import CausalLMAdapter
+from phaselens.errors import CheckpointError, InputError, UnsupportedModelError
+from phaselens.models.causal_lm.adapter import CausalLMAdapter, spec_of
 from phaselens.models.causal_lm.layout import TESTED_TYPES
 from phaselens.models.parts.loading_info import check_loading_info, check_strict
 from phaselens.models.parts.wrappers import bridged_modules, unbridged, unwrap_object
 
 COMPRESSED_TYPES = ("deepseek_v4", "deepseek_v41")  # their own kinds read the geometry from the model
 LOAD_OPTIONS = ("device", "stride", "window", "origin", "dtype", "device_map", "attn_implementation", "strict")
-
-
-def stride_required(what: str) -> InputError:
-    """The error for a model without compression and no ``stride=``: it names the option."""
-    return InputError(
-        f"{what} has no compressed layers, so phaselens cannot read a stride from it: pass the stride to analyse "
-        "its phases at, e.g. phaselens.load(model, stride=4) (window= and origin= too where they matter), or "
-        "stride=4 to the analysis (phaselens.evaluate(model, task, stride=4))."
-    )
-
-
-def spec_of(stride: Any, window: Any, origin: Any, what: str) -> PhaseSpec:
-    """The :class:`PhaseSpec` of ``stride=`` / ``window=`` / ``origin=`` (window defaults to the stride)."""
-    if stride is None:
-        raise stride_required(what)
-    try:
-        return PhaseSpec(stride, window, 0 if origin is None else origin)
-    except PhaseGeometryError as err:
-        raise PhaseGeometryError(f"{what}: {err}") from None
 
 
 def from_transformers(model: Any, *, stride: int | None = None, window: int | None = None, origin: int = 0

@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from phaselens.contract.cells import PASS_BYTES, Cell
+from phaselens.contract.cells import Cell
 from phaselens.errors import UnsupportedModelError
 from phaselens.models.parts.cache_repeat import CacheRows
 from phaselens.models.parts.suffix_engine import HookList, SlotEngine
@@ -129,22 +129,18 @@ class CausalSuffixEngine(SlotEngine):
     shared). What this kind keeps: the prefill into the model's ``DynamicCache``, a view of the model from the
     intervened layer up whose first input is the clean ``hook_resid_pre``, and the check once per layer.
 
-    Args:
-        adapter: a :class:`~phaselens.models.causal_lm.CausalLMAdapter`.
-        tokens: ``[n, T]`` ids sharing the query slot ``query_pos`` (only ``tokens[:, :q + 1]`` is read).
-        rows_per_pass: at most this many rows (cells x items) per pass; pass_bytes: its memory budget.
+    Args (as every :class:`~phaselens.models.parts.suffix_engine.SlotEngine`'s):
+        model: a :class:`~phaselens.models.causal_lm.CausalLMAdapter` (``self.adapter``).
 
     Attributes:
         clean_logits: ``[n, V]``; clean_z: per layer ``[n, H, d]``; resid_pre: per layer ``[n, 1, D]``.
     """
 
-    def __init__(self, adapter: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096,
-                 pass_bytes: int = PASS_BYTES) -> None:
+    def prefill(self, tokens: Tensor) -> None:
         from transformers import DynamicCache
 
-        tokens = adapter.tokens(tokens)
-        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
-        self.adapter, self.hf, self.layout = adapter, adapter.model, adapter._layout
+        adapter = self.adapter = self.model
+        self.hf, self.layout = adapter.model, adapter._layout
         self.query_ids = tokens[:, self.q : self.q + 1]
         self.position_ids = torch.tensor([[self.q]], device=tokens.device)
         params = inspect.signature(self.hf.forward).parameters

@@ -149,13 +149,14 @@ def model_layout(model: nn.Module) -> Layout:
     n_ctx = config_int(config, "max_position_embeddings", "n_positions", "n_ctx", default=2**31 - 1)
     return Layout(tuple(layers), tuple(attn), tuple(out), tuple(mlp), tuple(qkv), tuple(fused), tuple(qn), tuple(kn),
                   tuple(n2), model.get_input_embeddings(), H, Hkv, int(d), D, int(head.weight.shape[0]), n_ctx, path,
-                  _position_embedding(model))
+                  wpe if isinstance(wpe := base_module(model, "wpe"), nn.Embedding) else None)
 
 
-def _position_embedding(model: nn.Module) -> nn.Module | None:
+def base_module(model: nn.Module, name: str) -> nn.Module | None:
+    """The module ``name`` of the model's base (``model.model``; GPT-2's ``transformer``), else ``None``."""
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
-    wpe = getattr(base, "wpe", None)
-    return wpe if isinstance(wpe, nn.Embedding) else None
+    found = getattr(base, name, None)
+    return found if isinstance(found, nn.Module) else None
 
 
 def _in_features(module: nn.Module) -> int | None:

@@ -23,17 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from phaselens.contract.hooknames import HookPoint
-from phaselens.contract.protocol import HookFn, hook_context
+from phaselens.contract.protocol import HookFn
 from phaselens.errors import HookNameError, UnsupportedModelError
 from phaselens.models.causal_lm.layout import Layout
-from phaselens.models.parts.hook_sites import Site, block_sites, call_hooks, hook_points
+from phaselens.models.parts.adapter_hooks import HookRun, module_hook, remove_all
+from phaselens.models.parts.hook_sites import Site, block_sites, hook_points
 from phaselens.models.parts.tl_hf import mlp_parts, neuron_tags
 
 # in execution order within a block; a layer's tags: "mlp" (it has one), "norm2" (a norm before it, pre-norm)
@@ -73,59 +73,29 @@ def no_entries(name: Any) -> None:
         )
 
 
-@dataclass
-class Run:
-    """One hooked forward: the cache slot of its row 0, and the names that fired."""
-
-    query_start: int = 0
-    fired: set[str] = field(default_factory=set)
-    batch: int = 1  # the batch size, read from the token embedding (GPT-2's position hook shows it)
-
-
-def run_hooks(point: HookPoint, fns: list[HookFn], tensor: Tensor, run: Run) -> Tensor:
-    """``fns`` on ``tensor`` through the one dispatch: the tensor the model goes on with (``tensor`` itself, or
-    the last replacement).
-
-    The caller puts the returned tensor back into the computation even when no hook replaced it (a per-head view
-    is still a new tensor object), so that gradients with respect to the hooked tensor flow, as in TransformerLens.
-    """
-    run.fired.add(point.name)
-    ctx = hook_context(point, point.name, point.layer, query_start=run.query_start)
-    return call_hooks(point, fns, tensor, ctx)[0]
-
-
 def _per_head(x: Tensor, d: int) -> Tensor:
     return x.view(*x.shape[:-1], -1, d)
 
 
-def _out_hook(point: HookPoint, fns: list[HookFn], run: Run, d: int | None = None) -> Callable:
-    """A forward hook on a module whose (first) output is the site (viewed per head when ``d`` is given)."""
+def _site_hook(module: nn.Module, pre: bool, point: HookPoint, fns: list[HookFn], run: HookRun,
+               d: int | None = None) -> Any:
+    """The torch hook of a site that is ``module``'s first input (``pre``) or (first) output, viewed per head
+    when ``d`` is given; its handle."""
 
-    def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
-        value = out[0] if isinstance(out, tuple) else out
-        shown = _per_head(value, d) if d is not None and value.dim() == 3 else value  # a QK-norm's is per head
-        new = run_hooks(point, fns, shown, run).reshape(value.shape)
-        return (new, *out[1:]) if isinstance(out, tuple) else new
+    def get(x: Any) -> Tensor:
+        value = x[0] if isinstance(x, tuple) else x
+        return _per_head(value, d) if d is not None and value.dim() == 3 else value  # a QK-norm's is per head
 
-    return hook
+    def put(x: Any, new: Tensor) -> Any:
+        new = new.reshape((x[0] if isinstance(x, tuple) else x).shape)
+        return (new, *x[1:]) if isinstance(x, tuple) else new
 
-
-def _in_hook(point: HookPoint, fns: list[HookFn], run: Run, d: int | None = None) -> Callable:
-    """A forward pre-hook (with kwargs) on a module whose first input is the site."""
-
-    def hook(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        value = args[0] if args else kwargs["hidden_states"]
-        shown = _per_head(value, d) if d is not None else value
-        new = run_hooks(point, fns, shown, run)
-        if not point.editable:
-            return None
-        new = new.reshape(value.shape)
-        return ((new, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": new})
-
-    return hook
+    return module_hook(module, "input" if pre else "output", get, put if point.editable else None,
+                       lambda t: run.hooks(point, fns, t)[0])
 
 
-def _fused_hook(layout: Layout, layer: int, sites: dict[str, tuple[HookPoint, list[HookFn]]], run: Run) -> Callable:
+def _fused_hook(layout: Layout, layer: int, sites: dict[str, tuple[HookPoint, list[HookFn]]], run: HookRun
+                ) -> Callable:
     """GPT-2's ``c_attn``: one output ``[B, n, (H + 2 Hkv) d]`` split into q, k, v per head."""
     d, H, Hkv = layout.d_head, layout.n_heads, layout.n_kv_heads
     sizes = (H * d, Hkv * d, Hkv * d)
@@ -135,14 +105,16 @@ def _fused_hook(layout: Layout, layer: int, sites: dict[str, tuple[HookPoint, li
         for i, site in enumerate(("q", "k", "v")):
             if site in sites:
                 point, fns = sites[site]
-                parts[i] = run_hooks(point, fns, _per_head(parts[i], d), run).reshape(parts[i].shape)
+                parts[i] = run.hooks(point, fns, _per_head(parts[i], d))[0].reshape(parts[i].shape)
         return torch.cat(parts, dim=-1)
 
     return hook
 
 
-def _register(layout: Layout, layer: int, site: str, hook: Any) -> Any:
+def _register(layout: Layout, layer: int, point: HookPoint, fns: list[HookFn], run: HookRun, d: int | None = None
+              ) -> Any:
     """Register the torch hook of one site of ``layer``; its handle."""
+    site = point.site
     block, attn = layout.layers[layer], layout.attn[layer]
     q, k, v = layout.qkv[layer]
     where: dict[str, tuple[nn.Module | None, bool]] = {  # site -> (module, pre-hook?)
@@ -157,23 +129,23 @@ def _register(layout: Layout, layer: int, site: str, hook: Any) -> Any:
     module, pre = where[site]
     if module is None:
         raise UnsupportedModelError(f"layer {layer} has no module for hook site {site!r}.")
-    return module.register_forward_pre_hook(hook, with_kwargs=True) if pre else module.register_forward_hook(hook)
+    return _site_hook(module, pre, point, fns, run, d)
 
 
 @contextmanager
-def installed(layout: Layout, points: dict[str, HookPoint], resolved: dict[str, list[HookFn]], run: Run
+def installed(layout: Layout, points: dict[str, HookPoint], resolved: dict[str, list[HookFn]], run: HookRun
               ) -> Iterator[dict[int, Callable[[Tensor], Tensor]]]:
     """Register the torch hooks of ``resolved`` for the forwards inside the block; yields the pattern taps
     ``{id(attention module): fn(probs) -> the probabilities to go on with}`` for :func:`.attention.borrowed`."""
     handles: list[Any] = []
     taps: dict[int, Callable[[Tensor], Tensor]] = {}
     with ExitStack() as stack:
-        stack.callback(_remove, handles)  # registered first: runs last, even if installing fails
+        stack.callback(remove_all, handles)  # registered first: runs last, even if installing fails
         fused: dict[int, dict[str, tuple[HookPoint, list[HookFn]]]] = {}
         for name, fns in resolved.items():
             point = points[name]
             if point.site == "embed":
-                handles.append(layout.embed.register_forward_hook(_out_hook(point, fns, run)))
+                handles.append(_site_hook(layout.embed, False, point, fns, run))
                 continue
             if point.site == "pos_embed":  # the token embedding runs first: it gives the batch size
                 handles.append(layout.embed.register_forward_hook(_batch_of(run)))
@@ -184,41 +156,37 @@ def installed(layout: Layout, points: dict[str, HookPoint], resolved: dict[str, 
                 taps[id(layout.attn[layer])] = _tap(point, fns, run)
             elif point.site in ("q", "k", "v") and layout.fused[layer] is not None:
                 fused.setdefault(layer, {})[point.site] = (point, fns)
-            elif point.site in ("z", "q", "k", "v"):
-                hook = (_in_hook if point.site == "z" else _out_hook)(point, fns, run, layout.d_head)
-                handles.append(_register(layout, layer, point.site, hook))
-            elif point.site in ("resid_pre", "resid_mid", "mlp_pre", "mlp_post"):
-                handles.append(_register(layout, layer, point.site, _in_hook(point, fns, run)))
             else:
-                handles.append(_register(layout, layer, point.site, _out_hook(point, fns, run)))
+                d = layout.d_head if point.site in ("z", "q", "k", "v") else None
+                handles.append(_register(layout, layer, point, fns, run, d))
         for layer, sites in fused.items():
             handles.append(layout.fused[layer].register_forward_hook(_fused_hook(layout, layer, sites, run)))
         yield taps
 
 
-def _batch_of(run: Run) -> Callable:
+def _batch_of(run: HookRun) -> Callable:
     def hook(_m: nn.Module, _args: tuple, out: Tensor) -> None:
         run.batch = out.shape[0]
 
     return hook
 
 
-def _pos_hook(point: HookPoint, fns: list[HookFn], run: Run) -> Callable:
+def _pos_hook(point: HookPoint, fns: list[HookFn], run: HookRun) -> Callable:
     """GPT-2's ``wpe`` output ``[1, n, D]`` shown as ``[B, n, D]`` (TransformerLens's shape); the model goes on with
     what the hooks return (``[B, n, D]`` broadcasts into the sum with the token embedding)."""
 
     def hook(_m: nn.Module, _args: tuple, out: Tensor) -> Tensor:
         shown = out.expand(run.batch, *out.shape[1:]).clone() if out.shape[0] != run.batch else out
-        return run_hooks(point, fns, shown, run)
+        return run.hooks(point, fns, shown)[0]
 
     return hook
 
 
-def _tap(point: HookPoint, fns: list[HookFn], run: Run) -> Callable[[Tensor], Tensor]:
-    return lambda probs: run_hooks(point, fns, probs, run)
+def _tap(point: HookPoint, fns: list[HookFn], run: HookRun) -> Callable[[Tensor], Tensor]:
+    return lambda probs: run.hooks(point, fns, probs)[0]
 
 
-def check_fired(resolved: dict[str, list[HookFn]], run: Run, what: str) -> None:
+def check_fired(resolved: dict[str, list[HookFn]], run: HookRun, what: str) -> None:
     """Every hooked name fired during the forward, or an :class:`UnsupportedModelError` naming those that did not."""
     missing = [n for n in resolved if n not in run.fired]
     if missing:
@@ -228,9 +196,3 @@ def check_fired(resolved: dict[str, list[HookFn]], run: Run, what: str) -> None:
             "attention that bypasses transformers' attention interface). Pass the unwrapped transformers model "
             "(phaselens.load(model, stride=...) unwraps a TransformerLens bridge and an nnsight envoy)."
         )
-
-
-def _remove(handles: list[Any]) -> None:
-    for h in handles:
-        h.remove()
-    handles.clear()

@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from phaselens.contract.cells import PASS_BYTES
 from phaselens.models.compressed.cache import CompressedKVCache, LayerCache
 from phaselens.models.compressed.compressor import PoolerState
 from phaselens.models.parts.hooking import query_start
@@ -74,16 +73,12 @@ class SuffixEngine(SlotEngine):
     What this kind keeps: the prefix goes into a :class:`~phaselens.models.CompressedKVCache`, and a pass reads
     it through :class:`FrozenPast` views repeated once per pass width.
 
-    Args:
+    Args (as every :class:`~phaselens.models.parts.suffix_engine.SlotEngine`'s):
         model: a :class:`~phaselens.models.CompressedTransformer`.
-        tokens: ``[n, T]`` items that share one query position ``query_pos`` (slot ``q``).
     """
 
-    def __init__(self, model: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096,
-                 pass_bytes: int = PASS_BYTES) -> None:
-        tokens = model.to_tokens(tokens)
-        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
-        self.model = model
+    def prefill(self, tokens: Tensor) -> None:
+        model = self.model
         self.query_tokens = tokens[:, self.q : self.q + 1]
         with torch.no_grad():
             self.cache = CompressedKVCache(model, self.n, self.q + 1)

@@ -18,8 +18,6 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from phaselens.contract.cells import PASS_BYTES
-from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.hooknames import HookPoint as SitePoint
 from phaselens.core.checks import as_int
 from phaselens.core.geometry import PhaseSpec
@@ -32,8 +30,9 @@ from phaselens.models.compressed.sites import zoo_hook_points
 from phaselens.models.compressed.sizing import check_forward, check_weights
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.hooking import ContextHooks, query_start
+from phaselens.models.parts.kind_model import KindModel
 from phaselens.models.parts.norms import RMSNorm
-from phaselens.models.parts.suffix_engine import query_engine
+from phaselens.models.parts.suffix_engine import SlotEngine
 from phaselens.models.parts.tl_split_qkv import FlatSplitQKV
 from phaselens.models.parts.tl_weights import TLModelWeights, stacked
 from phaselens.models.parts.tokens import check_tokens
@@ -42,7 +41,7 @@ if TYPE_CHECKING:
     from phaselens.models.compressed.cache import CompressedKVCache
 
 
-class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRootModule):
+class CompressedTransformer(KindModel, FlatSplitQKV, TLModelWeights, ContextHooks, HookedRootModule):
     """A decoder-only transformer whose compressed layers attend to a local window plus pooled entries.
 
     Args:
@@ -58,7 +57,6 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
         torch.Size([1, 10, 50])
     """
 
-    default_task: Any = None
     name: str = ""
 
     def __init__(self, cfg: CompressedConfig) -> None:
@@ -72,8 +70,8 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
         self.unembed = nn.Linear(cfg.d_model, cfg.d_vocab, bias=False)
         if cfg.tie_embeddings:
             self.unembed.weight = self.embed.weight  # one parameter, [d_vocab, d_model] in both roles
-        self.default_task = None
         self.metadata: dict[str, Any] = {}
+        self._metadata: dict[str, Any] = {}  # analysis_metadata: nothing beyond the model's name
         self.name = "CompressedTransformer"  # what results call the model (the zoo sets its name)
         if self.embed.weight.device.type != "meta":  # on the meta device (size planning) there is nothing to fill
             generator = torch.Generator().manual_seed(cfg.seed)
@@ -147,39 +145,16 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
         specs = [s for s in self.phase_specs if s is not None]
         return min(specs, key=lambda s: s.stride) if specs else PhaseSpec(1)
 
-    @property
-    def analysis_metadata(self) -> dict[str, Any]:
-        """What a result must carry to be read correctly: nothing beyond the model's name for this model."""
-        return {}
-
-    @property
-    def dims(self) -> ModelDims:
-        """Sizes and phase geometry as analyses read them (the model contract)."""
-        c, w = self.config, self.unembed.weight
-        specs = tuple(self.phase_specs)
-        return ModelDims(n_layers=c.n_layers, n_heads=c.n_heads, n_key_value_heads=c.n_key_value_heads,
-                         d_head=c.d_head, d_vocab=c.d_vocab, n_ctx=c.n_ctx, phase_specs=specs,
-                         analysis_spec=self.analysis_spec, local_window=c.local_window, dtype=w.dtype,
-                         device=w.device)
-
-    def identity(self) -> ModelIdentity:
-        """The config and the module with every weight (fingerprints)."""
-        return ModelIdentity(type(self).__qualname__, config_dict(self.config), self)
-
-    @property
-    def returns_query_logits(self) -> bool:
-        """False: all logits of a forward fit in memory at this model's sizes."""
-        return False
+    def _weights_at(self) -> tuple[torch.dtype, torch.device]:
+        w = self.unembed.weight
+        return w.dtype, w.device
 
     # ---- capabilities (see phaselens.contract.protocol.CAPABILITIES) -------------------------------------------
-    def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
-                     batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> Any:
-        """The query-suffix engine over ``tokens`` ``[N, T]`` with query slots ``query_pos`` ``[N]`` (at most
-        ``batch_size`` rows per cached prefix); hooks active on the model run in its passes too."""
+    def _slot_engine(self) -> type[SlotEngine]:
+        """The query-suffix engine (:mod:`.engine`); hooks active on the model run in its passes too."""
         from phaselens.models.compressed.engine import SuffixEngine
 
-        return query_engine(self, SuffixEngine, tokens, query_pos, hooks_active=False, rows_per_pass=rows_per_pass,
-                            batch_size=batch_size, pass_bytes=pass_bytes)
+        return SuffixEngine
 
     def cycle_gates(self, delta: int) -> CompressedTransformer:
         """A copy whose offset-specific gate parameters are rolled by ``delta`` (see
@@ -293,9 +268,10 @@ class CompressedTransformer(FlatSplitQKV, TLModelWeights, ContextHooks, HookedRo
     ) -> Int[Tensor, "batch pos_plus_new"]:
         """Greedy decoding through the compressed cache; returns prompt + new tokens (``verbose``: a progress
         bar; TransformerLens's sampling options are refused by name)."""
-        from phaselens.models.parts.tl_habits import check_generate_options
-
-        check_generate_options(tl_options)
+        if tl_options:  # TransformerLens's options a greedy decoder cannot honour (sampling, stop tokens, ...)
+            raise InputError(f"generate() decodes greedily and takes tokens, max_new_tokens, prefill_chunk and "
+                             f"verbose; {sorted(tl_options)} are not supported (sample from the returned logits "
+                             "yourself).")
         tokens = self._check_tokens(tokens)
         cache = self.new_cache(tokens.shape[0], tokens.shape[1] + max_new_tokens)
         logits = self.prefill(tokens, cache, chunk=prefill_chunk)

@@ -22,8 +22,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from phaselens.contract.cells import PASS_BYTES
-from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
+from phaselens.contract.dims import ModelIdentity, config_dict
 from phaselens.contract.hooknames import explain_missing
 from phaselens.contract.protocol import HookFn
 from phaselens.core.geometry import PhaseSpec
@@ -35,23 +34,22 @@ from phaselens.models.deepseek_v4.memory import MemoryEstimate, estimate_memory
 from phaselens.models.deepseek_v4.nnsight_backend import run_traced
 from phaselens.models.deepseek_v4.prefill import call_kwargs, run_prefix
 from phaselens.models.deepseek_v4.sites import MODULE_SITES, v4_hook_points
-from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
+from phaselens.models.deepseek_v4.torch_hooks import torch_sites
+from phaselens.models.parts.adapter_hooks import HookRun
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.hooking import HookedAdapter
 from phaselens.models.parts.index_topk import IndexTopKWarning
-from phaselens.models.parts.suffix_engine import QueryEngine, query_engine
+from phaselens.models.parts.kind_model import KindModel
+from phaselens.models.parts.suffix_engine import QueryEngine
 from phaselens.models.parts.tl_factored import FactoredBlock, HyperConnectionModel
-from phaselens.models.parts.tl_habits import (
-    HYPER_CONNECTION_LIMITS,
-    tokenizer_from_dir,
-)
+from phaselens.models.parts.tl_habits import HYPER_CONNECTION_LIMITS
 from phaselens.models.parts.tokens import check_tokens
 
 Backend = Literal["torch", "nnsight"]
 _UNSET: Any = object()
 
 
-class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
+class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter, KindModel):
     """A transformers ``DeepseekV4ForCausalLM`` with phaselens' geometry, hook names and interventions.
 
     Build it with :func:`from_transformers` (or :func:`load_hf` / ``phaselens.load("hf:PATH")``). The wrapped model is
@@ -83,7 +81,6 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
         metadata: dict[str, Any],
     ) -> None:
         self.model = model
-        self.default_task: Any = None
         self.chunk = chunk
         self.indexer_picks: dict[int, Tensor] = {}
         self.indexer_fragile: dict[int, float] = {}
@@ -138,15 +135,6 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
     def layer_geometry(self) -> list[LayerGeometry]:
         return list(self._geometry)
 
-    @property
-    def dims(self) -> ModelDims:
-        """Sizes and phase geometry as analyses read them (the model contract)."""
-        c = self.cfg
-        return ModelDims(n_layers=c.n_layers, n_heads=c.n_heads, n_key_value_heads=c.n_key_value_heads,
-                         d_head=c.d_head, d_vocab=c.d_vocab, n_ctx=c.n_ctx, phase_specs=tuple(self.phase_specs),
-                         analysis_spec=self.analysis_spec, local_window=c.local_window, prefill_chunk=self.chunk,
-                         dtype=c.dtype, device=c.device)
-
     def identity(self) -> ModelIdentity:
         """transformers' config and model (fingerprints); the numerics are in ``analysis_metadata``."""
         return ModelIdentity(type(self).__qualname__, config_dict(self.model.config), self.model)
@@ -156,12 +144,6 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
         """Whether analyses ask for the query rows' logits only (``logits="query"``): when prefilling in
         chunks, where all ``[B, T, vocab]`` logits of a long context would not fit in memory."""
         return self.chunk is not None and not self._remote
-
-    @property
-    def analysis_metadata(self) -> dict[str, Any]:
-        """What a result must carry to be read correctly (a copy): geometry, backend, dtype, and whether the
-        measured model was changed (``model_modified``, ``modifications``) or truncated by ``index_topk``."""
-        return dict(self._metadata)
 
     # ---- forward -----------------------------------------------------------------------------------
     def __call__(
@@ -184,7 +166,7 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
         """
         if logits not in ("all", "query"):
             raise InputError(f"logits must be 'all' or 'query', got {logits!r}.")
-        tokens = self._tokens(tokens)
+        tokens = self._check_tokens(tokens)
         check_eager(self.model.config)  # the config could have been switched since from_transformers
         T = tokens.shape[1]
         chunk = self.chunk if chunk is _UNSET else chunk
@@ -202,14 +184,14 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
             if isinstance(query_len, bool) or not isinstance(query_len, numbers.Integral) or not 1 <= query_len <= T:
                 raise InputError(f"query_len must be an int in 1..{T}, got {query_len!r}.")
             kwargs["logits_to_keep"] = int(query_len)  # the lm_head runs on the query rows only
-        out = self._hooked_call(kwargs, RunInfo(plan.query_start, cached), topk_layers)
+        out = self._hooked_call(kwargs, HookRun(plan.query_start), topk_layers)
         if logits == "query" or prefix is None:
             return out.logits
         return torch.cat([*prefix.prefix_logits, out.logits], dim=1)
 
     forward = __call__
 
-    def _tokens(self, tokens: Any) -> Tensor:
+    def _check_tokens(self, tokens: Any) -> Tensor:
         # remote: the local model is on the meta device; NDIF places the inputs
         return check_tokens(tokens, vocab=self._cfg.d_vocab, device=None if self._remote else self.cfg.device)
 
@@ -241,7 +223,7 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
             )
         return binding
 
-    def _hooked_call(self, kwargs: dict[str, Any], run: RunInfo, topk_layers: tuple[int, ...]) -> Any:
+    def _hooked_call(self, kwargs: dict[str, Any], run: HookRun, topk_layers: tuple[int, ...]) -> Any:
         fragile: dict[int, tuple[int, int]] = {}
         out = self._hooked_forward(kwargs, run, topk_layers, fragile if topk_layers else None)
         shares = {layer: f / n for layer, (f, n) in sorted(fragile.items()) if n}
@@ -250,20 +232,14 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
             self._metadata["index_topk_fragile_picks"] = sum(shares.values()) / len(shares)
         return out
 
-    def _hooked_forward(self, kwargs: dict[str, Any], run: RunInfo, topk_layers: tuple[int, ...],
+    def _hooked_forward(self, kwargs: dict[str, Any], run: HookRun, topk_layers: tuple[int, ...],
                         fragile: dict[int, tuple[int, int]] | None) -> Any:
         resolved = self._merged_hooks()
         record = self.indexer_picks if topk_layers else None
         module_plan = [
             (self._points[n], fns) for n, fns in resolved.items() if self._points[n].site in MODULE_SITES
         ]
-        use_nnsight = self._backend == "nnsight" and (bool(module_plan) or self._remote)
-        if not use_nnsight:
-            with torch_sites(
-                self.model, self._points, resolved, run, record_topk=record, topk_layers=topk_layers,
-                record_fragile=fragile,
-            ):
-                return self.model(**kwargs)
+        use_nnsight = self._backend == "nnsight" and (bool(module_plan) or self._remote)  # remote: nnsight only
         n_heads = self._cfg.n_heads
         if self._remote:
             derived = [n for n in resolved if self._points[n].site not in MODULE_SITES]
@@ -272,17 +248,12 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
                     f"remote=True reaches module sites only; {derived} need backend='torch' locally."
                 )
             return run_traced(self.model, self._envoy, kwargs, module_plan, run, n_heads=n_heads, remote=True)
-        with torch_sites(
-            self.model,
-            self._points,
-            resolved,
-            run,
-            skip=MODULE_SITES,
-            record_topk=record,
-            topk_layers=topk_layers,
-            record_fragile=fragile,
-        ):
-            return run_traced(self.model, self._envoy, kwargs, module_plan, run, n_heads=n_heads)
+        skip = frozenset(MODULE_SITES) if use_nnsight else frozenset()  # module sites: nnsight's, derived: torch's
+        with torch_sites(self.model, self._points, resolved, run, skip=skip, record_topk=record,
+                         topk_layers=topk_layers, record_fragile=fragile):
+            if use_nnsight:
+                return run_traced(self.model, self._envoy, kwargs, module_plan, run, n_heads=n_heads)
+            return self.model(**kwargs)
 
     # ---- capabilities (see phaselens.contract.protocol.CAPABILITIES) ----------------------------------------
     @property
@@ -295,13 +266,14 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
         """
         return None if self._remote else self._query_engine
 
-    def _query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
-                      batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> QueryEngine:
-        check_eager(self.model.config)
-        engine = query_engine(self, V4SuffixEngine, self._tokens(tokens), query_pos, hooks_active=bool(self._active),
-                              rows_per_pass=rows_per_pass, batch_size=batch_size, pass_bytes=pass_bytes)
+    def _query_engine(self, tokens: Tensor, query_pos: Tensor, **options: Any) -> QueryEngine:
+        engine = KindModel.query_engine(self, tokens, query_pos, **options)
         self._check_topk(int(torch.as_tensor(query_pos).max()) + 1)
         return engine
+
+    def _slot_engine(self) -> type[V4SuffixEngine]:
+        check_eager(self.model.config)
+        return V4SuffixEngine
 
     def estimate_memory(self, tokens: int, *, batch: int = 1, query_len: int | None = None,
                         logits: Literal["all", "query"] = "all") -> MemoryEstimate:
@@ -312,9 +284,6 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter):
     def _missing_hook(self, name: str) -> None:
         raise HookNameError(explain_missing(name, self._points) + " On the DeepSeek-V4 adapter, compressed-layer "
                             "hooks exist only on CSA/HCA layers and hook_indexer_topk only on CSA layers.")
-
-    def _find_tokenizer(self) -> Any:
-        return tokenizer_from_dir(getattr(self.model.config, "_name_or_path", None))
 
     def __repr__(self) -> str:
         kinds = "".join({"csa": "C", "hca": "H", "sliding": "S"}[g.kind] for g in self._geometry)

@@ -44,7 +44,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from phaselens.contract.cells import PASS_BYTES
 from phaselens.contract.protocol import HookFn
 from phaselens.models.deepseek_v4.prefill import run_prefix
 from phaselens.models.deepseek_v4.reference_ops import (
@@ -53,7 +52,8 @@ from phaselens.models.deepseek_v4.reference_ops import (
     eager_attention,
     reference_attention,
 )
-from phaselens.models.deepseek_v4.torch_hooks import RunInfo, torch_sites
+from phaselens.models.deepseek_v4.torch_hooks import torch_sites
+from phaselens.models.parts.adapter_hooks import HookRun
 from phaselens.models.parts.cache_repeat import CacheRows
 from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.suffix_engine import HookList, SlotEngine
@@ -100,21 +100,15 @@ class V4SuffixEngine(SlotEngine):
     the shared :class:`~phaselens.models.parts.suffix_engine.SlotEngine`'s. What this kind keeps: the prefill into
     transformers' cache, the repeated copies of its cache layers, and the hooks through :func:`torch_sites`.
 
-    Args:
-        adapter: a :class:`~phaselens.models.deepseek_v4.DeepSeekV4Adapter`.
-        tokens: ``[n, T]`` token ids that share the query slot ``query_pos`` (only ``tokens[:, :q + 1]`` is read).
-        rows_per_pass: at most this many rows (cells x items) per pass.
-        pass_bytes: memory budget of one pass; fewer cells go into a pass where the cache is long.
+    Args (as every :class:`~phaselens.models.parts.suffix_engine.SlotEngine`'s):
+        model: a :class:`~phaselens.models.deepseek_v4.DeepSeekV4Adapter` (``self.adapter``).
 
     Attributes:
         clean_logits: ``[n, V]``; clean_z: per layer ``[n, H, d]`` at the query slot.
     """
 
-    def __init__(self, adapter: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096,
-                 pass_bytes: int = PASS_BYTES) -> None:
-        tokens = adapter._tokens(tokens)
-        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
-        self.adapter = adapter
+    def prefill(self, tokens: Tensor) -> None:
+        adapter = self.adapter = self.model
         self.hf = adapter.model
         self.query_ids = tokens[:, self.q : self.q + 1]
         with torch.no_grad():
@@ -145,7 +139,7 @@ class V4SuffixEngine(SlotEngine):
         ids = self.query_ids.repeat(copies, 1)
         mask = create_sliding_window_causal_mask(config=self.hf.config, inputs_embeds=hidden[:, :, 0],
                                                  attention_mask=None, cache=cache, position_ids=self.position_ids)
-        with torch_sites(self.hf, self.adapter._points, sites, RunInfo(self.q, True)), query_attention():
+        with torch_sites(self.hf, self.adapter._points, sites, HookRun(self.q)), query_attention():
             for layer in inner.layers[start:]:
                 if record is not None:
                     record.append(hidden)

@@ -31,7 +31,7 @@ from phaselens.contract.hooknames import HookPoint
 from phaselens.contract.protocol import HookFn
 from phaselens.errors import InputError
 from phaselens.models.deepseek_v4.sites import MODULE_SITES, module_view, site_order
-from phaselens.models.deepseek_v4.torch_hooks import RunInfo
+from phaselens.models.parts.adapter_hooks import HookRun
 
 
 def run_traced(
@@ -39,7 +39,7 @@ def run_traced(
     envoy: Any,
     call_kwargs: dict[str, Any],
     plan: list[tuple[HookPoint, list[HookFn]]],
-    run: RunInfo,
+    run: HookRun,
     *,
     n_heads: int,
     remote: bool = False,
@@ -71,7 +71,7 @@ def run_traced(
             strip(model, before)
 
 
-def _intervene(envoy: Any, point: HookPoint, fns: list[HookFn], run: RunInfo, n_heads: int) -> None:
+def _intervene(envoy: Any, point: HookPoint, fns: list[HookFn], run: HookRun, n_heads: int) -> None:
     """Read one site inside the trace, run the hooks on our view of it, write back a replacement."""
     path, handle = MODULE_SITES[point.site]
     target = envoy

@@ -24,39 +24,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from phaselens.contract.hooknames import HookPoint
-from phaselens.contract.protocol import HookFn, hook_context
+from phaselens.contract.protocol import HookFn
 from phaselens.models.deepseek_v4 import gates
 from phaselens.models.deepseek_v4.patterns import attention_tap, split
 from phaselens.models.deepseek_v4.sites import COMPRESSOR_SITES, MODULE_SITES, PATTERN_SITES, module_view
-from phaselens.models.parts.hook_sites import call_hooks
-
-
-@dataclass(frozen=True)
-class RunInfo:
-    """Where the hooked call sits: the cache slot of its position 0, and whether it runs through a cache."""
-
-    query_start: int = 0
-    cached: bool = False
-
-    def hooks(self, point: HookPoint, fns: list[HookFn], tensor: Tensor, first_entry: int | None = None
-              ) -> tuple[Tensor, bool]:
-        """``fns`` run on ``tensor`` at ``point`` through the one dispatch: ``(tensor, replaced)``."""
-        ctx = hook_context(point, point.name, point.layer, query_start=self.query_start, first_entry=first_entry)
-        return call_hooks(point, fns, tensor, ctx)
+from phaselens.models.parts.adapter_hooks import HookRun, module_hook, remove_all
 
 
 class CompressorTap:
     """Hooks around one layer's compressor: snapshot the cache, catch the projections, rebuild the gates."""
 
     def __init__(
-        self, module: nn.Module, layer: int, fns: dict[str, tuple[HookPoint, list[HookFn]]], run: RunInfo
+        self, module: nn.Module, layer: int, fns: dict[str, tuple[HookPoint, list[HookFn]]], run: HookRun
     ) -> None:
         self.module, self.layer, self.fns, self.run = module, layer, fns, run
         self.before = gates.Snapshot()
@@ -118,27 +103,12 @@ class CompressorTap:
         return full, bias
 
 
-def _module_site(model: nn.Module, point: HookPoint, fns: list[HookFn], run: RunInfo, n_heads: int) -> Any:
+def _module_site(model: nn.Module, point: HookPoint, fns: list[HookFn], run: HookRun, n_heads: int) -> Any:
     """Register the torch hook of one module site (:data:`.sites.MODULE_SITES`); return its handle."""
     path, handle = MODULE_SITES[point.site]
-    module = model.get_submodule(path.format(l=point.layer))
     get, put = module_view(point.site, n_heads)
-    if handle == "output":
-
-        def hook(_m: nn.Module, _args: tuple, out: Any) -> Any:
-            value, _ = run.hooks(point, fns, get(out))
-            return put(out, value)
-
-        return module.register_forward_hook(hook)
-
-    def pre(_m: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        x = args[0] if args else kwargs["hidden_states"]
-        value, _ = run.hooks(point, fns, get(x))
-        if args:
-            return (put(x, value), *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": put(x, value)}
-
-    return module.register_forward_pre_hook(pre, with_kwargs=True)
+    return module_hook(model.get_submodule(path.format(l=point.layer)), handle, get, put,
+                       lambda t: run.hooks(point, fns, t)[0])
 
 
 @contextmanager
@@ -146,7 +116,7 @@ def torch_sites(
     model: nn.Module,
     points: dict[str, HookPoint],
     resolved: dict[str, list[HookFn]],
-    run: RunInfo,
+    run: HookRun,
     *,
     skip: frozenset[str] = frozenset(),
     record_topk: dict[int, Tensor] | None = None,
@@ -160,7 +130,7 @@ def torch_sites(
     """
     handles: list[Any] = []
     with ExitStack() as stack:
-        stack.callback(_remove, handles)  # registered first, so it runs last, even if installing fails
+        stack.callback(remove_all, handles)  # registered first, so it runs last, even if installing fails
         config = model.config
         per_layer: dict[int, dict[str, tuple[HookPoint, list[HookFn]]]] = {}
         for name, fns in resolved.items():
@@ -196,7 +166,7 @@ def torch_sites(
 
 
 def _pattern_tap(
-    patterns: dict[str, tuple[HookPoint, list[HookFn]]], comp: CompressorTap | None, run: RunInfo, window: int
+    patterns: dict[str, tuple[HookPoint, list[HookFn]]], comp: CompressorTap | None, run: HookRun, window: int
 ):
     def tap(module: nn.Module, query: Tensor, key: Tensor, mask: Tensor | None, scaling: float) -> None:
         s = split(
@@ -245,7 +215,7 @@ def fragile_picks(scores: Tensor, start: int, rate: int, k: int, eps: float) -> 
     return int(close.sum()), close.numel()
 
 
-def _fragile_recorder(store: dict[int, tuple[int, int]], layer: int, indexer: nn.Module, run: RunInfo,
+def _fragile_recorder(store: dict[int, tuple[int, int]], layer: int, indexer: nn.Module, run: HookRun,
                       eps: float) -> Callable:
     def hook(_m: nn.Module, _args: tuple, out: Tensor) -> None:
         with torch.no_grad():
@@ -253,9 +223,3 @@ def _fragile_recorder(store: dict[int, tuple[int, int]], layer: int, indexer: nn
                                          int(indexer.index_topk), eps)
 
     return hook
-
-
-def _remove(handles: list[Any]) -> None:
-    for handle in handles:
-        handle.remove()
-    handles.clear()

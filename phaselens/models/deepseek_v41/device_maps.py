@@ -51,14 +51,10 @@ def _device(value: Any, key: str) -> str | int:
             f"device_map[{key!r}] = 'disk': phaselens does not offload DeepSeek-V4.1 to disk. Use GPUs and CPU "
             "memory (device_map='auto' with max_memory), a node with more GPU memory (see `phaselens plan`), or "
             "n_layers= for a truncated model.")
-    if isinstance(value, str):
-        m = re.fullmatch(r"cuda(?::(\d+))?", value)
-        if value == "cpu":
-            return "cpu"
-        if m is None:
-            raise DeviceMapError(f"device_map[{key!r}] = {value!r} is not a device; use a GPU index (0), "
-                                 "'cuda:0' or 'cpu'.")
-        value = int(m[1] or 0)
+    if isinstance(value, str) and value == "cpu":
+        return "cpu"
+    m = re.fullmatch(r"cuda(?::(\d+))?", value) if isinstance(value, str) else None
+    value = value if m is None else int(m[1] or 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise DeviceMapError(f"device_map[{key!r}] = {value!r} is not a device; use a GPU index (0), 'cuda:0' "
                              "or 'cpu'.")

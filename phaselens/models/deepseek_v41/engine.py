@@ -37,7 +37,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from phaselens.contract.cells import PASS_BYTES
 from phaselens.core import margins
 from phaselens.models.deepseek_v41.cache import SourceState, StackRuntime, V41Cache
 from phaselens.models.deepseek_v41.layers import hc_pre
@@ -54,10 +53,8 @@ class V41SuffixEngine(SlotEngine):
     """Clean prefix once; per-cell query passes from the intervened layer up (one query slot). It measures the
     rounding margins of the model's top-k picks, router and FP8/FP4 roundings (``last_fragile`` after ``run``).
 
-    Args:
-        model: a :class:`~phaselens.models.deepseek_v41.DeepSeekV41`; ``tokens`` ``[n, T]`` (ids sharing the query
-            slot ``query_pos``; only ``tokens[:, :q + 1]`` is read), ``rows_per_pass`` and ``pass_bytes`` as for
-            every :class:`~phaselens.models.parts.suffix_engine.SlotEngine`.
+    Args (as every :class:`~phaselens.models.parts.suffix_engine.SlotEngine`'s):
+        model: a :class:`~phaselens.models.deepseek_v41.DeepSeekV41`.
 
     Attributes:
         clean_logits: ``[n, V]``; clean_z: per layer ``[n, H, d]``; resid_pre: per layer the query row's
@@ -66,11 +63,8 @@ class V41SuffixEngine(SlotEngine):
 
     measures_margins = True
 
-    def __init__(self, model: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096,
-                 pass_bytes: int = PASS_BYTES) -> None:
-        tokens = model._check_tokens(tokens)
-        super().__init__(tokens.shape[0], query_pos, rows_per_pass=rows_per_pass, pass_bytes=pass_bytes)
-        self.model = model
+    def prefill(self, tokens: Tensor) -> None:
+        model = self.model
         self.clean_runtime: StackRuntime | None = None  # the clean query step's shared state (set by it)
         q, cfg = self.q, model.config
         with torch.no_grad(), margins.recording(self.n) as prefix:

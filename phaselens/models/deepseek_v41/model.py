@@ -28,10 +28,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from phaselens.contract.cells import PASS_BYTES
-from phaselens.contract.dims import ModelDims, ModelIdentity, config_dict
 from phaselens.contract.hooknames import HookPoint as SitePoint
-from phaselens.contract.protocol import HookContext, hook_context
 from phaselens.contract.strides import check_stride
 from phaselens.core.geometry import PhaseSpec
 from phaselens.errors import CheckpointError, InputError
@@ -52,8 +49,9 @@ from phaselens.models.parts.chunks import plan_chunks
 from phaselens.models.parts.dtypes import compute_dtype, dtype_name
 from phaselens.models.parts.hooking import ContextHooks, query_start, silent_hooks
 from phaselens.models.parts.index_topk import IndexTopKWarning
+from phaselens.models.parts.kind_model import KindModel
 from phaselens.models.parts.norms import RMSNorm
-from phaselens.models.parts.suffix_engine import query_engine
+from phaselens.models.parts.suffix_engine import SlotEngine
 from phaselens.models.parts.tl_factored import HyperConnectionModel
 from phaselens.models.parts.tl_habits import HYPER_CONNECTION_LIMITS, TLConfig, tokenizer_from_dir
 from phaselens.models.parts.tokens import check_tokens
@@ -77,7 +75,7 @@ class V41Cfg(TLConfig):
     engram_layer_ids: tuple[int, ...] = ()
 
 
-class DeepSeekV41(HyperConnectionModel, ContextHooks, HookedRootModule):
+class DeepSeekV41(KindModel, HyperConnectionModel, ContextHooks, HookedRootModule):
     """The DeepSeek-V4.1 text model with Engram (no vision tower, no draft layers).
 
     Build it with :func:`phaselens.models.deepseek_v41.load_v41` (``phaselens.load("hf:DIR")``).
@@ -93,9 +91,6 @@ class DeepSeekV41(HyperConnectionModel, ContextHooks, HookedRootModule):
         kernels: how GEMMs on packed weights run (:mod:`~phaselens.models.deepseek_v41.kernels`).
         chunk: prefill in pieces of this many tokens (see :meth:`forward`); needed at long context.
     """
-
-    default_task: Any = None
-    chunk: int | None = None  # tokens per prefill piece (forward's chunk), None: one call
 
     tl_limits = HYPER_CONNECTION_LIMITS  # what TransformerLens's residual methods cannot mean here, and why
 
@@ -174,19 +169,8 @@ class DeepSeekV41(HyperConnectionModel, ContextHooks, HookedRootModule):
         """``PhaseSpec(analysis_stride)`` (2 for V4.1), origin 0: BOS and any template count as slots."""
         return PhaseSpec(self._stride)
 
-    @property
-    def dims(self) -> ModelDims:
-        """Sizes and phase geometry as analyses read them (the model contract)."""
-        c, w = self.config, self.embed.weight
-        return ModelDims(n_layers=c.num_hidden_layers, n_heads=c.num_attention_heads, n_key_value_heads=1,
-                         d_head=c.head_dim, d_vocab=c.vocab_size, n_ctx=c.max_position_embeddings,
-                         phase_specs=tuple(self.phase_specs), analysis_spec=self.analysis_spec,
-                         local_window=c.sliding_window, prefill_chunk=self.chunk, dtype=w.dtype,
-                         device=input_device(self))
-
-    def identity(self) -> ModelIdentity:
-        """The V4.1 config and this module's weights (fingerprints)."""
-        return ModelIdentity(type(self).__qualname__, config_dict(self.config), self)
+    def _weights_at(self) -> tuple[torch.dtype, torch.device]:
+        return self.embed.weight.dtype, input_device(self)  # the embedding may be offloaded
 
     @property
     def returns_query_logits(self) -> bool:
@@ -323,16 +307,10 @@ class DeepSeekV41(HyperConnectionModel, ContextHooks, HookedRootModule):
         final = self.norm(hc_pre(x[:, n - q :], pre[:, n - q :]))
         return self.head(final.to(self.head.weight.dtype))  # a module call: a device map's hook sees it
 
-    def _context(self, point: Any) -> HookContext:
-        """The hook context; ``first_entry`` of compressor hooks counts entries of the layer's own ratio (ratio-1
-        layers have entries but no phase spec)."""
-        ctx = super()._context(point)
-        layer = ctx.layer_index
-        if ctx.name.rsplit(".", 1)[-1] in ("hook_gate", "hook_payload", "hook_entry") and layer is not None:
-            attn = f"blocks.{layer}.attn." in ctx.name  # Engram's hook_gate is per token: no entries
-            return hook_context(point, ctx.name, layer, query_start=ctx.query_start,
-                                first_entry=ctx.query_start // self.roles[layer].ratio if attn else None)
-        return ctx
+    def _entry_stride(self, name: str, layer: int) -> int | None:
+        """Compressor hooks count entries of the layer's own ratio (ratio-1 layers have entries but no phase
+        spec); Engram's hook_gate is per token: no entries."""
+        return self.roles[layer].ratio if f"blocks.{layer}.attn." in name else None
 
     def _check_tokens(self, tokens: Any) -> Tensor:
         return check_tokens(tokens, vocab=self.config.vocab_size, device=input_device(self))
@@ -366,19 +344,14 @@ class DeepSeekV41(HyperConnectionModel, ContextHooks, HookedRootModule):
 
         return estimate_memory(self, tokens, batch=batch, chunk=self.chunk, query_len=query_len, logits=logits)
 
-    def query_engine(self, tokens: Tensor, query_pos: Tensor, *, rows_per_pass: int = 4096,
-                     batch_size: int | None = None, pass_bytes: int = PASS_BYTES) -> Any:
-        """The ``query_engine`` capability: the clean prefix once per query slot, then only the query rows per
-        cell (:class:`~phaselens.models.deepseek_v41.engine.V41SuffixEngine`; ``engine="auto"`` picks it)."""
+    def _slot_engine(self) -> type[SlotEngine]:
+        """:class:`~phaselens.models.deepseek_v41.engine.V41SuffixEngine` (``engine="auto"`` picks it)."""
         from phaselens.models.deepseek_v41.engine import V41SuffixEngine
 
-        active = any(point.fwd_hooks for point in self.hook_dict.values())
-        return query_engine(self, V41SuffixEngine, self._check_tokens(tokens), query_pos, hooks_active=active,
-                            rows_per_pass=rows_per_pass, batch_size=batch_size, pass_bytes=pass_bytes)
+        return V41SuffixEngine
 
-    def with_metadata(self, **entries: Any) -> DeepSeekV41:
-        self._metadata.update(entries)
-        return self
+    def _hooks_active(self) -> bool:
+        return any(point.fwd_hooks for point in self.hook_dict.values())
 
     def __repr__(self) -> str:
         kinds = "".join("S" if r.ratio == 0 else str(r.ratio) for r in self.roles)

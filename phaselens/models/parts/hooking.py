@@ -28,7 +28,7 @@ from phaselens.contract.hooknames import HookDict, explain_missing
 from phaselens.contract.protocol import hook_context, hook_pairs
 from phaselens.errors import HookNameError, InputError
 from phaselens.models.parts.hook_sites import call_hooks, check_hook_return
-from phaselens.models.parts.tl_habits import PhaseCache, TLHabits, check_names_filter
+from phaselens.models.parts.tl_habits import PhaseCache, TLHabits, check_names_filter, tokenizer_from_dir
 
 _START: contextvars.ContextVar[int] = contextvars.ContextVar("phaselens_query_start", default=0)
 _SILENT: contextvars.ContextVar[bool] = contextvars.ContextVar("phaselens_hooks_silent", default=False)
@@ -36,24 +36,23 @@ _FIRST_ENTRY_SITES = ("hook_gate", "hook_payload", "hook_entry")
 
 
 @contextlib.contextmanager
-def query_start(slot: int) -> Iterator[None]:
-    """Inside the block, hooks see ``query_start = slot`` (the cache slot of row 0 of the call)."""
-    token = _START.set(int(slot))
+def _set(var: contextvars.ContextVar[Any], value: Any) -> Iterator[None]:
+    token = var.set(value)
     try:
         yield
     finally:
-        _START.reset(token)
+        var.reset(token)
 
 
-@contextlib.contextmanager
-def silent_hooks() -> Iterator[None]:
+def query_start(slot: int) -> contextlib.AbstractContextManager[None]:
+    """Inside the block, hooks see ``query_start = slot`` (the cache slot of row 0 of the call)."""
+    return _set(_START, int(slot))
+
+
+def silent_hooks() -> contextlib.AbstractContextManager[None]:
     """Inside the block, hooks added through ``hooks`` / ``run_with_hooks`` / ``run_with_cache`` do not run (a
     chunked prefill's prefix pieces: only the query piece is hooked, as in the DeepSeek-V4 adapter)."""
-    token = _SILENT.set(True)
-    try:
-        yield
-    finally:
-        _SILENT.reset(token)
+    return _set(_SILENT, True)
 
 
 def read_only(point: Any, value: Tensor) -> None:
@@ -99,9 +98,14 @@ class ContextHooks(TLHabits):
         start = _START.get()
         first = None
         if layer is not None and name.rsplit(".", 1)[-1].startswith(_FIRST_ENTRY_SITES):
-            spec = self.phase_specs[layer]  # type: ignore[attr-defined]
-            first = start // spec.stride if spec is not None else None
+            stride = self._entry_stride(name, layer)
+            first = start // stride if stride is not None else None
         return hook_context(point, name, layer, query_start=start, first_entry=first)
+
+    def _entry_stride(self, name: str, layer: int) -> int | None:
+        """Tokens per entry that the compressor hook ``name`` of ``layer`` counts (``None``: it counts none)."""
+        spec = self.phase_specs[layer]  # type: ignore[attr-defined]
+        return None if spec is None else spec.stride
 
     def _with_context(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(tensor: Any, hook: Any) -> Any:
@@ -166,11 +170,16 @@ class HookedAdapter(TLHabits):
     and runs through :func:`~.hook_sites.call_hooks`. Also TransformerLens's ``run_with_hooks`` and
     ``run_with_cache``.
 
-    A kind overrides :meth:`_missing_hook` to say what its names are.
+    A kind overrides :meth:`_missing_hook` to say what its names are. Its tokenizer is found in the directory of
+    the wrapped transformers model (``self.model``), where it was loaded from.
     """
 
     _points: dict[str, Any]
     _active: list[tuple[object, dict[str, list[Any]]]]
+    model: Any
+
+    def _find_tokenizer(self) -> Any:
+        return tokenizer_from_dir(getattr(self.model.config, "_name_or_path", None))
 
     @property
     def hook_sites(self) -> dict[str, Any]:
@@ -187,6 +196,10 @@ class HookedAdapter(TLHabits):
     def _missing_hook(self, name: str) -> None:
         """Raise the :class:`HookNameError` of a name the model lacks."""
         raise HookNameError(explain_missing(name, self._points))
+
+    def _hooks_active(self) -> bool:
+        """Whether a ``hooks`` context is open (the query engine then refuses to run)."""
+        return bool(self._active)
 
     def select_hooks(self, target: Any) -> list[str]:
         """Names selected by a name, a list of names, or a predicate (``None`` selects every name)."""

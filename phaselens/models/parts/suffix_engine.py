@@ -105,9 +105,14 @@ def run_by_layer(cells: Sequence[Cell], per_pass: Callable[[int], int],
 class SlotEngine:
     """A query-suffix engine for ``n`` items that share one query slot ``q``: the shared part of every kind's.
 
-    A subclass prefills the clean prefix into its model's cache, then calls :meth:`clean_step` with the query
-    row's input to the first layer, and implements :meth:`run_layers` (and :meth:`row_bytes` when passes need
-    a memory bound).
+    A subclass implements :meth:`prefill` (the clean prefix into its model's cache, then :meth:`clean_step`
+    with the query row's input to the first layer) and :meth:`run_layers` (and :meth:`row_bytes` when passes
+    need a memory bound).
+
+    Args:
+        model: a model of the kind; tokens: ``[n, T]`` ids that share the query slot ``query_pos`` (checked by the
+            model's ``_check_tokens``; only ``tokens[:, :q + 1]`` is read).
+        rows_per_pass: at most this many rows (cells x items) per pass; pass_bytes: the memory budget of one.
 
     Attributes (after :meth:`clean_step`):
         n, q: items and query slot.
@@ -125,15 +130,23 @@ class SlotEngine:
     measures_margins: bool = False
     layer_row_bytes: Sequence[int] = ()  # per layer, the bytes of one row of a pass from it (row_bytes)
 
-    def __init__(self, n: int, query_pos: int, *, rows_per_pass: int = 4096, pass_bytes: int = PASS_BYTES) -> None:
-        self.n, self.q = int(n), int(query_pos)
+    def __init__(self, model: Any, tokens: Tensor, query_pos: int, *, rows_per_pass: int = 4096,
+                 pass_bytes: int = PASS_BYTES) -> None:
+        tokens = model._check_tokens(tokens)
+        self.model, self.n, self.q = model, int(tokens.shape[0]), int(query_pos)
         self.rows_per_pass, self.pass_bytes = int(rows_per_pass), int(pass_bytes)
         self._views: dict[tuple[Hashable, int], Any] = {}
         # [n] bool: items whose clean prefix or query step took a decision within rounding of flipping
         self.prefix_fragile: Tensor | None = None
         self.last_fragile: Tensor | None = None  # [C, n] after run(), where measured
+        self.prefill(tokens)
 
     # ---- the kind's part -----------------------------------------------------------------------------
+    def prefill(self, tokens: Tensor) -> None:
+        """Run the clean prefix ``tokens[:, :q]`` (checked ids ``[n, T]``) into the model's cache, then
+        :meth:`clean_step`."""
+        raise NotImplementedError
+
     def run_layers(self, start: int, state: Any, copies: int, hooks: HookList, record: list[Any] | None = None
                    ) -> Tensor:
         """Run the query rows ``state`` (``copies * n`` rows: the input to layer ``start``) through layers

@@ -17,6 +17,7 @@ from typing import Any
 
 from transformer_lens import ActivationCache
 
+from phaselens.errors import UnsupportedModelError
 from phaselens.models.parts.tl_weights import SurfaceError
 
 _NO_NEURONS = ("{what} needs MLP neurons, but {model}'s MLPs are mixtures of experts (cfg.d_mlp is None): there "
@@ -24,15 +25,17 @@ _NO_NEURONS = ("{what} needs MLP neurons, but {model}'s MLPs are mixtures of exp
                "(get_full_resid_decomposition(expand_neurons=False), decompose_resid(), blocks.{{l}}.hook_mlp_out).")
 
 
+def limit(model: Any, what: str, error: type[Exception] = UnsupportedModelError) -> None:
+    """Refuse ``what`` (a TransformerLens method) where the model's ``tl_limits`` say why it cannot apply."""
+    reason = dict(getattr(model, "tl_limits", {}) or {}).get(what)
+    if reason:
+        raise error(f"{what} does not apply to {type(model).__name__}: {reason}")
+
+
 class CacheCompletion:
     """Mixin placed before ``ActivationCache`` in :class:`PhaseCache`'s bases."""
 
     model: Any
-
-    def _limited(self, what: str) -> None:
-        reason = dict(getattr(self.model, "tl_limits", {}) or {}).get(what)
-        if reason:
-            raise SurfaceError(f"{what} does not apply to {type(self.model).__name__}: {reason}")
 
     def _need_neurons(self, what: str) -> None:
         if getattr(self.model.cfg, "d_mlp", None) is None:
@@ -53,7 +56,7 @@ class CacheCompletion:
 
     def get_full_resid_decomposition(self, layer: int | None = None, mlp_input: bool = False,
                                      expand_neurons: bool = True, *args: Any, **kwargs: Any) -> Any:
-        self._limited("decompose_resid")
+        limit(self.model, "decompose_resid", SurfaceError)
         if expand_neurons:
             self._need_neurons("get_full_resid_decomposition(expand_neurons=True)")
         return super().get_full_resid_decomposition(layer, mlp_input, expand_neurons,  # type: ignore[misc]

@@ -30,7 +30,7 @@ from transformer_lens.utilities import get_act_name
 
 from phaselens.contract.hooknames import explain_missing
 from phaselens.errors import HookNameError, InputError, UnsupportedModelError
-from phaselens.models.parts.tl_cache import CacheCompletion
+from phaselens.models.parts.tl_cache import CacheCompletion, limit
 
 # TransformerLens names a filter may be written for; each is explained when the model lacks it
 _TL_PROBES = ("blocks.0.attn.hook_pattern", "blocks.0.attn.hook_k", "blocks.0.attn.hook_v",
@@ -74,12 +74,6 @@ def check_names_filter(names: Sequence[str], names_filter: Any) -> list[str]:
                             + explain_missing(absent[0], names))
     raise HookNameError(f"names_filter selects none of this model's {len(names)} hook names (e.g. "
                         f"{', '.join(names[:3])}); model.hook_dict lists them all (docs/hooks.md).")
-
-
-def _limit(model: Any, what: str) -> None:
-    reason = dict(getattr(model, "tl_limits", {}) or {}).get(what)
-    if reason:
-        raise UnsupportedModelError(f"{what} does not apply to {type(model).__name__}: {reason}")
 
 
 class PhaseCache(CacheCompletion, ActivationCache):
@@ -144,7 +138,7 @@ class PhaseCache(CacheCompletion, ActivationCache):
 
     def _scale(self, name: str) -> Float[Tensor, "batch pos 1"]:
         """The norm's scale ``sqrt(mean(x**2) + eps)`` (RMS) or ``sqrt(var(x) + eps)`` (LN) of the residual it reads."""
-        _limit(self.model, "apply_ln")
+        limit(self.model, "apply_ln")
         norm = getattr(self.model, "tl_norm", None)
         if norm is None:
             raise UnsupportedModelError(f"{type(self.model).__name__} has no norm phaselens can rescale with.")
@@ -170,27 +164,27 @@ class PhaseCache(CacheCompletion, ActivationCache):
         return batch_slice.apply(scale) if batch_slice is not None and self.has_batch_dim else scale
 
     def apply_ln_to_stack(self, *args: Any, **kwargs: Any) -> Tensor:
-        _limit(self.model, "apply_ln")
+        limit(self.model, "apply_ln")
         return super().apply_ln_to_stack(*args, **kwargs)
 
     def decompose_resid(self, *args: Any, **kwargs: Any) -> Any:
-        _limit(self.model, "decompose_resid")
+        limit(self.model, "decompose_resid")
         return super().decompose_resid(*args, **kwargs)
 
     def logit_attrs(self, *args: Any, **kwargs: Any) -> Tensor:
-        _limit(self.model, "logit_attrs")
+        limit(self.model, "logit_attrs")
         return super().logit_attrs(*args, **kwargs)
 
     def logit_lens(self, **kwargs: Any) -> Any:
         """TransformerLens's logit lens over this cache (``ln_final`` then ``unembed`` on every stacked residual; the
         last entry is the model's logits)."""
-        _limit(self.model, "logit_lens")
+        limit(self.model, "logit_lens")
         return super().logit_lens(**kwargs)
 
     def _ensure_head_results(self) -> bool:
         """TransformerLens's: per-head results ``[batch, pos, head, d_model]`` from ``hook_z`` and
         ``blocks[l].attn.W_O`` (views of every kind's weights), unless the kind refuses head results."""
-        _limit(self.model, "head_results")
+        limit(self.model, "head_results")
         return super()._ensure_head_results()
 
 
@@ -297,7 +291,7 @@ class TLHabits:
 
         Directions include the final norm's gain, so ``cache.logit_attrs(cache.decompose_resid(...), t)``
         summed over components is the logit of ``t`` (less any unembedding bias)."""
-        _limit(self, "logit_attrs")
+        limit(self, "logit_attrs")
         if isinstance(tokens, str):
             tokens = self.to_single_token(tokens)
         w = self._unembed_directions()
@@ -310,13 +304,6 @@ class TLHabits:
             f"{type(self).__name__} has no generate(): phaselens analyses score one forward. Decode with the "
             "wrapped model (adapter.model.generate(input_ids, max_new_tokens=...) for transformers models)."
         )
-
-
-def check_generate_options(options: Mapping[str, Any]) -> None:
-    """Refuse TransformerLens ``generate`` options a greedy decoder cannot honour (sampling, stop tokens, ...)."""
-    if options:
-        raise InputError(f"generate() decodes greedily and takes tokens, max_new_tokens, prefill_chunk and verbose; "
-                         f"{sorted(options)} are not supported (sample from the returned logits yourself).")
 
 
 def tokenizer_from_dir(path: Any) -> Any:

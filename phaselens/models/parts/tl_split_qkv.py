@@ -116,10 +116,6 @@ class SplitQKV:
         return [(f"blocks.{layer}.hook_resid_pre", capture), (self._split_site(layer, c), replace)]
 
 
-def _identity(x: Tensor) -> Tensor:
-    return x
-
-
 class FlatSplitQKV(SplitQKV):
     """:class:`SplitQKV` of a kind whose blocks are ``ln1`` + an attention with :class:`~.tl_weights.TLFlatAttention`
     views and a ``_norm(x, gain)`` QK-norm (the zoo)."""
@@ -129,4 +125,4 @@ class FlatSplitQKV(SplitQKV):
         attn = block.attn
         weight = {"q": attn.W_Q, "k": attn.W_K_kv, "v": attn.W_V_kv}[c]
         gain = {"q": attn.q_norm, "k": attn.k_norm, "v": None}[c]
-        return block.ln1, weight, None, (_identity if gain is None else lambda t: attn._norm(t, gain))
+        return block.ln1, weight, None, ((lambda t: t) if gain is None else lambda t: attn._norm(t, gain))

@@ -43,10 +43,11 @@ def widen(w: Tensor, n_heads: int) -> Tensor:
 # ---- the zoo's attention: flat parameters, TransformerLens-shaped names --------------------------------------
 class _FlatHeads:
     """A TransformerLens-shaped view of an attention's flat parameter (``W_Q`` ``[D, H*d]``, ``W_K``/``W_V``/
-    ``W_KV`` ``[D, Hkv*d]``, ``W_O`` ``[H*d, D]``); the parameter keeps its name, so checkpoints are unchanged."""
+    ``W_KV`` ``[D, Hkv*d]``, ``W_O`` ``[H*d, D]``); the parameter keeps its name, so checkpoints are unchanged.
+    ``widened=False``: ``[n_kv_heads, d_model, d_head]``, the key (value) heads themselves, a view even under GQA."""
 
-    def __init__(self, role: str) -> None:
-        self.role = role
+    def __init__(self, role: str, *, widened: bool = True) -> None:
+        self.role, self.widened = role, widened
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.name = name
@@ -56,7 +57,7 @@ class _FlatHeads:
             return self
         params = obj.__dict__.get("_parameters", {})
         role = self.role
-        w = params.get(self.name)
+        w = params.get(f"W_{role.upper()}")
         if w is None and role in "kv":
             w = params.get("W_KV")  # K = V layers: one matrix in both roles
         if w is None:  # during construction (nn.Module's hasattr check) and for absent weights
@@ -67,26 +68,7 @@ class _FlatHeads:
             return w.view(H, d, D)
         heads = H if role == "q" else Hkv
         out = w.view(D, heads, d).permute(1, 0, 2)
-        return widen(out, H)
-
-
-def _flat_kv(obj: Any, name: str) -> Any:
-    params = obj.__dict__.get("_parameters", {})
-    w = params.get(name)
-    return params.get("W_KV") if w is None else w
-
-
-class _KVView(_FlatHeads):
-    """``[n_kv_heads, d_model, d_head]``: the key (value) heads themselves, a view even under GQA."""
-
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
-        if obj is None:
-            return self
-        w = _flat_kv(obj, "W_K" if self.role == "k" else "W_V")
-        if w is None:
-            raise AttributeError(self.name)
-        cfg = obj.cfg
-        return w.view(cfg.d_model, cfg.n_key_value_heads, cfg.d_head).permute(1, 0, 2)
+        return widen(out, H) if self.widened else out
 
 
 class TLFlatAttention:
@@ -98,8 +80,8 @@ class TLFlatAttention:
     W_K = _FlatHeads("k")
     W_V = _FlatHeads("v")
     W_O = _FlatHeads("o")
-    W_K_kv = _KVView("k")
-    W_V_kv = _KVView("v")
+    W_K_kv = _FlatHeads("k", widened=False)
+    W_V_kv = _FlatHeads("v", widened=False)
     b_Q = b_K = b_V = b_O = None
 
     def flat(self, name: str) -> nn.Parameter:
