@@ -93,7 +93,7 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
          "phaselens.models.served.loader:load_served", schemes=("http://", "https://"),
          capabilities=("estimate_memory", "answer_queries")),
     Kind("zoo", "a zoo model", _COMPRESSED, "phaselens.models.zoo:load_zoo_model", schemes=("zoo:",),
-         options="phaselens.models.kinds:DEVICE_ONLY", capabilities=("query_engine", "cycle_gates")),
+         capabilities=("query_engine", "cycle_gates")),
     Kind("deepseek_v41", "a DeepSeek-V4.1 checkpoint (model_type deepseek_v41)",
          "phaselens.models.deepseek_v41.model:DeepSeekV41", "phaselens.models.deepseek_v41.checkpoint:load_v41",
          model_types=("deepseek_v41",), check=_DEEPSEEK_CHECK, capabilities=("query_engine", "estimate_memory")),
@@ -104,16 +104,14 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("causal_lm", "a causal LM without compression", "phaselens.models.causal_lm.adapter:CausalLMAdapter",
          "phaselens.models.causal_lm.construct:load_causal_lm", model_types=(ANY_OTHER,),
          adapt="phaselens.models.causal_lm.construct:adapt_object",
-         options="phaselens.models.causal_lm.construct:LOAD_OPTIONS",
          capabilities=("query_engine", "query_engine_support", "estimate_memory")),
     Kind("training_run", "a phaselens training run", _COMPRESSED, "phaselens.models.kinds:load_training_run",
-         folder="phaselens.models.kinds:is_training_folder", options="phaselens.models.kinds:DEVICE_ONLY",
+         folder="phaselens.models.kinds:is_training_folder",
          capabilities=("query_engine", "cycle_gates")),
     Kind("saved", "a model phaselens saved (model.save)", _COMPRESSED, "phaselens.models.compressed.loader:load_model",
-         folder="phaselens.models.compressed.io:is_phaselens_checkpoint", options="phaselens.models.kinds:DEVICE_ONLY",
+         folder="phaselens.models.compressed.io:is_phaselens_checkpoint",
          capabilities=("query_engine", "cycle_gates")),
 )}
-DEVICE_ONLY = ("device",)
 
 
 def by_scheme(source: str) -> Kind | None:

@@ -15,7 +15,6 @@ from phaselens.models.kinds import (
     by_folder,
     by_model_type,
     by_scheme,
-    is_training_folder,
     resolve,
 )
 from phaselens.storage.oserrors import reading
@@ -196,13 +195,11 @@ def _model_type(path: Path) -> str | None:
 
 
 def _refuse_phaselens_folder(rest: str) -> None:
-    """``hf:`` pointing at a model phaselens saved, or at a training run: say to drop the prefix."""
-    from phaselens.models.compressed.io import is_phaselens_checkpoint
-
-    path = Path(rest)
-    if path.is_dir() and (is_phaselens_checkpoint(path) or is_training_folder(path)):
-        what = "a model phaselens saved (model.save)" if is_phaselens_checkpoint(path) else "a phaselens training run"
-        raise CheckpointError(f"'hf:{rest}' names {what}, not a transformers checkpoint: load it with "
+    """``hf:`` pointing at a folder a kind recognises (a model phaselens saved, a training run): say to drop the
+    prefix."""
+    kind = by_folder(Path(rest)) if Path(rest).is_dir() else None
+    if kind is not None:
+        raise CheckpointError(f"'hf:{rest}' names {kind.what}, not a transformers checkpoint: load it with "
                               f"phaselens.load({rest!r}), without 'hf:'.")
 
 

@@ -16,7 +16,6 @@ from phaselens.models.parts.loading_info import check_loading_info, check_strict
 from phaselens.models.parts.wrappers import bridged_modules, unbridged, unwrap_object
 
 COMPRESSED_TYPES = ("deepseek_v4", "deepseek_v41")  # their own kinds read the geometry from the model
-LOAD_OPTIONS = ("device", "stride", "window", "origin", "dtype", "device_map", "attn_implementation", "strict")
 
 
 def from_transformers(model: Any, *, stride: int | None = None, window: int | None = None, origin: int = 0
