@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from transformers.cache_utils import DynamicLayer
 
 from phaselens.contract.cells import Cell
 from phaselens.errors import UnsupportedModelError
@@ -75,7 +76,7 @@ def engine_support(hf: nn.Module) -> str | None:
     return None
 
 
-ROWS = CacheRows(unknown="use engine='full'.")
+ROWS = CacheRows()
 
 
 def repeated_layer(layer: Any, copies: int) -> Any:
@@ -83,20 +84,12 @@ def repeated_layer(layer: Any, copies: int) -> Any:
     repeated prefix sits in a buffer with one free slot, so a pass writes its query key and value there instead of
     concatenating the whole cache."""
     new = ROWS.repeated(layer, copies)
-    from transformers.cache_utils import DynamicLayer
-
     if type(layer) is DynamicLayer and getattr(layer, "is_initialized", False) and isinstance(new.keys, Tensor):
         return QueryLayer.of(new)
     return new
 
 
-def _query_layer_base() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    return DynamicLayer
-
-
-class QueryLayer(_query_layer_base()):  # type: ignore[misc]
+class QueryLayer(DynamicLayer):  # type: ignore[misc]
     """A ``DynamicLayer`` for the engine's query passes: ``keys`` / ``values`` ``[rows, Hkv, t, d]`` are views of
     buffers ``[rows, Hkv, t + 1, d]`` whose last slot each pass's one query key / value is written into.
 
