@@ -47,19 +47,15 @@ class CausalLMCfg(TLConfig):
     d_mlp: int | None = None
 
 
-def stride_required(what: str) -> InputError:
-    """The error for a model without compression and no ``stride=``: it names the option."""
-    return InputError(
-        f"{what} has no compressed layers, so phaselens cannot read a stride from it: pass the stride to analyse "
-        "its phases at, e.g. phaselens.load(model, stride=4) (window= and origin= too where they matter), or "
-        "stride=4 to the analysis (phaselens.evaluate(model, task, stride=4))."
-    )
-
-
 def spec_of(stride: Any, window: Any, origin: Any, what: str) -> PhaseSpec:
-    """The :class:`PhaseSpec` of ``stride=`` / ``window=`` / ``origin=`` (window defaults to the stride)."""
+    """The :class:`PhaseSpec` of ``stride=`` / ``window=`` / ``origin=`` (window defaults to the stride; no
+    ``stride=``: an error naming the option, as a model without compression has none to read)."""
     if stride is None:
-        raise stride_required(what)
+        raise InputError(
+            f"{what} has no compressed layers, so phaselens cannot read a stride from it: pass the stride to analyse "
+            "its phases at, e.g. phaselens.load(model, stride=4) (window= and origin= too where they matter), or "
+            "stride=4 to the analysis (phaselens.evaluate(model, task, stride=4))."
+        )
     try:
         return PhaseSpec(stride, window, 0 if origin is None else origin)
     except PhaseGeometryError as err:

@@ -22,8 +22,7 @@ def check_tokens(tokens: Any, *, vocab: int, device: Any = None, n_ctx: int | No
     if tokens.dim() == 2 and 0 in tokens.shape:
         raise InputError(f"tokens have shape {tuple(tokens.shape)}: a forward needs at least one sequence of at "
                          "least one token; drop empty batches before calling the model.")
-    if tokens.dim() != 2 or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool \
-            or 0 in tokens.shape:
+    if tokens.dim() != 2 or tokens.is_floating_point() or tokens.is_complex() or tokens.dtype == torch.bool:
         raise InputError(f"tokens must be integer ids shaped [batch, pos] with batch, pos >= 1, got shape "
                          f"{tuple(tokens.shape)} and dtype {tokens.dtype}; use tokens.long().")
     if int(tokens.min()) < 0 or int(tokens.max()) >= vocab:
