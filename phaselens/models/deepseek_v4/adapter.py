@@ -184,7 +184,12 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter, KindModel):
             if isinstance(query_len, bool) or not isinstance(query_len, numbers.Integral) or not 1 <= query_len <= T:
                 raise InputError(f"query_len must be an int in 1..{T}, got {query_len!r}.")
             kwargs["logits_to_keep"] = int(query_len)  # the lm_head runs on the query rows only
-        out = self._hooked_call(kwargs, HookRun(plan.query_start), topk_layers)
+        fragile: dict[int, tuple[int, int]] = {}
+        out = self._hooked_forward(kwargs, HookRun(plan.query_start), topk_layers, fragile if topk_layers else None)
+        shares = {layer: f / n for layer, (f, n) in sorted(fragile.items()) if n}
+        if shares:
+            self.indexer_fragile = shares
+            self._metadata["index_topk_fragile_picks"] = sum(shares.values()) / len(shares)
         if logits == "query" or prefix is None:
             return out.logits
         return torch.cat([*prefix.prefix_logits, out.logits], dim=1)
@@ -222,15 +227,6 @@ class DeepSeekV4Adapter(HyperConnectionModel, HookedAdapter, KindModel):
                 stacklevel=3,
             )
         return binding
-
-    def _hooked_call(self, kwargs: dict[str, Any], run: HookRun, topk_layers: tuple[int, ...]) -> Any:
-        fragile: dict[int, tuple[int, int]] = {}
-        out = self._hooked_forward(kwargs, run, topk_layers, fragile if topk_layers else None)
-        shares = {layer: f / n for layer, (f, n) in sorted(fragile.items()) if n}
-        if shares:
-            self.indexer_fragile = shares
-            self._metadata["index_topk_fragile_picks"] = sum(shares.values()) / len(shares)
-        return out
 
     def _hooked_forward(self, kwargs: dict[str, Any], run: HookRun, topk_layers: tuple[int, ...],
                         fragile: dict[int, tuple[int, int]] | None) -> Any:

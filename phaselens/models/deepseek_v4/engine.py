@@ -44,7 +44,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from phaselens.contract.protocol import HookFn
 from phaselens.models.deepseek_v4.prefill import run_prefix
 from phaselens.models.deepseek_v4.reference_ops import (
     ReferenceAttention,
@@ -131,9 +130,7 @@ class V4SuffixEngine(SlotEngine):
         (over a repeated view of the prefix cache) and the head: logits ``[copies * n, V]``."""
         from transformers.masking_utils import create_sliding_window_causal_mask
 
-        sites: dict[str, list[HookFn]] = {}
-        for name, fn in hooks:
-            sites.setdefault(name, []).append(fn)
+        sites = self.adapter.resolve_hooks(hooks)  # {name: [fn, ...]}
         inner = self.hf.model
         cache = ROWS.pass_cache(self, self.cache, start, copies)
         ids = self.query_ids.repeat(copies, 1)

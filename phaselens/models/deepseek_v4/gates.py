@@ -122,8 +122,3 @@ def finish(
     positions = ((torch.arange(E, device=rows.device) + first_entry) * S).unsqueeze(0).expand(B, -1)
     cos, sin = module.rotary_emb(rows, position_ids=positions, layer_type=module.rope_layer_type)
     return apply_rotary_pos_emb(rows.unsqueeze(1), cos, sin).squeeze(1)
-
-
-def rows(module: nn.Module, w: Windows) -> Float[Tensor, "batch entry d"]:
-    """The compressor's output rows for these windows (``pool`` then ``finish``)."""
-    return finish(module, pool(w.alpha, w.payload), w.first_entry)

@@ -25,10 +25,9 @@ from phaselens.models.parts.chunks import ChunkPlan
 
 @dataclass
 class Prefilled:
-    """A cache holding ``tokens[:, :query_start]``, and the prefix logits if they were kept."""
+    """A cache holding the plan's prefix ``tokens[:, :plan.query_start]``, and the prefix logits if they were kept."""
 
     cache: Any
-    query_start: int
     prefix_logits: list[Tensor]
 
 
@@ -43,7 +42,7 @@ def run_prefix(model: Any, tokens: Tensor, plan: ChunkPlan, *, keep_logits: bool
             out = model(**call_kwargs(tokens[:, start:stop], start, cache, keep_logits=keep_logits))
             if keep_logits:
                 kept.append(out.logits)
-    return Prefilled(cache, plan.query_start, kept)
+    return Prefilled(cache, kept)
 
 
 def call_kwargs(tokens: Tensor, start: int, cache: Any, *, keep_logits: bool = True) -> dict[str, Any]:

@@ -90,7 +90,7 @@ class CompressorTap:
         payload, edited_payload = run("payload", w.payload)
         rows = None
         if edited_alpha or edited_payload:
-            rows = gates.rows(module, gates.Windows(alpha, payload, w.first_entry)).to(compressed.dtype)
+            rows = gates.finish(module, gates.pool(alpha, payload), w.first_entry).to(compressed.dtype)
         current = rows if rows is not None else compressed[:, 0, total - new :]
         entry, edited_entry = run("entry", current.unsqueeze(2))
         if edited_entry:

@@ -73,11 +73,7 @@ def _names(model: nn.Module) -> list[str]:
 
 def _owner(name: str, keys: list[str]) -> str | None:
     """The longest key that is ``name`` or a module prefix of it (``""`` matches everything)."""
-    best = None
-    for key in keys:
-        if (key == "" or name == key or name.startswith(key + ".")) and (best is None or len(key) > len(best)):
-            best = key
-    return best
+    return max((key for key in keys if key == "" or _under(name, [key])), key=len, default=None)
 
 
 def host_modules(model: nn.Module) -> list[str]:
@@ -109,8 +105,7 @@ def resolve(model: nn.Module, device_map: Any, *, max_memory: Any = None) -> dic
     """A checked ``{name: device}`` for ``model`` (on the meta device) from any accepted ``device_map``, with
     Engram's tables in host memory (``"cpu"``) unless the map names them."""
     placed = _resolve(model, device_map, max_memory)
-    keys = list(placed)
-    hosts = {n: "cpu" for n in host_modules(model) if not any(_under(k, [n]) for k in keys if k)}
+    hosts = {n: "cpu" for n in host_modules(model) if not any(_under(k, [n]) for k in placed if k)}
     return {**placed, **hosts}
 
 
@@ -160,15 +155,12 @@ def _infer(model: nn.Module, strategy: str, max_memory: Any) -> dict[str, str | 
         raise DeviceMapError(f"max_memory={max_memory!r} cannot be used ({err}); give bytes or strings such as "
                              "{0: '70GiB', 'cpu': '200GiB'}.") from None
     if "disk" in placed.values():
+        room = ", ".join(f"{k}: {v / 2**30:.1f} GiB" for k, v in budget.items())
         raise DeviceMapError(
             f"the model ({need / 2**30:.1f} GiB of weights as loaded) does not fit in "
-            f"{_budget_text(budget)}: give more max_memory, use more GPUs (`phaselens plan DIR --gpu-memory ...` "
+            f"{room}: give more max_memory, use more GPUs (`phaselens plan DIR --gpu-memory ...` "
             "says how many), or load fewer layers (n_layers=).")
     return {k: _device(v, k) for k, v in placed.items()}
-
-
-def _budget_text(budget: dict[Any, int]) -> str:
-    return ", ".join(f"{k}: {v / 2**30:.1f} GiB" for k, v in budget.items())
 
 
 def materialize(model: nn.Module, placed: dict[str, str | int]) -> None:
@@ -181,15 +173,13 @@ def materialize(model: nn.Module, placed: dict[str, str | int]) -> None:
     for module_name, module in list(model.named_modules()):
         prefix = f"{module_name}." if module_name else ""
         for kind in ("_parameters", "_buffers"):
-            for name, t in list(getattr(module, kind).items()):
+            store = getattr(module, kind)
+            for name, t in list(store.items()):
                 if t is None:
                     continue
                 dev = placed[_owner(prefix + name, keys)]  # type: ignore[index]
                 empty = torch.empty_like(t, device=torch.device("cuda", dev) if isinstance(dev, int) else dev)
-                if kind == "_parameters":
-                    module._parameters[name] = nn.Parameter(empty, requires_grad=t.requires_grad)
-                else:
-                    module._buffers[name] = empty
+                store[name] = nn.Parameter(empty, requires_grad=t.requires_grad) if kind == "_parameters" else empty
 
 
 def dispatch(model: nn.Module, placed: dict[str, str | int]) -> nn.Module:

@@ -132,10 +132,9 @@ class V41SuffixEngine(SlotEngine):
         clean = self.clean_runtime
         if clean is None:  # the clean step itself
             return rt
-        below = lambda d: {k: v for k, v in d.items() if k < start}  # noqa: E731
         for name in ("entries", "index_keys", "picks"):
             getattr(rt, name).update({k: self.repeated((name, k), copies, lambda v=v: repeat_rows(v, copies))
-                                      for k, v in below(getattr(clean, name)).items()})
+                                      for k, v in getattr(clean, name).items() if k < start})
         source = self.model.config.candidate_source_layer_id
         if clean.candidates is not None and 0 <= source < start:
             rt.candidates = self.repeated("candidates", copies, lambda: repeat_rows(clean.candidates, copies))

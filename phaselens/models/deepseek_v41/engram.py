@@ -70,10 +70,9 @@ class EngramTable(nn.Module):
     def forward(self, rows: Int[Tensor, "*shape"]) -> Float[Tensor, "*shape head_dim"]:
         """The rows' values as bf16 (the stored values times their scales: exact products in bf16), on
         ``rows``' device."""
-        if self.staged or rows.device != self.weight.device:
-            values, scales = self.gather(rows)
-            return dequantize(as_bytes(values), scales, FP8_ROWS, torch.bfloat16)
-        return dequantize(as_bytes(self.weight[rows]), self.scale[rows], FP8_ROWS, torch.bfloat16)
+        local = not self.staged and rows.device == self.weight.device
+        values, scales = (self.weight[rows], self.scale[rows]) if local else self.gather(rows)
+        return dequantize(as_bytes(values), scales, FP8_ROWS, torch.bfloat16)
 
     def gather(self, rows: Int[Tensor, "*shape"]) -> tuple[Tensor, Tensor]:
         """The stored values ``[*shape, head_dim]`` (FP8) and scales ``[*shape, head_dim / 32]`` (UE8M0) of

@@ -92,10 +92,7 @@ def compressed_token_map(tokenizer_json: str | Path) -> tuple[Tensor, int]:
     keys: dict[str, int] = {}
     lookup = np.empty(n, dtype=np.int64)
     for i, text in enumerate(texts):  # string normalization: one token at a time by nature
-        if "\ufffd" in text:
-            key = tok.id_to_token(i) or text
-        else:
-            key = norm.normalize_str(text) or text
+        key = (tok.id_to_token(i) if "\ufffd" in text else norm.normalize_str(text)) or text
         lookup[i] = keys.setdefault(key, len(keys))
     return torch.from_numpy(lookup), len(keys)
 

@@ -35,7 +35,6 @@ Counted from the code's tensors; allocator fragmentation and CUDA's context (~1 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from phaselens.contract.layer_table import LayerRow, LayerTable, Store, Work
@@ -47,21 +46,11 @@ SCORE_PASSES = 8  # four fp32 score tensors per attention call, each written and
 ENGRAM_ROW_PASSES = 11  # bytes per looked-up element on the GPU besides the model-dtype copy: FP8, 2 x fp32, bf16
 
 
-@dataclass(frozen=True)
-class BlockBytes:
-    """Weight bytes of one layer as held on its GPU: ``held`` (packed or dense, routed experts excluded),
-    ``dense`` (the dequantized size of its packed weights), and per routed expert ``expert_held`` /
-    ``expert_dense`` (0 when the experts are held dense)."""
-
-    held: int
-    dense: int
-    expert_held: int
-    expert_dense: int
-
-
-def block_bytes(block: Any) -> BlockBytes:
-    """:class:`BlockBytes` of a V4.1 ``Block`` (a meta-device one will do), Engram left out (its table is host
-    memory, its projection counted by Engram's work)."""
+def block_bytes(block: Any) -> dict[str, int]:
+    """Weight bytes of a V4.1 ``Block`` as held on its GPU (a meta-device one will do), as :class:`Work` fields:
+    ``weight_held`` (packed or dense, routed experts excluded), ``weight_dense`` (the dequantized size of its
+    packed weights), and per routed expert ``expert_held`` / ``expert_dense`` (0 when the experts are held dense).
+    Engram is left out (its table is host memory, its projection counted by Engram's work)."""
     from phaselens.models.deepseek_v41.moe import RoutedExperts
 
     held = dense = ex_held = ex_dense = 0
@@ -79,7 +68,7 @@ def block_bytes(block: Any) -> BlockBytes:
         held += own
         if getattr(m, "fmt", None) is not None:
             dense += math.prod(m.shape) * m.dtype.itemsize
-    return BlockBytes(held, dense, ex_held, ex_dense)
+    return dict(weight_held=held, weight_dense=dense, expert_held=ex_held, expert_dense=ex_dense)
 
 
 def layer_table(model: Any) -> LayerTable:
@@ -107,7 +96,6 @@ def _row(model: Any, role: Any, block: Any, item: int) -> LayerRow:
         c.num_experts_per_tok
     topk = model._index_topk
     mix = (2 + hc) * hc
-    wb = block_bytes(block)
     macs = D * qr + qr * H * d + D * d + H * d * R + G * R * D + 3 * D * F * (k + 1)  # projections, experts
     macs_fp32 = 2 * hc * D * mix + 2 * hc * D + 2 * hc * hc * D + D * Er + 2 * H * d * L  # mixes, router, window
     per_token = SCORE_PASSES * H * (L + 1) * 4 + 2 * d * L * 4 + STREAM_PASSES * hc * D * 4
@@ -130,8 +118,7 @@ def _row(model: Any, role: Any, block: Any, item: int) -> LayerRow:
                          bytes_per_entry=extra["bytes_per_entry"] + di * item)
     if hasattr(block, "engram"):
         extra.update(_engram(model, block.engram, item))
-    work = Work(macs=macs, macs_fp32=macs_fp32, weight_held=wb.held, weight_dense=wb.dense,
-                expert_held=wb.expert_held, expert_dense=wb.expert_dense, n_experts=Er, experts_per_token=k,
+    work = Work(macs=macs, macs_fp32=macs_fp32, **block_bytes(block), n_experts=Er, experts_per_token=k,
                 bytes_per_token=per_token, **extra)
     return LayerRow(role.layer, "sliding" if role.ratio == 0 else f"ratio {role.ratio}", H, d, ratio=role.ratio,
                     entry_ratio=r, makes_entries=bool(role.ratio and role.is_kv_source),
@@ -166,4 +153,4 @@ def _dequant(model: Any, item: int) -> int:
     return experts + linear
 
 
-__all__ = ["SCORE_PASSES", "STREAM_PASSES", "BlockBytes", "block_bytes", "layer_table"]
+__all__ = ["SCORE_PASSES", "STREAM_PASSES", "block_bytes", "layer_table"]

@@ -316,18 +316,15 @@ class DeepSeekV41(KindModel, HyperConnectionModel, ContextHooks, HookedRootModul
         return check_tokens(tokens, vocab=self.config.vocab_size, device=input_device(self))
 
     def _note_binding(self, rt: StackRuntime, length: int) -> None:
-        md = self._metadata
-        if rt.topk_binding:
-            md["index_topk_binding"] = True
-        if rt.candidate_binding:
-            md["candidate_filter_binding"] = True
-        if not (rt.topk_binding or rt.candidate_binding):
-            return
         what = []
         if rt.topk_binding:
+            self._metadata["index_topk_binding"] = True
             what.append(f"index_topk={self._index_topk} dropped visible entries in index-source layers {sorted(rt.topk_binding)}")
         if rt.candidate_binding:
+            self._metadata["candidate_filter_binding"] = True
             what.append(f"the candidate filter dropped visible entries in layers {sorted(rt.candidate_binding)}")
+        if not what:
+            return
         msg = "; ".join(what)
         if msg not in self._warned:
             self._warned.add(msg)
