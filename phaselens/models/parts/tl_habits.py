@@ -84,10 +84,6 @@ class PhaseCache(CacheCompletion, ActivationCache):
     ``("pattern_entry", -1)``, ``("gate_k", 2)``). Every value keeps its hook's shape (docs/hooks.md).
     """
 
-    def _hook_names(self) -> list[str]:
-        table = getattr(self.model, "hook_dict", None)
-        return list(table) if table is not None else list(self.cache_dict)
-
     def _candidates(self, key: Any) -> list[str]:
         if isinstance(key, str):
             out = [key]
@@ -123,7 +119,8 @@ class PhaseCache(CacheCompletion, ActivationCache):
         for name in names:
             if _SCALE.match(name):
                 return self._scale(name)
-        hooks = self._hook_names()
+        table = getattr(self.model, "hook_dict", None)
+        hooks = list(table) if table is not None else list(self.cache_dict)
         present = [n for n in names if n in hooks]
         if present:
             raise HookNameError(f"{present[0]!r} is a hook of this model but not in this cache: run_with_cache's "
@@ -226,9 +223,6 @@ class TLHabits:
 
     tl_limits: Mapping[str, str] = {}
     tl_norm: tuple[str, float] | None = None
-
-    def make_cache(self, store: dict[str, Tensor], *, has_batch_dim: bool = True) -> PhaseCache:
-        return PhaseCache(store, self, has_batch_dim=has_batch_dim)
 
     # ---- tokenizer ---------------------------------------------------------------------------------
     def _find_tokenizer(self) -> Any:
