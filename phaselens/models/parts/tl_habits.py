@@ -30,7 +30,7 @@ from transformer_lens.utilities import get_act_name
 
 from phaselens.contract.hooknames import explain_missing
 from phaselens.errors import HookNameError, InputError, UnsupportedModelError
-from phaselens.models.parts.tl_cache import CacheCompletion, limit
+from phaselens.models.parts.tl_cache import CacheCompletion, checked, limit
 
 # TransformerLens names a filter may be written for; each is explained when the model lacks it
 _TL_PROBES = ("blocks.0.attn.hook_pattern", "blocks.0.attn.hook_k", "blocks.0.attn.hook_v",
@@ -160,29 +160,14 @@ class PhaseCache(CacheCompletion, ActivationCache):
         scale = pos_slice.apply(self[key], dim=-2)
         return batch_slice.apply(scale) if batch_slice is not None and self.has_batch_dim else scale
 
-    def apply_ln_to_stack(self, *args: Any, **kwargs: Any) -> Tensor:
-        limit(self.model, "apply_ln")
-        return super().apply_ln_to_stack(*args, **kwargs)
-
-    def decompose_resid(self, *args: Any, **kwargs: Any) -> Any:
-        limit(self.model, "decompose_resid")
-        return super().decompose_resid(*args, **kwargs)
-
-    def logit_attrs(self, *args: Any, **kwargs: Any) -> Tensor:
-        limit(self.model, "logit_attrs")
-        return super().logit_attrs(*args, **kwargs)
-
-    def logit_lens(self, **kwargs: Any) -> Any:
-        """TransformerLens's logit lens over this cache (``ln_final`` then ``unembed`` on every stacked residual; the
-        last entry is the model's logits)."""
-        limit(self.model, "logit_lens")
-        return super().logit_lens(**kwargs)
-
-    def _ensure_head_results(self) -> bool:
-        """TransformerLens's: per-head results ``[batch, pos, head, d_model]`` from ``hook_z`` and
-        ``blocks[l].attn.W_O`` (views of every kind's weights), unless the kind refuses head results."""
-        limit(self.model, "head_results")
-        return super()._ensure_head_results()
+    apply_ln_to_stack = checked("apply_ln_to_stack", lambda c: limit(c.model, "apply_ln"))
+    decompose_resid = checked("decompose_resid", lambda c: limit(c.model, "decompose_resid"))
+    logit_attrs = checked("logit_attrs", lambda c: limit(c.model, "logit_attrs"))
+    logit_lens = checked("logit_lens", lambda c: limit(c.model, "logit_lens"), """TransformerLens's logit lens over
+        this cache (``ln_final`` then ``unembed`` on every stacked residual; the last entry is the model's logits).""")
+    _ensure_head_results = checked("_ensure_head_results", lambda c: limit(c.model, "head_results"), """TransformerLens's:
+        per-head results ``[batch, pos, head, d_model]`` from ``hook_z`` and ``blocks[l].attn.W_O`` (views of every
+        kind's weights), unless the kind refuses head results.""")
 
 
 @dataclass(frozen=True, kw_only=True)
