@@ -61,11 +61,6 @@ def read_only(point: Any, value: Tensor) -> None:
     check_hook_return(point.name, value, point(value), point.read_only)
 
 
-def _layer_of(name: str) -> int | None:
-    parts = name.split(".")
-    return int(parts[1]) if len(parts) > 1 and parts[0] == "blocks" and parts[1].isdigit() else None
-
-
 class ContextHooks(TLHabits):
     """Mixin for a ``HookedRootModule``: hook functions receive a :class:`~phaselens.contract.protocol.HookContext`,
     their returns are checked, and ``run_with_cache`` returns a :class:`~phaselens.models.parts.tl_habits.PhaseCache`.
@@ -94,7 +89,8 @@ class ContextHooks(TLHabits):
 
     def _context(self, point: Any) -> Any:
         name = point.name
-        layer = _layer_of(name)
+        parts = name.split(".")
+        layer = int(parts[1]) if len(parts) > 1 and parts[0] == "blocks" and parts[1].isdigit() else None
         start = _START.get()
         first = None
         if layer is not None and name.rsplit(".", 1)[-1].startswith(_FIRST_ENTRY_SITES):
@@ -215,14 +211,6 @@ class HookedAdapter(TLHabits):
             return [name for item in target for name in self.select_hooks(item)]
         raise InputError(f"a hook target is a name, a list of names or a predicate, got {target!r}.")
 
-    def resolve_hooks(self, fwd_hooks: Any) -> dict[str, list[Any]]:
-        """``(name_or_filter, fn)`` pairs as ``{name: [fn, ...]}`` in call order."""
-        out: dict[str, list[Any]] = {}
-        for target, fn in hook_pairs(fwd_hooks):
-            for name in self.select_hooks(target):
-                out.setdefault(name, []).append(fn)
-        return out
-
     def _merged_hooks(self) -> dict[str, list[Any]]:
         """The hooks of every open ``hooks`` context, by name, in entry order."""
         merged: dict[str, list[Any]] = {}
@@ -244,8 +232,12 @@ class HookedAdapter(TLHabits):
             raise InputError(f"{type(self).__name__} has no backward hooks; take gradients of hooked tensors instead.")
         if not reset_hooks_end:
             raise InputError("reset_hooks_end=False is not supported: the adapter never leaves hooks on the model.")
+        resolved: dict[str, list[Any]] = {}  # {name: [fn, ...]} in call order
+        for target, fn in hook_pairs(fwd_hooks):
+            for name in self.select_hooks(target):
+                resolved.setdefault(name, []).append(fn)
         token = object()
-        self._active.append((token, self.resolve_hooks(fwd_hooks)))
+        self._active.append((token, resolved))
         try:
             yield self
         finally:
@@ -271,7 +263,7 @@ class HookedAdapter(TLHabits):
 
         names = check_names_filter(list(self._points), names_filter)
         logits = self.run_with_hooks(tokens, fwd_hooks=[(n, keep) for n in names], **forward_kwargs)
-        return logits, self.make_cache(store)
+        return logits, PhaseCache(store, self, has_batch_dim=True)
 
 
 class _AdapterHookDict(HookDict):

@@ -13,6 +13,7 @@ the whole class gives TransformerLens's answer on phaselens models (issue 46, it
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from transformer_lens import ActivationCache
@@ -32,6 +33,19 @@ def limit(model: Any, what: str, error: type[Exception] = UnsupportedModelError)
         raise error(f"{what} does not apply to {type(model).__name__}: {reason}")
 
 
+def checked(method: str, check: Callable[[Any], None], doc: str = "") -> Callable[..., Any]:
+    """TransformerLens's ``ActivationCache.<method>``, run after ``check(cache)`` (which raises where the model
+    cannot give it); ``doc`` its docstring (TransformerLens's if empty)."""
+    base = getattr(ActivationCache, method)
+
+    def call(self: Any, *args: Any, **kwargs: Any) -> Any:
+        check(self)
+        return base(self, *args, **kwargs)
+
+    call.__name__, call.__doc__ = method, doc or base.__doc__
+    return call
+
+
 class CacheCompletion:
     """Mixin placed before ``ActivationCache`` in :class:`PhaseCache`'s bases."""
 
@@ -46,13 +60,8 @@ class CacheCompletion:
         out = ActivationCache.apply_slice_to_batch_dim(self, batch_slice)  # type: ignore[arg-type]
         return type(self)(out.cache_dict, self.model, has_batch_dim=out.has_batch_dim)
 
-    def get_neuron_results(self, *args: Any, **kwargs: Any) -> Any:
-        self._need_neurons("get_neuron_results")
-        return super().get_neuron_results(*args, **kwargs)  # type: ignore[misc]
-
-    def stack_neuron_results(self, *args: Any, **kwargs: Any) -> Any:
-        self._need_neurons("stack_neuron_results")
-        return super().stack_neuron_results(*args, **kwargs)  # type: ignore[misc]
+    get_neuron_results = checked("get_neuron_results", lambda c: c._need_neurons("get_neuron_results"))
+    stack_neuron_results = checked("stack_neuron_results", lambda c: c._need_neurons("stack_neuron_results"))
 
     def get_full_resid_decomposition(self, layer: int | None = None, mlp_input: bool = False,
                                      expand_neurons: bool = True, *args: Any, **kwargs: Any) -> Any:

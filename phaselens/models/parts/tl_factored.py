@@ -31,15 +31,12 @@ WHY = {
 WHY["W_V"] = WHY["W_K"]
 
 
-def _refuse(layer: Any, name: str) -> SurfaceError:
-    key = name if name in WHY else "b" if name in ("b_Q", "b_K", "b_V", "b_O") else "mlp"
-    return SurfaceError(f"blocks[{layer}].{'attn' if key != 'mlp' else 'mlp'}.{name} does not exist on DeepSeek-V4: "
-                        + WHY[key].replace("{l}", str(layer)))
-
-
 def _refusing(name: str) -> property:
+    key = name if name in WHY else "b" if name in ("b_Q", "b_K", "b_V", "b_O") else "mlp"
+
     def get(self: Any) -> Any:
-        raise _refuse(self.layer, name)
+        raise SurfaceError(f"blocks[{self.layer}].{'attn' if key != 'mlp' else 'mlp'}.{name} does not exist on "
+                           "DeepSeek-V4: " + WHY[key].replace("{l}", str(self.layer)))
 
     return property(get, doc=f"TransformerLens's {name}: a SurfaceError on DeepSeek-V4 (see the module).")
 
@@ -77,11 +74,6 @@ class FactoredBlock:
         self.mlp = MoENames(layer)
 
 
-ACCUMULATED_BIAS = ("accumulated_bias does not apply to DeepSeek-V4: its residual is hc_mult hyper-connection "
-                    "streams mixed by input-dependent weights, so biases do not accumulate additively (and its "
-                    "projections have none); decompose the residual with accumulated_resid() instead.")
-
-
 class FactoredBlockNames(ExplainedAttributes):
     """Mixin of a DeepSeek-V4.1 block (``self.attn.layer``): ``mlp`` is the MoE's TransformerLens view."""
 
@@ -94,7 +86,9 @@ class HyperConnectionModel(ExplainedAttributes):
     """Mixin of the DeepSeek-V4 kinds' models: the model-level names TransformerLens reads, refused with why."""
 
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True) -> Any:
-        raise SurfaceError(ACCUMULATED_BIAS)
+        raise SurfaceError("accumulated_bias does not apply to DeepSeek-V4: its residual is hc_mult hyper-connection "
+                           "streams mixed by input-dependent weights, so biases do not accumulate additively (and "
+                           "its projections have none); decompose the residual with accumulated_resid() instead.")
 
     @property
     def W_pos(self) -> Any:

@@ -30,7 +30,7 @@ from transformer_lens.utilities import get_act_name
 
 from phaselens.contract.hooknames import explain_missing
 from phaselens.errors import HookNameError, InputError, UnsupportedModelError
-from phaselens.models.parts.tl_cache import CacheCompletion, limit
+from phaselens.models.parts.tl_cache import CacheCompletion, checked, limit
 
 # TransformerLens names a filter may be written for; each is explained when the model lacks it
 _TL_PROBES = ("blocks.0.attn.hook_pattern", "blocks.0.attn.hook_k", "blocks.0.attn.hook_v",
@@ -84,10 +84,6 @@ class PhaseCache(CacheCompletion, ActivationCache):
     ``("pattern_entry", -1)``, ``("gate_k", 2)``). Every value keeps its hook's shape (docs/hooks.md).
     """
 
-    def _hook_names(self) -> list[str]:
-        table = getattr(self.model, "hook_dict", None)
-        return list(table) if table is not None else list(self.cache_dict)
-
     def _candidates(self, key: Any) -> list[str]:
         if isinstance(key, str):
             out = [key]
@@ -123,7 +119,8 @@ class PhaseCache(CacheCompletion, ActivationCache):
         for name in names:
             if _SCALE.match(name):
                 return self._scale(name)
-        hooks = self._hook_names()
+        table = getattr(self.model, "hook_dict", None)
+        hooks = list(table) if table is not None else list(self.cache_dict)
         present = [n for n in names if n in hooks]
         if present:
             raise HookNameError(f"{present[0]!r} is a hook of this model but not in this cache: run_with_cache's "
@@ -163,29 +160,14 @@ class PhaseCache(CacheCompletion, ActivationCache):
         scale = pos_slice.apply(self[key], dim=-2)
         return batch_slice.apply(scale) if batch_slice is not None and self.has_batch_dim else scale
 
-    def apply_ln_to_stack(self, *args: Any, **kwargs: Any) -> Tensor:
-        limit(self.model, "apply_ln")
-        return super().apply_ln_to_stack(*args, **kwargs)
-
-    def decompose_resid(self, *args: Any, **kwargs: Any) -> Any:
-        limit(self.model, "decompose_resid")
-        return super().decompose_resid(*args, **kwargs)
-
-    def logit_attrs(self, *args: Any, **kwargs: Any) -> Tensor:
-        limit(self.model, "logit_attrs")
-        return super().logit_attrs(*args, **kwargs)
-
-    def logit_lens(self, **kwargs: Any) -> Any:
-        """TransformerLens's logit lens over this cache (``ln_final`` then ``unembed`` on every stacked residual; the
-        last entry is the model's logits)."""
-        limit(self.model, "logit_lens")
-        return super().logit_lens(**kwargs)
-
-    def _ensure_head_results(self) -> bool:
-        """TransformerLens's: per-head results ``[batch, pos, head, d_model]`` from ``hook_z`` and
-        ``blocks[l].attn.W_O`` (views of every kind's weights), unless the kind refuses head results."""
-        limit(self.model, "head_results")
-        return super()._ensure_head_results()
+    apply_ln_to_stack = checked("apply_ln_to_stack", lambda c: limit(c.model, "apply_ln"))
+    decompose_resid = checked("decompose_resid", lambda c: limit(c.model, "decompose_resid"))
+    logit_attrs = checked("logit_attrs", lambda c: limit(c.model, "logit_attrs"))
+    logit_lens = checked("logit_lens", lambda c: limit(c.model, "logit_lens"), """TransformerLens's logit lens over
+        this cache (``ln_final`` then ``unembed`` on every stacked residual; the last entry is the model's logits).""")
+    _ensure_head_results = checked("_ensure_head_results", lambda c: limit(c.model, "head_results"), """TransformerLens's:
+        per-head results ``[batch, pos, head, d_model]`` from ``hook_z`` and ``blocks[l].attn.W_O`` (views of every
+        kind's weights), unless the kind refuses head results.""")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -226,9 +208,6 @@ class TLHabits:
 
     tl_limits: Mapping[str, str] = {}
     tl_norm: tuple[str, float] | None = None
-
-    def make_cache(self, store: dict[str, Tensor], *, has_batch_dim: bool = True) -> PhaseCache:
-        return PhaseCache(store, self, has_batch_dim=has_batch_dim)
 
     # ---- tokenizer ---------------------------------------------------------------------------------
     def _find_tokenizer(self) -> Any:

@@ -56,10 +56,6 @@ class SplitQKV:
     def _split_parts(self, layer: int, c: str) -> tuple[Any, Tensor, Tensor | None, Callable[[Tensor], Tensor]]:
         raise NotImplementedError
 
-    def _split_site(self, layer: int, c: str) -> str:
-        """The kind's hook name of head-wise ``c`` (``q``/``k``/``v``) in ``layer``."""
-        return f"blocks.{layer}.attn.hook_{c}"
-
     def _translate_split(self, fwd_hooks: Any) -> list[tuple[Any, Any]]:
         """``fwd_hooks`` with every ``hook_{c}_input`` pair replaced by the pair of hooks that carry it."""
         pairs = list(hook_pairs(fwd_hooks))
@@ -80,7 +76,7 @@ class SplitQKV:
         return out
 
     def _fork_hooks(self, layer: int, c: str, fn: Any) -> list[tuple[str, Any]]:
-        site = self._split_site(layer, c)
+        site = f"blocks.{layer}.attn.hook_{c}"  # head-wise c in layer
         if site not in self.hook_dict:  # type: ignore[attr-defined]
             raise SurfaceError(f"blocks.{layer}.attn.hook_{c}_input: layer {layer} has no separate hook_{c} (keys "
                                "and values are one tensor there, hook_kv), so a fork of one of them alone does not "
@@ -113,7 +109,7 @@ class SplitQKV:
             new[:, :, idx] = own.to(value.dtype)
             return new
 
-        return [(f"blocks.{layer}.hook_resid_pre", capture), (self._split_site(layer, c), replace)]
+        return [(f"blocks.{layer}.hook_resid_pre", capture), (site, replace)]
 
 
 class FlatSplitQKV(SplitQKV):

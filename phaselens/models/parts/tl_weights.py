@@ -26,7 +26,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor, nn
 
-from phaselens.errors import UnsupportedModelError
+from phaselens.errors import InputError, UnsupportedModelError
 
 
 class SurfaceError(UnsupportedModelError, AttributeError):
@@ -90,42 +90,19 @@ class TLFlatAttention:
 
 
 # ---- model level ------------------------------------------------------------------------------------------
-def accumulated_bias(blocks: Any, d_model: int, like: Tensor, layer: int, mlp_input: bool = False,
-                     include_mlp_biases: bool = True) -> Float[Tensor, " d_model"]:
-    """TransformerLens's ``accumulated_bias``: the sum of every attention output bias ``b_O`` (and MLP ``b_out``
-    with ``include_mlp_biases``) of the blocks before ``layer``, plus ``b_O`` of ``layer`` with ``mlp_input``;
-    ``[d_model]`` zeros when the model has no biases. ``like`` gives dtype and device."""
-    from phaselens.errors import InputError
-
-    n = len(blocks)
-    if not 0 <= layer <= n or (mlp_input and layer == n):
-        raise InputError(f"accumulated_bias: layer must lie in 0..{n} (0..{n - 1} with mlp_input), got {layer}.")
-    out = torch.zeros(d_model, dtype=like.dtype, device=like.device)
-    for i in range(layer + (1 if mlp_input else 0)):
-        b = blocks[i].attn.b_O
-        if b is not None:
-            out = out + b.to(out)
-        if include_mlp_biases and i < layer:
-            b = getattr(blocks[i].mlp, "b_out", None)
-            if b is not None:
-                out = out + b.to(out)
-    return out
-
-
-def stack_blocks(blocks: Any, path: str) -> Tensor:
-    """``[n_layers, ...]`` of ``blocks[l].<path>`` (``"attn.W_Q"``); a :class:`SurfaceError` where a block has none."""
-    part, name = path.split(".")
-    values = [getattr(getattr(b, part), name) for b in blocks]
-    if any(v is None for v in values):
-        raise SurfaceError(f"{path} is None on some block (a bias-free projection): there is nothing to stack.")
-    return torch.stack(values)
-
-
 def stacked(path: str, shape: str, note: str = "") -> property:
-    """A model-level property: ``blocks[l].<path>`` stacked over the layers (:func:`stack_blocks`), ``shape``
-    its shape (``"[n_layers, n_heads, d_model, d_head]"``), ``note`` what else its docstring says."""
-    doc = f"``{shape}``: ``blocks[l].{path}`` stacked. {note}".rstrip()
-    return property(lambda self: stack_blocks(self.blocks, path), doc=doc)
+    """A model-level property: ``blocks[l].<path>`` (``"attn.W_Q"``) stacked over the layers, a
+    :class:`SurfaceError` where a block has none; ``shape`` its shape (``"[n_layers, n_heads, d_model, d_head]"``),
+    ``note`` what else its docstring says."""
+    part, name = path.split(".")
+
+    def get(self: Any) -> Tensor:
+        values = [getattr(getattr(b, part), name) for b in self.blocks]
+        if any(v is None for v in values):
+            raise SurfaceError(f"{path} is None on some block (a bias-free projection): there is nothing to stack.")
+        return torch.stack(values)
+
+    return property(get, doc=f"``{shape}``: ``blocks[l].{path}`` stacked. {note}".rstrip())
 
 
 _ROTARY = ("this model has no learned position embedding: positions enter through rotary embeddings inside "
@@ -183,6 +160,20 @@ class TLModelWeights(ExplainedAttributes):
     def accumulated_bias(self, layer: int, mlp_input: bool = False, include_mlp_biases: bool = True
                          ) -> Float[Tensor, " d_model"]:
         """TransformerLens's ``accumulated_bias`` (what ``cache.get_full_resid_decomposition`` adds as its
-        ``bias`` row): see :func:`accumulated_bias`."""
-        return accumulated_bias(self.blocks, self.cfg.d_model, self.W_U, layer, mlp_input,  # type: ignore[attr-defined]
-                                include_mlp_biases)
+        ``bias`` row): the sum of every attention output bias ``b_O`` (and MLP ``b_out`` with
+        ``include_mlp_biases``) of the blocks before ``layer``, plus ``b_O`` of ``layer`` with ``mlp_input``;
+        ``[d_model]`` zeros when the model has no biases."""
+        blocks, like = self.blocks, self.W_U  # type: ignore[attr-defined]
+        n = len(blocks)
+        if not 0 <= layer <= n or (mlp_input and layer == n):
+            raise InputError(f"accumulated_bias: layer must lie in 0..{n} (0..{n - 1} with mlp_input), got {layer}.")
+        out = torch.zeros(self.cfg.d_model, dtype=like.dtype, device=like.device)  # type: ignore[attr-defined]
+        for i in range(layer + (1 if mlp_input else 0)):
+            b = blocks[i].attn.b_O
+            if b is not None:
+                out = out + b.to(out)
+            if include_mlp_biases and i < layer:
+                b = getattr(blocks[i].mlp, "b_out", None)
+                if b is not None:
+                    out = out + b.to(out)
+        return out

@@ -29,17 +29,6 @@ def _from(obj: Any, package: str) -> bool:
     return type(obj).__module__.split(".", 1)[0] == package
 
 
-def is_envoy(obj: Any) -> bool:
-    """An nnsight ``NNsight`` / ``LanguageModel`` / ``Envoy`` (by type; its module is ``._module``)."""
-    return _from(obj, "nnsight") and isinstance(obj.__dict__.get("_module", None), nn.Module)
-
-
-def is_bridge(obj: Any) -> bool:
-    """A TransformerLens ``TransformerBridge`` (by type: it holds the transformers model as ``original_model``)."""
-    return _from(obj, "transformer_lens") and type(obj).__name__.endswith("Bridge") and isinstance(
-        getattr(obj, "original_model", None), nn.Module)
-
-
 def is_bridge_component(module: Any) -> bool:
     """A TransformerLens component that replaced a transformers module in place."""
     return _from(module, "transformer_lens") and isinstance(getattr(module, "_modules", {}).get(ORIGINAL), nn.Module)
@@ -53,12 +42,14 @@ def bridged_modules(model: nn.Module) -> list[str]:
 def unwrap_object(obj: Any) -> tuple[nn.Module | Any, str]:
     """``(module, how)``: the module with the weights of ``obj`` and where it came from.
 
-    ``how`` is ``"nnsight"`` (an envoy's ``._module``), ``"bridge"`` (a ``TransformerBridge``'s
-    ``original_model``) or ``"module"`` (``obj`` itself, whatever it is).
+    ``how`` is ``"nnsight"`` (an nnsight ``NNsight`` / ``LanguageModel`` / ``Envoy``: its ``._module``),
+    ``"bridge"`` (a TransformerLens ``TransformerBridge``: its ``original_model``) or ``"module"`` (``obj`` itself,
+    whatever it is). Both are told by type.
     """
-    if is_envoy(obj):
+    if _from(obj, "nnsight") and isinstance(obj.__dict__.get("_module", None), nn.Module):
         return obj.__dict__["_module"], "nnsight"
-    if is_bridge(obj):
+    if _from(obj, "transformer_lens") and type(obj).__name__.endswith("Bridge") and isinstance(
+            getattr(obj, "original_model", None), nn.Module):
         return obj.original_model, "bridge"
     return obj, "module"
 
@@ -78,15 +69,12 @@ def unbridged(model: nn.Module) -> nn.Module:
             return memo[id(m)]
         if is_bridge_component(m):
             out = visit(m._modules[ORIGINAL])
-            memo[id(m)] = out
-            return out
-        children = {name: (visit(c) if c is not None else None) for name, c in m._modules.items()}
-        if all(children[name] is c for name, c in m._modules.items()):
-            memo[id(m)] = m
-            return m
-        view = shallow_view(m, children)
-        memo[id(m)] = view
-        return view
+        else:
+            children = {name: (visit(c) if c is not None else None) for name, c in m._modules.items()}
+            same = all(children[name] is c for name, c in m._modules.items())
+            out = m if same else shallow_view(m, children)
+        memo[id(m)] = out
+        return out
 
     return visit(model)
 
