@@ -13,6 +13,7 @@ the whole class gives TransformerLens's answer on phaselens models (issue 46, it
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -38,11 +39,12 @@ def checked(method: str, check: Callable[[Any], None], doc: str = "") -> Callabl
     cannot give it); ``doc`` its docstring (TransformerLens's if empty)."""
     base = getattr(ActivationCache, method)
 
+    @functools.wraps(base)  # TransformerLens's name and signature, as help() and a notebook show them
     def call(self: Any, *args: Any, **kwargs: Any) -> Any:
         check(self)
         return base(self, *args, **kwargs)
 
-    call.__name__, call.__doc__ = method, doc or base.__doc__
+    call.__doc__ = doc or base.__doc__
     return call
 
 
