@@ -211,6 +211,15 @@ class HookedAdapter(TLHabits):
             return [name for item in target for name in self.select_hooks(item)]
         raise InputError(f"a hook target is a name, a list of names or a predicate, got {target!r}.")
 
+    def resolve_hooks(self, fwd_hooks: Any) -> dict[str, list[Any]]:
+        """``(name_or_filter, fn)`` pairs as ``{name: [fn, ...]}`` in call order (the ``hooks`` context and the
+        V4 engine's passes read them so)."""
+        out: dict[str, list[Any]] = {}
+        for target, fn in hook_pairs(fwd_hooks):
+            for name in self.select_hooks(target):
+                out.setdefault(name, []).append(fn)
+        return out
+
     def _merged_hooks(self) -> dict[str, list[Any]]:
         """The hooks of every open ``hooks`` context, by name, in entry order."""
         merged: dict[str, list[Any]] = {}
@@ -232,12 +241,8 @@ class HookedAdapter(TLHabits):
             raise InputError(f"{type(self).__name__} has no backward hooks; take gradients of hooked tensors instead.")
         if not reset_hooks_end:
             raise InputError("reset_hooks_end=False is not supported: the adapter never leaves hooks on the model.")
-        resolved: dict[str, list[Any]] = {}  # {name: [fn, ...]} in call order
-        for target, fn in hook_pairs(fwd_hooks):
-            for name in self.select_hooks(target):
-                resolved.setdefault(name, []).append(fn)
         token = object()
-        self._active.append((token, resolved))
+        self._active.append((token, self.resolve_hooks(fwd_hooks)))
         try:
             yield self
         finally:
