@@ -10,6 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import torch
 from jaxtyping import Float
 from torch import Tensor
 
@@ -190,9 +191,11 @@ class CompressedConfig:
     mlp: MlpKind = "gelu"
     mlp_bias: bool = True
     tie_embeddings: bool = False
-    device: str = "cpu"
+    device: str | torch.device = "cpu"
 
     def __post_init__(self) -> None:
+        if isinstance(self.device, torch.device):  # a torch.device is a device too; stored as its string
+            object.__setattr__(self, "device", str(self.device))
         for name in ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "d_vocab", "n_ctx", "local_window"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:  # True is an int, not a count

@@ -109,7 +109,8 @@ def describe_type(tp: Any) -> str:
         elif dataclasses.is_dataclass(opt):
             names.append(f"a {opt.__name__} (a JSON object)")
         else:
-            names.append({bool: "true or false", int: "an int", float: "a number", str: "a string"}.get(opt, str(opt)))
+            other = f"a {opt.__module__}.{opt.__qualname__}" if isinstance(opt, type) else str(opt)  # torch.device
+            names.append({bool: "true or false", int: "an int", float: "a number", str: "a string"}.get(opt, other))
     return " or ".join(names)
 
 

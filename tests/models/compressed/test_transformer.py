@@ -229,6 +229,13 @@ def test_bad_configs_raise_config_error(kwargs, match):
         CompressedConfig(**base)
 
 
+def test_device_is_a_string_or_a_torch_device():
+    base = dict(n_layers=2, d_model=32, n_heads=4, d_head=8, d_mlp=64, d_vocab=61, n_ctx=64)
+    assert CompressedConfig(**base, device=torch.device("cpu")).device == "cpu"
+    assert CompressedConfig(**base, device="cpu").device == "cpu"
+    assert make_model(device=torch.device("cpu")).cfg.device == "cpu"
+
+
 def test_compressor_spec_errors():
     with pytest.raises(ConfigError, match="overlap_split needs overlapping windows"):
         CompressorSpec(4, overlap_split=True)
