@@ -175,7 +175,9 @@ def test_a_batch_with_no_trained_position_warns_and_is_skipped(tmp_path):
 
     with pytest.warns(EmptyTargetsWarning, match="every target of the batch is -100") as rec:
         res = train(CFG, sometimes_empty, SMALL, tmp_path, progress=False)
-    assert len(rec) == 2  # steps 1 and 3
+    # pytest.warns records every warning raised meanwhile (a ResourceWarning from an earlier test's garbage, say)
+    empty = [str(w.message).split(":")[0] for w in rec if issubclass(w.category, EmptyTargetsWarning)]
+    assert empty == ["step 1", "step 3"]
     assert [math.isnan(x) for x in res.losses] == [False, True, False, True]
     assert all(bool(torch.isfinite(p).all()) for p in res.model.parameters())  # no NaN gradient was applied
 

@@ -22,6 +22,7 @@ import os
 import random
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -115,11 +116,16 @@ class Endpoint:
         )
         self.traffic = Traffic()
         self._lock = threading.Lock()
+        # an endpoint dropped unclosed (a notebook cell re-run) closes its pooled connections when collected
+        self._finalizer = weakref.finalize(self, _close_later, self.client)
+        self._finalizer.atexit = False
 
     def __repr__(self) -> str:
         return f"Endpoint({self.api})"
 
     def close(self) -> None:
+        """Close the pooled connections now (and wait for it); the endpoint sends nothing afterwards."""
+        self._finalizer.detach()
         if not self.client.is_closed:
             asyncio.run_coroutine_threadsafe(self.client.aclose(), io_loop()).result(timeout=30)
 
@@ -266,6 +272,24 @@ def io_loop() -> asyncio.AbstractEventLoop:
             threading.Thread(target=loop.run_forever, name="phaselens-served-io", daemon=True).start()
             _LOOP = (os.getpid(), loop)
         return _LOOP[1]
+
+
+def _close_later(client: Any) -> None:
+    """Schedule ``client.aclose()`` on the I/O loop without waiting: a collected endpoint's finalizer may run on
+    any thread, the loop's own included, where waiting would deadlock."""
+    loop = _LOOP[1] if _LOOP is not None and _LOOP[0] == os.getpid() else None
+    if loop is None or loop.is_closed() or client.is_closed:
+        return  # no loop in this process: the client never opened a connection here
+
+    def start() -> None:
+        task = loop.create_task(client.aclose())
+        _CLOSING.add(task)  # the loop holds tasks weakly: keep it until it is done
+        task.add_done_callback(_CLOSING.discard)
+
+    loop.call_soon_threadsafe(start)
+
+
+_CLOSING: set[asyncio.Task] = set()
 
 
 def _transport_reason(err: Exception) -> str:

@@ -191,6 +191,12 @@ class ServedModel:
         """Close the HTTP connections (the server keeps running)."""
         self.endpoint.close()
 
+    def __enter__(self) -> ServedModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def __repr__(self) -> str:
         t = self.endpoint.traffic
         return (f"ServedModel({self.served_name!r} at {self.endpoint.api}, {self.dialect.name}: prompts as "

@@ -341,3 +341,32 @@ def test_n_ctx_beyond_the_servers_context_is_refused_at_load(tok, token):
             load(srv, tok, "vllm", n_ctx=600)
         m = load(srv, tok, "vllm")
         assert m.dims.n_ctx == 511 and load(srv, tok, "vllm", n_ctx=200).dims.n_ctx == 200
+
+
+def test_an_endpoint_dropped_unclosed_closes_its_connections(srv):
+    """A model re-made in a notebook cell without ``close()``: once collected, its pooled keep-alive connections
+    are closed on the I/O loop (no ``ResourceWarning: unclosed transport`` later, from whatever code runs then)."""
+    import gc
+    import warnings
+
+    ep = Endpoint(srv.url, timeout=5.0, retries=0)
+    assert ep.request("POST", "/completions", {"prompt": "a", "max_tokens": 1}).status_code == 200
+    client = ep.client
+    assert client._transport._pool.connections  # one keep-alive connection, open
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        del ep
+        gc.collect()
+        for _ in range(100):
+            if client.is_closed and not client._transport._pool.connections:
+                break
+            time.sleep(0.02)
+        gc.collect()
+    assert client.is_closed and not client._transport._pool.connections
+    assert not [w for w in rec if issubclass(w.category, ResourceWarning)], [str(w.message) for w in rec]
+
+
+def test_a_served_model_closes_its_connections_as_a_context_manager(srv, tok):
+    with load(srv, tok, "vllm") as m:
+        assert m.endpoint.client._transport._pool.connections  # the load's probes left one open
+    assert m.endpoint.client.is_closed
