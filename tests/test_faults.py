@@ -597,7 +597,7 @@ def test_a_full_disk_during_a_save_keeps_the_old_version_and_says_so(tmp_path, m
     saved = user_files(target)
 
     def half_then_full(tensors, filename, metadata=None):
-        open(filename, "wb").write(b"\0" * 100)  # part of the file, then the disk is full
+        Path(filename).write_bytes(b"\0" * 100)  # part of the file, then the disk is full
         _disk_full()
 
     monkeypatch.setattr(model_io, "save_file", half_then_full)
